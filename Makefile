@@ -1,0 +1,36 @@
+# The two commands: `make run` starts the box, `make test` runs the tests.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-sqlite test-postgres migrate bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): requirements.txt | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+migrate: $(STAMP)
+	$(PY) manage.py migrate --no-input
+
+run: migrate
+	$(PY) manage.py runbox
+
+# The suite runs twice: on the embedded default (SQLite) and on PostgreSQL.
+test: test-sqlite test-postgres
+
+test-sqlite: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-postgres: $(STAMP)
+	DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/dispatch.py
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,80 @@
+"""How callers prove who they are: bearer tokens (programs), device cookies (paired phones),
+and Django sessions (the owner's browser, with CSRF)."""
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from boxsite.models import ApiToken, Device, hash_key
+
+DEVICE_COOKIE = "box_device"
+TOKEN_PREFIX = "box_"
+
+
+def new_token_value() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def issue_api_token(user: Any, name: str, *, can_use_folders: bool = False) -> tuple[ApiToken, str]:
+    """Create a token; the raw value is returned once and never stored."""
+    raw = new_token_value()
+    token = ApiToken.objects.create(user=user, name=name, key_hash=hash_key(raw), prefix=raw[:10], can_use_folders=can_use_folders)
+    return token, raw
+
+
+def token_for(raw: str) -> ApiToken | None:
+    token = ApiToken.objects.select_related("user").filter(key_hash=hash_key(raw), revoked_at__isnull=True).first()
+    if token is None or not token.user.is_active:
+        return None
+    return token
+
+
+def device_for(raw: str) -> Device | None:
+    device = Device.objects.select_related("user").filter(key_hash=hash_key(raw), revoked_at__isnull=True).first()
+    if device is None or not device.user.is_active:
+        return None
+    return device
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Any) -> tuple[Any, ApiToken] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        parts = header.split()
+        if parts[0] != self.keyword:
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("send 'Authorization: Bearer <token>'")
+        token = token_for(parts[1])
+        if token is None:
+            raise exceptions.AuthenticationFailed("unknown or revoked token")
+        now = timezone.now()
+        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request: Any) -> str:
+        return self.keyword
+
+
+class DeviceCookieAuthentication(authentication.BaseAuthentication):
+    """A paired phone's cookie. Unsafe methods still need the CSRF token, as for sessions."""
+
+    def authenticate(self, request: Any) -> tuple[Any, Device] | None:
+        raw = request.COOKIES.get(DEVICE_COOKIE)
+        if not raw:
+            return None
+        device = device_for(raw)
+        if device is None:
+            return None
+        authentication.SessionAuthentication().enforce_csrf(request)
+        now = timezone.now()
+        if device.last_seen_at is None or (now - device.last_seen_at).total_seconds() > 60:
+            Device.objects.filter(pk=device.pk).update(last_seen_at=now)
+        return device.user, device

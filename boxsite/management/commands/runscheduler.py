@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from boxsite import scheduler
+
+
+class Command(BaseCommand):
+    help = "Run the scheduler loop: reap expired leases, dispatch due runs, fire schedules."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--once", action="store_true", help="run one tick and exit")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        scheduler.on_start()
+        while True:
+            scheduler.tick()
+            if options["once"] or stop.wait(settings.BOX_SCHEDULER_TICK_SECONDS):
+                break

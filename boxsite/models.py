@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import hashlib
+
+from django.conf import settings
+from django.db import models
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer token for programs. Only its hash is stored; the token is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    can_use_folders = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+
+class Device(models.Model):
+    """A paired phone. It holds a revocable token in a secure cookie and may do what a device may."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="devices")
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+
+class PairingCode(models.Model):
+    """A one-time code shown in settings (QR and short form) that pairs one phone."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    code_hash = models.CharField(max_length=64, unique=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class NetworkDefault(models.TextChoices):
+    NONE = "none"
+    ALLOWLIST = "allowlist"
+
+
+class BoxSettings(models.Model):
+    """The owner's defaults. One row (pk=1); read with ``BoxSettings.current()``."""
+
+    default_budget_cents = models.PositiveIntegerField(default=0)
+    network_default = models.CharField(max_length=16, choices=NetworkDefault.choices, default=NetworkDefault.NONE)
+    default_hosts = models.JSONField(default=list, blank=True)
+    retention_days = models.PositiveIntegerField(default=30)
+    max_active_tasks = models.PositiveIntegerField(default=32)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    @classmethod
+    def current(cls) -> BoxSettings:
+        row, _ = cls.objects.get_or_create(pk=1)
+        return row
+
+
+class VaultSecret(models.Model):
+    """A secret encrypted at rest (Fernet). The API never returns ``ciphertext`` or its value."""
+
+    name = models.CharField(max_length=128, unique=True)
+    ciphertext = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)

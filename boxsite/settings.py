@@ -1,0 +1,209 @@
+"""The box's one settings module. Everything configurable is read from the environment.
+
+Embedded default: SQLite (WAL, busy timeout, immediate transactions) under BOX_DATA_DIR, the
+django-q2 ORM broker and polling live updates; no Redis needed.
+Production: DATABASE_URL (PostgreSQL through psycopg 3) and REDIS_URL.
+"""
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from boxsite.env import env_bool, env_float, env_int, env_list, env_path, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+BOX_DATA_DIR = env_path("BOX_DATA_DIR", str(BASE_DIR / "var"))
+BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
+BOX_PRODUCTION = env_bool("BOX_PRODUCTION", False)
+
+DEBUG = env_bool("BOX_DEBUG", False)
+
+
+def _secret_key() -> str:
+    """Django's signing key: from the environment, or generated once into the data dir."""
+    configured = env_str("DJANGO_SECRET_KEY")
+    if configured:
+        return configured
+    if BOX_PRODUCTION:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when BOX_PRODUCTION=1")
+    key_file = BOX_DATA_DIR / "django-secret-key"
+    if not key_file.exists():
+        key_file.touch(mode=0o600)
+        key_file.write_text(secrets.token_urlsafe(50))
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+BOX_HOST = env_str("BOX_HOST", "127.0.0.1") or "127.0.0.1"
+BOX_PORT = env_int("BOX_PORT", 8000, minimum=1)
+ALLOWED_HOSTS = env_list("BOX_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver", BOX_HOST])
+CSRF_TRUSTED_ORIGINS = env_list("BOX_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_q",
+    "channels",
+    "boxsite",
+    "tasks",
+    "approvals",
+    "schedules",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "boxsite.urls"
+ASGI_APPLICATION = "boxsite.asgi.application"
+WSGI_APPLICATION = "boxsite.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database ---------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("BOX_DB_CONN_MAX_AGE", 60))
+    if _db["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (SQLite is the embedded default)")
+    # A subprocess started by the tests (a real qcluster) is pointed at the test database.
+    if env_str("BOX_DATABASE_NAME"):
+        _db["NAME"] = env_str("BOX_DATABASE_NAME")
+    DATABASES = {"default": _db}
+else:
+    _sqlite_path = env_path("BOX_SQLITE_PATH", str(BOX_DATA_DIR / "box.sqlite3"))
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _sqlite_path,
+            "OPTIONS": {
+                "timeout": env_float("BOX_SQLITE_BUSY_TIMEOUT_S", 20.0),
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            # Tests use a file (not :memory:) so a real qcluster subprocess can share it.
+            "TEST": {"NAME": env_str("BOX_TEST_SQLITE_PATH") or str(BOX_DATA_DIR / "test.sqlite3")},
+        }
+    }
+DB_IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis, queue, live updates ---------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+
+Q_CLUSTER: dict[str, object] = {
+    "name": "box",
+    "workers": env_int("BOX_WORKERS", 2, minimum=1),
+    # A run heartbeats its lease; django-q2's own timeout only guards against a hung job.
+    # retry must exceed timeout, or django-q2 hands a slow job to a second worker.
+    "timeout": env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10),
+    "retry": env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10) + 300,
+    # Recovery is the reaper's job (leases, backoff, a finite attempt count), so django-q2
+    # delivers each job once and never re-queues a failed one on its own.
+    "max_attempts": 1,
+    "ack_failures": True,
+    "save_limit": 500,
+    "catch_up": False,
+    "poll": env_float("BOX_QUEUE_POLL_S", 0.2),
+    "label": "Queue",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    Q_CLUSTER["orm"] = "default"
+    CHANNEL_LAYERS = {}
+
+# --- the box's own knobs ----------------------------------------------------------------
+BOX_LEASE_SECONDS = env_int("BOX_LEASE_SECONDS", 30, minimum=2)
+BOX_HEARTBEAT_SECONDS = env_float("BOX_HEARTBEAT_SECONDS", BOX_LEASE_SECONDS / 3)
+BOX_MAX_RUN_ATTEMPTS = env_int("BOX_MAX_RUN_ATTEMPTS", 3, minimum=1)
+BOX_RETRY_BACKOFF_SECONDS = env_float("BOX_RETRY_BACKOFF_SECONDS", 2.0)
+BOX_SCHEDULER_TICK_SECONDS = env_float("BOX_SCHEDULER_TICK_SECONDS", 2.0)
+BOX_LIVE_POLL_SECONDS = env_float("BOX_LIVE_POLL_SECONDS", 0.1)
+# Run jobs in the calling process right after commit instead of through django-q2.
+# Only for tests that are not about the worker; never in production.
+BOX_RUN_INLINE = env_bool("BOX_RUN_INLINE", False)
+BOX_COMMAND_PRESETS = {}  # filled by tasks.workers.presets from BOX_PRESETS_FILE if set
+BOX_PRESETS_FILE = env_str("BOX_PRESETS_FILE")
+BOX_TOOLS_FILE = env_str("BOX_TOOLS_FILE")
+BOX_LAYER_DRIVER = env_str("BOX_LAYER_DRIVER", "auto")
+BOX_MODEL_BASE_URL = env_str("BOX_MODEL_BASE_URL")
+BOX_MODEL_NAME = env_str("BOX_MODEL_NAME")
+
+# --- API --------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "boxsite.auth.BearerTokenAuthentication",
+        "boxsite.auth.DeviceCookieAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "boxsite.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "The box API",
+    "DESCRIPTION": "Run AI-agent tasks on your own machine, safely.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_COOKIES = env_bool("BOX_SECURE_COOKIES", BOX_PRODUCTION)
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
+LOGIN_URL = "/login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BOX_DATA_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("BOX_LOG_LEVEL", "INFO")},
+    "loggers": {"django_q": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+}

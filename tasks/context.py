@@ -1,0 +1,38 @@
+"""What a worker gets: the task, its working directory, facts, and the step recorder."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.facts import Facts
+from tasks.models import Run, Task
+from tasks.recorder import StepRecorder
+
+
+@dataclass
+class RunContext:
+    task: Task
+    run: Run
+    workdir: Path
+    facts: Facts
+    recorder: StepRecorder
+    deadline: float | None = None  # monotonic; from max_elapsed_ms minus what earlier runs used
+    stop: threading.Event = field(default_factory=threading.Event)  # set when the lease is lost
+
+    @property
+    def resume(self) -> dict[str, Any]:
+        return self.run.resume or {}
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def note(self, summary: str, data: dict[str, Any] | None = None) -> None:
+        self.recorder.note(summary, data)
+
+    def http(self, method: str, url: str, *, headers: dict[str, str], body: Any = None) -> dict[str, Any]:
+        from tasks.net import http_request
+
+        return http_request(self, method, url, headers=headers, body=body)

@@ -1,0 +1,77 @@
+"""The edges of a run: moving the task to running when it starts, and applying its outcome."""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks import runs, services
+from tasks.models import EventKind, Run, Task
+from tasks.recorder import StepRecorder
+from tasks.states import State
+from tasks.models import RunKind
+from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
+
+
+def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
+    """Move a queued task to running. False (and the run closed) when the task already ended."""
+
+    def write() -> bool:
+        task.refresh_from_db()
+        if task.is_final():
+            runs.finish(run.pk, token, "cancelled", f"the task is already {task.state}")
+            return False
+        if task.state == State.QUEUED:
+            services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
+        elif task.state == State.WAITING:
+            services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
+        return True
+
+    return recorder.guarded(write)
+
+
+def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> None:
+    """Apply a run's outcome to its task, in one transaction that proves the lease first."""
+
+    def write() -> None:
+        Task.objects.filter(pk=task.pk).update(spent=_add_elapsed(task, elapsed_ms))
+        task.refresh_from_db()
+        if task.is_final():
+            runs.finish(run.pk, token, "cancelled", f"the task became {task.state} meanwhile")
+            return
+        if isinstance(outcome, Done):
+            services.transition(task, State.DONE, summary=outcome.summary, progress=1.0)
+            runs.finish(run.pk, token, "done")
+        elif isinstance(outcome, Failed):
+            recorder.event(EventKind.ERROR, outcome.error, {"recoverable": outcome.recoverable, "hint": outcome.hint})
+            services.fail_task(task, outcome.error, recoverable=outcome.recoverable, hint=outcome.hint)
+            runs.finish(run.pk, token, "failed", outcome.error)
+        elif isinstance(outcome, Paused):
+            _pause(task, run, token, outcome)
+        elif isinstance(outcome, Continue):
+            runs.finish(run.pk, token, "continued")
+            Task.objects.filter(pk=task.pk).update(resume=outcome.resume)
+            runs.create_run(task, RunKind.RESUME, resume=outcome.resume)
+        else:  # pragma: no cover - a worker bug
+            raise TypeError(f"unknown outcome {outcome!r}")
+
+    recorder.guarded(write)
+
+
+def _add_elapsed(task: Task, elapsed_ms: int) -> dict[str, Any]:
+    current = Task.objects.filter(pk=task.pk).values_list("spent", flat=True).get()
+    spent = dict(current)
+    spent["elapsed_ms"] = spent.get("elapsed_ms", 0) + elapsed_ms
+    return spent
+
+
+def _pause(task: Task, run: Run, token: str, outcome: Paused) -> None:
+    from approvals.services import open_blockers_for_pause
+
+    pause = {"message": outcome.message}
+    if outcome.fields:
+        pause["fields"] = outcome.fields
+    services.transition(
+        task, State.WAITING, summary=f"waiting for {outcome.waiting_for}: {outcome.message}",
+        waiting_for=outcome.waiting_for, pause=pause, resume=outcome.resume, continuable=outcome.continuable,
+    )
+    open_blockers_for_pause(task, run, outcome)
+    runs.finish(run.pk, token, f"waiting:{outcome.waiting_for}")

@@ -1,0 +1,198 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+from tasks.ids import new_task_id
+from tasks.states import FINAL, State, WaitingFor
+
+
+def _empty_spent() -> dict[str, int]:
+    return {"actions": 0, "model_calls": 0, "elapsed_ms": 0, "rescues": 0}
+
+
+class Workspace(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    base_dir = models.CharField(max_length=1024)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def base_path(self) -> Path:
+        """The base directory; a relative ``base_dir`` is under ``BOX_DATA_DIR/workspaces``."""
+        path = Path(self.base_dir)
+        if not path.is_absolute():
+            path = Path(settings.BOX_DATA_DIR) / "workspaces" / path
+        return path
+
+
+class Task(models.Model):
+    id = models.CharField(primary_key=True, max_length=24, default=new_task_id, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tasks")
+    device = models.ForeignKey("boxsite.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks")
+
+    # --- the spec ---
+    title = models.CharField(max_length=200)
+    prompt = models.TextField(blank=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="tasks")
+    worker = models.CharField(max_length=64)
+    command = models.JSONField(null=True, blank=True)
+    tools = models.JSONField(default=list)
+    hosts = models.JSONField(default=list)
+    budget_cents = models.PositiveIntegerField(default=0)
+    source = models.CharField(max_length=200, default="api")
+    flow = models.JSONField(null=True, blank=True)
+    facts = models.JSONField(default=dict)
+    secret_facts = models.JSONField(default=list)
+    constraints = models.JSONField(default=dict)
+    limits = models.JSONField(default=dict)
+    output = models.JSONField(null=True, blank=True)
+    folders = models.JSONField(default=list)
+    depends_on = models.JSONField(default=list)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="subtasks")
+    external_task_id = models.CharField(max_length=200, blank=True)
+    external_attempt = models.PositiveIntegerField(null=True, blank=True)
+
+    # --- what the box keeps ---
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    waiting_for = models.CharField(max_length=16, choices=WaitingFor.choices, blank=True)
+    continuable = models.BooleanField(default=True)
+    pause = models.JSONField(default=dict, blank=True)  # what the pause asks for (message, fields)
+    resume = models.JSONField(default=dict, blank=True)  # where the next run picks up
+    version = models.PositiveIntegerField(default=1)
+    user = models.CharField(max_length=64, blank=True)
+    layers = models.JSONField(default=list)
+    cost_cents = models.PositiveIntegerField(default=0)
+    spent = models.JSONField(default=_empty_spent)
+    step = models.CharField(max_length=500, blank=True)
+    progress = models.FloatField(default=0.0)
+    records = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    recoverable = models.BooleanField(null=True, blank=True)
+    hint = models.TextField(blank=True)
+    review = models.CharField(max_length=16, blank=True)
+    isolation = models.CharField(max_length=200, blank=True)
+    event_seq = models.PositiveIntegerField(default=0)  # the last seq handed out; gapless
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["owner", "-created_at", "-id"], name="task_owner_recent"),
+            models.Index(fields=["state"], name="task_state"),
+            models.Index(fields=["source"], name="task_source"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.title!r} ({self.state})"
+
+    def is_final(self) -> bool:
+        return self.state in FINAL
+
+    def limit(self, name: str) -> int | None:
+        """The task's limit for ``name`` (its own, else the default); None means unbounded."""
+        from tasks.spec import DEFAULT_LIMITS
+
+        value: Any = self.limits.get(name, DEFAULT_LIMITS.get(name))
+        return None if value is None else int(value)
+
+
+class EventKind(models.TextChoices):
+    STATUS = "status"
+    STEP = "step"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    COST = "cost"
+    BLOCKED_CONNECTION = "blocked_connection"
+    APPROVAL = "approval"
+    QUESTION = "question"
+    OUTPUT = "output"
+    ERROR = "error"
+    NOTE = "note"
+
+
+class TaskEvent(models.Model):
+    """One line of the action log. ``seq`` is gapless per task; ``id`` is global."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=32, choices=EventKind.choices)
+    summary = models.TextField()
+    data = models.JSONField(default=dict)
+    cost_cents = models.PositiveIntegerField(default=0)
+    artifacts = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "seq"], name="event_task_seq_unique")]
+        ordering = ["task", "seq"]
+
+
+class RunKind(models.TextChoices):
+    START = "start"
+    RESUME = "resume"
+    RETRY = "retry"
+    REPAIR = "repair"
+
+
+class RunState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+
+
+class Run(models.Model):
+    """One attempt at a task. Immutable once finished, lost or cancelled."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="runs")
+    number = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=RunKind.choices)
+    attempt = models.PositiveIntegerField(default=1)  # tries of the same resume point
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
+    resume = models.JSONField(default=dict, blank=True)
+    lease_token = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    worker_host = models.CharField(max_length=255, blank=True)
+    worker_pid = models.PositiveIntegerField(null=True, blank=True)
+    available_at = models.DateTimeField()
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=32, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "number"], name="run_task_number_unique")]
+        indexes = [
+            models.Index(fields=["state", "lease_expires_at"], name="run_state_lease"),
+            models.Index(fields=["state", "available_at"], name="run_state_available"),
+        ]
+
+
+class LayerState(models.TextChoices):
+    ACTIVE = "active"
+    APPLIED = "applied"
+    FAILED = "failed"
+    DISCARDED = "discarded"
+
+
+class Layer(models.Model):
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="layer")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="layer_rows")
+    driver = models.CharField(max_length=16)
+    path = models.CharField(max_length=1024)
+    state = models.CharField(max_length=16, choices=LayerState.choices, default=LayerState.ACTIVE)
+    manifest = models.JSONField(default=dict, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)

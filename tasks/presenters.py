@@ -1,0 +1,101 @@
+"""How a task, its events and its runs look to callers. All values pass the redaction function."""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.facts import Facts
+from tasks.models import Task, TaskEvent
+from tasks.states import State
+
+
+def next_calls(task: Task) -> list[str]:
+    """The calls that make sense now, so clients never hardcode the state machine."""
+    calls: list[str] = []
+    if task.state == State.WAITING:
+        if task.waiting_for in ("input", "human"):
+            calls.append("continue")
+        elif task.waiting_for == "approval" or (task.waiting_for == "checkpoint" and task.continuable):
+            calls += ["approve", "deny"]
+    if task.review == "pending" or task.review == "conflict":
+        calls.append("keep")
+    if task.state in (State.QUEUED, State.RUNNING, State.WAITING):
+        calls.append("cancel")
+    if task.state != State.UNDONE:
+        calls.append("undo")
+    calls += ["diff", "report"]
+    return calls
+
+
+def present_task(task: Task) -> dict[str, Any]:
+    facts = Facts.of(task)
+    redact = facts.redactor()
+    shown_facts = {name: ("${" + name + "}" if name in facts.secret_names else value) for name, value in task.facts.items()}
+    view = {
+        "id": task.pk,
+        "title": task.title,
+        "prompt": task.prompt,
+        "workspace": task.workspace.name,
+        "worker": task.worker,
+        "command": task.command,
+        "tools": task.tools,
+        "hosts": task.hosts,
+        "budgetCents": task.budget_cents,
+        "source": task.source,
+        "flow": task.flow,
+        "facts": shown_facts,
+        "secretFacts": sorted(facts.secret_names),
+        "constraints": task.constraints,
+        "limits": task.limits,
+        "output": task.output,
+        "folders": task.folders,
+        "dependsOn": task.depends_on,
+        "parent": task.parent_id,
+        "state": task.state,
+        "waitingFor": task.waiting_for or None,
+        "continuable": task.continuable if task.waiting_for == "checkpoint" else None,
+        "pause": task.pause or None,
+        "version": task.version,
+        "user": task.user,
+        "layers": task.layers,
+        "costCents": task.cost_cents,
+        "spent": task.spent,
+        "step": task.step,
+        "progress": task.progress,
+        "error": task.error or None,
+        "recoverable": task.recoverable,
+        "hint": task.hint or None,
+        "review": task.review or None,
+        "isolation": task.isolation or None,
+        "lastSeq": task.event_seq,
+        "externalTaskId": task.external_task_id or None,
+        "externalAttempt": task.external_attempt,
+        "createdAt": task.created_at,
+        "startedAt": task.started_at,
+        "finishedAt": task.finished_at,
+        "updatedAt": task.updated_at,
+        "next": next_calls(task),
+    }
+    return redact.redact(_jsonable(view))
+
+
+def present_event(event: TaskEvent) -> dict[str, Any]:
+    return {
+        "id": event.pk,
+        "seq": event.seq,
+        "kind": event.kind,
+        "summary": event.summary,
+        "data": event.data,
+        "costCents": event.cost_cents,
+        "artifacts": event.artifacts,
+        "createdAt": event.created_at.isoformat(),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,108 @@
+"""The step recorder: every write a worker makes, bound to its run's lease token.
+
+Each write opens a transaction, checks (and extends) the lease with a conditional update, and
+only then writes. A worker whose lease was taken over gets ``LeaseLost`` and writes nothing.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import transaction
+from django.db.models import F
+
+from tasks import runs
+from tasks.events import record_event
+from tasks.facts import Redactor
+from tasks.models import EventKind, Task
+
+T = TypeVar("T")
+
+
+class LeaseLost(Exception):
+    """The run's lease is gone: the task was cancelled, or the run was presumed dead."""
+
+
+class LimitReached(Exception):
+    def __init__(self, limit: str, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.message = message
+        self.hint = hint
+
+
+class StepRecorder:
+    def __init__(self, task: Task, run_id: int, token: str, redactor: Redactor) -> None:
+        self.task = task
+        self.run_id = run_id
+        self.token = token
+        self.redactor = redactor
+
+    def guarded(self, write: Callable[[], T]) -> T:
+        """Run ``write`` in a transaction that first proves this run still holds its lease."""
+        with transaction.atomic():
+            if not runs.holds_lease(self.run_id, self.token):
+                raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+            return write()
+
+    def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
+              artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None) -> None:
+        def write() -> None:
+            updates: dict[str, Any] = {}
+            if doing_now:
+                updates["step"] = self.redactor.text(summary)[:500]
+            if progress is not None:
+                updates["progress"] = max(0.0, min(1.0, progress))
+            if cost_cents:
+                updates["cost_cents"] = F("cost_cents") + cost_cents
+            if updates:
+                Task.objects.filter(pk=self.task.pk).update(**updates)
+            record_event(self.task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=self.redactor)
+
+        self.guarded(write)
+
+    def step(self, summary: str, data: dict[str, Any] | None = None, *, progress: float | None = None) -> None:
+        self.event(EventKind.STEP, summary, data, doing_now=True, progress=progress)
+
+    def note(self, summary: str, data: dict[str, Any] | None = None) -> None:
+        self.event(EventKind.NOTE, summary, data)
+
+    def error(self, summary: str, data: dict[str, Any] | None = None) -> None:
+        self.event(EventKind.ERROR, summary, data)
+
+    def output(self, summary: str, data: dict[str, Any] | None = None) -> None:
+        self.event(EventKind.OUTPUT, summary, data)
+
+    def save_progress(self, *, resume: dict[str, Any] | None = None, records: dict[str, Any] | None = None) -> None:
+        """Persist where a retry should pick up and what steps saved so far."""
+
+        def write() -> None:
+            updates: dict[str, Any] = {}
+            if resume is not None:
+                updates["resume"] = resume
+                self.task.resume = resume
+            if records is not None:
+                updates["records"] = records
+                self.task.records = records
+            Task.objects.filter(pk=self.task.pk).update(**updates)
+
+        self.guarded(write)
+
+    def count(self, counter: str, limit_name: str, amount: int = 1) -> None:
+        """Count an action or model call against the task's limit; ``LimitReached`` past it."""
+
+        def write() -> None:
+            task = Task.objects.select_for_update().get(pk=self.task.pk)  # read-modify-write of spent
+            spent = dict(task.spent)
+            limit = task.limit(limit_name)
+            if limit is not None and spent.get(counter, 0) + amount > limit:
+                raise LimitReached(
+                    limit_name,
+                    f"the task used all of its {limit_name} ({limit})",
+                    f"raise limits.{limit_name} above {limit} and run the task again",
+                )
+            spent[counter] = spent.get(counter, 0) + amount
+            Task.objects.filter(pk=task.pk).update(spent=spent)
+            self.task.spent = spent
+
+        self.guarded(write)

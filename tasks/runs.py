@@ -1,0 +1,158 @@
+"""Runs and leases: claiming, heartbeats, finishing, and the reaper.
+
+A run is claimed by a conditional update that sets a fresh lease token. Every write a worker
+makes checks that token (see ``tasks.recorder``), so a worker whose lease was taken over cannot
+write. The reaper (in the scheduler process) turns expired leases into retries with exponential
+backoff, and fails the task when attempts run out.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from tasks.models import Run, RunKind, RunState, Task
+from tasks.states import ACTIVE, State
+
+log = logging.getLogger(__name__)
+
+
+def lease_delta() -> timedelta:
+    return timedelta(seconds=settings.BOX_LEASE_SECONDS)
+
+
+def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, delay_s: float = 0.0, attempt: int = 1) -> Run:
+    """Create a queued run. Call inside the transaction that decided it; it is enqueued after commit."""
+    number = (Run.objects.filter(task=task).aggregate(n=Max("number"))["n"] or 0) + 1
+    now = timezone.now()
+    run = Run.objects.create(
+        task=task, number=number, kind=kind, attempt=attempt, resume=resume or {},
+        available_at=now + timedelta(seconds=delay_s),
+    )
+    if delay_s <= 0:
+        transaction.on_commit(lambda: enqueue(run.pk))
+    return run
+
+
+def enqueue(run_id: int) -> None:
+    Run.objects.filter(pk=run_id, state=RunState.QUEUED).update(enqueued_at=timezone.now())
+    if settings.BOX_RUN_INLINE:
+        from tasks.jobs import execute_run
+
+        execute_run(run_id)
+        return
+    from django_q.tasks import async_task
+
+    async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}")
+
+
+def claim(run_id: int) -> tuple[Run, str] | None:
+    """Take the run if nobody has. A second delivery of the same run finds it taken: None."""
+    token = secrets.token_hex(16)
+    now = timezone.now()
+    taken = Run.objects.filter(pk=run_id, state=RunState.QUEUED).update(
+        state=RunState.RUNNING,
+        lease_token=token,
+        lease_expires_at=now + lease_delta(),
+        heartbeat_at=now,
+        started_at=now,
+        worker_host=socket.gethostname()[:255],
+        worker_pid=os.getpid(),
+    )
+    if taken != 1:
+        return None
+    return Run.objects.select_related("task").get(pk=run_id), token
+
+
+def heartbeat(run_id: int, token: str) -> bool:
+    """Extend the lease. False means the lease is gone (taken over, cancelled, finished)."""
+    now = timezone.now()
+    return Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+        heartbeat_at=now, lease_expires_at=now + lease_delta()
+    ) == 1
+
+
+def holds_lease(run_id: int, token: str) -> bool:
+    """Check and extend the lease; call inside the transaction of the write it guards."""
+    return heartbeat(run_id, token)
+
+
+def finish(run_id: int, token: str, outcome: str, error: str = "") -> bool:
+    return Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+        state=RunState.FINISHED, outcome=outcome, error=error[:5000], finished_at=timezone.now()
+    ) == 1
+
+
+def cancel_open_runs(task: Task) -> None:
+    """Close every queued or running run of a task that reached a final state (same transaction)."""
+    Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).update(
+        state=RunState.CANCELLED, lease_token="", finished_at=timezone.now(), outcome="cancelled"
+    )
+
+
+def backoff_seconds(attempt: int) -> float:
+    return float(settings.BOX_RETRY_BACKOFF_SECONDS * (2 ** max(0, attempt - 1)))
+
+
+def reap_expired(now: Any = None) -> int:
+    """Mark runs whose lease expired as lost; retry them or fail their task. Returns how many."""
+    from tasks import services
+
+    now = now or timezone.now()
+    reaped = 0
+    expired = list(
+        Run.objects.filter(state=RunState.RUNNING, lease_expires_at__lt=now).values_list("pk", "lease_token")
+    )
+    for run_id, token in expired:
+        with transaction.atomic():
+            lost = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+                state=RunState.LOST, lease_token="", finished_at=now, outcome="lost",
+                error="the worker stopped heartbeating; its lease expired",
+            )
+            if lost != 1:
+                continue
+            reaped += 1
+            run = Run.objects.select_related("task").get(pk=run_id)
+            task = run.task
+            if task.state not in ACTIVE:
+                continue
+            if run.attempt >= settings.BOX_MAX_RUN_ATTEMPTS:
+                services.fail_task(
+                    task,
+                    f"the worker was lost {run.attempt} times (its lease expired each time); gave up after {run.attempt} attempts",
+                    recoverable=True,
+                    hint="check the worker logs; continue or start the task again once the cause is fixed",
+                )
+                continue
+            delay = backoff_seconds(run.attempt)
+            services.note(task, f"worker lost (lease expired); retrying in {delay:g}s, attempt {run.attempt + 1} of {settings.BOX_MAX_RUN_ATTEMPTS}",
+                          {"run": run.number, "attempt": run.attempt + 1})
+            create_run(task, RunKind.RETRY, resume=task.resume, delay_s=delay, attempt=run.attempt + 1)
+    return reaped
+
+
+def dispatch_due(now: Any = None) -> int:
+    """Enqueue runs whose backoff is over, and re-enqueue runs a lost queue message stranded."""
+    now = now or timezone.now()
+    due = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=True, available_at__lte=now).values_list("pk", flat=True))
+    stranded_before = now - timedelta(seconds=max(60, settings.Q_CLUSTER["retry"]))  # type: ignore[operator]
+    due += list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=stranded_before).values_list("pk", flat=True))
+    for run_id in due:
+        enqueue(run_id)
+    return len(due)
+
+
+def active_run(task: Task) -> Run | None:
+    return Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).order_by("-number").first()
+
+
+def is_running_state(task: Task) -> bool:
+    return task.state == State.RUNNING

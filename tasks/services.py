@@ -1,0 +1,183 @@
+"""Every state change of a task. Views and jobs call these; nothing else writes ``Task.state``."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from boxsite.errors import Conflict, NotFound, TooManyTasks
+from boxsite.principal import Principal
+from tasks import runs
+from tasks.events import record_event
+from tasks.models import EventKind, RunKind, Task
+from tasks.spec import TaskSpec, parse_spec
+from tasks.states import ACTIVE, FINAL, State, can_move
+
+log = logging.getLogger(__name__)
+
+
+def get_task_for(principal: Principal, task_id: str, *, for_update: bool = False) -> Task:
+    """The task if ``principal`` may see it, else ``NotFound`` (never reveal another's task)."""
+    qs = Task.objects.filter(pk=task_id, owner=principal.user)
+    if principal.via == "device":
+        qs = qs.filter(folders=[])  # a device never sees folder tasks
+    if for_update:
+        qs = qs.select_for_update()
+    task = qs.first()
+    if task is None:
+        raise NotFound(f"no task '{task_id}'")
+    return task
+
+
+def transition(
+    task: Task,
+    new_state: str,
+    *,
+    summary: str | None = None,
+    data: dict[str, Any] | None = None,
+    **fields: Any,
+) -> Task:
+    """Move ``task`` to ``new_state`` if it is still where the caller saw it.
+
+    A conditional update on (state, version): 0 rows means someone else moved first, and the
+    caller gets ``Conflict``, never an overwrite. Bumps ``version``, appends a ``status`` event
+    and publishes after commit. Runs the final-state cleanup when the task ends.
+    """
+    old_state = task.state
+    if not can_move(old_state, new_state):
+        raise Conflict(f"a {old_state} task cannot become {new_state}", field="state", state=old_state)
+    now = timezone.now()
+    fields.setdefault("waiting_for", "")
+    if new_state != State.WAITING:
+        fields["waiting_for"] = ""
+        fields.setdefault("pause", {})
+    if new_state == State.RUNNING and task.started_at is None:
+        fields["started_at"] = now
+    if new_state in FINAL and old_state not in FINAL:
+        fields["finished_at"] = now
+    with transaction.atomic():
+        moved = Task.objects.filter(pk=task.pk, state=old_state, version=task.version).update(
+            state=new_state, version=F("version") + 1, updated_at=now, **fields
+        )
+        if moved != 1:
+            current = Task.objects.filter(pk=task.pk).values_list("state", "version").first()
+            raise Conflict(
+                f"the task moved on (it is {current[0] if current else 'gone'}); reload and try again",
+                field="version",
+                state=current[0] if current else None,
+            )
+        task.state = new_state
+        task.version += 1
+        task.updated_at = now
+        for key, value in fields.items():
+            setattr(task, key, value)
+        detail = {"from": old_state, "to": new_state, "version": task.version}
+        if task.waiting_for:
+            detail["waiting_for"] = task.waiting_for
+        if data:
+            detail.update(data)
+        record_event(task, EventKind.STATUS, summary or _status_summary(task, old_state), detail)
+        if new_state in FINAL and old_state in ACTIVE:
+            _close_blockers(task)
+            task_id = task.pk
+            transaction.on_commit(lambda: release_task(task_id))
+    return task
+
+
+def _status_summary(task: Task, old_state: str) -> str:
+    if task.state == State.WAITING:
+        return f"waiting for {task.waiting_for}"
+    if task.state == State.FAILED and task.error:
+        return f"failed: {task.error}"
+    return task.state
+
+
+def _close_blockers(task: Task) -> None:
+    """A task that ends denies its pending approvals, cancels open questions and open runs."""
+    from approvals.models import Approval, ApprovalState, Question, QuestionState
+
+    now = timezone.now()
+    Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(
+        state=ApprovalState.DENIED, decided_via="task-ended", decided_at=now
+    )
+    Question.objects.filter(task=task, state__in=[QuestionState.STAGED, QuestionState.OPEN]).update(
+        state=QuestionState.CANCELLED
+    )
+    runs.cancel_open_runs(task)
+
+
+def release_task(task_id: str) -> None:
+    """After a task ended: free what it held (processes, sockets, mounts, its user)."""
+    from tasks import lifecycle
+
+    lifecycle.release(task_id)
+
+
+@transaction.atomic
+def create_task(body: Any, principal: Principal, *, source: str | None = None) -> Task:
+    """The one way tasks are born: API, phone, schedules and triggers all call this."""
+    from boxsite.models import BoxSettings
+
+    spec = parse_spec(body, principal, source=source)
+    # Lock the settings row so two creations at the limit cannot both pass the count.
+    limit = BoxSettings.objects.select_for_update().get_or_create(pk=1)[0].max_active_tasks
+    if Task.objects.filter(state__in=ACTIVE).count() >= limit:
+        raise TooManyTasks(f"{limit} tasks are already queued, running or waiting; finish or cancel one first")
+    return _insert_task(spec, principal)
+
+
+def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
+    task = Task.objects.create(
+        owner=principal.user,
+        device=principal.device,
+        title=spec.title,
+        prompt=spec.prompt,
+        workspace=spec.workspace,
+        worker=spec.worker,
+        command=spec.command,
+        tools=spec.tools,
+        hosts=spec.hosts,
+        budget_cents=spec.budget_cents,
+        source=spec.source,
+        flow=spec.flow,
+        facts=spec.facts,
+        secret_facts=spec.secret_facts,
+        constraints=spec.constraints,
+        limits=spec.limits,
+        output=spec.output,
+        folders=spec.folders,
+        depends_on=spec.depends_on,
+        parent_id=spec.parent_id,
+        external_task_id=spec.external_task_id,
+        external_attempt=spec.external_attempt,
+        review="",
+    )
+    task.user = f"box-{task.pk}"
+    Task.objects.filter(pk=task.pk).update(user=task.user)
+    record_event(task, EventKind.STATUS, "queued", {"to": State.QUEUED, "version": task.version, "source": task.source})
+    runs.create_run(task, RunKind.START)
+    return task
+
+
+def cancel_task(principal: Principal, task_id: str) -> Task:
+    task = get_task_for(principal, task_id)
+    if task.state not in ACTIVE:
+        raise Conflict(f"a {task.state} task cannot be cancelled", field="state", state=task.state)
+    return transition(task, State.CANCELLED, summary=f"cancelled by the owner ({principal.via})", data={"by": principal.via})
+
+
+def undo_task(principal: Principal, task_id: str) -> Task:
+    task = get_task_for(principal, task_id)
+    return transition(task, State.UNDONE, summary=f"undone by the owner ({principal.via})", data={"by": principal.via})
+
+
+def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "") -> Task:
+    return transition(task, State.FAILED, error=error, recoverable=recoverable, hint=hint)
+
+
+def note(task: Task, summary: str, data: dict[str, Any] | None = None) -> None:
+    with transaction.atomic():
+        record_event(task, EventKind.NOTE, summary, data)

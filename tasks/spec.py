@@ -1,0 +1,271 @@
+"""The task spec (DESIGN §6): checked whole before anything is created.
+
+``parse_spec`` turns a request body into a ``TaskSpec`` or raises a ``BoxError`` naming the
+problem. It creates nothing; the service creates the task only from a parsed spec.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from boxsite.errors import Forbidden, InvalidOutput, InvalidSpec, OriginsRequired, OutputUnavailable
+from boxsite.principal import Principal
+from tasks.flows import validate_flow
+
+DEFAULT_LIMITS: dict[str, int | None] = {
+    "max_actions": 120,
+    "max_model_calls": 6000,
+    "max_elapsed_ms": None,
+    "max_rescues": 5,
+}
+MAX_RESCUES_CEILING = 5
+MAX_FOLDERS = 10
+BUILTIN_WORKERS = ("agent", "flow", "command")
+PAYMENT_MODES = ("stop_at_payment", "fill_then_approve")
+RESERVED_SOURCES = ("schedule:", "webhook:", "file:", "phone")
+
+SPEC_FIELDS = {
+    "title", "prompt", "workspace", "worker", "command", "tools", "hosts", "budgetCents", "source",
+    "flow", "facts", "secretFacts", "constraints", "limits", "output", "folder", "folders",
+    "dependsOn", "parent", "externalTaskId", "externalAttempt",
+}
+CONSTRAINT_FIELDS = {"payment", "origins", "allow_destructive", "surfaces", "browser_profile", "headed"}
+
+_HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:\d{1,5})?$")
+
+
+@dataclass
+class TaskSpec:
+    title: str
+    prompt: str
+    workspace: Any
+    worker: str
+    command: list[str] | None = None
+    tools: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    budget_cents: int = 0
+    source: str = "api"
+    flow: dict[str, Any] | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    secret_facts: list[str] = field(default_factory=list)
+    constraints: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)
+    output: dict[str, Any] | None = None
+    folders: list[str] = field(default_factory=list)
+    depends_on: list[str] = field(default_factory=list)
+    parent_id: str | None = None
+    external_task_id: str = ""
+    external_attempt: int | None = None
+
+
+def _str(body: dict[str, Any], key: str, *, required: bool = False, max_len: int = 100_000) -> str:
+    value = body.get(key)
+    if value is None:
+        if required:
+            raise InvalidSpec(f"'{key}' is required", field=key)
+        return ""
+    if not isinstance(value, str):
+        raise InvalidSpec(f"'{key}' must be a string", field=key)
+    if required and not value.strip():
+        raise InvalidSpec(f"'{key}' must not be empty", field=key)
+    if len(value) > max_len:
+        raise InvalidSpec(f"'{key}' is longer than {max_len} characters", field=key)
+    return value
+
+
+def _str_list(body: dict[str, Any], key: str) -> list[str]:
+    value = body.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise InvalidSpec(f"'{key}' must be a list of non-empty strings", field=key)
+    return list(dict.fromkeys(value))
+
+
+def _int(value: Any, key: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(f"'{key}' must be a whole number", field=key)
+    if value < minimum:
+        raise InvalidSpec(f"'{key}' must be at least {minimum}", field=key)
+    return value
+
+
+def valid_host(host: str) -> bool:
+    """An allowlist entry: a host name, ``*.example.com``, or an IP address."""
+    bare = host.lower()
+    try:
+        ipaddress.ip_address(bare.strip("[]"))
+        return True
+    except ValueError:
+        pass
+    return bool(_HOST_RE.match(bare)) and "." in bare.lstrip("*.") or bare == "localhost"
+
+
+def parse_spec(body: Any, principal: Principal, *, source: str | None = None) -> TaskSpec:
+    """Check a whole spec. ``source`` is set by the box's own channels (schedules, the phone)."""
+    from boxsite.models import BoxSettings
+    from tasks.models import Task, Workspace
+    from tasks.tools import get_tool
+    from tasks.workers.presets import all_presets
+
+    if not isinstance(body, dict):
+        raise InvalidSpec("a task spec is a JSON object")
+    unknown = sorted(set(body) - SPEC_FIELDS)
+    if unknown:
+        hint = " (did you mean 'budgetCents'?)" if unknown[0] == "budget" else ""
+        raise InvalidSpec(f"unknown field '{unknown[0]}'{hint}", field=unknown[0])
+
+    title = _str(body, "title", required=True, max_len=200)
+    flow = body.get("flow")
+    if flow is not None:
+        validate_flow(flow)
+    prompt = _str(body, "prompt", required=flow is None)
+
+    presets = all_presets()
+    worker = _str(body, "worker") or ("flow" if flow is not None else "agent")
+    if worker not in BUILTIN_WORKERS and worker not in presets:
+        raise InvalidSpec(f"unknown worker '{worker}'", field="worker")
+    if worker == "flow" and flow is None:
+        raise InvalidSpec("the flow worker needs a 'flow'", field="flow")
+    command: list[str] | None = None
+    if "command" in body:
+        if worker != "command":
+            raise InvalidSpec("'command' is only for the command worker", field="command")
+        raw = body["command"]
+        if isinstance(raw, str):
+            command = shlex.split(raw)
+        elif isinstance(raw, list) and all(isinstance(a, str) for a in raw):
+            command = list(raw)
+        else:
+            raise InvalidSpec("'command' must be a string or a list of strings", field="command")
+        if not command:
+            raise InvalidSpec("'command' must not be empty", field="command")
+    elif worker == "command":
+        raise InvalidSpec("the command worker needs a 'command'", field="command")
+
+    tools = _str_list(body, "tools")
+    for name in tools:
+        if get_tool(name) is None:
+            raise InvalidSpec(f"unknown tool '{name}': no installed app provides it", field="tools")
+
+    box_settings = BoxSettings.current()
+    if "hosts" in body:
+        hosts = _str_list(body, "hosts")
+    elif box_settings.network_default == "allowlist":
+        hosts = list(box_settings.default_hosts)
+    else:
+        hosts = []
+    for host in hosts:
+        if not valid_host(host):
+            raise InvalidSpec(f"'{host}' is not a host name, '*.domain' or an IP address", field="hosts")
+    hosts = [h.lower() for h in hosts]
+
+    budget = _int(body["budgetCents"], "budgetCents") if "budgetCents" in body else box_settings.default_budget_cents
+
+    if source is None:
+        source = _str(body, "source", max_len=200) or "api"
+        if source.startswith(RESERVED_SOURCES):
+            raise InvalidSpec(f"source '{source}' is reserved for the box's own channels", field="source")
+
+    facts = body.get("facts", {})
+    if not isinstance(facts, dict) or not all(isinstance(v, (str, int, float, bool)) or v is None for v in facts.values()):
+        raise InvalidSpec("'facts' must be an object of plain values", field="facts")
+    facts = {k: ("" if v is None else str(v) if not isinstance(v, str) else v) for k, v in facts.items()}
+    secret_facts = _str_list(body, "secretFacts")
+
+    constraints = body.get("constraints", {})
+    if not isinstance(constraints, dict):
+        raise InvalidSpec("'constraints' must be an object", field="constraints")
+    unknown_c = sorted(set(constraints) - CONSTRAINT_FIELDS)
+    if unknown_c:
+        raise InvalidSpec(f"unknown constraint '{unknown_c[0]}'", field=f"constraints.{unknown_c[0]}")
+    payment = constraints.get("payment", "stop_at_payment")
+    if payment not in PAYMENT_MODES:
+        raise InvalidSpec(f"'constraints.payment' must be one of {', '.join(PAYMENT_MODES)}", field="constraints.payment")
+    origins = constraints.get("origins", [])
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise InvalidSpec("'constraints.origins' must be a list of strings", field="constraints.origins")
+    if payment == "fill_then_approve" and not origins:
+        raise OriginsRequired("payment mode fill_then_approve needs 'constraints.origins': the sites card details may be typed on", field="constraints.origins")
+    if "allow_destructive" in constraints and not isinstance(constraints["allow_destructive"], bool):
+        raise InvalidSpec("'constraints.allow_destructive' must be true or false", field="constraints.allow_destructive")
+    profile = constraints.get("browser_profile")
+    if profile is not None and (not isinstance(profile, str) or not os.path.isabs(profile)):
+        raise InvalidSpec("'constraints.browser_profile' must be an absolute path", field="constraints.browser_profile", code="INVALID_REQUEST")
+
+    limits_in = body.get("limits", {})
+    if not isinstance(limits_in, dict):
+        raise InvalidSpec("'limits' must be an object", field="limits")
+    limits: dict[str, int] = {}
+    for key, value in limits_in.items():
+        if key not in DEFAULT_LIMITS:
+            raise InvalidSpec(f"unknown limit '{key}'", field=f"limits.{key}")
+        limits[key] = _int(value, f"limits.{key}", minimum=1 if key != "max_rescues" else 0)
+    if limits.get("max_rescues", 0) > MAX_RESCUES_CEILING:
+        raise InvalidSpec(f"'limits.max_rescues' is at most {MAX_RESCUES_CEILING}", field="limits.max_rescues")
+
+    output = body.get("output")
+    if output is not None:
+        if not isinstance(output, dict) or set(output) - {"instructions", "schema"}:
+            raise InvalidOutput("'output' takes 'instructions' and an optional JSON 'schema'", field="output")
+        if "schema" in output:
+            from jsonschema import Draft202012Validator
+            from jsonschema.exceptions import SchemaError
+
+            try:
+                Draft202012Validator.check_schema(output["schema"])
+            except SchemaError as exc:
+                raise InvalidOutput(f"'output.schema' is not a valid JSON Schema: {exc.message}", field="output.schema") from exc
+        if not settings.BOX_MODEL_BASE_URL:
+            raise OutputUnavailable("'output' needs a model to shape the answer, and none is configured", field="output")
+
+    folders: list[str] = []
+    if "folder" in body and "folders" in body:
+        raise InvalidSpec("give 'folder' or 'folders', not both", field="folders")
+    if "folder" in body:
+        folders = [_str(body, "folder", required=True)]
+    elif "folders" in body:
+        folders = _str_list(body, "folders")
+    if folders:
+        if not principal.can_use_folders:
+            raise Forbidden("only the owner can hand out folders", field="folders")
+        if len(folders) > MAX_FOLDERS:
+            raise InvalidSpec(f"at most {MAX_FOLDERS} folders", field="folders")
+        for path in folders:
+            if not os.path.isabs(path):
+                raise InvalidSpec(f"folder '{path}' is not an absolute path", field="folders")
+            if not os.path.isdir(path):
+                raise InvalidSpec(f"folder '{path}' is not an existing directory", field="folders")
+        folders = [os.path.realpath(p) for p in folders]
+        if "workspace" in body:
+            raise InvalidSpec("a folder task works on folders, not a workspace", field="workspace")
+
+    workspace_name = _str(body, "workspace") or "home"
+    workspace = Workspace.objects.filter(name=workspace_name).first()
+    if workspace is None:
+        raise InvalidSpec(f"unknown workspace '{workspace_name}'", field="workspace")
+
+    depends_on = _str_list(body, "dependsOn")
+    if depends_on:
+        found = set(Task.objects.filter(owner=principal.user, pk__in=depends_on).values_list("pk", flat=True))
+        missing = [d for d in depends_on if d not in found]
+        if missing:
+            raise InvalidSpec(f"unknown task '{missing[0]}' in dependsOn", field="dependsOn")
+    parent_id = _str(body, "parent") or None
+    if parent_id and not Task.objects.filter(owner=principal.user, pk=parent_id).exists():
+        raise InvalidSpec(f"unknown parent task '{parent_id}'", field="parent")
+    attempt = body.get("externalAttempt")
+    if attempt is not None:
+        attempt = _int(attempt, "externalAttempt")
+
+    return TaskSpec(
+        title=title.strip(), prompt=prompt, workspace=workspace, worker=worker, command=command,
+        tools=tools, hosts=hosts, budget_cents=budget, source=source, flow=flow, facts=facts,
+        secret_facts=secret_facts, constraints=constraints, limits=limits, output=output,
+        folders=folders, depends_on=depends_on, parent_id=parent_id,
+        external_task_id=_str(body, "externalTaskId", max_len=200), external_attempt=attempt,
+    )

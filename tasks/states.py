@@ -1,0 +1,47 @@
+"""Task states, pause kinds, and the one table of allowed moves.
+
+Nothing outside ``tasks.services.transition`` writes ``Task.state``.
+"""
+from __future__ import annotations
+
+from django.db import models
+
+
+class State(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNDONE = "undone"
+
+
+class WaitingFor(models.TextChoices):
+    INPUT = "input"
+    APPROVAL = "approval"
+    CHECKPOINT = "checkpoint"
+    HUMAN = "human"
+    PLAN = "plan"
+
+
+ALLOWED: dict[str, frozenset[str]] = {
+    State.QUEUED: frozenset({State.RUNNING, State.FAILED, State.CANCELLED, State.UNDONE}),
+    State.RUNNING: frozenset({State.WAITING, State.DONE, State.FAILED, State.CANCELLED, State.UNDONE}),
+    State.WAITING: frozenset({State.RUNNING, State.DONE, State.FAILED, State.CANCELLED, State.UNDONE}),
+    State.DONE: frozenset({State.UNDONE}),
+    State.FAILED: frozenset({State.UNDONE}),
+    State.CANCELLED: frozenset({State.UNDONE}),
+    State.UNDONE: frozenset(),
+}
+
+FINAL = frozenset({State.DONE, State.FAILED, State.CANCELLED, State.UNDONE})
+ACTIVE = frozenset({State.QUEUED, State.RUNNING, State.WAITING})
+
+
+def can_move(old: str, new: str) -> bool:
+    return new in ALLOWED.get(old, frozenset())
+
+
+def is_final(state: str) -> bool:
+    return state in FINAL

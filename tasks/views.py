@@ -1,0 +1,120 @@
+"""The task API. Each view: check input, call one service, present the result."""
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from approvals.presenters import present_approval
+from boxsite.errors import InvalidRequest
+from boxsite.pagination import Sort, limit_param, page
+from boxsite.principal import Principal
+from tasks import services
+from tasks.models import Task, TaskEvent
+from tasks.presenters import present_event, present_task
+from tasks.states import State
+
+TASK_SORTS = {
+    "-created": Sort("-created", "created_at", descending=True),
+    "created": Sort("created", "created_at", descending=False),
+    "-updated": Sort("-updated", "updated_at", descending=True),
+}
+EVENT_PAGE = 200
+
+
+@extend_schema(
+    methods=["GET"],
+    parameters=[
+        OpenApiParameter("state", str, description="filter by state"),
+        OpenApiParameter("source", str, description="filter by source"),
+        OpenApiParameter("sort", str, description="-created (default), created or -updated"),
+        OpenApiParameter("cursor", str, description="from the previous page's 'next'"),
+        OpenApiParameter("limit", int),
+    ],
+    responses={200: dict},
+)
+@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@api_view(["GET", "POST"])
+def task_list(request: Request) -> Response:
+    principal = Principal.of(request)
+    if request.method == "POST":
+        source = "phone" if principal.via == "device" else None
+        task = services.create_task(request.data, principal, source=source)
+        return Response(present_task(task), status=201)
+    qs = Task.objects.filter(owner=request.user).select_related("workspace")
+    if principal.via == "device":
+        qs = qs.filter(device=principal.device)
+    state = request.query_params.get("state")
+    if state:
+        states = state.split(",")
+        bad = [s for s in states if s not in State.values]
+        if bad:
+            raise InvalidRequest(f"unknown state '{bad[0]}'", field="state")
+        qs = qs.filter(state__in=states)
+    source = request.query_params.get("source")
+    if source:
+        qs = qs.filter(source=source)
+    rows, next_cursor = page(qs, TASK_SORTS, request.query_params.get("sort", "-created"),
+                             request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
+    return Response({"results": [present_task(t) for t in rows], "next": next_cursor})
+
+
+def _events_after(task: Task, after: int, limit: int) -> dict[str, Any]:
+    from tasks.facts import redactor_for
+
+    redact = redactor_for(task)
+    events = list(TaskEvent.objects.filter(task=task, seq__gt=after).order_by("seq")[: limit + 1])
+    more = len(events) > limit
+    events = events[:limit]
+    return {
+        "events": [redact.redact(present_event(e)) for e in events],
+        "after": after,
+        "nextAfter": events[-1].seq if events else after,
+        "more": more,
+    }
+
+
+def _after_param(request: Request) -> int:
+    raw = request.query_params.get("after", "0")
+    try:
+        after = int(raw)
+    except ValueError as exc:
+        raise InvalidRequest("'after' must be a whole number (a seq)", field="after") from exc
+    if after < 0:
+        raise InvalidRequest("'after' must not be negative", field="after")
+    return after
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def task_detail(request: Request, task_id: str) -> Response:
+    task = services.get_task_for(Principal.of(request), task_id)
+    body = present_task(task)
+    body["approvals"] = [present_approval(a) for a in task.approvals.order_by("created_at")]
+    from approvals.presenters import present_question
+
+    body["questions"] = [present_question(q) for q in task.questions.exclude(state="staged").order_by("created_at")]
+    body["log"] = _events_after(task, _after_param(request), EVENT_PAGE)
+    return Response(body)
+
+
+@extend_schema(parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)], responses={200: dict})
+@api_view(["GET"])
+def task_events(request: Request, task_id: str) -> Response:
+    task = services.get_task_for(Principal.of(request), task_id)
+    return Response(_events_after(task, _after_param(request), limit_param(request.query_params.get("limit"), EVENT_PAGE, 1000)))
+
+
+@extend_schema(request=None, responses={200: dict})
+@api_view(["POST"])
+def task_cancel(request: Request, task_id: str) -> Response:
+    return Response(present_task(services.cancel_task(Principal.of(request), task_id)))
+
+
+@extend_schema(request=None, responses={200: dict})
+@api_view(["POST"])
+def task_undo(request: Request, task_id: str) -> Response:
+    return Response(present_task(services.undo_task(Principal.of(request), task_id)))

@@ -1,0 +1,51 @@
+"""The worker interface and the outcomes a run can end with.
+
+A pause is an outcome that carries a resume point, so a waiting task holds no worker process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tasks.context import RunContext
+
+
+@dataclass
+class Done:
+    summary: str = "finished"
+
+
+@dataclass
+class Failed:
+    error: str
+    recoverable: bool | None = None
+    hint: str = ""
+
+
+@dataclass
+class Paused:
+    """Stop the run and wait. ``resume`` says where the next run picks up."""
+
+    waiting_for: str
+    message: str
+    resume: dict[str, Any] = field(default_factory=dict)
+    fields: list[dict[str, Any]] = field(default_factory=list)  # for input pauses
+    approval: dict[str, Any] | None = None  # {kind, summary, detail, guard, amount_cents}
+    continuable: bool = True
+
+
+
+
+class Worker(Protocol):
+    def run(self, ctx: RunContext) -> Outcome: ...
+
+
+@dataclass
+class Continue:
+    """End this run and go on in a new one from ``resume`` (e.g. after an approved step ran)."""
+
+    resume: dict[str, Any] = field(default_factory=dict)
+
+
+Outcome = Done | Failed | Paused | Continue

@@ -1,0 +1,242 @@
+"""The flow worker: interprets a task's flow (DESIGN §8), one step at a time.
+
+Each step's event is persisted before the next step begins, and so is the resume point, so a
+retried run picks up at the first step not yet finished.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from tasks.context import RunContext
+from tasks.facts import guess_kind
+from tasks.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
+from tasks.models import EventKind
+from tasks.workers import process
+from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
+
+_NAME = re.compile(r"\$\{([^}]+)\}")
+
+
+class StepFailed(Exception):
+    def __init__(self, message: str, *, page_text: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.page_text = page_text
+
+
+def substitute(value: Any, values: dict[str, Any]) -> Any:
+    """Replace ``${name}`` with its value; called only at the moment a step executes."""
+    if isinstance(value, str):
+        return _NAME.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), value)
+    if isinstance(value, dict):
+        return {k: substitute(v, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, values) for v in value]
+    return value
+
+
+def inside(workdir: Path, relative: str) -> Path:
+    """The path under ``workdir``; refuses anything that would land outside it."""
+    if not relative or relative.startswith("/"):
+        raise StepFailed(f"'{relative}' is not a relative path inside the task's files")
+    target = (workdir / relative)
+    resolved_parent = target.parent.resolve()
+    root = workdir.resolve()
+    if resolved_parent != root and root not in resolved_parent.parents:
+        raise StepFailed(f"'{relative}' is outside the task's files")
+    if target.is_symlink():
+        link = target.resolve()
+        if link != root and root not in link.parents:
+            raise StepFailed(f"'{relative}' is a link to outside the task's files")
+    return target
+
+
+def describe(step: dict[str, Any], index: int, total: int) -> str:
+    kind = step_kind(step)
+    label = step.get("name")
+    value = step[kind]
+    if label:
+        return f"step {index + 1}/{total} {kind}: {label}"
+    if isinstance(value, str):
+        return f"step {index + 1}/{total} {kind}: {value[:200]}"
+    key = next((k for k in ("cmd", "path", "url", "name", "prompt", "selector") if k in value), None)
+    return f"step {index + 1}/{total} {kind}" + (f": {str(value[key])[:200]}" if key else "")
+
+
+class FlowWorker:
+    def run(self, ctx: RunContext) -> Outcome:
+        flow = ctx.task.flow or {}
+        steps: list[dict[str, Any]] = flow.get("steps", [])
+        records: dict[str, Any] = dict(ctx.task.records or {})
+        known = {**flow.get("vars", {}), **records, **ctx.facts.values}
+        missing = missing_names(flow, {**ctx.facts.values, **records})
+        if missing:
+            fields = [{"name": n, "why": f"the flow uses ${{{n}}} and no fact supplies it", "kind": guess_kind(n), "options": []} for n in missing]
+            return Paused("input", "the task needs values before it can start", resume=ctx.resume, fields=fields)
+        resume = ctx.resume
+        start = int(resume.get("step", 0))
+        approved = resume.get("approved_step")
+        only = bool(resume.get("only"))
+        allow_destructive = bool(ctx.task.constraints.get("allow_destructive"))
+        total = len(steps)
+        for index in range(start, total):
+            step = steps[index]
+            kind = step_kind(step)
+            is_approved = approved == index
+            guard = {"step": index, "kind": kind, "name": step.get("name", "")}
+            if kind == "approve":
+                if not is_approved:
+                    reason = step["approve"] if isinstance(step["approve"], str) else step["approve"].get("reason", "approve to go on")
+                    return self._ask_approval(ctx, index, reason, guard)
+                ctx.recorder.save_progress(resume={"step": index + 1})
+                continue
+            if kind == "checkpoint":
+                outcome = self._checkpoint(ctx, step, index, is_approved, guard)
+                if outcome is not None:
+                    return outcome
+                continue
+            if kind == "ask":
+                spec = step["ask"] if isinstance(step["ask"], dict) else {"name": step["ask"]}
+                name = spec["name"]
+                if name not in known or known[name] in ("", None):
+                    field = {"name": name, "why": spec.get("why", f"step {index + 1} asks for it"), "kind": spec.get("kind", guess_kind(name)), "options": spec.get("options", [])}
+                    return Paused("input", f"step {index + 1} asks for {name}", resume={"step": index}, fields=[field])
+                ctx.recorder.save_progress(resume={"step": index + 1})
+                continue
+            if kind not in EXECUTABLE_KINDS:
+                return Failed(f"step {index + 1}: '{kind}' steps are not available in this box yet", recoverable=False,
+                              hint="remove the step or run the task on a box with browser/model support")
+            acts = STEP_KINDS[kind].acts
+            if "stop_before" in step and not allow_destructive and not is_approved:
+                return self._ask_approval(ctx, index, step["stop_before"], guard)
+            if acts:
+                ctx.recorder.count("actions", "max_actions")
+            ctx.recorder.step(describe(step, index, total), {"step": index, "kind": kind}, progress=index / total)
+            resolved = substitute(step[kind], known)
+            try:
+                result = self._execute(ctx, kind, resolved, step)
+            except StepFailed as exc:
+                from tasks.human import looks_like_human_wall
+
+                wall = looks_like_human_wall(exc.page_text or exc.message)
+                if wall:
+                    return Paused("human", f"step {index + 1} hit {wall}; a person must get past it, then continue",
+                                  resume={"step": index})
+                return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
+                              hint="fix the cause and run the task again")
+            if "save" in step:
+                records[step["save"]] = result
+                known[step["save"]] = result
+            ctx.recorder.save_progress(resume={"step": index + 1}, records=records)
+            if only and is_approved and index + 1 < total:
+                return Continue(resume={"step": index + 1})
+        return Done(f"finished all {total} steps")
+
+    def _ask_approval(self, ctx: RunContext, index: int, reason: str, guard: dict[str, Any]) -> Paused:
+        return Paused(
+            "approval", reason, resume={"step": index, "approved_step": index, "only": True},
+            approval={"kind": "irreversible", "summary": reason, "detail": {"step": index + 1}, "guard": guard},
+        )
+
+    def _checkpoint(self, ctx: RunContext, step: dict[str, Any], index: int, approved: bool, guard: dict[str, Any]) -> Outcome | None:
+        spec = step["checkpoint"] if isinstance(step["checkpoint"], dict) else {"reason": step["checkpoint"]}
+        reason = spec.get("reason", "checkpoint")
+        payment = bool(spec.get("payment"))
+        if payment and ctx.task.constraints.get("payment", "stop_at_payment") == "stop_at_payment":
+            return Paused("checkpoint", f"{reason}: paying is for a person; this task stops here", resume={"step": index}, continuable=False)
+        if approved:
+            ctx.recorder.save_progress(resume={"step": index + 1})
+            return None
+        continuable = bool(spec.get("continuable", True))
+        return Paused("checkpoint", reason, resume={"step": index, "approved_step": index}, continuable=continuable,
+                      approval={"kind": "payment" if payment else "checkpoint", "summary": reason, "guard": guard} if continuable else None)
+
+    def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any]) -> Any:
+        timeout = step.get("timeout_s")
+        if kind == "run":
+            cmd = value if isinstance(value, str) else value["cmd"]
+            env = process.base_env(ctx)
+            if isinstance(value, dict):
+                env.update({str(k): str(v) for k, v in value.get("env", {}).items()})
+            try:
+                proc = process.start(ctx, ["/bin/sh", "-c", cmd], env=env)
+            except OSError as exc:
+                raise StepFailed(f"cannot start the shell: {exc}") from exc
+            done = process.wait(ctx, proc, timeout_s=timeout)
+            if done.stopped:
+                from tasks.recorder import LeaseLost
+
+                raise LeaseLost("stopped")
+            if done.timed_out:
+                raise StepFailed(f"timed out after {timeout or 'the task time limit'}s")
+            if done.code != 0:
+                raise StepFailed(f"exit {done.code}: {done.last_error_line()}", page_text=done.stdout + done.stderr)
+            return done.stdout.strip()
+        if kind == "write":
+            target = inside(ctx.workdir, value["path"])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            content = value["content"] if isinstance(value["content"], str) else json.dumps(value["content"])
+            if target.is_symlink():
+                target.unlink()
+            target.write_text(content)
+            return value["path"]
+        if kind == "delete":
+            relative = value if isinstance(value, str) else value["path"]
+            target = inside(ctx.workdir, relative)
+            if target.is_dir() and not target.is_symlink():
+                import shutil
+
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            else:
+                raise StepFailed(f"'{relative}' does not exist")
+            return relative
+        if kind == "http":
+            spec = {"url": value} if isinstance(value, str) else value
+            from tasks.net import Blocked
+
+            try:
+                response = ctx.http(spec.get("method", "GET"), spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
+            except Blocked as exc:
+                raise StepFailed(str(exc)) from exc
+            except OSError as exc:
+                raise StepFailed(f"request failed: {exc}") from exc
+            if response["status"] >= 400:
+                raise StepFailed(f"HTTP {response['status']}", page_text=response["body"])
+            try:
+                return json.loads(response["body"])
+            except ValueError:
+                return response["body"]
+        if kind == "tool":
+            return call_tool(ctx, value, step.get("args", {}))
+        raise StepFailed(f"'{kind}' is not executable")
+
+
+def call_tool(ctx: RunContext, name: str, args: dict[str, Any]) -> Any:
+    from tasks.tools import get_tool
+
+    if name not in ctx.task.tools:
+        raise StepFailed(f"tool '{name}' is not in the task's tools")
+    tool = get_tool(name)
+    if tool is None:
+        raise StepFailed(f"no app provides tool '{name}'")
+    try:
+        jsonschema.validate(args, tool.schema)
+    except jsonschema.ValidationError as exc:
+        raise StepFailed(f"tool '{name}': bad arguments: {exc.message}") from exc
+    ctx.recorder.event(EventKind.TOOL_CALL, f"{name}", {"tool": name, "args": args})
+    try:
+        result = tool.impl(ctx, args)
+    except StepFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a tool's failure is the step's failure, with its reason
+        ctx.recorder.event(EventKind.TOOL_RESULT, f"{name} failed: {exc}", {"tool": name, "ok": False, "error": str(exc)})
+        raise StepFailed(f"tool '{name}' failed: {exc}") from exc
+    ctx.recorder.event(EventKind.TOOL_RESULT, f"{name} ok", {"tool": name, "ok": True, "result": result})
+    return result

@@ -1,0 +1,112 @@
+"""Starting and watching a task's processes.
+
+Every process a worker starts goes through ``start``, so the sandbox can wrap it (its own user,
+PID and network namespaces) in one place. ``wait`` stops the whole process group when the run
+loses its lease, the task's time runs out, or a step's timeout passes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.context import RunContext
+
+MAX_CAPTURE = 64 * 1024
+
+
+@dataclass
+class Finished:
+    code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    stopped: bool = False
+
+    def last_error_line(self) -> str:
+        for text in (self.stderr, self.stdout):
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            if lines:
+                return lines[-1]
+        return ""
+
+
+def base_env(ctx: RunContext) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": str(ctx.workdir),
+        "LANG": "C.UTF-8",
+        "BOX_TASK_ID": ctx.task.pk,
+        "BOX_RUN": str(ctx.run.number),
+    }
+    return env
+
+
+def start(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` for the task. Raises ``OSError`` when it cannot start (missing executable)."""
+    from tasks.sandbox import launcher
+
+    return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir)
+
+
+def _pump(stream: IO[bytes], sink: deque[str], on_line: Callable[[str], None] | None) -> None:
+    size = 0
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", errors="replace")
+        size += len(line)
+        if size <= MAX_CAPTURE:
+            sink.append(line)
+        else:
+            sink.append(line)
+            while sink and size > MAX_CAPTURE:
+                size -= len(sink.popleft())
+        if on_line is not None:
+            on_line(line.rstrip("\n"))
+    stream.close()
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    from tasks.sandbox import launcher
+
+    launcher.kill(proc)
+
+
+def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | None = None,
+         on_stdout: Callable[[str], None] | None = None) -> Finished:
+    out: deque[str] = deque()
+    err: deque[str] = deque()
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, on_stdout), daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, err, None), daemon=True)]
+    for pump in pumps:
+        pump.start()
+    started = time.monotonic()
+    timed_out = stopped = False
+    while proc.poll() is None:
+        left = ctx.time_left()
+        if ctx.stop.is_set():
+            stopped = True
+        elif (timeout_s is not None and time.monotonic() - started > timeout_s) or (left is not None and left <= 0):
+            timed_out = True
+        if stopped or timed_out:
+            kill_group(proc)
+            break
+        ctx.stop.wait(0.05)
+    code = proc.wait()
+    for pump in pumps:
+        pump.join(timeout=5)
+    return Finished(code, "".join(out), "".join(err), timed_out=timed_out, stopped=stopped)
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

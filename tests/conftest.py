@@ -1,0 +1,96 @@
+"""Shared fixtures. Tests go through the front door: the API, real processes, real databases."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from tests.factories import make_owner
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def _box_settings(settings: Any, tmp_path: Path) -> None:
+    settings.BOX_RUN_INLINE = True
+
+
+class Box:
+    """The owner, a token-authenticated API client, and a ``home`` workspace in a temp dir."""
+
+    def __init__(self, owner: Any, token: str, home: Path) -> None:
+        self.owner = owner
+        self.token = token
+        self.home = home
+        self.api = APIClient()
+        self.api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def create(self, **spec: Any) -> dict[str, Any]:
+        response = self.api.post("/api/tasks", spec, format="json")
+        assert response.status_code == 201, response.json()
+        return response.json()
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        response = self.api.get(f"/api/tasks/{task_id}")
+        assert response.status_code == 200, response.json()
+        return response.json()
+
+    def events(self, task_id: str, after: int = 0) -> list[dict[str, Any]]:
+        response = self.api.get(f"/api/tasks/{task_id}/events", {"after": after, "limit": 1000})
+        assert response.status_code == 200, response.json()
+        return response.json()["events"]
+
+    def wait_state(self, task_id: str, *states: str, timeout: float = 30.0) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            view = self.task(task_id)
+            return view if view["state"] in states else None
+
+        return wait_for(reached, timeout=timeout, what=f"task {task_id} to be {'/'.join(states)}")
+
+
+@pytest.fixture
+def box(transactional_db: Any, tmp_path: Path) -> Box:
+    from boxsite.auth import issue_api_token
+    from tasks.models import Workspace
+
+    home = tmp_path / "home"
+    home.mkdir()
+    Workspace.objects.update_or_create(name="home", defaults={"base_dir": str(home)})
+    owner = make_owner()
+    _, raw = issue_api_token(owner, "tests", can_use_folders=True)
+    return Box(owner, raw, home)
+
+
+def database_env() -> dict[str, str]:
+    """Environment for a subprocess (a real qcluster, the scheduler) that must share the test DB."""
+    from django.db import connection
+
+    env = dict(os.environ)
+    name = connection.settings_dict["NAME"]
+    if settings.DB_IS_POSTGRES:
+        env["BOX_DATABASE_NAME"] = str(name)
+    else:
+        env["BOX_SQLITE_PATH"] = str(name)
+    env["BOX_DATA_DIR"] = str(settings.BOX_DATA_DIR)
+    return env
+
+
+@pytest.fixture
+def cluster_env() -> Iterator[dict[str, str]]:
+    yield database_env()
