@@ -97,6 +97,9 @@ if DATABASE_URL:
     # A subprocess started by the tests (a real qcluster) is pointed at the test database.
     if env_str("BOX_DATABASE_NAME"):
         _db["NAME"] = env_str("BOX_DATABASE_NAME")
+    # Separate test databases for people (or agents) running suites side by side.
+    if env_str("BOX_TEST_DATABASE_NAME"):
+        _db["TEST"] = {"NAME": env_str("BOX_TEST_DATABASE_NAME")}
     DATABASES = {"default": _db}
 else:
     _sqlite_path = env_path("BOX_SQLITE_PATH", str(BOX_DATA_DIR / "box.sqlite3"))
@@ -120,7 +123,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL")
 
 Q_CLUSTER: dict[str, object] = {
-    "name": "box",
+    "name": env_str("BOX_QUEUE_NAME", "box"),
     "workers": env_int("BOX_WORKERS", 2, minimum=1),
     # A run heartbeats its lease; django-q2's own timeout only guards against a hung job.
     # retry must exceed timeout, or django-q2 hands a slow job to a second worker.
