@@ -1,10 +1,24 @@
+"""The ASGI entry point: HTTP through Django, WebSockets through Channels.
+
+WebSocket connections are checked in layers: the Origin header against ALLOWED_HOSTS (a page on
+another site cannot open a stream with the owner's cookies), then the session and the paired
+device's cookie; the consumers refuse anyone neither of them names.
+"""
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boxsite.settings")
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_app = get_asgi_application()
 
-application = ProtocolTypeRouter({"http": django_app})
+from boxsite.ws_auth import DeviceCookieMiddleware  # noqa: E402
+from tasks.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": django_app,
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(DeviceCookieMiddleware(URLRouter(websocket_urlpatterns)))),
+})

@@ -1,0 +1,136 @@
+"""The account API: settings, API tokens, paired devices and pairing. Each view checks input,
+calls one service in ``boxsite.services`` and presents the result."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from boxsite import services
+from boxsite.auth import DEVICE_COOKIE
+from boxsite.models import ApiToken, BoxSettings, Device
+from boxsite.principal import Principal
+from boxsite.qr import qr_svg
+
+DEVICE_COOKIE_AGE = 400 * 24 * 3600  # browsers cap cookie lifetimes at about 400 days
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def present_settings(row: BoxSettings) -> dict[str, Any]:
+    return {
+        "defaultBudgetCents": row.default_budget_cents,
+        "networkDefault": row.network_default,
+        "defaultHosts": row.default_hosts,
+        "retentionDays": row.retention_days,
+        "maxActiveTasks": row.max_active_tasks,
+        "updatedAt": _iso(row.updated_at),
+    }
+
+
+def present_token(token: ApiToken) -> dict[str, Any]:
+    return {
+        "id": token.pk,
+        "name": token.name,
+        "prefix": token.prefix,
+        "canUseFolders": token.can_use_folders,
+        "createdAt": _iso(token.created_at),
+        "lastUsedAt": _iso(token.last_used_at),
+        "revokedAt": _iso(token.revoked_at),
+    }
+
+
+def present_device(device: Device) -> dict[str, Any]:
+    return {
+        "id": device.pk,
+        "name": device.name,
+        "createdAt": _iso(device.created_at),
+        "lastSeenAt": _iso(device.last_seen_at),
+        "revokedAt": _iso(device.revoked_at),
+    }
+
+
+@extend_schema(methods=["GET"], responses={200: dict})
+@extend_schema(methods=["PATCH"], request=dict, responses={200: dict})
+@api_view(["GET", "PATCH"])
+def box_settings(request: Request) -> Response:
+    principal = Principal.of(request)
+    if request.method == "PATCH":
+        return Response(present_settings(services.update_settings(principal, request.data)))
+    services.require_settings_right(principal)
+    return Response(present_settings(BoxSettings.current()))
+
+
+@extend_schema(methods=["GET"], responses={200: dict})
+@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@api_view(["GET", "POST"])
+def tokens(request: Request) -> Response:
+    principal = Principal.of(request)
+    if request.method == "POST":
+        token, raw = services.create_token(principal, request.data)
+        # The only time the value is ever shown.
+        return Response({**present_token(token), "token": raw}, status=201)
+    services.require_settings_right(principal)
+    rows = ApiToken.objects.filter(user=request.user).order_by("-created_at", "-pk")
+    return Response({"results": [present_token(t) for t in rows]})
+
+
+@extend_schema(request=None, responses={200: dict})
+@api_view(["POST", "DELETE"])
+def token_revoke(request: Request, token_id: int) -> Response:
+    return Response(present_token(services.revoke_token(Principal.of(request), token_id)))
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def devices(request: Request) -> Response:
+    services.require_settings_right(Principal.of(request))
+    rows = Device.objects.filter(user=request.user).order_by("-created_at", "-pk")
+    return Response({"results": [present_device(d) for d in rows]})
+
+
+@extend_schema(request=None, responses={200: dict})
+@api_view(["POST", "DELETE"])
+def device_revoke(request: Request, device_id: int) -> Response:
+    return Response(present_device(services.revoke_device(Principal.of(request), device_id)))
+
+
+def pairing_url(request: HttpRequest, code: str) -> str:
+    return request.build_absolute_uri(f"/pair?code={code}")
+
+
+@extend_schema(request=None, responses={201: dict})
+@api_view(["POST"])
+def pairing_start(request: Request) -> Response:
+    """A one-time code (and its QR code) that pairs one phone within ten minutes."""
+    row, code = services.start_pairing(Principal.of(request))
+    url = pairing_url(request, code)
+    return Response({"code": code, "url": url, "expiresAt": _iso(row.expires_at),
+                     "qrSvg": qr_svg(url, label=f"QR code to pair a phone, code {code}")}, status=201)
+
+
+@extend_schema(request=dict, responses={201: dict})
+@api_view(["POST"])
+@permission_classes([AllowAny])
+def pairing_claim(request: Request) -> Response:
+    """Spend a pairing code: the phone gets its device key as an HttpOnly cookie, never in the body."""
+    body = request.data if isinstance(request.data, dict) else {}
+    device, key = services.pair_device(body.get("code", ""), body.get("name", "Phone"))
+    response = Response(present_device(device), status=201)
+    set_device_cookie(response, request, key)
+    return response
+
+
+def set_device_cookie(response: HttpResponse, request: HttpRequest, key: str) -> None:
+    response.set_cookie(
+        DEVICE_COOKIE, key, max_age=DEVICE_COOKIE_AGE, httponly=True, samesite="Lax",
+        secure=request.is_secure() or settings.SECURE_COOKIES,
+    )

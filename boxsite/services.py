@@ -1,0 +1,170 @@
+"""Every change to the owner's account: settings, API tokens, paired devices and pairing codes.
+
+Views call one of these; nothing else writes ``BoxSettings``, ``ApiToken``, ``Device`` or
+``PairingCode``. Raw secrets (token values, device keys, pairing codes) are returned once and
+only their hashes are stored.
+"""
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from boxsite.auth import issue_api_token
+from boxsite.errors import Forbidden, InvalidRequest, NotFound
+from boxsite.models import ApiToken, BoxSettings, Device, NetworkDefault, PairingCode, hash_key
+from boxsite.principal import Principal
+
+PAIRING_TTL = timedelta(minutes=10)
+# Crockford's base32 without the letters people misread (I, L, O, U): 8 characters = 40 bits,
+# far more than can be guessed in the ten minutes a code lives, single use.
+PAIRING_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+PAIRING_LENGTH = 8
+DEVICE_KEY_PREFIX = "boxdev_"
+
+SETTINGS_FIELDS = {
+    "defaultBudgetCents": "default_budget_cents",
+    "networkDefault": "network_default",
+    "defaultHosts": "default_hosts",
+    "retentionDays": "retention_days",
+    "maxActiveTasks": "max_active_tasks",
+}
+
+
+def require_settings_right(principal: Principal) -> None:
+    if not principal.can_change_settings:
+        raise Forbidden("a paired device cannot see or change the box's settings", field=None)
+
+
+# --- settings -----------------------------------------------------------------------------
+def _whole(value: Any, key: str, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"'{key}' must be a whole number", field=key)
+    if not minimum <= value <= maximum:
+        raise InvalidRequest(f"'{key}' must be between {minimum} and {maximum}", field=key)
+    return value
+
+
+@transaction.atomic
+def update_settings(principal: Principal, body: Any) -> BoxSettings:
+    """Change some of the owner's defaults; the whole body is checked before anything is saved."""
+    from tasks.spec import valid_host
+
+    require_settings_right(principal)
+    if not isinstance(body, dict):
+        raise InvalidRequest("settings are a JSON object")
+    unknown = sorted(set(body) - set(SETTINGS_FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown setting '{unknown[0]}'", field=unknown[0])
+    changes: dict[str, Any] = {}
+    if "defaultBudgetCents" in body:
+        changes["default_budget_cents"] = _whole(body["defaultBudgetCents"], "defaultBudgetCents", minimum=0, maximum=10_000_000)
+    if "networkDefault" in body:
+        if body["networkDefault"] not in NetworkDefault.values:
+            raise InvalidRequest(f"'networkDefault' must be one of {', '.join(NetworkDefault.values)}", field="networkDefault")
+        changes["network_default"] = body["networkDefault"]
+    if "defaultHosts" in body:
+        hosts = body["defaultHosts"]
+        if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+            raise InvalidRequest("'defaultHosts' must be a list of host names", field="defaultHosts")
+        for host in hosts:
+            if not valid_host(host):
+                raise InvalidRequest(f"'{host}' is not a host name, '*.domain' or an IP address", field="defaultHosts")
+        changes["default_hosts"] = list(dict.fromkeys(h.lower() for h in hosts))
+    if "retentionDays" in body:
+        changes["retention_days"] = _whole(body["retentionDays"], "retentionDays", minimum=1, maximum=36_500)
+    if "maxActiveTasks" in body:
+        changes["max_active_tasks"] = _whole(body["maxActiveTasks"], "maxActiveTasks", minimum=1, maximum=10_000)
+    # Lock the single row: two saves at once must not interleave their read-modify-write.
+    row = BoxSettings.objects.select_for_update().get_or_create(pk=1)[0]
+    for name, value in changes.items():
+        setattr(row, name, value)
+    if changes:
+        row.save(update_fields=[*changes, "updated_at"])
+    return row
+
+
+# --- API tokens ---------------------------------------------------------------------------
+def create_token(principal: Principal, body: Any) -> tuple[ApiToken, str]:
+    require_settings_right(principal)
+    if not isinstance(body, dict):
+        raise InvalidRequest("a token request is a JSON object")
+    name = body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidRequest("give the token a name, so you know later what uses it", field="name")
+    if len(name) > 100:
+        raise InvalidRequest("'name' is longer than 100 characters", field="name")
+    folders = body.get("canUseFolders", False)
+    if not isinstance(folders, bool):
+        raise InvalidRequest("'canUseFolders' must be true or false", field="canUseFolders")
+    if folders and not principal.can_use_folders:
+        # A token cannot mint a token with more power than it has.
+        raise Forbidden("only the owner (or a token with that right) can give a token the folders right", field="canUseFolders")
+    return issue_api_token(principal.user, name.strip(), can_use_folders=folders)
+
+
+def revoke_token(principal: Principal, token_id: int) -> ApiToken:
+    require_settings_right(principal)
+    token = ApiToken.objects.filter(pk=token_id, user=principal.user).first()
+    if token is None:
+        raise NotFound(f"no token {token_id}")
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token
+
+
+# --- devices and pairing ------------------------------------------------------------------
+def normalize_code(raw: str) -> str:
+    """What a person typed, as stored: case and separators do not matter; O/I/L read as 0/1/1."""
+    cleaned = "".join(ch for ch in raw.upper() if ch.isalnum())
+    return cleaned.translate(str.maketrans({"O": "0", "I": "1", "L": "1"}))
+
+
+def format_code(code: str) -> str:
+    return f"{code[:4]}-{code[4:]}"
+
+
+@transaction.atomic
+def start_pairing(principal: Principal) -> tuple[PairingCode, str]:
+    """A fresh one-time code for pairing one phone. Older unused codes stop working."""
+    require_settings_right(principal)
+    now = timezone.now()
+    PairingCode.objects.filter(user=principal.user, used_at__isnull=True, expires_at__gt=now).update(expires_at=now)
+    code = "".join(secrets.choice(PAIRING_ALPHABET) for _ in range(PAIRING_LENGTH))
+    row = PairingCode.objects.create(user=principal.user, code_hash=hash_key(code), expires_at=now + PAIRING_TTL)
+    return row, format_code(code)
+
+
+@transaction.atomic
+def pair_device(raw_code: str, name: str) -> tuple[Device, str]:
+    """Spend a pairing code on a new device. Returns the device and its key (shown once, set as
+    the phone's cookie). A used, expired or unknown code pairs nothing."""
+    if not isinstance(raw_code, str) or not raw_code.strip():
+        raise InvalidRequest("type the code shown in the box's settings", field="code")
+    if not isinstance(name, str):
+        raise InvalidRequest("'name' must be text", field="name")
+    now = timezone.now()
+    # The conditional update spends the code exactly once, even if two phones race for it.
+    code_hash = hash_key(normalize_code(raw_code))
+    spent = PairingCode.objects.filter(code_hash=code_hash, used_at__isnull=True, expires_at__gt=now).update(used_at=now)
+    if spent != 1:
+        raise InvalidRequest("that code is wrong, used or expired; show a new one in Settings", field="code")
+    pairing = PairingCode.objects.select_related("user").get(code_hash=code_hash)
+    key = DEVICE_KEY_PREFIX + secrets.token_urlsafe(32)
+    device = Device.objects.create(user=pairing.user, name=(name.strip() or "Phone")[:100], key_hash=hash_key(key))
+    return device, key
+
+
+def revoke_device(principal: Principal, device_id: int) -> Device:
+    require_settings_right(principal)
+    device = Device.objects.filter(pk=device_id, user=principal.user).first()
+    if device is None:
+        raise NotFound(f"no device {device_id}")
+    if device.revoked_at is None:
+        device.revoked_at = timezone.now()
+        device.save(update_fields=["revoked_at"])
+    return device
