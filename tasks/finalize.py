@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks import runs, services
-from tasks.models import EventKind, Run, Task
+from tasks.models import EventKind, Run, RunState, Task
 from tasks.recorder import StepRecorder
 from tasks.states import State
 from tasks.models import RunKind
@@ -18,6 +18,11 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
         task.refresh_from_db()
         if task.is_final():
             runs.finish(run.pk, token, "cancelled", f"the task is already {task.state}")
+            return False
+        if Run.objects.filter(task=task, state=RunState.RUNNING).exclude(pk=run.pk).exists():
+            # Another run still holds a live process that waits on the owner in its broker
+            # (tasks.broker.holds); it goes on by itself once the pause is decided.
+            runs.finish(run.pk, token, "superseded", "a held run of this task is still running")
             return False
         if task.state == State.QUEUED:
             services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
@@ -37,13 +42,14 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
         if task.is_final():
             runs.finish(run.pk, token, "cancelled", f"the task became {task.state} meanwhile")
             return
+        # The run is closed before the task moves: a final move closes every open run.
         if isinstance(outcome, Done):
-            services.transition(task, State.DONE, summary=outcome.summary, progress=1.0)
             runs.finish(run.pk, token, "done")
+            services.transition(task, State.DONE, summary=outcome.summary, progress=1.0)
         elif isinstance(outcome, Failed):
             recorder.event(EventKind.ERROR, outcome.error, {"recoverable": outcome.recoverable, "hint": outcome.hint})
-            services.fail_task(task, outcome.error, recoverable=outcome.recoverable, hint=outcome.hint)
             runs.finish(run.pk, token, "failed", outcome.error)
+            services.fail_task(task, outcome.error, recoverable=outcome.recoverable, hint=outcome.hint)
         elif isinstance(outcome, Paused):
             _pause(task, run, token, outcome)
         elif isinstance(outcome, Continue):

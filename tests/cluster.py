@@ -1,0 +1,56 @@
+"""A real django-q2 cluster and scheduler, as subprocesses sharing the test database."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.conf import settings
+
+from tests.conftest import database_env
+
+MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("ab")
+    return subprocess.Popen([sys.executable, MANAGE, *argv], env=env, stdout=handle, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=settings.BASE_DIR)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextmanager
+def running_box(tmp_path: Path, *, scheduler: bool = True, **env_overrides: str) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """Start ``qcluster`` (and the scheduler) against the test database; stop both after."""
+    env = database_env()
+    env.update({
+        "BOX_LEASE_SECONDS": "3",
+        "BOX_HEARTBEAT_SECONDS": "0.5",
+        "BOX_RETRY_BACKOFF_SECONDS": "0.2",
+        "BOX_SCHEDULER_TICK_SECONDS": "0.2",
+        "BOX_QUEUE_POLL_S": "0.05",
+        "BOX_WORKERS": "1",
+        "BOX_QUEUE_NAME": str(settings.Q_CLUSTER["name"]),
+    })
+    env.update(env_overrides)
+    procs = {"worker": _start(["qcluster"], env, tmp_path / "qcluster.log")}
+    if scheduler:
+        procs["scheduler"] = _start(["runscheduler"], env, tmp_path / "scheduler.log")
+    try:
+        yield procs
+    finally:
+        for proc in procs.values():
+            _stop(proc)

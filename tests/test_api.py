@@ -1,0 +1,136 @@
+"""The task API from a caller's side: authentication, listing, the log, errors."""
+from __future__ import annotations
+
+from rest_framework.test import APIClient
+
+from tests.factories import flow, make_owner
+
+WRITE = flow({"write": {"path": "a.txt", "content": "a"}})
+
+
+def test_every_endpoint_requires_authentication(box):
+    task = box.create(title="t", flow=WRITE)
+    anonymous = APIClient()
+    for method, url in [("get", "/api/tasks"), ("post", "/api/tasks"), ("get", f"/api/tasks/{task['id']}"),
+                        ("get", f"/api/tasks/{task['id']}/events"), ("post", f"/api/tasks/{task['id']}/cancel"),
+                        ("post", f"/api/tasks/{task['id']}/undo")]:
+        response = getattr(anonymous, method)(url)
+        assert response.status_code == 401, (method, url)
+        assert response.json()["code"] == "UNAUTHENTICATED"
+
+
+def test_a_revoked_or_unknown_token_is_refused(box):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer box_not-a-real-token")
+    assert client.get("/api/tasks").status_code == 401
+
+
+def test_a_session_needs_the_csrf_token_for_changes(box):
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(box.owner)
+    assert client.get("/api/tasks").status_code == 200
+    response = client.post("/api/tasks", {"title": "t", "flow": WRITE}, format="json")
+    assert response.status_code == 403
+    assert response.json()["code"] == "FORBIDDEN"
+
+
+def test_another_owner_never_sees_my_tasks(box):
+    task = box.create(title="mine", flow=WRITE)
+    other = APIClient()
+    other.force_login(make_owner())
+    assert other.get(f"/api/tasks/{task['id']}").status_code == 404
+    assert other.get("/api/tasks").json()["results"] == []
+    assert other.post(f"/api/tasks/{task['id']}/cancel").status_code == 404
+
+
+def test_the_id_has_the_documented_format(box):
+    task = box.create(title="t", flow=WRITE)
+    assert task["id"].startswith("tk")
+    assert all(c in "0123456789abcdefghijklmnopqrstuvwxyz" for c in task["id"])
+    assert task["user"] == f"box-{task['id']}"
+
+
+def test_listing_pages_with_a_cursor_that_binds_its_sort(box):
+    ids = [box.create(title=f"t{i}", flow=WRITE)["id"] for i in range(5)]
+    first = box.api.get("/api/tasks", {"limit": 2}).json()
+    second = box.api.get("/api/tasks", {"limit": 2, "cursor": first["next"]}).json()
+    third = box.api.get("/api/tasks", {"limit": 2, "cursor": second["next"]}).json()
+    seen = [t["id"] for page in (first, second, third) for t in page["results"]]
+    assert seen == list(reversed(ids))
+    assert third["next"] is None
+    oldest_first = box.api.get("/api/tasks", {"sort": "created", "limit": 5}).json()
+    assert [t["id"] for t in oldest_first["results"]] == ids
+    reused = box.api.get("/api/tasks", {"sort": "created", "cursor": first["next"]})
+    assert reused.status_code == 400 and reused.json()["field"] == "cursor"
+    garbage = box.api.get("/api/tasks", {"cursor": "not-a-cursor"})
+    assert garbage.status_code == 400 and garbage.json()["code"] == "INVALID_REQUEST"
+
+
+def test_listing_filters_by_state_and_source(box):
+    done = box.create(title="done", flow=WRITE)
+    box.wait_state(done["id"], "done")
+    box.create(title="labelled", flow=WRITE, source="jira:BOX-12")
+    waiting = box.create(title="plain language", prompt="summarise the news")
+    box.wait_state(waiting["id"], "waiting")
+    states = box.api.get("/api/tasks", {"state": "waiting"}).json()["results"]
+    assert [t["id"] for t in states] == [waiting["id"]]
+    by_source = box.api.get("/api/tasks", {"source": "jira:BOX-12"}).json()["results"]
+    assert [t["title"] for t in by_source] == ["labelled"]
+    bad = box.api.get("/api/tasks", {"state": "sleeping"})
+    assert bad.status_code == 400 and bad.json()["field"] == "state"
+
+
+def test_the_log_reads_after_a_seq(box):
+    task = box.create(title="steps", flow=flow({"run": "echo one"}, {"run": "echo two"}, {"run": "echo three"}))
+    box.wait_state(task["id"], "done")
+    events = box.events(task["id"])
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    steps = [e["summary"] for e in events if e["kind"] == "step"]
+    assert ["one" in steps[0], "two" in steps[1], "three" in steps[2]] == [True, True, True]
+    later = box.events(task["id"], after=events[2]["seq"])
+    assert [e["seq"] for e in later] == [e["seq"] for e in events[3:]]
+    assert box.api.get(f"/api/tasks/{task['id']}/events", {"after": "x"}).status_code == 400
+
+
+def test_the_task_view_carries_next_approvals_and_a_page_of_the_log(box):
+    task = box.create(title="t", flow=WRITE)
+    view = box.wait_state(task["id"], "done")
+    assert "undo" in view["next"] and "cancel" not in view["next"]
+    detail = box.task(task["id"])
+    assert detail["approvals"] == []
+    assert detail["log"]["events"][0]["kind"] == "status"
+    assert detail["lastSeq"] == detail["log"]["events"][-1]["seq"]
+
+
+def test_cancel_then_undo(box):
+    task = box.create(title="slow", flow=flow({"run": "true"}))
+    box.wait_state(task["id"], "done")
+    undone = box.api.post(f"/api/tasks/{task['id']}/undo").json()
+    assert undone["state"] == "undone" and undone["next"] == ["diff", "report"]
+    again = box.api.post(f"/api/tasks/{task['id']}/undo")
+    assert again.status_code == 409
+
+
+def test_a_plain_language_task_waits_for_a_plan_instead_of_vanishing(box):
+    task = box.create(title="news", prompt="summarise today's news")
+    view = box.wait_state(task["id"], "waiting")
+    assert view["waitingFor"] == "plan"
+    assert "no model is configured" in view["pause"]["message"]
+    assert "cancel" in view["next"]
+
+
+def test_unknown_task_is_404_in_the_error_shape(box):
+    response = box.api.get("/api/tasks/tknope")
+    assert response.status_code == 404
+    assert response.json() == {"code": "NOT_FOUND", "message": "no task 'tknope'", "field": None}
+
+
+def test_health_and_schema_are_served(box):
+    health = APIClient().get("/api/health")
+    assert health.status_code == 200 and health.json()["ok"] is True
+    assert "isolation" in health.json()
+    schema = box.api.get("/api/schema/")
+    assert schema.status_code == 200
+    assert b"/api/tasks" in schema.content
+    docs = box.api.get("/api/docs/")
+    assert docs.status_code == 200
