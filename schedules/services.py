@@ -1,0 +1,204 @@
+"""Every change to a schedule: create, edit, pause, resume, delete, and the built-in ones.
+
+Firing lives in ``schedules.tick``; triggers in ``schedules.triggers``. Views call these with the
+principal asking; a task that manages schedules (through the broker) passes ``by_task``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.principal import Principal
+from schedules.cadence import Cadence
+from schedules.models import Origin, Schedule
+from schedules.specs import check_template
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+SCHEDULE_FIELDS = {"name", "cron", "timezone", "intervalSeconds", "template", "paused"}
+
+
+def origin_of(principal: Principal, by_task: Any = None) -> str:
+    if by_task is not None:
+        return Origin.TASK
+    if principal.via == "device":
+        return Origin.DEVICE
+    if principal.via in ("session", "token"):
+        return Origin.OWNER
+    return Origin.SYSTEM
+
+
+def check_name(value: Any) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise InvalidRequest(
+            "'name' must be 1-100 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+            field="name",
+        )
+    return value
+
+
+def check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
+    return body
+
+
+def get_schedule_for(principal: Principal, schedule_id: Any, *, for_update: bool = False) -> Schedule:
+    qs = Schedule.objects.filter(owner=principal.user)
+    if for_update:
+        qs = qs.select_for_update()
+    try:
+        schedule = qs.filter(pk=int(schedule_id)).first()
+    except (TypeError, ValueError):
+        schedule = None
+    if schedule is None:
+        raise NotFound(f"no schedule '{schedule_id}'", field="id")
+    return schedule
+
+
+def _may_change(principal: Principal, schedule: Schedule, by_task: Any) -> None:
+    """System schedules are read-only to tasks; a device changes only what a device made."""
+    if by_task is not None and schedule.system:
+        raise Forbidden("a system schedule is read-only to tasks", field="id")
+    if principal.via == "device" and schedule.created_via != Origin.DEVICE:
+        raise Forbidden("a paired device may change only the schedules it created", field="id")
+
+
+def create_schedule(principal: Principal, body: Any, *, by_task: Any = None) -> Schedule:
+    body = check_fields(body, SCHEDULE_FIELDS)
+    name = check_name(body.get("name"))
+    cadence = Cadence.parse(body.get("cron"), body.get("timezone"), body.get("intervalSeconds"))
+    template = check_template(body.get("template"), principal.user, via="schedule", source=f"schedule:{name}")
+    paused = body.get("paused", False)
+    if not isinstance(paused, bool):
+        raise InvalidRequest("'paused' must be true or false", field="paused")
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            return Schedule.objects.create(
+                owner=principal.user,
+                name=name,
+                cron=cadence.cron,
+                timezone=cadence.timezone,
+                interval_seconds=cadence.interval_seconds,
+                template=template,
+                paused=paused,
+                next_run_at=None if paused else cadence.first_after(now),
+                created_via=origin_of(principal, by_task),
+                created_by_device=principal.device,
+                created_by_task=by_task,
+            )
+    except IntegrityError as exc:
+        raise Conflict(f"a schedule named '{name}' already exists", field="name") from exc
+
+
+def update_schedule(principal: Principal, schedule_id: Any, body: Any, *, by_task: Any = None) -> Schedule:
+    """Edit name, cadence or template. A new cadence restarts the cursor from now."""
+    body = check_fields(body, SCHEDULE_FIELDS - {"paused"} | {"version"})
+    with transaction.atomic():
+        # Locked: the tick may be firing this schedule; the edit waits for it (read-modify-write).
+        schedule = get_schedule_for(principal, schedule_id, for_update=True)
+        _may_change(principal, schedule, by_task)
+        if schedule.system:
+            raise Forbidden("a system schedule's name, cadence and template are built in; pause or resume it", field="id")
+        if "version" in body and body["version"] != schedule.version:
+            raise Conflict(f"the schedule changed (version {schedule.version}); reload and try again", field="version")
+        name = check_name(body["name"]) if "name" in body else schedule.name
+        cadence_keys = {"cron", "timezone", "intervalSeconds"} & set(body)
+        if cadence_keys:
+            if "cron" in body or "intervalSeconds" in body:
+                cron, interval = body.get("cron"), body.get("intervalSeconds")
+            else:
+                cron, interval = schedule.cron or None, schedule.interval_seconds
+            cadence = Cadence.parse(cron, body.get("timezone", schedule.timezone if cron else None), interval)
+            schedule.cron, schedule.timezone, schedule.interval_seconds = cadence.cron, cadence.timezone, cadence.interval_seconds
+            if schedule.next_run_at is not None:
+                schedule.next_run_at = cadence.first_after(timezone.now())
+        template = body.get("template", schedule.template)
+        if "template" in body or "name" in body:
+            template = check_template(template, schedule.owner, via="schedule", source=f"schedule:{name}")
+        schedule.name = name
+        schedule.template = template
+        schedule.version = F("version") + 1
+        try:
+            with transaction.atomic():
+                schedule.save()
+        except IntegrityError as exc:
+            raise Conflict(f"a schedule named '{name}' already exists", field="name") from exc
+    schedule.refresh_from_db()
+    return schedule
+
+
+def pause_schedule(principal: Principal, schedule_id: Any, *, by_task: Any = None) -> Schedule:
+    with transaction.atomic():
+        schedule = get_schedule_for(principal, schedule_id, for_update=True)
+        _may_change(principal, schedule, by_task)
+        if not schedule.paused:
+            Schedule.objects.filter(pk=schedule.pk).update(
+                paused=True, next_run_at=None, version=F("version") + 1, updated_at=timezone.now()
+            )
+    schedule.refresh_from_db()
+    return schedule
+
+
+def resume_schedule(principal: Principal, schedule_id: Any, *, by_task: Any = None) -> Schedule:
+    """Resume (or re-enable after failures). Occurrences while paused are not owed: the cursor
+    starts again from now, and the failure count starts from zero."""
+    with transaction.atomic():
+        schedule = get_schedule_for(principal, schedule_id, for_update=True)
+        _may_change(principal, schedule, by_task)
+        if schedule.paused or not schedule.enabled or schedule.next_run_at is None:
+            Schedule.objects.filter(pk=schedule.pk).update(
+                paused=False, enabled=True, disabled_reason="", consecutive_failures=0, backoff_until=None,
+                needs_attention=False, next_run_at=schedule.cadence.first_after(timezone.now()),
+                version=F("version") + 1, updated_at=timezone.now(),
+            )
+    schedule.refresh_from_db()
+    return schedule
+
+
+def delete_schedule(principal: Principal, schedule_id: Any, *, by_task: Any = None) -> None:
+    with transaction.atomic():
+        schedule = get_schedule_for(principal, schedule_id, for_update=True)
+        _may_change(principal, schedule, by_task)
+        if schedule.system:
+            raise Forbidden("a system schedule cannot be deleted; pause it instead", field="id")
+        schedule.delete()
+
+
+def ensure_system_schedule(owner: Any, name: str, *, cron: str | None = None, timezone_name: str = "UTC",
+                           interval_seconds: int | None = None, template: dict[str, Any]) -> Schedule:
+    """Create or repair a built-in schedule (called at start-up). A stale template or cadence is
+    replaced; a missing cursor is restored unless the owner paused it."""
+    check_name(name)
+    cadence = Cadence.parse(cron, timezone_name if cron else None, interval_seconds)
+    check_template(template, owner, via="schedule", source=f"schedule:{name}")
+    with transaction.atomic():
+        schedule, created = Schedule.objects.select_for_update().get_or_create(
+            owner=owner, name=name,
+            defaults={
+                "cron": cadence.cron, "timezone": cadence.timezone, "interval_seconds": cadence.interval_seconds,
+                "template": template, "system": True, "created_via": Origin.SYSTEM,
+                "next_run_at": cadence.first_after(timezone.now()),
+            },
+        )
+        if created:
+            return schedule
+        changed = (schedule.cron, schedule.timezone, schedule.interval_seconds, schedule.template, schedule.system, schedule.enabled) != (
+            cadence.cron, cadence.timezone, cadence.interval_seconds, template, True, True
+        ) or (schedule.next_run_at is None and not schedule.paused)
+        if changed:
+            schedule.cron, schedule.timezone, schedule.interval_seconds = cadence.cron, cadence.timezone, cadence.interval_seconds
+            schedule.template, schedule.system, schedule.enabled, schedule.disabled_reason = template, True, True, ""
+            schedule.created_via = Origin.SYSTEM
+            if schedule.next_run_at is None and not schedule.paused:
+                schedule.next_run_at = cadence.first_after(timezone.now())
+            schedule.save()
+    return schedule

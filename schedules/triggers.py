@@ -1,0 +1,199 @@
+"""Every change to a trigger: create, edit, pause, resume, delete, and webhook secret rotation.
+
+A webhook's secret is returned once, by create and by rotate, and is stored encrypted with the
+vault key (not hashed: verifying an HMAC needs the key itself). During a rotation the previous
+secret stays valid until the rotation is finished or its grace period ends, so a sender can be
+switched over without dropping deliveries.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.principal import Principal
+from schedules.models import Origin, Trigger, TriggerKind
+from schedules.services import check_fields, check_name, origin_of
+from schedules.specs import check_template
+from tasks.crypto import decrypt, encrypt
+
+TRIGGER_FIELDS = {"name", "kind", "template", "secret", "folder", "settleSeconds", "paused"}
+SECRET_MIN_LENGTH = 16
+DEFAULT_GRACE_SECONDS = 24 * 3600
+MAX_GRACE_SECONDS = 30 * 24 * 3600
+MAX_SETTLE_SECONDS = 3600.0
+
+
+def new_secret() -> str:
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+def _secret(body: dict[str, Any]) -> str:
+    """The owner's chosen secret (GitHub asks you to pick one) or a fresh random one."""
+    value = body.get("secret")
+    if value is None:
+        return new_secret()
+    if not isinstance(value, str) or len(value) < SECRET_MIN_LENGTH or len(value) > 256:
+        raise InvalidRequest(f"'secret' must be {SECRET_MIN_LENGTH} to 256 characters", field="secret")
+    return value
+
+
+def _folder(principal: Principal, value: Any) -> str:
+    if not principal.can_use_folders:
+        raise Forbidden("only the owner can watch a folder", field="folder")
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise InvalidRequest("'folder' must be an absolute path", field="folder")
+    if not os.path.isdir(value):
+        raise InvalidRequest(f"folder '{value}' is not an existing directory", field="folder")
+    return os.path.realpath(value)
+
+
+def _settle(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SETTLE_SECONDS:
+        raise InvalidRequest(f"'settleSeconds' must be a number from 0 to {MAX_SETTLE_SECONDS:g}", field="settleSeconds")
+    return float(value)
+
+
+def get_trigger_for(principal: Principal, trigger_id: Any, *, for_update: bool = False) -> Trigger:
+    qs = Trigger.objects.filter(owner=principal.user)
+    if for_update:
+        qs = qs.select_for_update()
+    try:
+        trigger = qs.filter(pk=int(trigger_id)).first()
+    except (TypeError, ValueError):
+        trigger = None
+    if trigger is None:
+        raise NotFound(f"no trigger '{trigger_id}'", field="id")
+    return trigger
+
+
+def _may_change(principal: Principal, trigger: Trigger) -> None:
+    if principal.via == "device" and trigger.created_via != Origin.DEVICE:
+        raise Forbidden("a paired device may change only the triggers it created", field="id")
+
+
+def create_trigger(principal: Principal, body: Any, *, by_task: Any = None) -> tuple[Trigger, str | None]:
+    """The trigger, and its secret (webhooks; the only time it is returned)."""
+    body = check_fields(body, TRIGGER_FIELDS)
+    name = check_name(body.get("name"))
+    kind = body.get("kind")
+    if kind not in TriggerKind.values:
+        raise InvalidRequest(f"'kind' must be one of {', '.join(TriggerKind.values)}", field="kind")
+    paused = body.get("paused", False)
+    if not isinstance(paused, bool):
+        raise InvalidRequest("'paused' must be true or false", field="paused")
+    fields: dict[str, Any] = {}
+    secret: str | None = None
+    if kind == TriggerKind.WEBHOOK:
+        for key in ("folder", "settleSeconds"):
+            if key in body:
+                raise InvalidRequest(f"'{key}' is for file triggers", field=key)
+        secret = _secret(body)
+        fields.update(token=secrets.token_urlsafe(32), secret_ciphertext=encrypt(secret))
+    else:
+        if "secret" in body:
+            raise InvalidRequest("'secret' is for webhook triggers", field="secret")
+        if by_task is not None:
+            raise Forbidden("only the owner can watch a folder", field="folder")
+        fields["folder"] = _folder(principal, body.get("folder"))
+        if "settleSeconds" in body:
+            fields["settle_seconds"] = _settle(body["settleSeconds"])
+    template = check_template(body.get("template"), principal.user, via=kind, source=f"{kind}:{name}")
+    try:
+        with transaction.atomic():
+            trigger = Trigger.objects.create(
+                owner=principal.user, name=name, kind=kind, template=template, paused=paused,
+                created_via=origin_of(principal, by_task), created_by_device=principal.device,
+                created_by_task=by_task, **fields,
+            )
+    except IntegrityError as exc:
+        raise Conflict(f"a trigger named '{name}' already exists", field="name") from exc
+    return trigger, secret
+
+
+def update_trigger(principal: Principal, trigger_id: Any, body: Any) -> Trigger:
+    body = check_fields(body, {"name", "template", "folder", "settleSeconds"})
+    with transaction.atomic():
+        trigger = get_trigger_for(principal, trigger_id, for_update=True)
+        _may_change(principal, trigger)
+        if trigger.kind == TriggerKind.WEBHOOK and ({"folder", "settleSeconds"} & set(body)):
+            raise InvalidRequest("'folder' and 'settleSeconds' are for file triggers", field="folder")
+        name = check_name(body["name"]) if "name" in body else trigger.name
+        if "folder" in body:
+            trigger.folder = _folder(principal, body["folder"])
+        if "settleSeconds" in body:
+            trigger.settle_seconds = _settle(body["settleSeconds"])
+        if "template" in body or "name" in body:
+            trigger.template = check_template(body.get("template", trigger.template), trigger.owner,
+                                              via=trigger.kind, source=f"{trigger.kind}:{name}")
+        trigger.name = name
+        try:
+            with transaction.atomic():
+                trigger.save()
+        except IntegrityError as exc:
+            raise Conflict(f"a trigger named '{name}' already exists", field="name") from exc
+    return trigger
+
+
+def set_trigger_paused(principal: Principal, trigger_id: Any, paused: bool) -> Trigger:
+    with transaction.atomic():
+        trigger = get_trigger_for(principal, trigger_id, for_update=True)
+        _may_change(principal, trigger)
+        if trigger.paused != paused:
+            Trigger.objects.filter(pk=trigger.pk).update(paused=paused, updated_at=timezone.now())
+            trigger.paused = paused
+    return trigger
+
+
+def delete_trigger(principal: Principal, trigger_id: Any) -> None:
+    with transaction.atomic():
+        trigger = get_trigger_for(principal, trigger_id, for_update=True)
+        _may_change(principal, trigger)
+        trigger.delete()
+
+
+def rotate_secret(principal: Principal, trigger_id: Any, body: Any) -> tuple[Trigger, str]:
+    """A new secret (returned once). The current one stays valid for ``graceSeconds`` or until
+    ``finish_rotation``; a rotation still in progress loses its oldest secret."""
+    body = check_fields(body or {}, {"secret", "graceSeconds"})
+    grace = body.get("graceSeconds", DEFAULT_GRACE_SECONDS)
+    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_SECONDS:
+        raise InvalidRequest(f"'graceSeconds' must be a whole number from 0 to {MAX_GRACE_SECONDS}", field="graceSeconds")
+    with transaction.atomic():
+        trigger = get_trigger_for(principal, trigger_id, for_update=True)
+        _may_change(principal, trigger)
+        if trigger.kind != TriggerKind.WEBHOOK:
+            raise InvalidRequest("only a webhook trigger has a secret", field="id")
+        secret = _secret(body)
+        trigger.previous_secret_ciphertext = bytes(trigger.secret_ciphertext) if grace else None
+        trigger.previous_secret_expires_at = timezone.now() + timedelta(seconds=grace) if grace else None
+        trigger.secret_ciphertext = encrypt(secret)
+        trigger.save(update_fields=["previous_secret_ciphertext", "previous_secret_expires_at", "secret_ciphertext", "updated_at"])
+    return trigger, secret
+
+
+def finish_rotation(principal: Principal, trigger_id: Any) -> Trigger:
+    """Stop accepting the previous secret now."""
+    with transaction.atomic():
+        trigger = get_trigger_for(principal, trigger_id, for_update=True)
+        _may_change(principal, trigger)
+        if trigger.kind != TriggerKind.WEBHOOK:
+            raise InvalidRequest("only a webhook trigger has a secret", field="id")
+        trigger.previous_secret_ciphertext = None
+        trigger.previous_secret_expires_at = None
+        trigger.save(update_fields=["previous_secret_ciphertext", "previous_secret_expires_at", "updated_at"])
+    return trigger
+
+
+def valid_secrets(trigger: Trigger) -> list[str]:
+    """The secrets a delivery may be signed with now: the current one, and the previous one
+    while its rotation is in progress."""
+    found = [decrypt(bytes(trigger.secret_ciphertext))] if trigger.secret_ciphertext else []
+    if trigger.rotating(timezone.now()):
+        found.append(decrypt(bytes(trigger.previous_secret_ciphertext)))
+    return found

@@ -1,0 +1,146 @@
+"""Receiving a webhook delivery: verify, deduplicate, and start one task.
+
+How a payload reaches the task (its facts):
+
+- ``payload``: the body as text, exactly as received (for a form-encoded GitHub delivery, the
+  ``payload`` form field);
+- ``payload.<path>``: when the body is JSON, every scalar in it under its dotted path, lists
+  indexed by position: ``payload.action``, ``payload.pull_request.title``,
+  ``payload.commits.0.id``. Strings as they are; numbers, true/false and null as JSON text
+  (``"3"``, ``"true"``, ``""`` for null). At most ``MAX_PAYLOAD_FACTS`` of them, depth-first;
+  when there are more, ``payload.truncated`` is ``"true"``;
+- ``webhook.trigger``, ``webhook.delivery`` and ``webhook.event`` (``X-GitHub-Event`` or
+  ``X-Box-Event``).
+
+The template refers to them as ``${payload.action}`` (see ``schedules.specs`` for when they are
+filled in). Names that look sensitive (``payload.token``) are secret facts like any other, so
+they are redacted everywhere. Payload text comes from whoever holds the secret: treat it as
+untrusted input in prompts.
+
+Deliveries are deduplicated by ``X-GitHub-Delivery`` / ``X-Box-Delivery``; a timestamped request
+without one is deduplicated by its signature (the same signed bytes within the tolerance window
+are a replay). A GitHub-style request with neither has nothing to deduplicate on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from schedules.models import Delivery, Trigger, TriggerKind
+from schedules.signatures import SignatureError, verify
+from schedules.specs import fill, firing_principal
+from schedules.triggers import valid_secrets
+from tasks import services as task_services
+from tasks.models import Task
+
+DELIVERY_HEADERS = ("X-GitHub-Delivery", "X-Box-Delivery")
+EVENT_HEADERS = ("X-GitHub-Event", "X-Box-Event")
+MAX_PAYLOAD_FACTS = 500
+MAX_DEPTH = 16
+MAX_DELIVERY_ID = 200
+
+
+@dataclass(frozen=True)
+class Received:
+    task_id: str | None
+    delivery_id: str
+    duplicate: bool
+
+
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else json.dumps(value)
+
+
+def payload_facts(body: bytes, content_type: str) -> dict[str, str]:
+    """The facts a delivery gives its task (see the module docstring)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("the body is not UTF-8 text", field="body") from exc
+    if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+        form = parse_qs(text, keep_blank_values=True)
+        if "payload" in form:
+            text = form["payload"][0]
+    facts = {"payload": text}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return facts
+    flat: dict[str, str] = {}
+    truncated = False
+
+    def walk(value: Any, path: str, depth: int) -> None:
+        nonlocal truncated
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                truncated = True
+                return
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                walk(item, f"{path}.{key}", depth + 1)
+        elif len(flat) < MAX_PAYLOAD_FACTS:
+            flat[path] = _scalar(value)
+        else:
+            truncated = True
+
+    if isinstance(data, (dict, list)):
+        walk(data, "payload", 0)
+    facts.update(flat)
+    if truncated:
+        facts["payload.truncated"] = "true"
+    return facts
+
+
+def _delivery_id(headers: Mapping[str, str], stand_in: str) -> str:
+    raw = next((headers[h] for h in DELIVERY_HEADERS if headers.get(h)), stand_in)
+    if len(raw) > MAX_DELIVERY_ID:
+        raw = "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+    return raw
+
+
+def receive(token: str, headers: Mapping[str, str], body: bytes, content_type: str = "") -> Received:
+    """Act on one delivery. ``headers`` must be case-insensitive (``request.headers``)."""
+    trigger = Trigger.objects.select_related("owner").filter(token=token, kind=TriggerKind.WEBHOOK).first()
+    if trigger is None:
+        raise NotFound("no webhook at this address")
+    try:
+        verified = verify(headers, body, valid_secrets(trigger), now=time.time())
+    except SignatureError as exc:
+        raise Forbidden(str(exc), field="signature") from exc
+    if trigger.paused:
+        raise Conflict("this webhook is paused", field="paused")
+    delivery_id = _delivery_id(headers, f"sig:{verified.signature}" if verified.scheme == "timestamped" else "")
+    facts = payload_facts(body, content_type)
+    facts["webhook.trigger"] = trigger.name
+    facts["webhook.delivery"] = delivery_id
+    facts["webhook.event"] = next((headers[h] for h in EVENT_HEADERS if headers.get(h)), "")
+    with transaction.atomic():
+        delivery: Delivery | None = None
+        if delivery_id:
+            seen = Delivery.objects.filter(trigger=trigger, delivery_id=delivery_id).first()
+            if seen is not None:
+                return Received(seen.task_id, delivery_id, duplicate=True)
+            try:
+                # Two copies of one delivery at once: the unique constraint admits one; the
+                # other waits for it to commit and then fails here.
+                with transaction.atomic():
+                    delivery = Delivery.objects.create(trigger=trigger, delivery_id=delivery_id)
+            except IntegrityError:
+                seen = Delivery.objects.filter(trigger=trigger, delivery_id=delivery_id).first()
+                return Received(seen.task_id if seen else None, delivery_id, duplicate=True)
+        task: Task = task_services.create_task(
+            fill(trigger.template, facts), firing_principal(trigger.owner, "webhook"), source=trigger.source
+        )
+        if delivery is not None:
+            Delivery.objects.filter(pk=delivery.pk).update(task=task)
+        Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=timezone.now(), last_task=task)
+    return Received(task.pk, delivery_id, duplicate=False)
