@@ -77,6 +77,11 @@ class StaleApproval(BoxError):
     status = 409
 
 
+class PayloadTooLarge(BoxError):
+    code = "PAYLOAD_TOO_LARGE"
+    status = 413
+
+
 class Forbidden(BoxError):
     code = "FORBIDDEN"
     status = 403

@@ -22,10 +22,24 @@ def _dispatch() -> None:
     dispatch_due()
 
 
+def _fire_schedules() -> None:
+    from schedules.tick import fire_due
+
+    fire_due()
+
+
+def _scan_files() -> None:
+    from schedules.files import scan_all
+
+    scan_all()
+
+
 # Order matters: retries publish before schedules fire (a recovered run is older work).
 PHASES: list[tuple[str, Callable[[], None]]] = [
     ("reap expired leases", _reap),
     ("dispatch due runs", _dispatch),
+    ("fire due schedules", _fire_schedules),
+    ("scan file-arrival folders", _scan_files),
 ]
 
 

@@ -156,6 +156,10 @@ BOX_HEARTBEAT_SECONDS = env_float("BOX_HEARTBEAT_SECONDS", BOX_LEASE_SECONDS / 3
 BOX_MAX_RUN_ATTEMPTS = env_int("BOX_MAX_RUN_ATTEMPTS", 3, minimum=1)
 BOX_RETRY_BACKOFF_SECONDS = env_float("BOX_RETRY_BACKOFF_SECONDS", 2.0)
 BOX_SCHEDULER_TICK_SECONDS = env_float("BOX_SCHEDULER_TICK_SECONDS", 2.0)
+# Schedules: a failed firing retries after base * 2^(n-1) seconds, never longer than the max.
+BOX_SCHEDULE_BACKOFF_SECONDS = env_float("BOX_SCHEDULE_BACKOFF_SECONDS", 30.0)
+BOX_SCHEDULE_BACKOFF_MAX_SECONDS = env_float("BOX_SCHEDULE_BACKOFF_MAX_SECONDS", 3600.0)
+BOX_WEBHOOK_MAX_BYTES = env_int("BOX_WEBHOOK_MAX_BYTES", 256 * 1024, minimum=1024)
 BOX_LIVE_POLL_SECONDS = env_float("BOX_LIVE_POLL_SECONDS", 0.1)
 # Run jobs in the calling process right after commit instead of through django-q2.
 # Only for tests that are not about the worker; never in production.
