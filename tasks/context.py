@@ -21,13 +21,28 @@ class RunContext:
     recorder: StepRecorder
     deadline: float | None = None  # monotonic; from max_elapsed_ms minus what earlier runs used
     stop: threading.Event = field(default_factory=threading.Event)  # set when the lease is lost
+    # Time a live process spent held waiting for the owner (tasks.broker.holds) is not running
+    # time: it neither uses up max_elapsed_ms nor counts in spent.elapsed_ms.
+    held_s: float = 0.0
+    held_since: float | None = None
 
     @property
     def resume(self) -> dict[str, Any]:
         return self.run.resume or {}
 
     def time_left(self) -> float | None:
-        return None if self.deadline is None else self.deadline - time.monotonic()
+        if self.deadline is None:
+            return None
+        now = self.held_since if self.held_since is not None else time.monotonic()
+        return self.deadline + self.held_s - now
+
+    def hold(self) -> None:
+        self.held_since = time.monotonic()
+
+    def unhold(self) -> None:
+        if self.held_since is not None:
+            self.held_s += time.monotonic() - self.held_since
+            self.held_since = None
 
     def note(self, summary: str, data: dict[str, Any] | None = None) -> None:
         self.recorder.note(summary, data)

@@ -43,6 +43,7 @@ class Heartbeat(threading.Thread):
 def execute_run(run_id: int) -> None:
     """Claim run ``run_id`` and execute it. A second delivery finds it claimed and returns."""
     from tasks import lifecycle
+    from tasks.broker.server import serving as broker_serving
     from tasks.finalize import begin_run, finish_run
     from tasks.workers import worker_for
 
@@ -60,6 +61,7 @@ def execute_run(run_id: int) -> None:
     heartbeat.start()
     started = time.monotonic()
     outcome: Outcome
+    ctx: RunContext | None = None
     try:
         if not begin_run(task, run, token, recorder):
             return
@@ -67,7 +69,11 @@ def execute_run(run_id: int) -> None:
         deadline = None if remaining is None else started + max(0, remaining - task.spent.get("elapsed_ms", 0)) / 1000
         workdir = lifecycle.prepare(task)
         ctx = RunContext(task=task, run=run, workdir=workdir, facts=facts, recorder=recorder, deadline=deadline, stop=stop)
-        outcome = worker_for(task.worker).run(ctx)
+        # The task's processes reach the box through this run's broker, open while the worker works.
+        with broker_serving(ctx) as broker:
+            outcome = worker_for(task.worker).run(ctx)
+        if broker.limit_reached is not None:  # a broker call ran out of a limit: that ends the task
+            outcome = Failed(broker.limit_reached.message, recoverable=True, hint=broker.limit_reached.hint)
     except LeaseLost:
         log.info("run %s lost its lease; its late writes were refused", run_id)
         return
@@ -78,7 +84,8 @@ def execute_run(run_id: int) -> None:
         outcome = Failed(f"the worker crashed: {type(exc).__name__}: {exc}", recoverable=True, hint="see the box's log")
     finally:
         heartbeat.finished.set()
-    elapsed_ms = int((time.monotonic() - started) * 1000)
+    held_s = ctx.held_s if ctx is not None else 0.0  # waiting for the owner is not running time
+    elapsed_ms = int((time.monotonic() - started - held_s) * 1000)
     try:
         finish_run(task, run, token, recorder, outcome, elapsed_ms)
     except LeaseLost:

@@ -1,13 +1,70 @@
-"""The vault: secrets encrypted at rest. (Filled in by the sandbox issue; reading is here.)"""
+"""The vault: named secrets (model API keys, preset and tool keys), encrypted at rest.
+
+Values go in through ``set_secret`` and come out only to the box itself (``read_secret``: preset
+environments, command tools). The API lists names and dates, never values.
+"""
 from __future__ import annotations
+
+import re
+
+from django.db import transaction
+
+from boxsite.errors import InvalidRequest, NotFound
+from boxsite.models import VaultSecret
+from tasks import crypto
+
+# Secrets become environment variables of the same name, so names are valid variable names.
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_VALUE = 64 * 1024
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidRequest("a vault name is letters, digits and _ (not starting with a digit), at most 128", field="name")
+    return name
+
+
+def set_secret(name: object, value: object) -> VaultSecret:
+    """Store (or replace) a secret, encrypted under the current key."""
+    name = validate_name(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest("'value' must be a non-empty string", field="value")
+    if len(value) > MAX_VALUE:
+        raise InvalidRequest(f"'value' is longer than {MAX_VALUE} characters", field="value")
+    row, _ = VaultSecret.objects.update_or_create(name=name, defaults={"ciphertext": crypto.encrypt(value)})
+    return row
 
 
 def read_secret(name: str) -> str | None:
-    from boxsite.models import VaultSecret
-
     row = VaultSecret.objects.filter(name=name).first()
     if row is None:
         return None
-    from tasks.crypto import decrypt
+    return crypto.decrypt(bytes(row.ciphertext))
 
-    return decrypt(bytes(row.ciphertext))
+
+def delete_secret(name: str) -> None:
+    deleted, _ = VaultSecret.objects.filter(name=validate_name(name)).delete()
+    if not deleted:
+        raise NotFound(f"the vault has no '{name}'", field="name")
+
+
+def rotate() -> int:
+    """Re-encrypt every secret under the first key; returns how many rows were rewritten.
+
+    Each row is locked while it is rewritten, so a concurrent ``set_secret`` is not overwritten
+    with the old value.
+    """
+    count = 0
+    for pk in list(VaultSecret.objects.values_list("pk", flat=True)):
+        with transaction.atomic():
+            row = VaultSecret.objects.select_for_update().filter(pk=pk).first()
+            if row is None:
+                continue  # deleted meanwhile
+            VaultSecret.objects.filter(pk=pk).update(ciphertext=crypto.reencrypt(bytes(row.ciphertext)))
+            count += 1
+    return count
+
+
+def rows_on_old_keys() -> list[str]:
+    """Names of secrets not yet encrypted under the first key (must be empty before retiring)."""
+    return [row.name for row in VaultSecret.objects.all() if not crypto.encrypted_with_first_key(bytes(row.ciphertext))]

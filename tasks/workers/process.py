@@ -47,6 +47,11 @@ def base_env(ctx: RunContext) -> dict[str, str]:
         "BOX_TASK_ID": ctx.task.pk,
         "BOX_RUN": str(ctx.run.number),
     }
+    from tasks.broker.paths import process_env
+
+    broker = process_env(ctx.task.pk)  # the run's broker socket, and the `box` client on PATH
+    env["BOX_BROKER_SOCKET"] = broker["BOX_BROKER_SOCKET"]
+    env["PATH"] = f"{broker['BOX_CLIENT_DIR']}:{env['PATH']}"
     return env
 
 

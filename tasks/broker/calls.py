@@ -1,0 +1,95 @@
+"""What each broker op does. Every write goes through the run's step recorder (lease-bound)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tasks.broker.holds import Holds
+from tasks.broker.protocol import CallError, text_arg
+from tasks.context import RunContext
+from tasks.facts import guess_kind
+from tasks.models import EventKind
+
+FACT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
+MAX_SPEND_CENTS = 10_000_000  # a sanity bound: a typo should not ask the owner for $100k
+
+
+class Calls:
+    def __init__(self, ctx: RunContext, holds: Holds) -> None:
+        self.ctx = ctx
+        self.holds = holds
+
+    def dispatch(self, message: dict[str, Any]) -> Any:
+        op = message["op"]
+        handler = getattr(self, f"op_{op}")
+        return handler(message)
+
+    def op_ping(self, message: dict[str, Any]) -> Any:
+        return {"task": self.ctx.task.pk, "run": self.ctx.run.number}
+
+    def op_step(self, message: dict[str, Any]) -> Any:
+        text = text_arg(message, "text", max_len=2000)
+        progress = message.get("progress")
+        if progress is not None and (isinstance(progress, bool) or not isinstance(progress, (int, float)) or not 0 <= progress <= 1):
+            raise CallError("'progress' must be a number from 0 to 1", field="progress")
+        self.ctx.recorder.step(text, {"via": "box"}, progress=progress)
+        return {"recorded": True}
+
+    def op_tool(self, message: dict[str, Any]) -> Any:
+        from tasks import tools
+
+        name = text_arg(message, "name", max_len=200)
+        args = message.get("args", {})
+        approved: set[str] = set()
+        while True:
+            try:
+                return tools.call(self.ctx, name, args, approved=frozenset(approved))
+            except tools.NeedsApproval as need:
+                # Approved kinds are remembered for exactly this call, so it goes ahead once.
+                self.holds.approval(need.kind, need.summary, guard=need.guard, detail=need.detail,
+                                    amount_cents=need.amount_cents)
+                approved.add(need.kind)
+
+    def op_spend(self, message: dict[str, Any]) -> Any:
+        from tasks import budget
+
+        cents = message.get("cents")
+        if isinstance(cents, bool) or not isinstance(cents, int) or not 0 < cents <= MAX_SPEND_CENTS:
+            raise CallError(f"'cents' must be a whole number from 1 to {MAX_SPEND_CENTS}", field="cents")
+        reason = text_arg(message, "reason", max_len=500)
+        while True:
+            try:
+                budget.admit(self.ctx.recorder, cents, f"spend {cents}¢: {reason}", {"reason": reason, "via": "box"})
+            except budget.OverBudget as exc:
+                self.holds.approval(
+                    "spending", f"spend {cents}¢ ({reason}), which would cross the {exc.budget_cents}¢ budget; allow {exc.needed_cents}¢ more",
+                    guard={"spend": cents, "reason": reason}, amount_cents=exc.needed_cents,
+                    detail={"cents": cents, "reason": reason, "spent_cents": exc.spent_cents, "budget_cents": exc.budget_cents},
+                )
+                continue  # the budget was raised: admit again (and pause again if others spent meanwhile)
+            return {"spent_cents": cents}
+
+    def op_approve(self, message: dict[str, Any]) -> Any:
+        text = text_arg(message, "text", max_len=500)
+        self.holds.approval("irreversible", text, guard={"approve": text}, detail={"via": "box"})
+        return {"approved": True}
+
+    def op_ask(self, message: dict[str, Any]) -> Any:
+        name = text_arg(message, "name", max_len=100)
+        if not FACT_NAME.match(name):
+            raise CallError(f"'{name}' is not a usable name (letters, digits, _ . -)", field="name")
+        why = text_arg(message, "why", max_len=500)
+        known = self.ctx.facts.values.get(name)
+        if known not in (None, ""):
+            return {"value": known}
+        kind = message.get("kind") or guess_kind(name)
+        if kind not in ("text", "email", "phone", "date", "number"):
+            raise CallError("'kind' must be text, email, phone, date or number", field="kind")
+        field = {"name": name, "why": why, "kind": kind, "options": []}
+        return self.holds.question("input", "input", f"the task asks for {name}: {why}", [field], name=name)
+
+    def op_need_human(self, message: dict[str, Any]) -> Any:
+        text = text_arg(message, "text", max_len=500)
+        self.ctx.recorder.event(EventKind.NOTE, f"a person is needed: {text}", {"via": "box"})
+        result = self.holds.question("human", "human", text, [])
+        return {"continued": True, **result}

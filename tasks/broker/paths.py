@@ -1,0 +1,66 @@
+"""Where a task's broker socket is, and where the ``box`` client is installed.
+
+The client is a stdlib-only script run by the system ``/usr/bin/python3`` (task users cannot read
+the box's virtualenv). It is installed to ``CLIENT_DIR``, which the sandbox puts on ``PATH``;
+a box that cannot write there (not root) installs it under ``BOX_DATA_DIR/bin`` instead.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+CLIENT_DIR = Path("/usr/local/lib/box/bin")
+CLIENT_SOURCE = Path(__file__).resolve().parent / "client" / "box"
+SOCKET_NAME = "broker.sock"
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
+
+
+def runtime_dir(task_id: str) -> Path:
+    """The task's runtime directory: the sandbox's, once it provides one."""
+    try:
+        from tasks.sandbox.paths import runtime_dir as sandbox_runtime_dir
+    except ImportError:  # the sandbox package does not provide paths yet
+        return Path(settings.BOX_DATA_DIR) / "run" / task_id
+    return Path(sandbox_runtime_dir(task_id))
+
+
+def socket_path(task_id: str) -> Path:
+    path = runtime_dir(task_id) / SOCKET_NAME
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ImproperlyConfigured(f"the broker socket path {path} is longer than a Unix socket allows; use a shorter BOX_DATA_DIR")
+    return path
+
+
+@lru_cache(maxsize=1)
+def client_dir() -> Path:
+    """Install the ``box`` client (once per process) and return the directory that holds it."""
+    for directory in (CLIENT_DIR, Path(settings.BOX_DATA_DIR) / "bin"):
+        try:
+            _install(directory)
+        except PermissionError:
+            continue
+        return directory
+    raise ImproperlyConfigured(f"cannot install the box client into {CLIENT_DIR} or the data directory")
+
+
+def _install(directory: Path) -> None:
+    target = directory / "box"
+    source = CLIENT_SOURCE.read_bytes()
+    if target.is_file() and target.read_bytes() == source:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o755)
+    partial = directory / f".box.{os.getpid()}"
+    shutil.copyfile(CLIENT_SOURCE, partial)
+    os.chmod(partial, 0o755)
+    os.replace(partial, target)  # atomic: a task never runs a half-written client
+
+
+def process_env(task_id: str) -> dict[str, str]:
+    """What a task's process needs to reach its broker: the socket and the client on PATH."""
+    return {"BOX_BROKER_SOCKET": str(socket_path(task_id)), "BOX_CLIENT_DIR": str(client_dir())}

@@ -1,0 +1,189 @@
+"""The per-task broker socket: a Unix stream socket speaking JSON lines (``protocol``).
+
+Started by ``tasks.jobs.execute_run`` before the worker's process starts, closed when the run
+ends. Only the box's own user and the task's Linux user may connect: each connection's peer
+credentials are checked, and the socket lives in the task's private runtime directory. Each
+connection is served on its own thread with its own database connection; every write goes
+through the run's step recorder, so a run that lost its lease writes nothing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from boxsite.errors import BoxError
+from tasks.broker import paths
+from tasks.broker.calls import Calls
+from tasks.broker.holds import Holds
+from tasks.broker.protocol import MAX_LINE, CallError, TaskEnded, decode, encode, reply_error, reply_ok
+from tasks.context import RunContext
+from tasks.recorder import LeaseLost, LimitReached
+
+log = logging.getLogger(__name__)
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class _SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    block_on_close = False
+    broker: BrokerServer
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        raw = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        pid, uid, _gid = _PEERCRED.unpack(raw)
+        if uid in self.broker.allowed_uids():
+            return True
+        log.warning("broker for %s refused a connection from uid %s (pid %s)", self.broker.ctx.task.pk, uid, pid)
+        return False
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _SocketServer
+
+    def handle(self) -> None:
+        broker = self.server.broker
+        broker.track(self.request)
+        try:
+            while not broker.closing.is_set():
+                line = self.rfile.readline(MAX_LINE + 1)
+                if not line:
+                    return
+                if len(line) > MAX_LINE:
+                    self.wfile.write(encode(reply_error(None, CallError(f"a request is at most {MAX_LINE} bytes"))))
+                    return
+                reply = broker.serve_line(line)
+                self.wfile.write(encode(reply))
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            log.debug("broker client of %s went away: %s", broker.ctx.task.pk, exc)
+        finally:
+            broker.untrack(self.request)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass  # the client is gone; nothing left to flush to
+        connection.close()  # each connection thread had its own database connection
+
+
+class BrokerServer:
+    """One run's broker. ``limit_reached`` is set when a call ran past a task limit."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.closing = threading.Event()
+        self.holds = Holds(ctx, self.closing)
+        self.calls = Calls(ctx, self.holds)
+        self.path: Path = paths.socket_path(ctx.task.pk)
+        self.limit_reached: LimitReached | None = None
+        self._server: _SocketServer | None = None
+        self._thread: threading.Thread | None = None
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def start(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() or self.path.is_symlink():
+            self.path.unlink()  # a socket a crashed run left behind
+        server = _SocketServer(str(self.path), _Handler, bind_and_activate=False)
+        server.broker = self
+        try:
+            server.server_bind()
+            self._restrict_to_task_user()
+            server.server_activate()
+        except OSError:
+            server.server_close()
+            raise
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"broker-{self.ctx.task.pk}", daemon=True)
+        self._thread.start()
+        return self.path
+
+    def _restrict_to_task_user(self) -> None:
+        # The sandbox may create the task's user after the broker starts, so the socket itself is
+        # open and the check happens per connection (peer credentials, ``allowed_uids``); the
+        # runtime directory (0700, the task user's) keeps other tasks from even reaching it.
+        account = self._task_account()
+        if account is None:
+            os.chmod(self.path, 0o666)
+        else:
+            os.chown(self.path, account.pw_uid, account.pw_gid)
+            os.chmod(self.path, 0o600)
+
+    def _task_account(self) -> pwd.struct_passwd | None:
+        try:
+            return pwd.getpwnam(self.ctx.task.user) if self.ctx.task.user else None
+        except KeyError:
+            return None  # no sandbox user (not root, or not created yet)
+
+    def allowed_uids(self) -> set[int]:
+        """The box itself, and the task's own Linux user: nobody else may call this broker."""
+        account = self._task_account()
+        return {os.geteuid()} | ({account.pw_uid} if account is not None else set())
+
+    def close(self) -> None:
+        """Stop serving: held calls give up, open connections are cut, the socket file goes."""
+        self.closing.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        with self._open_lock:
+            for conn in list(self._open):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed by the client
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def track(self, conn: socket.socket) -> None:
+        with self._open_lock:
+            self._open.add(conn)
+
+    def untrack(self, conn: socket.socket) -> None:
+        with self._open_lock:
+            self._open.discard(conn)
+
+    def serve_line(self, line: bytes) -> dict[str, Any]:
+        request_id: Any = None
+        try:
+            message = decode(line)
+            request_id = message.get("id")
+            return reply_ok(request_id, self.calls.dispatch(message))
+        except BoxError as exc:
+            return reply_error(request_id, exc)
+        except LimitReached as exc:
+            self.limit_reached = exc
+            return reply_error(request_id, CallError(f"{exc.message}; {exc.hint}", code="LIMIT_REACHED"))
+        except LeaseLost:
+            return reply_error(request_id, TaskEnded("this run no longer holds the task (cancelled, or taken over)"))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller and logged, never silent
+            log.exception("broker call for task %s failed", self.ctx.task.pk)
+            return reply_error(request_id, CallError(f"the broker failed: {type(exc).__name__}: {exc}", code="BROKER_ERROR"))
+
+
+@contextmanager
+def serving(ctx: RunContext) -> Iterator[BrokerServer]:
+    """The run's broker, open for the duration of the ``with`` block."""
+    broker = BrokerServer(ctx)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.close()

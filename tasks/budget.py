@@ -1,0 +1,71 @@
+"""Cost and budget (DESIGN §10): every paid call is admitted against ``budgetCents`` first.
+
+Admission is one transaction on the task's row: check the budget, count the call against its
+limit, and record the ``cost`` event (which adds to ``cost_cents``). A call that would cross the
+budget raises ``OverBudget`` before anything is written, so the caller can pause for the
+owner's OK and the paid call is never made unapproved.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
+
+from tasks.models import EventKind, Task
+from tasks.recorder import StepRecorder
+
+
+class OverBudget(Exception):
+    """The call would cross the task's budget; ``needed_cents`` is how much more it asks for."""
+
+    def __init__(self, cents: int, spent_cents: int, budget_cents: int) -> None:
+        self.cents = cents
+        self.spent_cents = spent_cents
+        self.budget_cents = budget_cents
+        self.needed_cents = spent_cents + cents - budget_cents
+        super().__init__(
+            f"this call costs {cents}¢; the task has spent {spent_cents}¢ of its {budget_cents}¢ budget, "
+            f"so it needs {self.needed_cents}¢ more"
+        )
+
+
+def admit(
+    recorder: StepRecorder,
+    cents: int,
+    summary: str,
+    data: dict[str, Any] | None = None,
+    *,
+    counter: tuple[str, str] | None = None,
+    before_cost: Callable[[], None] | None = None,
+) -> None:
+    """Admit one call costing ``cents``: budget check, limit count, ``cost`` event, atomically.
+
+    ``counter`` is ``(spent key, limit name)``, e.g. ``("actions", "max_actions")``.
+    ``before_cost`` writes what should precede the cost line in the log (the ``tool_call``).
+    Raises ``OverBudget`` (nothing written) or ``LimitReached``; both leave the log unchanged.
+    """
+
+    def write() -> None:
+        # Lock the row: two calls at once must not both squeeze under the same budget.
+        task = Task.objects.select_for_update().only("cost_cents", "budget_cents").get(pk=recorder.task.pk)
+        if cents > 0 and task.cost_cents + cents > task.budget_cents:
+            raise OverBudget(cents, task.cost_cents, task.budget_cents)
+        if counter is not None:
+            recorder.count(*counter)
+        if before_cost is not None:
+            before_cost()
+        if cents > 0:
+            recorder.event(EventKind.COST, summary, {**(data or {}), "cents": cents}, cost_cents=cents)
+
+    recorder.guarded(write)
+
+
+def raise_budget(task_id: str, base_cents: int, amount_cents: int) -> None:
+    """Approving a spending request raises the budget to ``base + amount`` (never lowers it).
+
+    Idempotent: whoever applies the approval first wins and a second application is a no-op.
+    Call inside the transaction that records the decision.
+    """
+    Task.objects.filter(pk=task_id).update(budget_cents=Greatest(F("budget_cents"), Value(base_cents + amount_cents)))
