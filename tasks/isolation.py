@@ -1,18 +1,67 @@
-"""What isolation this box can give a task, said plainly (never pretended)."""
+"""What isolation this box gives a task, said plainly (never pretended).
+
+``/api/health`` shows ``describe_isolation()``; each task's first event after it starts says the
+same for that task, and ``Task.isolation`` keeps it in one line.
+"""
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from django.conf import settings
+
+from tasks.models import EventKind, Task
 
 
 def is_root() -> bool:
     return os.geteuid() == 0
 
 
+def layer_driver() -> str:
+    """The layer driver in force: overlay needs root; anything else gets copies."""
+    configured = getattr(settings, "BOX_LAYER_DRIVER", "auto")
+    if configured == "copy" or not is_root():
+        return "copy"
+    return "overlay"
+
+
 def describe_isolation() -> dict[str, Any]:
+    from tasks.sandbox.support import missing_reason
+
+    reason = missing_reason()
+    if reason is None:
+        return {
+            "sandbox": True,
+            "user": "a Linux user per task (box-<id>), no supplementary groups, no_new_privs",
+            "namespaces": ["pid", "network", "mount", "ipc", "uts"],
+            "session": "a new session with no controlling terminal",
+            "files": "the task's own view; the box's data, other tasks' layers and host sockets are out of reach",
+            "network": "loopback only; listed hosts through the box's egress proxy, every refusal logged",
+            "layers": layer_driver(),
+            "summary": "sandboxed: own user, PID, network and mount namespaces; network only to listed hosts",
+        }
     return {
         "sandbox": False,
-        "layers": "copy",
-        "network": "host allowlist checked for requests the box makes; processes are not confined",
-        "summary": "no sandbox yet: task processes run as the box's user in their own session",
+        "reason": reason,
+        "user": "the box's own user",
+        "namespaces": [],
+        "session": "a new session per process",
+        "files": "a copy of the workspace; nothing stops a process from reading other files the box's user can",
+        "network": "listed hosts offered through proxy environment variables only; a program that ignores them is not stopped",
+        "layers": "copy" if not is_root() else layer_driver(),
+        "summary": f"not sandboxed ({reason}): the copy driver and proxy environment variables only",
     }
+
+
+def record_isolation(task: Task) -> None:
+    """Store and log what confines ``task``. Call inside the transaction that started it."""
+    from tasks.events import record_event
+
+    described = describe_isolation()
+    if described["sandbox"]:
+        line = f"sandboxed as {task.user or 'box-' + task.pk}: own PID, network and mount namespaces"
+    else:
+        line = f"not sandboxed: {described['reason']}; proxy environment variables only"
+    task.isolation = line[:200]
+    Task.objects.filter(pk=task.pk).update(isolation=task.isolation)
+    record_event(task, EventKind.NOTE, f"isolation: {described['summary']}", {"isolation": described})

@@ -54,22 +54,36 @@ def _private(addr: str) -> bool:
 def check_destination(host: str, port: int, hosts: list[str]) -> None:
     """Raise ``Blocked`` unless ``host`` is listed and (for names) resolves to public addresses,
     or is itself a listed IP."""
+    allowed_addresses(host, port, hosts)
+
+
+def allowed_addresses(host: str, port: int, hosts: list[str]) -> list[str]:
+    """The addresses a connection to ``host``:``port`` may use under ``hosts``, or ``Blocked``.
+
+    The one allowlist rule, shared by the box's own requests and the sandbox's egress proxy. The
+    caller connects only to the returned addresses, so a name cannot resolve to a public address
+    for the check and to a private one for the connection.
+    """
     bare = host.strip("[]").lower()
     listed_exactly = any(bare == h.strip("[]").lower() for h in hosts)
     if _is_ip(bare) or host.startswith("["):
         if not listed_exactly:
             raise Blocked(host, port, "IP addresses must be listed by IP")
-        return
+        return [bare]
     if not host_allowed(bare, hosts):
         raise Blocked(host, port, "host not in the task's list")
     try:
         infos = socket.getaddrinfo(bare, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise Blocked(host, port, f"name does not resolve ({exc.strerror})") from exc
+    addresses: list[str] = []
     for info in infos:
         addr = str(info[4][0])
         if _private(addr) and not any(addr == h.strip("[]") for h in hosts):
             raise Blocked(host, port, f"{bare} resolves to a private or loopback address ({addr})")
+        if addr not in addresses:
+            addresses.append(addr)
+    return addresses
 
 
 def fglob(host: str, pattern: str) -> bool:

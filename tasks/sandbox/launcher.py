@@ -1,29 +1,223 @@
-"""How a task's processes are started and stopped.
+"""The single place a task's processes start and stop.
 
-Without the sandbox (not root, or not yet set up) a process runs as the box's user in its own
-session and process group, in the task's directory, with the proxy environment only.
+With the sandbox (root): every process runs as the task's user ``box-<id>``, as PID 1's child in
+new PID, network, mount, IPC and UTS namespaces, in a new session with no controlling terminal,
+with no_new_privs, in the task's view (mounted for it alone, id-mapped so the user owns its
+files). Listed hosts are reachable only through the egress proxy, via the in-namespace forwarder.
+
+Without it (not root, or turned off) a process runs as the box's user in its own session in the
+task's directory, and listed hosts are offered through the proxy environment variables only:
+a program that ignores them is not stopped. ``tasks.isolation`` says so to the owner.
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
+import select
+import shutil
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tasks.sandbox import egress, idmap, paths, support, users
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
 
+FORWARD_PORT = 3128  # inside the task's own network namespace, so every task can use it
+MAX_PROCESSES = 1024  # per task user: a fork bomb stops here
+INIT = Path(__file__).with_name("init.py")
+HIDDEN = ["/tmp", "/var/tmp", "/dev/shm", "/run"]
+NO_PROXY = "localhost,127.0.0.1,::1"
+
 
 def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    """Start ``argv`` for the task. ``OSError`` when the executable does not exist."""
+    if not argv:
+        raise FileNotFoundError(errno.ENOENT, "no command given")
+    if support.available():
+        return _popen_sandboxed(ctx, argv, env=env, cwd=cwd)
+    return _popen_plain(ctx, argv, env=env, cwd=cwd)
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process started here and everything it started (its whole PID namespace)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        pass  # already gone
+
+
+def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    env = dict(env)
+    proxy = None
+    if ctx.task.hosts:
+        proxy = egress.acquire(ctx.task.pk, lambda: _tcp_proxy(ctx))
+        env.update(_proxy_env(f"http://127.0.0.1:{proxy.port}"))
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except BaseException:
+        if proxy is not None:
+            egress.release(ctx.task.pk)
+        raise
+    if proxy is not None:
+        _release_proxy_on_exit(proc, ctx.task.pk)
+    return proc
+
+
+def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    task = ctx.task
+    ident = users.ensure_user(task.pk)
+    paths.harden_data_dir()
+    runtime = paths.ensure_runtime_dir(task.pk, ident.uid, ident.gid)
+    view = paths.view_mount(task.pk)
+    inner_cwd = _inside_view(ctx.workdir, cwd, view)
+    _require_executable(argv[0], paths.SANDBOX_PATH)
+
+    env = dict(env)
+    if env.get("HOME") == str(ctx.workdir):
+        env["HOME"] = str(view)
+    env.update({"PATH": paths.SANDBOX_PATH, "TMPDIR": "/tmp", "USER": ident.name, "LOGNAME": ident.name})
+    env.setdefault("BOX_BROKER_SOCKET", str(paths.broker_socket(task.pk)))
+    forward = None
+    if task.hosts:
+        socket_path = paths.egress_socket(task.pk)
+        egress.acquire(task.pk, lambda: _unix_proxy(ctx, socket_path, ident))
+        forward = {"port": FORWARD_PORT, "socket": str(socket_path)}
+        env.update(_proxy_env(f"http://127.0.0.1:{FORWARD_PORT}"))
+
+    view_fd = -1
+    try:
+        view_fd = _view_tree(ctx.workdir, ident)
+        config = {
+            "uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES,
+            "view_fd": view_fd, "view": str(view), "runtime": str(runtime), "hide": HIDDEN,
+            "cwd": str(inner_cwd), "argv": argv, "forward": forward,
+        }
+        command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--ipc", "--uts",
+                   "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(INIT), json.dumps(config)]
+        proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=(view_fd,), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except BaseException:
+        if forward is not None:
+            egress.release(task.pk)
+        raise
+    finally:
+        if view_fd >= 0:
+            os.close(view_fd)
+    if forward is not None:
+        _release_proxy_on_exit(proc, task.pk)
+    if _has_ended(task.pk):
+        # The task ended while this process was starting (a cancel from another process): its
+        # release may have run before the user existed again, so undo what this start made.
+        kill(proc)
+        from tasks.sandbox.cleanup import release
+
+        release(task.pk)
+    return proc
+
+
+def _has_ended(task_id: str) -> bool:
+    from tasks.models import Task
+    from tasks.states import FINAL
+
+    return Task.objects.filter(pk=task_id, state__in=FINAL).exists()
+
+
+def _view_tree(workdir: Path, ident: users.Identity) -> int:
+    """A detached mount of the view that the task's user owns.
+
+    A view whose root the user already owns (a layer driver handed it over) is bound as it is.
+    Otherwise it is id-mapped: its owner's files appear as the user's. Overlayfs cannot be
+    id-mapped; then only the root directory is handed over, so the task can add and replace
+    files but not edit ones other layers own (a driver avoids this by id-mapping its lowers).
+    """
+    st = os.stat(workdir)
+    if st.st_uid == ident.uid:
+        return idmap.clone_tree(workdir)
+    try:
+        return idmap.clone_tree(workdir, uid=ident.uid, gid=ident.gid, disk_uid=st.st_uid, disk_gid=st.st_gid)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    os.chown(workdir, ident.uid, ident.gid)
+    return idmap.clone_tree(workdir)
+
+
+def _inside_view(workdir: Path, cwd: Path, view: Path) -> Path:
+    try:
+        relative = Path(cwd).resolve().relative_to(Path(workdir).resolve())
+    except ValueError as exc:
+        raise users.SandboxError(f"a task's process must start inside its view, not in {cwd}", field="cwd") from exc
+    return view / relative
+
+
+def _require_executable(name: str, search_path: str) -> None:
+    # Inside the sandbox a missing program would only show as exit 127; say it before starting,
+    # the way a plain exec would.
+    if "/" in name:
+        found = os.path.isfile(name) and os.access(name, os.X_OK)
+    else:
+        found = shutil.which(name, path=search_path) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+
+
+def _proxy_env(url: str) -> dict[str, str]:
+    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+            "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
+
+
+def _on_blocked(ctx: RunContext) -> egress.OnBlocked:
+    def record(host: str, port: int, reason: str) -> None:
+        from django.db import connection
+
+        from tasks.models import EventKind
+        from tasks.recorder import LeaseLost
+
+        try:
+            ctx.recorder.event(EventKind.BLOCKED_CONNECTION, f"blocked {host}:{port}: {reason}",
+                               {"host": host, "port": port, "reason": reason, "via": "egress proxy"})
+        except LeaseLost:
+            pass  # the run is over; its processes are being stopped anyway
+        finally:
+            connection.close()  # this thread's own connection; threads here are short-lived
+
+    return record
+
+
+def _unix_proxy(ctx: RunContext, socket_path: Path, ident: users.Identity) -> egress.EgressProxy:
+    proxy = egress.EgressProxy(ctx.task.pk, ctx.task.hosts, _on_blocked(ctx))
+    proxy.start_unix(socket_path, ident.uid, ident.gid)
+    return proxy
+
+
+def _tcp_proxy(ctx: RunContext) -> egress.EgressProxy:
+    proxy = egress.EgressProxy(ctx.task.pk, ctx.task.hosts, _on_blocked(ctx))
+    proxy.start_tcp()
+    return proxy
+
+
+def _release_proxy_on_exit(proc: subprocess.Popen[bytes], task_id: str) -> None:
+    """Stop the task's proxy (when no other process of it uses it) once ``proc`` exits.
+
+    Watches a pidfd, so it never reaps the process out from under ``process.wait``.
+    """
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except ProcessLookupError:
+            egress.release(task_id)
+            return
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.close(fd)
+        egress.release(task_id)
+
+    threading.Thread(target=watch, name=f"egress-watch-{task_id}", daemon=True).start()

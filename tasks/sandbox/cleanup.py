@@ -1,0 +1,94 @@
+"""Cleanup that always works: after a task ends, and at start-up for what a crash left behind.
+
+``release`` stops every process of the task's user (PID namespaces die with their init, and a
+scan of /proc catches anything else running as that uid), closes the task's egress proxy and
+sockets, gives back any file the user owned in the task's directory (so a later task that gets
+the same recycled uid owns nothing of it) and deletes the user. Every step is idempotent.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+
+from tasks.sandbox import egress, paths, users
+
+log = logging.getLogger(__name__)
+
+
+def release(task_id: str) -> None:
+    """Free everything the task's sandbox held. Safe to call any number of times, anywhere."""
+    egress.release(task_id, all_users=True)
+    if os.geteuid() == 0:
+        ident = users.find_user(task_id)
+        if ident is not None:
+            users.kill_processes(ident.uid)
+            disown_files(task_id, ident)
+            users.remove_user(ident.name)
+    runtime = paths.runtime_dir(task_id)
+    if runtime.exists():
+        shutil.rmtree(runtime)
+
+
+def stop_leftovers(task_id: str) -> int:
+    """Kill processes a lost run of the task left behind (before a new run starts)."""
+    ident = users.find_user(task_id)
+    if ident is None or os.geteuid() != 0:
+        return 0
+    return users.kill_processes(ident.uid)
+
+
+def disown_files(task_id: str, ident: users.Identity) -> None:
+    """Hand every file ``ident`` owns under the task's directories back to root.
+
+    Does not cross into mounts (a still-mounted overlay view is the layers' business; its upper
+    directory is walked directly), so it costs what the task changed, not the workspace's size.
+    """
+    for root in (Path(settings.BOX_DATA_DIR) / "tasks" / task_id, Path(settings.BOX_DATA_DIR) / "layers" / task_id):
+        if root.is_dir():
+            _disown_tree(root, ident)
+
+
+def _disown_tree(root: Path, ident: users.Identity) -> None:
+    device = root.stat().st_dev
+    for current, dirs, files in os.walk(root):
+        kept = []
+        for name in dirs:
+            path = os.path.join(current, name)
+            st = os.lstat(path)
+            if st.st_dev == device:
+                kept.append(name)
+            _disown(path, st, ident)
+        dirs[:] = kept
+        for name in files:
+            path = os.path.join(current, name)
+            _disown(path, os.lstat(path), ident)
+    _disown(str(root), os.lstat(root), ident)
+
+
+def _disown(path: str, st: os.stat_result, ident: users.Identity) -> None:
+    if st.st_uid == ident.uid or st.st_gid == ident.gid:
+        uid = 0 if st.st_uid == ident.uid else st.st_uid
+        gid = 0 if st.st_gid == ident.gid else st.st_gid
+        os.lchown(path, uid, gid)
+
+
+def reconcile() -> list[str]:
+    """At start-up: release every user of this box whose task has ended or no longer exists,
+    and every runtime directory left by such a task. Returns the task ids it cleaned."""
+    from tasks.models import Task
+    from tasks.states import ACTIVE
+
+    candidates = {task_id for task_id, _ in users.box_users()} if os.geteuid() == 0 else set()
+    runtime_root = paths.runtime_root()
+    if runtime_root.is_dir():
+        candidates.update(entry.name for entry in os.scandir(runtime_root) if entry.is_dir())
+    active = set(Task.objects.filter(pk__in=candidates, state__in=ACTIVE).values_list("pk", flat=True))
+    cleaned = sorted(candidates - active)
+    for task_id in cleaned:
+        log.info("reconcile: releasing the sandbox of ended or unknown task %s", task_id)
+        release(task_id)
+    return cleaned

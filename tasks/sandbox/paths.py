@@ -1,0 +1,110 @@
+"""Where a task's sandbox keeps its runtime files, and which of the box's own files it may see.
+
+Each task gets ``runtime_dir(task_id)`` = ``BOX_DATA_DIR/run/<task_id>/``: the broker socket
+(``broker.sock``, created by ``tasks.broker``), the egress proxy's socket (``egress.sock``) and
+the mount point of the task's view (``view``). When the sandbox is on, the directory is root's with the task's
+group allowed to traverse it (0710): only that task (and root) can reach the sockets in it, and
+each socket belongs to the task's user (0600). A socket created here must be chowned to the
+task's user (``tasks.sandbox.users.find_user``).
+
+The ``box`` client lives in ``BOX_BIN_DIR`` (``/usr/local/lib/box/bin/box``), outside the data
+directory and readable by every task user; that directory comes first on a sandboxed ``PATH``.
+It runs with the system ``/usr/bin/python3`` and finds its socket in ``BOX_BROKER_SOCKET``.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from django.conf import settings
+
+BOX_BIN_DIR = Path("/usr/local/lib/box/bin")
+SANDBOX_PATH = f"{BOX_BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Files in the data directory a task must never read, whatever their path: the database (and its
+# WAL and shared-memory files), the vault key, Django's signing key.
+_PRIVATE_SUFFIXES = (".sqlite3", ".sqlite3-wal", ".sqlite3-shm", ".sqlite3-journal")
+_PRIVATE_NAMES = ("vault.key", "django-secret-key")
+
+
+def data_dir() -> Path:
+    return Path(settings.BOX_DATA_DIR)
+
+
+def runtime_root() -> Path:
+    return data_dir() / "run"
+
+
+def runtime_dir(task_id: str) -> Path:
+    """The task's runtime directory (sockets, the view's mount point). Not created here."""
+    if not task_id or "/" in task_id or task_id.startswith("."):
+        raise ValueError(f"not a task id: {task_id!r}")
+    return runtime_root() / task_id
+
+
+def broker_socket(task_id: str) -> Path:
+    return runtime_dir(task_id) / "broker.sock"
+
+
+def egress_socket(task_id: str) -> Path:
+    return runtime_dir(task_id) / "egress.sock"
+
+
+def view_mount(task_id: str) -> Path:
+    """Where the task's view appears inside its sandbox (mounted in its own mount namespace)."""
+    return runtime_dir(task_id) / "view"
+
+
+def ensure_runtime_dir(task_id: str, uid: int | None = None, gid: int | None = None) -> Path:
+    """Create the task's runtime directory; with ``uid``, open it to the task's user (0710)."""
+    root = runtime_root()
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)  # traversable, not listable: a task cannot see other tasks' ids
+    path = runtime_dir(task_id)
+    path.mkdir(mode=0o700, exist_ok=True)
+    (path / "view").mkdir(mode=0o700, exist_ok=True)
+    if uid is not None:
+        # root's, with the task's group allowed to traverse only: the task reaches the sockets
+        # in it (each owned by its user, 0600) but cannot create files beside its view.
+        os.chown(path, 0, gid if gid is not None else uid)
+        os.chmod(path, 0o710)
+    return path
+
+
+def harden_data_dir() -> None:
+    """Make the box's data directory unreadable to task users.
+
+    The directory itself stays traversable (0711) so a task can reach its own runtime directory
+    by path; everything else in it is either a directory only root may enter or a private file
+    only root may read. Cheap (a handful of chmods), so it runs before every sandboxed start.
+    """
+    root = data_dir()
+    os.chmod(root, 0o711)
+    for entry in os.scandir(root):
+        if entry.is_symlink():
+            continue
+        if entry.is_dir():
+            # run/ must be traversable; every other directory (tasks/, workspaces/, static/...)
+            # is the box's own.
+            os.chmod(entry.path, 0o711 if entry.name == "run" else 0o700)
+        elif entry.name in _PRIVATE_NAMES or entry.name.endswith(_PRIVATE_SUFFIXES):
+            os.chmod(entry.path, 0o600)
+    for name in _database_files():
+        if name.exists():
+            os.chmod(name, 0o600)
+
+
+def _database_files() -> list[Path]:
+    """The SQLite database and its side files, wherever BOX_SQLITE_PATH put them."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.sqlite3":
+        return []
+    main = Path(str(db["NAME"]))
+    return [main, Path(f"{main}-wal"), Path(f"{main}-shm"), Path(f"{main}-journal")]
+
+
+def is_private_to_root(path: Path) -> bool:
+    """True when no user but root can read ``path`` (used by health checks and tests)."""
+    mode = path.stat().st_mode
+    return not mode & (stat.S_IRGRP | stat.S_IROTH)

@@ -1,0 +1,163 @@
+"""One Linux user per task: ``box-<task id>``, created at the task's first start, removed at cleanup.
+
+Users carry a marker in their comment field naming the box that created them (a hash of its data
+directory), so reconciling one box never touches the users of another box on the same machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pwd
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from boxsite.errors import BoxError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "box-"
+MAX_NAME = 32  # useradd's limit on Linux
+_lock = threading.Lock()  # useradd/userdel rewrite /etc/passwd; one at a time from this process
+
+
+class SandboxError(BoxError):
+    """The sandbox could not be set up (a user, a namespace, a mount)."""
+
+    code = "SANDBOX_ERROR"
+    status = 500
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    uid: int
+    gid: int
+
+
+def user_name(task_id: str) -> str:
+    name = f"{PREFIX}{task_id}"
+    if len(name) > MAX_NAME or not task_id.isalnum():
+        raise SandboxError(f"cannot make a Linux user for task id {task_id!r}", field="id")
+    return name
+
+
+def box_marker() -> str:
+    """The comment every user of this box carries (which data directory it belongs to)."""
+    digest = hashlib.sha256(str(Path(settings.BOX_DATA_DIR).resolve()).encode()).hexdigest()[:16]
+    return f"box task user {digest}"
+
+
+def find_user(task_id: str) -> Identity | None:
+    try:
+        entry = pwd.getpwnam(user_name(task_id))
+    except KeyError:
+        return None
+    return Identity(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def ensure_user(task_id: str) -> Identity:
+    """The task's user, created if missing (idempotent; safe across processes)."""
+    found = find_user(task_id)
+    if found is not None:
+        return found
+    name = user_name(task_id)
+    argv = ["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+            "--user-group", "--comment", box_marker(), name]
+    _run_account_tool(argv, ok_codes={0, 9})  # 9: the name exists (another process made it first)
+    found = find_user(task_id)
+    if found is None:
+        raise SandboxError(f"useradd reported success but {name} does not exist", field="user")
+    return found
+
+
+def remove_user(name: str) -> None:
+    """Delete a task user and its group (idempotent)."""
+    _run_account_tool(["userdel", name], ok_codes={0, 6})  # 6: no such user
+    # --user-group made a group of the same name; userdel removes it unless something else
+    # uses it. Remove it ourselves if it lingers, so group ids do not leak either.
+    _run_account_tool(["groupdel", name], ok_codes={0, 6})
+
+
+def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
+    # The shadow tools refuse while another process holds /etc/passwd's lock (exit 10) and
+    # userdel refuses while a process of the user is still exiting (exit 8): retry briefly.
+    deadline = time.monotonic() + 15
+    delay = 0.01
+    while True:
+        with _lock:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode in ok_codes:
+            return
+        if done.returncode not in (8, 10) or time.monotonic() > deadline:
+            raise SandboxError(f"{argv[0]} {argv[-1]} failed ({done.returncode}): {done.stderr.strip()}", field="user")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def box_users() -> Iterator[tuple[str, Identity]]:
+    """Every (task id, identity) this box created, from the user database."""
+    marker = box_marker()
+    for entry in pwd.getpwall():
+        if entry.pw_name.startswith(PREFIX) and entry.pw_gecos == marker:
+            yield entry.pw_name[len(PREFIX):], Identity(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids whose real, effective or saved uid is ``uid`` (from /proc, across all namespaces)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as handle:
+                for line in handle:
+                    if line.startswith(b"Uid:"):
+                        if str(uid).encode() in line.split()[1:4]:
+                            pids.append(int(entry.name))
+                        break
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it exited while we looked
+    return pids
+
+
+def kill_processes(uid: int, *, timeout: float = 10.0) -> int:
+    """SIGKILL every process of ``uid`` until none is left; returns how many were killed.
+
+    Repeats because a process may fork between the scan and the kill. Processes inside a PID
+    namespace die with its init, which also runs as the task's user.
+    """
+    if uid == 0:
+        raise SandboxError("refusing to kill the processes of root", field="uid")
+    killed = 0
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        pids = [pid for pid in processes_of(uid) if not _is_zombie(pid)]
+        if not pids:
+            return killed
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            raise SandboxError(f"processes of uid {uid} survive SIGKILL: {pids}", field="uid")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True

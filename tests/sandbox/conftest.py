@@ -1,0 +1,78 @@
+"""Sandbox tests run for real: as root, with real users, namespaces, mounts and processes.
+
+They skip (with the reason) where the box cannot sandbox; ``test_honesty`` covers that case.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import Box
+
+
+def sandbox_missing() -> str | None:
+    from tasks.sandbox.support import missing_reason
+
+    return missing_reason()
+
+
+needs_sandbox = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root (real users and namespaces)")
+
+
+@pytest.fixture
+def sandboxed(box: Box, settings: Any) -> Iterator[Box]:
+    """The ``box`` with the sandbox on; afterwards every user its tasks made is gone (checked)."""
+    settings.BOX_SANDBOX = "auto"
+    reason = sandbox_missing()
+    if reason is not None:
+        pytest.skip(f"no sandbox here: {reason}")
+    yield box
+    from tasks.models import Task
+    from tasks.sandbox import cleanup, users
+
+    leftovers = []
+    for task_id in Task.objects.values_list("pk", flat=True):
+        if users.find_user(task_id) is not None:
+            leftovers.append(task_id)
+        cleanup.release(task_id)  # never leave a user behind, even when a test failed
+    assert not leftovers or all(_was_active(t) for t in leftovers), f"users left behind by ended tasks: {leftovers}"
+
+
+def _was_active(task_id: str) -> bool:
+    from tasks.models import Task
+    from tasks.states import ACTIVE
+
+    return Task.objects.filter(pk=task_id, state__in=ACTIVE).exists()
+
+
+def uid_of(task_id: str) -> int | None:
+    try:
+        return pwd.getpwnam(f"box-{task_id}").pw_uid
+    except KeyError:
+        return None
+
+
+def outputs(box: Box, task_id: str) -> list[str]:
+    """What the task's process printed (the command worker logs each stdout line)."""
+    return [e["summary"] for e in box.events(task_id) if e["kind"] == "output"]
+
+
+def results(box: Box, task_id: str) -> dict[str, str]:
+    """``name=value`` lines a probe script printed, as a dict."""
+    found = {}
+    for line in outputs(box, task_id):
+        if "=" in line:
+            key, _, value = line.partition("=")
+            found[key.strip()] = value.strip()
+    return found
+
+
+def run_script(box: Box, script: str, **spec: Any) -> dict[str, Any]:
+    """Run ``script`` with the system python3 as a command task; wait until it ends."""
+    task = box.create(title=spec.pop("title", "probe"), prompt="probe", worker="command",
+                      command=["/usr/bin/python3", "-c", script], **spec)
+    return box.wait_state(task["id"], "done", "failed", "cancelled")

@@ -1,0 +1,140 @@
+"""From inside a task: who it runs as, what it can touch, and what it cannot."""
+from __future__ import annotations
+
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+from tests.factories import flow
+from tests.sandbox.conftest import needs_sandbox, results, run_script
+
+pytestmark = needs_sandbox
+
+WHO_AM_I = textwrap.dedent("""
+    import os
+    print("uid=%d" % os.getuid())
+    print("euid=%d" % os.geteuid())
+    print("groups=%s" % ",".join(map(str, os.getgroups())))
+    print("nnp=" + [l.split()[1] for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0])
+    print("pids=%d" % len([p for p in os.listdir("/proc") if p.isdigit()]))
+    print("ppid=%d" % os.getppid())
+    print("sid_is_self=%s" % (os.getsid(0) == os.getpid()))
+    print("netns=" + os.readlink("/proc/self/ns/net"))
+    print("cwd=" + os.getcwd())
+    print("home=" + os.environ["HOME"])
+    print("path=" + os.environ["PATH"])
+    import socket
+    print("ifaces=" + ",".join(sorted(name for _, name in socket.if_nameindex())))
+    print("sysfs=" + ",".join(sorted(os.listdir("/sys/class/net"))))
+    try:
+        open("/dev/tty")
+        print("tty=yes")
+    except OSError as exc:
+        print("tty=no")
+""")
+
+
+def test_a_task_runs_as_its_own_user_in_new_namespaces_and_says_so(sandboxed):
+    view = run_script(sandboxed, WHO_AM_I)
+    assert view["state"] == "done", view
+    seen = results(sandboxed, view["id"])
+    assert seen["uid"] == seen["euid"] != "0"
+    assert seen["groups"] == ""
+    assert seen["nnp"] == "1"
+    assert int(seen["pids"]) <= 3 and seen["ppid"] == "1"  # PID 1 is the sandbox's init; nothing of the host
+    assert seen["sid_is_self"] == "True" and seen["tty"] == "no"
+    assert seen["netns"] != os.readlink("/proc/self/ns/net")
+    assert seen["ifaces"] == seen["sysfs"] == "lo"
+    assert seen["cwd"] == seen["home"] and seen["cwd"].endswith(f"/run/{view['id']}/view")
+    assert seen["path"].startswith("/usr/local/lib/box/bin:")
+    assert view["user"] == f"box-{view['id']}"
+    assert view["isolation"].startswith("sandboxed as box-")
+    notes = [e for e in sandboxed.events(view["id"]) if e["kind"] == "note" and e["summary"].startswith("isolation:")]
+    assert notes and notes[0]["data"]["isolation"]["sandbox"] is True
+    first_after_start = [e for e in sandboxed.events(view["id"]) if e["seq"] > 2][0]
+    assert first_after_start["summary"].startswith("isolation:")
+
+
+def test_a_flow_run_step_can_change_its_own_files_and_nothing_else(sandboxed):
+    home = sandboxed.home
+    (home / "a.txt").write_text("base\n")
+    (home / "sub").mkdir()
+    (home / "sub" / "b.txt").write_text("b\n")
+    view = sandboxed.create(title="edits", flow=flow(
+        {"run": "echo more >> a.txt && echo new > sub/c.txt && rm sub/b.txt && mkdir d && echo x > d/e.txt"},
+        {"run": "cat a.txt && ls -ln a.txt", "save": "listing"},
+    ))
+    done = sandboxed.wait_state(view["id"], "done", "failed")
+    assert done["state"] == "done", done
+    assert (home / "a.txt").read_text() == "base\n" and (home / "sub" / "b.txt").exists()
+    assert not (home / "d").exists() and not (home / "sub" / "c.txt").exists()
+
+
+ESCAPES = textwrap.dedent("""
+    import os, sys
+    base, other = sys.argv[1], sys.argv[2]
+    def attempt(name, path, content="escaped"):
+        try:
+            with open(path, "w") as handle:
+                handle.write(content)
+            print(name + "=written")
+        except OSError as exc:
+            print(name + "=denied " + exc.strerror)
+    attempt("parent", "../escape.txt")
+    attempt("parent2", "../../escape.txt")
+    attempt("etc", "/etc/box-escape.txt")
+    attempt("root", "/root/box-escape.txt")
+    attempt("base", os.path.join(base, "escape.txt"))
+    attempt("base_existing", os.path.join(base, "keep.txt"))
+    attempt("other_task", other)
+    attempt("link_etc", "planted-etc/box-escape.txt")
+    attempt("link_root", "planted-root/box-escape.txt")
+    attempt("link_file", "planted-passwd")
+    attempt("tmp", "/tmp/box-sandbox-escape.txt")
+    attempt("inside", "inside.txt", "mine")
+    for name in ("planted-root", "/root"):
+        try:
+            os.listdir(name)
+            print("list_" + name.strip("/").replace("-", "_") + "=listed")
+        except OSError as exc:
+            print("list_" + name.strip("/").replace("-", "_") + "=denied")
+""")
+
+
+def test_writes_outside_the_view_fail_and_leave_the_workspace_untouched(sandboxed, tmp_path):
+    home = sandboxed.home
+    (home / "keep.txt").write_text("original\n")
+    (home / "planted-etc").symlink_to("/etc")
+    (home / "planted-root").symlink_to("/root")
+    (home / "planted-passwd").symlink_to("/etc/passwd")
+    other = tmp_path / "other-task-file.txt"
+    other.write_text("another task's\n")
+    os.chmod(other, 0o666)  # even a world-writable file of the host is not reachable by path
+    before = _snapshot(home)
+    passwd = Path("/etc/passwd").read_bytes()
+
+    task = sandboxed.create(title="escape", prompt="p", worker="command",
+                            command=["/usr/bin/python3", "-c", ESCAPES, str(home), str(other)])
+    view = sandboxed.wait_state(task["id"], "done", "failed")
+    seen = results(sandboxed, view["id"])
+    assert view["state"] == "done", (view, seen)
+    for name in ("parent", "parent2", "etc", "root", "base", "base_existing", "other_task", "link_etc", "link_root", "link_file"):
+        assert seen[name].startswith("denied"), (name, seen[name])
+    assert seen["list_planted_root"] == "denied" and seen["list_root"] == "denied"
+    assert seen["inside"] == "written"
+    assert seen["tmp"] == "written"  # its own private /tmp, gone with it
+    assert not Path("/tmp/box-sandbox-escape.txt").exists()
+    assert not Path("/etc/box-escape.txt").exists() and not Path("/root/box-escape.txt").exists()
+    assert Path("/etc/passwd").read_bytes() == passwd
+    assert other.read_text() == "another task's\n"
+    assert _snapshot(home) == before
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
+    found = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        content = os.readlink(path) if path.is_symlink() else (path.read_text() if path.is_file() else "")
+        found[str(path.relative_to(root))] = (stat.S_IMODE(st.st_mode), content)
+    return found
