@@ -168,6 +168,10 @@ BOX_COMMAND_PRESETS = {}  # filled by tasks.workers.presets from BOX_PRESETS_FIL
 BOX_PRESETS_FILE = env_str("BOX_PRESETS_FILE")
 BOX_TOOLS_FILE = env_str("BOX_TOOLS_FILE")
 BOX_LAYER_DRIVER = env_str("BOX_LAYER_DRIVER", "auto")
+# auto: sandbox every task when the box runs as root (tasks.sandbox); off: never (says so).
+BOX_SANDBOX = env_str("BOX_SANDBOX", "auto")
+if BOX_SANDBOX not in ("auto", "off"):
+    raise ImproperlyConfigured(f"BOX_SANDBOX must be auto or off, not {BOX_SANDBOX!r}")
 BOX_MODEL_BASE_URL = env_str("BOX_MODEL_BASE_URL")
 BOX_MODEL_NAME = env_str("BOX_MODEL_NAME")
 

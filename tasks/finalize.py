@@ -26,6 +26,9 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
             return False
         if task.state == State.QUEUED:
             services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
+            from tasks.isolation import record_isolation
+
+            record_isolation(task)  # the task's first words after it starts: what confines it
         elif task.state == State.WAITING:
             services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
         return True

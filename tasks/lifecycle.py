@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def prepare(task: Task) -> Path:
+    sandbox.prepare(task.pk)  # the task's user first: the view is made for it
     return layers.open_view(task)
 
 
@@ -29,6 +30,8 @@ def release(task_id: str) -> None:
 def reconcile() -> None:
     """At start-up: release every ended task whose resources a crash may have left behind."""
     from tasks.states import FINAL
+
+    sandbox.reconcile()  # users and runtime dirs of ended or unknown tasks, even without a tasks/ dir
 
     root = Path(settings.BOX_DATA_DIR) / "tasks"
     if not root.is_dir():
