@@ -1,12 +1,24 @@
+"""How approvals and questions look to callers (camelCase, like ``tasks.presenters``).
+
+Their text was redacted when stored; it passes the task's redaction function again on the way
+out, because a fact may have become secret since (an input that turned out to be a card number).
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from approvals.models import Approval, Question
+from tasks.facts import Redactor, redactor_for
 
 
-def present_approval(approval: Approval) -> dict[str, Any]:
-    return {
+def _task_summary(task: Any) -> dict[str, Any]:
+    return {"id": task.pk, "title": task.title, "state": task.state, "waitingFor": task.waiting_for or None,
+            "version": task.version}
+
+
+def present_approval(approval: Approval, redact: Redactor | None = None, *, with_task: bool = False) -> dict[str, Any]:
+    redact = redact or redactor_for(approval.task)
+    body: dict[str, Any] = {
         "id": approval.pk,
         "task": approval.task_id,
         "kind": approval.kind,
@@ -20,19 +32,30 @@ def present_approval(approval: Approval) -> dict[str, Any]:
         "decidedVia": approval.decided_via or None,
         "decidedAt": approval.decided_at.isoformat() if approval.decided_at else None,
         "createdAt": approval.created_at.isoformat(),
+        "next": ["approve", "deny"] if approval.state == "pending" else [],
     }
+    if with_task:
+        body["taskView"] = _task_summary(approval.task)
+    return redact.redact(body)  # type: ignore[no-any-return]
 
 
-def present_question(question: Question) -> dict[str, Any]:
-    return {
+def present_question(question: Question, redact: Redactor | None = None, *, with_task: bool = False) -> dict[str, Any]:
+    redact = redact or redactor_for(question.task)
+    body: dict[str, Any] = {
         "id": question.pk,
         "task": question.task_id,
         "kind": question.kind,
         "prompt": question.prompt,
         "fields": question.fields,
+        "answer": question.answer,
         "state": question.state,
         "taskVersion": question.task_version,
+        "answeredBy": question.answered_by.get_username() if question.answered_by_id else None,
         "answeredVia": question.answered_via or None,
         "answeredAt": question.answered_at.isoformat() if question.answered_at else None,
         "createdAt": question.created_at.isoformat(),
+        "next": ["answer"] if question.state == "open" else [],
     }
+    if with_task:
+        body["taskView"] = _task_summary(question.task)
+    return redact.redact(body)  # type: ignore[no-any-return]

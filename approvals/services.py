@@ -1,59 +1,47 @@
-"""Approvals and human-inbox questions: opening them when a run pauses, and deciding them."""
+"""Approvals and human-inbox questions: opening them when a task pauses, and answering them.
+
+A waiting task's **blockers** are its pending approvals and open questions. Each answer removes
+exactly one blocker (or, for ``continue``, the blockers of the pause's kind), bumps the task's
+version with a conditional update, and queues a fresh run only when no blocker remains and no
+run of the task is still alive (a live process may hold the pause; see ``request_approval``).
+
+The task's ``state`` is still written only by ``tasks.services.transition``: a decision that ends
+the task (deny) goes through it; the others only bump ``version`` (a conditional update on
+state and version, the same guard a move uses) and leave the move back to running to
+``tasks.finalize.begin_run`` when the new run starts.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from approvals.models import Approval, Question, QuestionKind, QuestionState
+from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
+from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
 from tasks.events import record_event
-from tasks.models import EventKind
+from tasks.facts import Facts, Redactor, guess_kind, redactor_for
+from tasks.models import EventKind, RunKind, Task
+from tasks.states import ACTIVE, State, WaitingFor
 
 if TYPE_CHECKING:
-    from tasks.models import Run, Task
+    from boxsite.principal import Principal
+    from tasks.models import Run
     from tasks.workers.base import Paused
 
-
-def open_blockers_for_pause(task: Task, run: Run, outcome: Paused) -> None:
-    """Call inside the transaction that moved ``task`` to waiting.
-
-    Creates the approval the pause asks for (bound to the task's new version), opens the
-    questions the run staged, and turns missing inputs into one input question.
-    """
-    from tasks.facts import redactor_for
-
-    redact = redactor_for(task)
-    if outcome.approval is not None:
-        spec = outcome.approval
-        approval = Approval.objects.create(
-            task=task,
-            kind=spec["kind"],
-            summary=redact.text(spec["summary"])[:500],
-            detail=redact.redact(spec.get("detail", {})),
-            guard=spec.get("guard", {}),
-            amount_cents=spec.get("amount_cents", 0),
-            task_version=task.version,
-        )
-        record_event(task, EventKind.APPROVAL, f"approval needed: {approval.summary}",
-                     {"approval": approval.pk, "kind": approval.kind, "amount_cents": approval.amount_cents}, redactor=redact)
-    if outcome.fields:
-        question = Question.objects.create(
-            task=task, run=run, kind=QuestionKind.INPUT, prompt=outcome.message, fields=outcome.fields,
-            state=QuestionState.STAGED,
-        )
-        del question
-    if outcome.waiting_for == "human":
-        Question.objects.create(task=task, run=run, kind=QuestionKind.HUMAN, prompt=outcome.message, state=QuestionState.STAGED)
-    opened = Question.objects.filter(task=task, state=QuestionState.STAGED)
-    for question in opened:
-        record_event(task, EventKind.QUESTION, f"question: {question.prompt}",
-                     {"question": question.pk, "kind": question.kind, "fields": question.fields}, redactor=redact)
-    opened.update(state=QuestionState.OPEN, task_version=task.version, created_at=timezone.now())
+# How a decision arrived, by who asked: the portal (a browser session), the phone, or a program.
+VIA = {"session": "portal", "device": "phone", "token": "api"}
+CONTINUE_FIELDS = frozenset({"inputs", "approve", "answer", "secretFacts", "version"})
+MAX_INPUTS = 100
 
 
-# --- Added by the broker work (issue 6) for pauses a live process waits on (`box approve`,
-# --- irreversible or over-budget tool calls, `box ask`, `box need-human`). The approvals owner may
-# --- fold these into their own functions; the broker only needs these two signatures.
+def decided_via(principal: Principal) -> str:
+    return VIA.get(principal.via, principal.via)
+
+
+# --- opening blockers -------------------------------------------------------------------------
 
 def request_approval(
     task: Task,
@@ -63,17 +51,18 @@ def request_approval(
     guard: dict[str, Any] | None = None,
     amount_cents: int = 0,
 ) -> Approval:
-    """Open a pending approval for ``task`` and log it.
+    """Open a pending approval for ``task`` and log it. For the broker and for pauses.
 
-    Call inside the transaction that moved ``task`` to waiting/approval, so the approval is bound
-    to the task's new version. ``guard`` names exactly what the OK allows; ``guard["held_run"]``
-    means a live process waits on the decision in that run's broker: deciding must not queue a
-    new run (the broker sees the decision, moves the task back to running and goes on; a new run
-    would be closed at once by ``tasks.finalize.begin_run``). ``amount_cents`` is, for spending
-    approvals, how much more budget the call asks for.
+    Call inside the transaction that moved ``task`` to waiting/approval (or, for a run that will
+    end waiting, inside any of its writes: ``open_blockers_for_pause`` binds it to the waiting
+    version when the run ends). ``kind`` is an ``ApprovalKind`` (irreversible, spending, action,
+    payment, checkpoint). ``guard`` names exactly what the OK allows; ``guard["held_run"]`` means
+    a live process waits on the decision in that run's broker, so deciding never queues a new
+    run while that run is alive (the broker sees the decision and goes on). ``amount_cents`` is,
+    for spending approvals, how much more budget the call asks for; approving raises the budget
+    to ``guard["budget_cents"]`` (the budget when asked; else the current one) plus that amount.
+    ``summary`` and ``detail`` are redacted with the task's secrets before they are stored.
     """
-    from tasks.facts import redactor_for
-
     redact = redactor_for(task)
     approval = Approval.objects.create(
         task=task, kind=kind, summary=redact.text(summary)[:500], detail=redact.redact(detail or {}),
@@ -84,18 +73,390 @@ def request_approval(
     return approval
 
 
+def stage_question(task: Task, run: Run | None, kind: str, prompt: str, fields: list[dict[str, Any]] | None = None) -> Question:
+    """Stage a question during a run. It stays out of the inbox until the run ends waiting
+    (``open_blockers_for_pause``); a run that ends otherwise cancels it with the task's cleanup."""
+    redact = redactor_for(task)
+    return Question.objects.create(
+        task=task, run=run, kind=kind, prompt=redact.text(prompt)[:500], fields=_clean_fields(fields or []),
+        state=QuestionState.STAGED,
+    )
+
+
 def open_question(task: Task, run: Run | None, kind: str, prompt: str, fields: list[dict[str, Any]] | None = None) -> Question:
     """Open a human-inbox question at once (not staged) and log it.
 
     Call inside the transaction that moved ``task`` to waiting, for a pause a live process waits on.
     """
-    from tasks.facts import redactor_for
-
     redact = redactor_for(task)
     question = Question.objects.create(
-        task=task, run=run, kind=kind, prompt=redact.text(prompt)[:500], fields=fields or [],
+        task=task, run=run, kind=kind, prompt=redact.text(prompt)[:500], fields=_clean_fields(fields or []),
         state=QuestionState.OPEN, task_version=task.version,
     )
     record_event(task, EventKind.QUESTION, f"question: {question.prompt}",
                  {"question": question.pk, "kind": kind, "fields": question.fields}, redactor=redact)
     return question
+
+
+def open_blockers_for_pause(task: Task, run: Run, outcome: Paused) -> None:
+    """Call inside the transaction that moved ``task`` to waiting.
+
+    Creates the approval the pause asks for, turns missing inputs and a person's wall into
+    questions, opens every question the run staged, and binds all of them (and approvals asked
+    for during the run) to the task's new version.
+    """
+    redact = redactor_for(task)
+    if outcome.approval is not None:
+        spec = outcome.approval
+        request_approval(task, spec["kind"], spec["summary"], spec.get("detail"), spec.get("guard"),
+                         int(spec.get("amount_cents", 0)))
+    if outcome.fields:
+        stage_question(task, run, QuestionKind.INPUT, outcome.message, outcome.fields)
+    if outcome.waiting_for == WaitingFor.HUMAN:
+        stage_question(task, run, QuestionKind.HUMAN, outcome.message)
+    staged = list(Question.objects.filter(task=task, state=QuestionState.STAGED).order_by("pk"))
+    for question in staged:
+        record_event(task, EventKind.QUESTION, f"question: {question.prompt}",
+                     {"question": question.pk, "kind": question.kind, "fields": question.fields}, redactor=redact)
+    Question.objects.filter(pk__in=[q.pk for q in staged]).update(
+        state=QuestionState.OPEN, task_version=task.version, created_at=timezone.now())
+    Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(task_version=task.version)
+
+
+def _clean_fields(fields: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input fields in one shape: name, why, kind (guessed from the name), options."""
+    out = []
+    for f in fields:
+        name = str(f["name"])
+        out.append({"name": name, "why": str(f.get("why") or f"the task needs {name}"),
+                    "kind": str(f.get("kind") or guess_kind(name)), "options": list(f.get("options") or [])})
+    return out
+
+
+# --- reading blockers -------------------------------------------------------------------------
+
+def pending_approvals(task: Task) -> QuerySet[Approval]:
+    return Approval.objects.filter(task=task, state=ApprovalState.PENDING).order_by("pk")
+
+
+def open_questions(task: Task) -> QuerySet[Question]:
+    return Question.objects.filter(task=task, state=QuestionState.OPEN).order_by("pk")
+
+
+def has_blockers(task: Task) -> bool:
+    return pending_approvals(task).exists() or open_questions(task).exists()
+
+
+def _visible_tasks(principal: Principal) -> QuerySet[Task]:
+    qs = Task.objects.filter(owner=principal.user)
+    if principal.via == "device":
+        qs = qs.filter(folders=[])  # a device never sees folder tasks
+    return qs
+
+
+def get_approval_for(principal: Principal, approval_id: int | str) -> Approval:
+    approval = Approval.objects.filter(pk=_int_id(approval_id), task__in=_visible_tasks(principal)).select_related("task").first()
+    if approval is None:
+        raise NotFound(f"no approval '{approval_id}'")
+    return approval
+
+
+def get_question_for(principal: Principal, question_id: int | str) -> Question:
+    question = Question.objects.filter(pk=_int_id(question_id), task__in=_visible_tasks(principal)).exclude(
+        state=QuestionState.STAGED).select_related("task").first()
+    if question is None:
+        raise NotFound(f"no question '{question_id}'")
+    return question
+
+
+def inbox_for(principal: Principal) -> tuple[list[Approval], list[Question]]:
+    """Every pending approval and open question across the tasks ``principal`` may see."""
+    tasks = _visible_tasks(principal)
+    approvals = Approval.objects.filter(task__in=tasks, state=ApprovalState.PENDING).select_related("task", "decided_by")
+    questions = Question.objects.filter(task__in=tasks, state=QuestionState.OPEN).select_related("task")
+    return list(approvals.order_by("created_at", "pk")[:500]), list(questions.order_by("created_at", "pk")[:500])
+
+
+def _int_id(raw: int | str) -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise NotFound(f"no such item '{raw}'") from None
+
+
+# --- deciding and answering -------------------------------------------------------------------
+
+class _MarkStale(Exception):
+    """Raised inside the decision's transaction; the approval is marked stale after rollback."""
+
+    def __init__(self, approval_id: int, message: str) -> None:
+        super().__init__(message)
+        self.approval_id = approval_id
+        self.message = message
+
+
+def decide_approval(principal: Principal, approval_id: int | str, *, approve: bool, expected_version: int | None = None) -> Approval:
+    """Approve or deny one approval. Approving twice decides once and resumes once.
+
+    Deciding an approval whose task has moved on since it was asked is ``STALE_APPROVAL``;
+    so is a decision that names a task ``version`` other than the current one.
+    """
+    approval = get_approval_for(principal, approval_id)
+    try:
+        with transaction.atomic():
+            task = _lock(approval.task_id)
+            approval.refresh_from_db()
+            _decide_locked(principal, task, approval, approve, expected_version)
+    except _MarkStale as stale:
+        Approval.objects.filter(pk=stale.approval_id, state=ApprovalState.PENDING).update(state=ApprovalState.STALE)
+        raise StaleApproval(stale.message, field="approval") from None
+    approval.refresh_from_db()
+    return approval
+
+
+def answer_question(principal: Principal, question_id: int | str, body: Any) -> Question:
+    """Answer one open question: ``{"inputs": {...}}`` for input fields, ``{"answer": "..."}``
+    otherwise. Removes exactly that blocker; the task goes on only when none remains."""
+    fields = _parse_body(body, frozenset({"inputs", "answer", "secretFacts", "version"}))
+    question = get_question_for(principal, question_id)
+    with transaction.atomic():
+        task = _lock(question.task_id)
+        question.refresh_from_db()
+        if question.state != QuestionState.OPEN:
+            raise Conflict(f"this question is already {question.state}", field="question", state=question.state)
+        _check_version(task, fields.get("version"))
+        if question.kind == QuestionKind.INPUT and "inputs" not in fields:
+            raise InvalidRequest("this question asks for values: send {\"inputs\": {name: value}}", field="inputs")
+        _answer(principal, task, [question], fields.get("inputs"), fields.get("answer"), fields.get("secretFacts", []))
+    question.refresh_from_db()
+    return question
+
+
+def continue_task(principal: Principal, task_id: str, body: Any) -> Task:
+    """Answer what a waiting task asked for (DESIGN §5, §8).
+
+    ``input``: ``{"inputs": {...}}`` merges the values, checks everything again (a value may make
+    a name secret) and asks again for what is still missing, or goes on. ``approval`` and a
+    continuable ``checkpoint``: ``{"approve": true|false}`` decides the pending approval.
+    ``human``: any continue re-runs from the step that hit the wall (``answer`` is kept for the
+    person's own notes). A non-continuable checkpoint is final-like: only cancel releases it.
+    """
+    from tasks.services import get_task_for
+
+    fields = _parse_body(body, CONTINUE_FIELDS)
+    try:
+        with transaction.atomic():
+            task = get_task_for(principal, task_id, for_update=True)  # locked: blockers are read, then changed
+            _continue_locked(principal, task, fields)
+    except _MarkStale as stale:
+        Approval.objects.filter(pk=stale.approval_id, state=ApprovalState.PENDING).update(state=ApprovalState.STALE)
+        raise StaleApproval(stale.message, field="approve") from None
+    return Task.objects.select_related("workspace").get(pk=task_id)
+
+
+def _continue_locked(principal: Principal, task: Task, fields: dict[str, Any]) -> None:
+    if task.state != State.WAITING:
+        raise Conflict(f"a {task.state} task is not waiting for anything", field="state", state=task.state)
+    waiting_for = task.waiting_for
+    if waiting_for == WaitingFor.CHECKPOINT and not task.continuable:
+        raise Conflict("this checkpoint cannot be continued: a person finishes it (for example the payment) "
+                       "outside the box; cancel the task to release what it holds", field="state", state=task.state)
+    if waiting_for == WaitingFor.PLAN:
+        raise Conflict("this task waits for a plan: start a new task with a 'flow'", field="state", state=task.state)
+    if waiting_for in (WaitingFor.APPROVAL, WaitingFor.CHECKPOINT):
+        if not isinstance(fields.get("approve"), bool):
+            raise InvalidRequest("this task waits for approval: send {\"approve\": true} or {\"approve\": false}", field="approve")
+        pending = list(pending_approvals(task))
+        if not pending:
+            raise Conflict("this task has no pending approval", field="approve")
+        if len(pending) > 1:
+            raise InvalidRequest(f"this task has {len(pending)} pending approvals; decide each at /api/approvals/<id>", field="approve")
+        _decide_locked(principal, task, pending[0], fields["approve"], fields.get("version"))
+        return
+    _check_version(task, fields.get("version"))
+    if waiting_for == WaitingFor.INPUT:
+        if "inputs" not in fields:
+            raise InvalidRequest("this task waits for values: send {\"inputs\": {name: value}}", field="inputs")
+        questions = [q for q in open_questions(task) if q.kind == QuestionKind.INPUT]
+    else:
+        questions = [q for q in open_questions(task) if q.kind == QuestionKind.HUMAN]
+    _answer(principal, task, questions, fields.get("inputs"), fields.get("answer"), fields.get("secretFacts", []))
+
+
+def _decide_locked(principal: Principal, task: Task, approval: Approval, approve: bool, expected_version: int | None) -> None:
+    wanted = ApprovalState.APPROVED if approve else ApprovalState.DENIED
+    if approval.state != ApprovalState.PENDING:
+        if approval.state == wanted:
+            return  # deciding twice decides once: no second resume
+        if approval.state == ApprovalState.STALE or task.version != approval.task_version:
+            raise StaleApproval(f"the task moved on since this approval was asked (it is {task.state} now); "
+                                "nothing was decided", field="approval")
+        raise Conflict(f"this approval was already {approval.state}", field="approval", state=approval.state)
+    if expected_version is not None and expected_version != task.version:
+        raise StaleApproval(f"the task is at version {task.version}, not {expected_version}; reload it and decide again",
+                            field="version")
+    if task.version != approval.task_version or task.state not in ACTIVE:
+        raise _MarkStale(approval.pk, f"the task moved on since this approval was asked (version {approval.task_version}, "
+                                      f"now {task.version}); nothing was decided")
+    via = decided_via(principal)
+    Approval.objects.filter(pk=approval.pk, state=ApprovalState.PENDING).update(
+        state=wanted, decided_by=principal.user, decided_via=via, decided_at=timezone.now())
+    data = {"approval": approval.pk, "decision": wanted, "via": via, "kind": approval.kind}
+    if not approve:
+        from tasks.services import transition
+
+        record_event(task, EventKind.APPROVAL, f"denied ({via}): {approval.summary}", data)
+        transition(task, State.CANCELLED, summary=f"cancelled: the owner denied '{approval.summary}'", data={"by": via})
+        return
+    if approval.kind == ApprovalKind.SPENDING and approval.amount_cents:
+        from tasks.budget import raise_budget
+
+        raise_budget(task.pk, int(approval.guard.get("budget_cents", task.budget_cents)), approval.amount_cents)
+    _bump(task, EventKind.APPROVAL, f"approved ({via}): {approval.summary}", data)
+    _resume_if_clear(task)
+
+
+def _answer(principal: Principal, task: Task, questions: list[Question], inputs: Any, answer: Any,
+            secret_additions: Any) -> None:
+    """Answer ``questions`` of a locked, waiting task; merge inputs; ask again or go on."""
+    if task.state != State.WAITING:
+        raise Conflict(f"a {task.state} task is not waiting for an answer", field="state", state=task.state)
+    declared = _secret_names(secret_additions)
+    facts = Facts.of(task)
+    if inputs is not None:
+        facts = facts.merged(_parse_inputs(inputs), declared)
+    elif declared:
+        facts = facts.merged({}, declared)
+    if answer is not None and not isinstance(answer, str):
+        raise InvalidRequest("'answer' is text", field="answer")
+    redact = facts.redactor()
+    via = decided_via(principal)
+    now = timezone.now()
+    asked = [f for q in questions for f in q.fields]
+    for question in questions:
+        stored = {"inputs": {k: v for k, v in (inputs or {}).items() if k in {f["name"] for f in question.fields}}}
+        if answer is not None:
+            stored["answer"] = answer[:2000]
+        Question.objects.filter(pk=question.pk, state=QuestionState.OPEN).update(
+            state=QuestionState.ANSWERED, answer=redact.redact(stored), answered_by=principal.user,
+            answered_via=via, answered_at=now)
+    missing = still_missing(task, facts, asked) if task.waiting_for == WaitingFor.INPUT or asked else []
+    updates: dict[str, Any] = {}
+    if inputs is not None or declared:
+        updates["facts"] = facts.sealed()
+        updates["secret_facts"] = sorted(set(task.secret_facts or []) | set(declared))
+    if missing:
+        updates["pause"] = {**(task.pause or {}), "message": "the task still needs values", "fields": missing}
+    names = sorted((inputs or {}).keys())
+    summary = f"answered ({via})" + (f": {', '.join(names)}" if names else "")
+    _bump(task, EventKind.QUESTION, summary, {"questions": [q.pk for q in questions], "names": names, "via": via},
+          redactor=redact, **updates)
+    if missing:
+        open_question(task, None, QuestionKind.INPUT, "the task still needs values", missing)
+        return
+    _resume_if_clear(task)
+
+
+def still_missing(task: Task, facts: Facts, asked: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input fields nothing supplies yet: what was asked and is still empty, then every
+    ``${name}`` of the flow that no fact, var or earlier step supplies."""
+    from tasks.flows import missing_names
+
+    values = {**(task.records or {}), **facts.values}
+    have = {name for name, value in values.items() if value not in ("", None)}
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for field in asked:
+        if field["name"] not in have and field["name"] not in seen:
+            seen.add(field["name"])
+            out.append(field)
+    if task.flow:
+        for name in missing_names(task.flow, {k: v for k, v in values.items() if k in have}):
+            if name not in seen:
+                seen.add(name)
+                out.append({"name": name, "why": f"the flow uses ${{{name}}} and no fact supplies it",
+                            "kind": guess_kind(name), "options": []})
+    return out
+
+
+# --- the pieces ------------------------------------------------------------------------------
+
+def _lock(task_id: str) -> Task:
+    # select_for_update: a decision reads the task's blockers and then changes them; two
+    # deciders must take turns (SQLite serialises whole transactions anyway).
+    return Task.objects.select_for_update().select_related("workspace").get(pk=task_id)
+
+
+def _bump(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None, **fields: Any) -> None:
+    """Bump ``task.version`` (and write ``fields``) if the task is still where the caller saw it.
+
+    Not a move: ``state`` is untouched. Blockers still open belong to the same pause, so they are
+    bound to the new version with it.
+    """
+    now = timezone.now()
+    moved = Task.objects.filter(pk=task.pk, state=task.state, version=task.version).update(
+        version=F("version") + 1, updated_at=now, **fields)
+    if moved != 1:
+        raise Conflict("the task moved on meanwhile; reload and try again", field="version")
+    old = task.version
+    task.version += 1
+    task.updated_at = now
+    for key, value in fields.items():
+        setattr(task, key, value)
+    record_event(task, kind, summary, {**data, "version": task.version}, redactor=redactor)
+    Approval.objects.filter(task=task, state=ApprovalState.PENDING, task_version=old).update(task_version=task.version)
+    Question.objects.filter(task=task, state=QuestionState.OPEN, task_version=old).update(task_version=task.version)
+
+
+def _resume_if_clear(task: Task) -> Run | None:
+    """Queue the run that goes on from the pause, once nothing blocks and nothing holds it."""
+    from tasks import runs
+
+    if task.state != State.WAITING or has_blockers(task):
+        return None
+    if runs.active_run(task) is not None:
+        return None  # a live process holds this pause (broker), or the next run is already queued
+    kind = RunKind.RETRY if task.waiting_for == WaitingFor.HUMAN else RunKind.RESUME
+    return runs.create_run(task, kind, resume=task.resume)
+
+
+def _check_version(task: Task, expected: Any) -> None:
+    if expected is not None and expected != task.version:
+        raise Conflict(f"the task is at version {task.version}, not {expected}; reload it and try again", field="version")
+
+
+def _parse_body(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body is a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
+    if "version" in body and (isinstance(body["version"], bool) or not isinstance(body["version"], int)):
+        raise InvalidRequest("'version' is the task version you saw (a whole number)", field="version")
+    return dict(body)
+
+
+def _parse_inputs(inputs: Any) -> dict[str, str]:
+    if not isinstance(inputs, dict) or not inputs:
+        raise InvalidRequest("'inputs' is an object of name: value", field="inputs")
+    if len(inputs) > MAX_INPUTS:
+        raise InvalidRequest(f"at most {MAX_INPUTS} inputs at once", field="inputs")
+    out: dict[str, str] = {}
+    for name, value in inputs.items():
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise InvalidRequest("an input name is a non-empty string", field="inputs")
+        if not (isinstance(value, (str, int, float, bool)) or value is None):
+            # Never echo the value: it may be a secret.
+            raise InvalidRequest(f"input '{name}' must be a plain value (text, number or true/false)", field=f"inputs.{name}")
+        out[name] = "" if value is None else value if isinstance(value, str) else str(value)
+    return out
+
+
+def _secret_names(raw: Any) -> list[str]:
+    if raw in (None, []):
+        return []
+    if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
+        raise InvalidRequest("'secretFacts' is a list of fact names", field="secretFacts")
+    return list(dict.fromkeys(raw))

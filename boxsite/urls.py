@@ -9,6 +9,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("tasks.urls")),
     path("api/", include("tasks.vault_urls")),
+    path("api/", include("approvals.urls")),
     path("api/", include("schedules.urls")),
     path("", include("schedules.hook_urls")),
 ]

@@ -4,36 +4,62 @@ Everything the box stores or shows (events, API responses, WebSocket frames, err
 prompts sent to a model) passes through ``Redactor.redact``. Secret values, their base64 forms
 and each line of a multi-line value become ``${name}``; any Luhn-valid card-like number becomes
 ``${card}``.
+
+Secret values are sealed (Fernet) inside ``Task.facts`` so a copy of the database does not hold
+them in clear; ``Facts.of(task)`` is the one reader that opens them (docs/decisions.md).
 """
 from __future__ import annotations
 
 import base64
+import json
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
-# Names that always mean "secret". Matched on the name folded to lowercase words.
-SENSITIVE_TERMS = (
-    "card number", "card no", "cardnumber", "card", "cvv", "cvc", "csc", "otp", "one time code",
-    "password", "passwd", "passcode", "pin", "passport", "aadhaar", "pan", "iban", "ssn",
-    "social security", "api key", "apikey", "secret", "token", "private key", "access key",
-    "credential", "auth",
+# Names that always mean "secret", as whole words of the name (``cardNumber`` -> "card number").
+SENSITIVE_WORDS = frozenset({
+    "card", "cvv", "cvc", "csc", "cvn", "otp", "totp", "pin", "passport", "aadhaar", "aadhar", "pan",
+    "iban", "ssn", "password", "passwd", "pwd", "passcode", "passphrase", "secret", "token", "key",
+    "apikey", "credential", "credentials", "auth", "bearer", "cookie", "session", "signature",
+    "mfa", "2fa", "sin", "nin", "tin", "bsn", "routing", "swift",
+})
+# Phrases matched anywhere in the folded name.
+SENSITIVE_PHRASES = (
+    "card number", "card no", "one time", "security code", "verification code", "account number",
+    "social security", "private key", "access key", "api key", "client secret", "sort code",
+    "tax id", "national id", "date of expiry", "expiry date",
 )
+# Fragments matched inside a single word too (``mypassword``, ``githubtoken``, ``apikeys``).
+SENSITIVE_FRAGMENTS = ("password", "passwd", "passcode", "passport", "secret", "token", "apikey",
+                       "privatekey", "cardnumber", "credential", "aadhaar", "cvv")
 
 _CARD_RUN = re.compile(r"(?<![\d])(?:\d[ -]?){12,18}\d(?![\d])")
 _NAME_RE = re.compile(r"\$\{([^}]+)\}")
 _MIN_SECRET_LEN = 3  # shorter values would mask ordinary text
+_MIN_ENCODED_LEN = 8  # a shorter slice of an encoding matches too much ordinary text
+_SEALED = "$sealed"
+
+log = logging.getLogger(__name__)
 
 
 def _words(name: str) -> str:
-    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", name)
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
     return " " + re.sub(r"[^a-z0-9]+", " ", spaced.lower()).strip() + " "
 
 
 def is_sensitive_name(name: str) -> bool:
+    """True when a fact's name says it is secret, whatever the caller asked for."""
     words = _words(name)
-    return any(f" {term} " in words or (" " in term and term in words) for term in SENSITIVE_TERMS)
+    parts = words.split()
+    if any(w in SENSITIVE_WORDS or (w.endswith("s") and w[:-1] in SENSITIVE_WORDS) for w in parts):
+        return True
+    if any(phrase in words for phrase in SENSITIVE_PHRASES):
+        return True
+    squashed = "".join(parts)
+    return any(fragment in squashed for fragment in SENSITIVE_FRAGMENTS)
 
 
 def luhn_valid(digits: str) -> bool:
@@ -48,22 +74,18 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
+def _is_card_digits(run: str) -> bool:
+    digits = re.sub(r"\D", "", run)
+    return 13 <= len(digits) <= 19 and luhn_valid(digits)
+
+
 def looks_like_card(value: str) -> bool:
-    for match in _CARD_RUN.finditer(value):
-        digits = re.sub(r"\D", "", match.group())
-        if 13 <= len(digits) <= 19 and luhn_valid(digits):
-            return True
-    return False
+    """A Luhn-valid run of 13-19 digits, single spaces or dashes allowed between them."""
+    return any(_is_card_digits(m.group()) for m in _CARD_RUN.finditer(value))
 
 
 def mask_cards(text: str) -> str:
-    def replace(match: re.Match[str]) -> str:
-        digits = re.sub(r"\D", "", match.group())
-        if 13 <= len(digits) <= 19 and luhn_valid(digits):
-            return "${card}"
-        return match.group()
-
-    return _CARD_RUN.sub(replace, text)
+    return _CARD_RUN.sub(lambda m: "${card}" if _is_card_digits(m.group()) else m.group(), text)
 
 
 def names_in(text: str) -> list[str]:
@@ -71,49 +93,90 @@ def names_in(text: str) -> list[str]:
 
 
 def guess_kind(name: str) -> str:
+    """The input kind a field probably wants, from its name: email, phone, date, number, text."""
     words = _words(name)
-    if "email" in words or "e mail" in words:
+    squashed = words.replace(" ", "")
+    if "email" in squashed or " e mail " in words:
         return "email"
-    if " phone " in words or " mobile " in words or "phone" in words:
+    if "phone" in squashed or "mobile" in squashed:
         return "phone"
-    if " date " in words or " birth " in words or " dob " in words or "date" in words:
+    if any(f" {w} " in words for w in ("date", "birth", "dob", "birthday")) or "date" in squashed:
         return "date"
-    if " count " in words or " number of " in words or " travellers " in words or " amount " in words:
+    if any(f" {w} " in words for w in ("count", "travellers", "travelers", "quantity", "amount", "age")) \
+            or " number of " in words or words.startswith(" num "):
         return "number"
     return "text"
 
 
-def _secret_forms(value: str) -> list[str]:
-    forms = {value}
-    for line in value.splitlines():
-        if len(line.strip()) >= _MIN_SECRET_LEN:
-            forms.add(line.strip())
-    raw = value.encode()
-    for encoder in (base64.b64encode, base64.urlsafe_b64encode):
-        encoded = encoder(raw).decode()
-        forms.add(encoded)
-        forms.add(encoded.rstrip("="))
-    return sorted((f for f in forms if len(f) >= _MIN_SECRET_LEN), key=len, reverse=True)
+def _encoded_cores(raw: bytes) -> set[str]:
+    """The part of ``raw``'s base64 that is the same wherever ``raw`` sits in a longer input.
+
+    Base64 works in 3-byte groups, so the same bytes encode differently at each of the three
+    offsets; for each offset keep only the characters that depend on ``raw`` alone.
+    """
+    cores: set[str] = set()
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw).decode()
+        start = (0, 2, 3)[offset]
+        total = offset + len(raw)
+        end = (total // 3) * 4 + (0, 1, 2)[total % 3]
+        core = encoded[start:end]
+        if len(core) >= _MIN_ENCODED_LEN:
+            cores.add(core)
+            cores.add(core.replace("+", "-").replace("/", "_"))  # the URL-safe alphabet
+    return cores
+
+
+def _secret_forms(value: str) -> set[str]:
+    """Every form of a secret value worth masking: itself, its lines, its encodings."""
+    plain = {value, value.strip()}
+    if looks_like_card(value):  # a card given as "4111 1111 ..." also shows as plain digits
+        digits = re.sub(r"\D", "", value)
+        plain.add(digits)
+        plain.add(" ".join(digits[i:i + 4] for i in range(0, len(digits), 4)))
+        plain.add("-".join(digits[i:i + 4] for i in range(0, len(digits), 4)))
+    forms = set(plain)
+    lines = [line.strip() for line in value.splitlines() if line.strip()]
+    if len(lines) > 1:
+        forms.update(lines)
+    forms.add(json.dumps(value)[1:-1])  # as it appears inside JSON text
+    forms.add(quote(value, safe=""))
+    for text in plain:
+        for raw in (text.encode(), (text + "\n").encode()):
+            forms.update(_encoded_cores(raw))
+            full = base64.b64encode(raw).decode()
+            forms.add(full)
+            # `base64` and PEM wrap their output; each wrapped line is a slice of the whole.
+            for width in (76, 64):
+                forms.update(full[i:i + width] for i in range(0, len(full), width))
+    return {f for f in forms if len(f) >= _MIN_SECRET_LEN}
 
 
 @dataclass
 class Redactor:
-    """Masks a fixed set of secret values. Build one per task with ``Facts.redactor()``."""
+    """Masks a fixed set of secret values. Build one per task with ``Facts.redactor()``.
+
+    One pass of one pattern (longest form first) so a placeholder already written is never
+    matched again, even when a secret is a piece of another secret's name.
+    """
 
     secrets: Mapping[str, str] = field(default_factory=dict)
-    _pairs: list[tuple[str, str]] = field(init=False, default_factory=list)
+    _pattern: re.Pattern[str] | None = field(init=False, default=None)
+    _names: dict[str, str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        pairs = []
-        for name, value in self.secrets.items():
+        names: dict[str, str] = {}
+        for name, value in sorted(self.secrets.items()):
             for form in _secret_forms(str(value)):
-                pairs.append((form, "${" + name + "}"))
-        self._pairs = sorted(pairs, key=lambda p: len(p[0]), reverse=True)
+                names.setdefault(form, name)
+        self._names = names
+        if names:
+            ordered = sorted(names, key=len, reverse=True)
+            self._pattern = re.compile("|".join(re.escape(f) for f in ordered))
 
     def text(self, text: str) -> str:
-        for secret, placeholder in self._pairs:
-            if secret in text:
-                text = text.replace(secret, placeholder)
+        if self._pattern is not None:
+            text = self._pattern.sub(lambda m: "${" + self._names[m.group()] + "}", text)
         return mask_cards(text)
 
     def redact(self, value: Any) -> Any:
@@ -131,6 +194,16 @@ def redact_text(text: str) -> str:
     return mask_cards(text)
 
 
+def _is_sealed(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {_SEALED}
+
+
+def _open(value: Any) -> str:
+    from tasks.crypto import decrypt
+
+    return decrypt(value[_SEALED].encode())
+
+
 @dataclass
 class Facts:
     values: dict[str, Any]
@@ -138,15 +211,28 @@ class Facts:
 
     @classmethod
     def build(cls, values: Mapping[str, Any], declared_secret: Iterable[str] = ()) -> Facts:
+        """Decide which facts are secret: a sensitive name, a card-like value, or declared.
+
+        Declaring can only add secrets; nothing makes a sensitive name shared.
+        """
         secret = set(declared_secret)
+        opened: dict[str, Any] = {}
         for name, value in values.items():
+            if _is_sealed(value):
+                value = _open(value)
+                secret.add(name)  # it was secret when sealed; it stays secret
+            opened[name] = value
             if is_sensitive_name(name) or looks_like_card(str(value)):
                 secret.add(name)
-        return cls(dict(values), frozenset(secret))
+        return cls(opened, frozenset(secret))
 
     @classmethod
     def of(cls, task: Any) -> Facts:
         return cls.build(task.facts or {}, task.secret_facts or [])
+
+    def merged(self, inputs: Mapping[str, Any], declared_secret: Iterable[str] = ()) -> Facts:
+        """These facts with ``inputs`` merged in, every name checked again."""
+        return Facts.build({**self.values, **inputs}, set(self.secret_names) | set(declared_secret))
 
     def shared(self) -> dict[str, Any]:
         return {k: v for k, v in self.values.items() if k not in self.secret_names}
@@ -154,8 +240,26 @@ class Facts:
     def secrets(self) -> dict[str, str]:
         return {k: str(v) for k, v in self.values.items() if k in self.secret_names and v not in (None, "")}
 
+    def sealed(self) -> dict[str, Any]:
+        """The form ``Task.facts`` stores: shared values as given, secret values encrypted."""
+        from tasks.crypto import encrypt
+
+        return {
+            name: ({_SEALED: encrypt(str(value)).decode()} if name in self.secret_names and value not in (None, "") else value)
+            for name, value in self.values.items()
+        }
+
+    def shown(self) -> dict[str, Any]:
+        """How facts look to callers: a secret is its ``${name}``."""
+        return {name: ("${" + name + "}" if name in self.secret_names else value) for name, value in self.values.items()}
+
     def redactor(self) -> Redactor:
         return Redactor(self.secrets())
+
+
+def seal_facts(values: Mapping[str, Any], declared_secret: Iterable[str] = ()) -> dict[str, Any]:
+    """What to store in ``Task.facts`` for ``values``: secrets sealed, the rest as given."""
+    return Facts.build(values, declared_secret).sealed()
 
 
 def redactor_for(task: Any) -> Redactor:

@@ -5,6 +5,7 @@ from typing import Any
 
 from tasks import runs, services
 from tasks.models import EventKind, Run, RunState, Task
+from tasks.facts import Redactor
 from tasks.recorder import StepRecorder
 from tasks.states import State
 from tasks.models import RunKind
@@ -39,6 +40,8 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
 def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> None:
     """Apply a run's outcome to its task, in one transaction that proves the lease first."""
 
+    redact = recorder.redactor
+
     def write() -> None:
         Task.objects.filter(pk=task.pk).update(spent=_add_elapsed(task, elapsed_ms))
         task.refresh_from_db()
@@ -50,11 +53,13 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
             runs.finish(run.pk, token, "done")
             services.transition(task, State.DONE, summary=outcome.summary, progress=1.0)
         elif isinstance(outcome, Failed):
-            recorder.event(EventKind.ERROR, outcome.error, {"recoverable": outcome.recoverable, "hint": outcome.hint})
-            runs.finish(run.pk, token, "failed", outcome.error)
-            services.fail_task(task, outcome.error, recoverable=outcome.recoverable, hint=outcome.hint)
+            # An error often quotes what a step printed; it is stored and shown only redacted.
+            error, hint = redact.text(outcome.error), redact.text(outcome.hint)
+            recorder.event(EventKind.ERROR, error, {"recoverable": outcome.recoverable, "hint": hint})
+            runs.finish(run.pk, token, "failed", error)
+            services.fail_task(task, error, recoverable=outcome.recoverable, hint=hint)
         elif isinstance(outcome, Paused):
-            _pause(task, run, token, outcome)
+            _pause(task, run, token, outcome, redact)
         elif isinstance(outcome, Continue):
             runs.finish(run.pk, token, "continued")
             Task.objects.filter(pk=task.pk).update(resume=outcome.resume)
@@ -72,14 +77,18 @@ def _add_elapsed(task: Task, elapsed_ms: int) -> dict[str, Any]:
     return spent
 
 
-def _pause(task: Task, run: Run, token: str, outcome: Paused) -> None:
+def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor) -> None:
+    """Move the task to waiting with what the pause asks for, then open its blockers."""
     from approvals.services import open_blockers_for_pause
 
-    pause = {"message": outcome.message}
+    message = redact.text(outcome.message)
+    pause: dict[str, Any] = {"message": message}
     if outcome.fields:
-        pause["fields"] = outcome.fields
+        pause["fields"] = redact.redact(outcome.fields)
+    if outcome.waiting_for == "checkpoint":
+        pause["continuable"] = outcome.continuable
     services.transition(
-        task, State.WAITING, summary=f"waiting for {outcome.waiting_for}: {outcome.message}",
+        task, State.WAITING, summary=f"waiting for {outcome.waiting_for}: {message}",
         waiting_for=outcome.waiting_for, pause=pause, resume=outcome.resume, continuable=outcome.continuable,
     )
     open_blockers_for_pause(task, run, outcome)

@@ -8,14 +8,22 @@ from tasks.models import Task, TaskEvent
 from tasks.states import State
 
 
+def is_final_view(task: Task) -> bool:
+    """Final for a caller: a final state, or a checkpoint that cannot be continued (a payment
+    page: a person finishes it outside the box, and only cancel releases what the task holds)."""
+    return task.is_final() or (task.state == State.WAITING and task.waiting_for == "checkpoint" and not task.continuable)
+
+
 def next_calls(task: Task) -> list[str]:
     """The calls that make sense now, so clients never hardcode the state machine."""
     calls: list[str] = []
+    if task.state == State.WAITING and task.waiting_for == "checkpoint" and not task.continuable:
+        return ["cancel", "diff", "report"]
     if task.state == State.WAITING:
         if task.waiting_for in ("input", "human"):
             calls.append("continue")
         elif task.waiting_for == "approval" or (task.waiting_for == "checkpoint" and task.continuable):
-            calls += ["approve", "deny"]
+            calls += ["continue", "approve", "deny"]
     if task.review == "pending" or task.review == "conflict":
         calls.append("keep")
     if task.state in (State.QUEUED, State.RUNNING, State.WAITING):
@@ -29,7 +37,7 @@ def next_calls(task: Task) -> list[str]:
 def present_task(task: Task) -> dict[str, Any]:
     facts = Facts.of(task)
     redact = facts.redactor()
-    shown_facts = {name: ("${" + name + "}" if name in facts.secret_names else value) for name, value in task.facts.items()}
+    shown_facts = facts.shown()
     view = {
         "id": task.pk,
         "title": task.title,
@@ -53,6 +61,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "state": task.state,
         "waitingFor": task.waiting_for or None,
         "continuable": task.continuable if task.waiting_for == "checkpoint" else None,
+        "final": is_final_view(task),
         "pause": task.pause or None,
         "version": task.version,
         "user": task.user,

@@ -12,6 +12,7 @@ from boxsite.errors import Conflict, NotFound, TooManyTasks
 from boxsite.principal import Principal
 from tasks import runs
 from tasks.events import record_event
+from tasks.facts import seal_facts
 from tasks.models import EventKind, RunKind, Task
 from tasks.spec import TaskSpec, parse_spec
 from tasks.states import ACTIVE, FINAL, State, can_move
@@ -143,7 +144,7 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
         budget_cents=spec.budget_cents,
         source=spec.source,
         flow=spec.flow,
-        facts=spec.facts,
+        facts=seal_facts(spec.facts, spec.secret_facts),  # secret values encrypted at rest
         secret_facts=spec.secret_facts,
         constraints=spec.constraints,
         limits=spec.limits,

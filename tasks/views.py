@@ -118,3 +118,21 @@ def task_cancel(request: Request, task_id: str) -> Response:
 @api_view(["POST"])
 def task_undo(request: Request, task_id: str) -> Response:
     return Response(present_task(services.undo_task(Principal.of(request), task_id)))
+
+
+@extend_schema(request=dict, responses={200: dict})
+@api_view(["POST"])
+def task_continue(request: Request, task_id: str) -> Response:
+    """Answer what a waiting task asked for: inputs, an approval decision, or a person's OK."""
+    from approvals.services import continue_task
+
+    return Response(present_task(continue_task(Principal.of(request), task_id, request.data)))
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def task_report(request: Request, task_id: str) -> Response:
+    """Everything the task did: its view, flow, steps reached, records and rescues; redacted."""
+    from tasks.report import build_report
+
+    return Response(build_report(services.get_task_for(Principal.of(request), task_id)))

@@ -10,14 +10,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from tasks.context import RunContext
 from tasks.facts import guess_kind
 from tasks.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
-from tasks.models import EventKind
+from tasks.recorder import LimitReached
+from tasks.tools import NeedsApproval
 from tasks.workers import process
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
+
+GATES = ("approve", "checkpoint", "ask")
 
 _NAME = re.compile(r"\$\{([^}]+)\}")
 
@@ -85,48 +86,43 @@ class FlowWorker:
         allow_destructive = bool(ctx.task.constraints.get("allow_destructive"))
         total = len(steps)
         for index in range(start, total):
+            check_time(ctx)
             step = steps[index]
             kind = step_kind(step)
             is_approved = approved == index
             guard = {"step": index, "kind": kind, "name": step.get("name", "")}
-            if kind == "approve":
-                if not is_approved:
-                    reason = step["approve"] if isinstance(step["approve"], str) else step["approve"].get("reason", "approve to go on")
-                    return self._ask_approval(ctx, index, reason, guard)
-                ctx.recorder.save_progress(resume={"step": index + 1})
-                continue
-            if kind == "checkpoint":
-                outcome = self._checkpoint(ctx, step, index, is_approved, guard)
-                if outcome is not None:
-                    return outcome
-                continue
-            if kind == "ask":
-                spec = step["ask"] if isinstance(step["ask"], dict) else {"name": step["ask"]}
-                name = spec["name"]
-                if name not in known or known[name] in ("", None):
-                    field = {"name": name, "why": spec.get("why", f"step {index + 1} asks for it"), "kind": spec.get("kind", guess_kind(name)), "options": spec.get("options", [])}
-                    return Paused("input", f"step {index + 1} asks for {name}", resume={"step": index}, fields=[field])
+            if kind in GATES:
+                gate = self._gate(ctx, step, kind, index, total, is_approved, guard, known)
+                if gate is not None:
+                    return gate
+                ctx.recorder.step(describe(step, index, total), {"step": index, "kind": kind}, progress=(index + 1) / total)
                 ctx.recorder.save_progress(resume={"step": index + 1})
                 continue
             if kind not in EXECUTABLE_KINDS:
                 return Failed(f"step {index + 1}: '{kind}' steps are not available in this box yet", recoverable=False,
                               hint="remove the step or run the task on a box with browser/model support")
-            acts = STEP_KINDS[kind].acts
             if "stop_before" in step and not allow_destructive and not is_approved:
-                return self._ask_approval(ctx, index, step["stop_before"], guard)
-            if acts:
+                return self._ask_approval(index, "irreversible", step["stop_before"], guard)
+            if STEP_KINDS[kind].acts and kind != "tool":  # a tool call counts itself (tasks.tools.call)
                 ctx.recorder.count("actions", "max_actions")
             ctx.recorder.step(describe(step, index, total), {"step": index, "kind": kind}, progress=index / total)
             resolved = substitute(step[kind], known)
             try:
-                result = self._execute(ctx, kind, resolved, step)
+                result = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved)
+            except NeedsApproval as need:
+                guard = {**guard, **need.guard, "step": index}
+                return self._ask_approval(index, need.kind, need.summary, guard, detail=need.detail, amount_cents=need.amount_cents)
             except StepFailed as exc:
                 from tasks.human import looks_like_human_wall
 
-                wall = looks_like_human_wall(exc.page_text or exc.message)
+                wall = looks_like_human_wall(f"{exc.message}\n{exc.page_text}")
                 if wall:
+                    # Continuing re-runs this step; an OK the owner gave for it still holds.
+                    retry: dict[str, Any] = {"step": index}
+                    if is_approved:
+                        retry.update(approved_step=index, only=only)
                     return Paused("human", f"step {index + 1} hit {wall}; a person must get past it, then continue",
-                                  resume={"step": index})
+                                  resume=retry)
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
                               hint="fix the cause and run the task again")
             if "save" in step:
@@ -137,26 +133,54 @@ class FlowWorker:
                 return Continue(resume={"step": index + 1})
         return Done(f"finished all {total} steps")
 
-    def _ask_approval(self, ctx: RunContext, index: int, reason: str, guard: dict[str, Any]) -> Paused:
+    def _gate(self, ctx: RunContext, step: dict[str, Any], kind: str, index: int, total: int, approved: bool,
+              guard: dict[str, Any], known: dict[str, Any]) -> Outcome | None:
+        """An explicit gate (approve, checkpoint, ask): a pause, or None to go on past it."""
+        value = step[kind]
+        if kind == "approve":
+            if approved:
+                return None
+            reason = value if isinstance(value, str) else value.get("reason", "approve to go on")
+            return self._ask_approval(index, "checkpoint", reason, guard)
+        if kind == "checkpoint":
+            return self._checkpoint(ctx, value, index, approved, guard)
+        spec = value if isinstance(value, dict) else {"name": value}
+        name = spec["name"]
+        if known.get(name) not in ("", None):
+            return None
+        field = {"name": name, "why": spec.get("why", f"step {index + 1} asks for it"),
+                 "kind": spec.get("kind", guess_kind(name)), "options": spec.get("options", [])}
+        return Paused("input", spec.get("why") or f"step {index + 1} asks for {name}", resume={"step": index}, fields=[field])
+
+    def _ask_approval(self, index: int, kind: str, reason: str, guard: dict[str, Any], *,
+                      detail: dict[str, Any] | None = None, amount_cents: int = 0) -> Paused:
+        """Pause before step ``index``; approving runs exactly that step once, then the rest anew."""
         return Paused(
             "approval", reason, resume={"step": index, "approved_step": index, "only": True},
-            approval={"kind": "irreversible", "summary": reason, "detail": {"step": index + 1}, "guard": guard},
+            approval={"kind": kind, "summary": reason, "detail": {"step": index + 1, **(detail or {})}, "guard": guard,
+                      "amount_cents": amount_cents},
         )
 
-    def _checkpoint(self, ctx: RunContext, step: dict[str, Any], index: int, approved: bool, guard: dict[str, Any]) -> Outcome | None:
-        spec = step["checkpoint"] if isinstance(step["checkpoint"], dict) else {"reason": step["checkpoint"]}
+    def _checkpoint(self, ctx: RunContext, value: Any, index: int, approved: bool, guard: dict[str, Any]) -> Outcome | None:
+        spec = value if isinstance(value, dict) else {"reason": value}
         reason = spec.get("reason", "checkpoint")
-        payment = bool(spec.get("payment"))
-        if payment and ctx.task.constraints.get("payment", "stop_at_payment") == "stop_at_payment":
-            return Paused("checkpoint", f"{reason}: paying is for a person; this task stops here", resume={"step": index}, continuable=False)
+        if spec.get("payment"):
+            if ctx.task.constraints.get("payment", "stop_at_payment") == "stop_at_payment":
+                # Paying is never automatic: a person pays, and only cancel releases the task.
+                return Paused("checkpoint", f"{reason}: paying is for a person; this task stops here",
+                              resume={"step": index}, continuable=False)
+            if approved:
+                return None  # fill_then_approve: the owner's OK presses the control that pays
+            return self._ask_approval(index, "payment", reason, guard)
         if approved:
-            ctx.recorder.save_progress(resume={"step": index + 1})
             return None
         continuable = bool(spec.get("continuable", True))
         return Paused("checkpoint", reason, resume={"step": index, "approved_step": index}, continuable=continuable,
-                      approval={"kind": "payment" if payment else "checkpoint", "summary": reason, "guard": guard} if continuable else None)
+                      approval={"kind": "checkpoint", "summary": reason, "detail": {"step": index + 1}, "guard": guard}
+                      if continuable else None)
 
-    def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any]) -> Any:
+    def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *,
+                 known: dict[str, Any], approved: bool) -> Any:
         timeout = step.get("timeout_s")
         if kind == "run":
             cmd = value if isinstance(value, str) else value["cmd"]
@@ -173,7 +197,8 @@ class FlowWorker:
 
                 raise LeaseLost("stopped")
             if done.timed_out:
-                raise StepFailed(f"timed out after {timeout or 'the task time limit'}s")
+                check_time(ctx)  # the task's running time is up: that is a limit, not a step failure
+                raise StepFailed(f"timed out after {timeout}s")
             if done.code != 0:
                 raise StepFailed(f"exit {done.code}: {done.last_error_line()}", page_text=done.stdout + done.stderr)
             return done.stdout.strip()
@@ -214,29 +239,26 @@ class FlowWorker:
             except ValueError:
                 return response["body"]
         if kind == "tool":
-            return call_tool(ctx, value, step.get("args", {}))
+            return call_tool(ctx, value, substitute(step.get("args", {}), known), approved=approved)
         raise StepFailed(f"'{kind}' is not executable")
 
 
-def call_tool(ctx: RunContext, name: str, args: dict[str, Any]) -> Any:
-    from tasks.tools import get_tool
+def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False) -> Any:
+    """A flow ``tool`` step: the one tool-call path (``tasks.tools.call``), its refusals and
+    failures turned into the step's failure. ``NeedsApproval`` goes up to pause the flow."""
+    from tasks.broker.protocol import CallError
+    from tasks.tools import call
 
-    if name not in ctx.task.tools:
-        raise StepFailed(f"tool '{name}' is not in the task's tools")
-    tool = get_tool(name)
-    if tool is None:
-        raise StepFailed(f"no app provides tool '{name}'")
     try:
-        jsonschema.validate(args, tool.schema)
-    except jsonschema.ValidationError as exc:
-        raise StepFailed(f"tool '{name}': bad arguments: {exc.message}") from exc
-    ctx.recorder.event(EventKind.TOOL_CALL, f"{name}", {"tool": name, "args": args})
-    try:
-        result = tool.impl(ctx, args)
-    except StepFailed:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a tool's failure is the step's failure, with its reason
-        ctx.recorder.event(EventKind.TOOL_RESULT, f"{name} failed: {exc}", {"tool": name, "ok": False, "error": str(exc)})
-        raise StepFailed(f"tool '{name}' failed: {exc}") from exc
-    ctx.recorder.event(EventKind.TOOL_RESULT, f"{name} ok", {"tool": name, "ok": True, "result": result})
-    return result
+        return call(ctx, name, args, approved=frozenset({"irreversible"}) if approved else frozenset())
+    except CallError as exc:
+        raise StepFailed(exc.message) from exc
+
+
+def check_time(ctx: RunContext) -> None:
+    """``LimitReached`` once the task has used its running time (all runs together)."""
+    left = ctx.time_left()
+    if left is not None and left <= 0:
+        limit = ctx.task.limit("max_elapsed_ms")
+        raise LimitReached("max_elapsed_ms", f"the task used all of its running time (limits.max_elapsed_ms = {limit})",
+                           f"raise limits.max_elapsed_ms above {limit} and run the task again")

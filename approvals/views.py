@@ -1,0 +1,76 @@
+"""The approvals and inbox API. Each view: check input, call one service, present the result."""
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from approvals import services
+from approvals.presenters import present_approval, present_question
+from boxsite.errors import InvalidRequest
+from boxsite.principal import Principal
+from tasks.facts import Redactor, redactor_for
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def inbox(request: Request) -> Response:
+    """Every pending approval and open question across the caller's tasks, oldest first."""
+    approvals, questions = services.inbox_for(Principal.of(request))
+    redactors: dict[str, Redactor] = {}
+
+    def redact(task: Any) -> Redactor:
+        if task.pk not in redactors:
+            redactors[task.pk] = redactor_for(task)
+        return redactors[task.pk]
+
+    return Response({
+        "approvals": [present_approval(a, redact(a.task), with_task=True) for a in approvals],
+        "questions": [present_question(q, redact(q.task), with_task=True) for q in questions],
+    })
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def approval_detail(request: Request, approval_id: str) -> Response:
+    return Response(present_approval(services.get_approval_for(Principal.of(request), approval_id), with_task=True))
+
+
+def _decide(request: Request, approval_id: str, approve: bool) -> Response:
+    body = request.data if isinstance(request.data, dict) else {}
+    unknown = sorted(set(body) - {"version"})
+    if unknown:
+        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
+    version = body.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise InvalidRequest("'version' is the task version you saw (a whole number)", field="version")
+    approval = services.decide_approval(Principal.of(request), approval_id, approve=approve, expected_version=version)
+    return Response(present_approval(approval, with_task=True))
+
+
+@extend_schema(request=dict, responses={200: dict})
+@api_view(["POST"])
+def approval_approve(request: Request, approval_id: str) -> Response:
+    return _decide(request, approval_id, True)
+
+
+@extend_schema(request=dict, responses={200: dict})
+@api_view(["POST"])
+def approval_deny(request: Request, approval_id: str) -> Response:
+    return _decide(request, approval_id, False)
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def question_detail(request: Request, question_id: str) -> Response:
+    return Response(present_question(services.get_question_for(Principal.of(request), question_id), with_task=True))
+
+
+@extend_schema(request=dict, responses={200: dict})
+@api_view(["POST"])
+def question_answer(request: Request, question_id: str) -> Response:
+    question = services.answer_question(Principal.of(request), question_id, request.data)
+    return Response(present_question(question, with_task=True))
