@@ -11,9 +11,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boxsite.settings")
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_app = get_asgi_application()
+# The portal's CSS/JS are a handful of small files served by the box itself (no CDN, no separate
+# web server to set up); Django's static handler serves /static/ from the app's own directory.
+django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from boxsite.ws_auth import DeviceCookieMiddleware  # noqa: E402
 from tasks.routing import websocket_urlpatterns  # noqa: E402

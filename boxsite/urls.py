@@ -12,4 +12,6 @@ urlpatterns = [
     path("api/", include("approvals.urls")),
     path("api/", include("schedules.urls")),
     path("", include("schedules.hook_urls")),
+    path("api/", include("boxsite.account_urls")),
+    path("", include("boxsite.page_urls")),
 ]

@@ -1,0 +1,18 @@
+"""Routes of the portal and phone pages (mounted at the root by boxsite.urls)."""
+from django.contrib.auth.views import LogoutView
+from django.urls import path
+
+from boxsite import pages
+
+urlpatterns = [
+    path("", pages.home, name="home"),
+    path("setup", pages.setup, name="setup"),
+    path("login", pages.SignIn.as_view(), name="login"),
+    path("logout", LogoutView.as_view(next_page="/login"), name="logout"),
+    path("tasks", pages.tasks, name="tasks"),
+    path("tasks/<str:task_id>", pages.task_window, name="task"),
+    path("inbox", pages.inbox, name="inbox"),
+    path("settings", pages.settings_page, name="settings-page"),
+    path("ask", pages.ask, name="ask"),
+    path("pair", pages.pair, name="pair"),
+]

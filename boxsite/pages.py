@@ -1,0 +1,188 @@
+"""The portal and phone pages (DESIGN §15): server-rendered shells that the API fills and the live
+streams keep current. Pages only read; every change goes through the API (and its services)."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model, login
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from boxsite import services
+from boxsite.auth import DEVICE_COOKIE, device_for
+from boxsite.errors import BoxError, NotFound
+from boxsite.principal import Principal
+
+MIN_PASSWORD = 10
+
+
+def owner_exists() -> bool:
+    return get_user_model().objects.filter(is_superuser=True).exists()
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    if not owner_exists():
+        return redirect("setup")
+    if request.user.is_authenticated:
+        return redirect("tasks")
+    if request.COOKIES.get(DEVICE_COOKIE) and device_for(request.COOKIES[DEVICE_COOKIE]):
+        return redirect("ask")
+    return redirect("login")
+
+
+@require_http_methods(["GET", "POST"])
+def setup(request: HttpRequest) -> HttpResponse:
+    """The first visit creates the owner account; once there is an owner this page is closed."""
+    if owner_exists():
+        return redirect("login")
+    errors: dict[str, str] = {}
+    username = ""
+    if request.method == "POST":
+        username = request.POST.get("username", "").strip()
+        password = request.POST.get("password", "")
+        if not username:
+            errors["username"] = "Choose a name to sign in with."
+        elif len(username) > 150:
+            errors["username"] = "At most 150 characters."
+        if len(password) < MIN_PASSWORD:
+            errors["password"] = f"Use at least {MIN_PASSWORD} characters."
+        elif password != request.POST.get("password2", ""):
+            errors["password2"] = "The two passwords differ."
+        if not errors:
+            from boxsite.models import BoxSettings
+
+            with transaction.atomic():
+                # The settings row is the lock: two first visits at once create one owner.
+                BoxSettings.objects.select_for_update().get_or_create(pk=1)
+                if owner_exists():
+                    return redirect("login")
+                owner = get_user_model().objects.create_superuser(username=username, password=password, email="")
+            login(request, owner)
+            return redirect("tasks")
+    return render(request, "portal/setup.html", {"errors": errors, "username": username, "min_password": MIN_PASSWORD},
+                  status=400 if errors else 200)
+
+
+class SignIn(LoginView):
+    template_name = "portal/login.html"
+    redirect_authenticated_user = True
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not owner_exists():
+            return redirect("setup")
+        return super().dispatch(request, *args, **kwargs)
+
+
+def _nav(request: HttpRequest, active: str) -> dict[str, Any]:
+    from approvals.models import Approval, ApprovalState, Question, QuestionState
+
+    approvals = Approval.objects.filter(task__owner=request.user, state=ApprovalState.PENDING).count()
+    questions = Question.objects.filter(task__owner=request.user, state=QuestionState.OPEN).count()
+    return {"active": active, "inbox_count": approvals + questions}
+
+
+def _choices() -> dict[str, Any]:
+    from boxsite.models import BoxSettings
+    from tasks.models import Workspace
+    from tasks.spec import BUILTIN_WORKERS
+    from tasks.tools import all_tools
+    from tasks.workers.presets import all_presets
+
+    defaults = BoxSettings.current()
+    return {
+        "workspaces": list(Workspace.objects.order_by("name").values_list("name", flat=True)),
+        "workers": [*BUILTIN_WORKERS, *sorted(all_presets())],
+        "tools": [{"name": t.name, "description": t.description} for t in all_tools()],
+        "default_budget": defaults.default_budget_cents,
+        "default_hosts": defaults.default_hosts if defaults.network_default == "allowlist" else [],
+    }
+
+
+@login_required
+def tasks(request: HttpRequest) -> HttpResponse:
+    from tasks.models import Task
+    from tasks.presenters import present_task
+
+    cursor = live_cursor()  # read first: anything after it reaches the page through the stream
+    rows = Task.objects.filter(owner=request.user).select_related("workspace").order_by("-created_at", "-pk")[:50]
+    return render(request, "portal/tasks.html", {
+        **_nav(request, "tasks"), **_choices(),
+        "initial": {"tasks": [present_task(t) for t in rows], "cursor": cursor},
+    })
+
+
+def live_cursor() -> int:
+    """The list stream's cursor as of now (the newest event id)."""
+    from tasks.consumers import TaskListConsumer
+
+    return TaskListConsumer.newest_event_id()
+
+
+@login_required
+def task_window(request: HttpRequest, task_id: str) -> HttpResponse:
+    from tasks.services import get_task_for
+
+    try:
+        task = get_task_for(Principal(request.user, "session"), task_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    return render(request, "portal/task.html", {**_nav(request, "tasks"), "task": task})
+
+
+@login_required
+def inbox(request: HttpRequest) -> HttpResponse:
+    return render(request, "portal/inbox.html", {**_nav(request, "inbox"), "initial": {"cursor": live_cursor()}})
+
+
+@login_required
+def settings_page(request: HttpRequest) -> HttpResponse:
+    from boxsite.models import BoxSettings
+
+    return render(request, "portal/settings.html", {**_nav(request, "settings"), "box": BoxSettings.current()})
+
+
+def _phone_principal(request: HttpRequest) -> Principal | None:
+    raw = request.COOKIES.get(DEVICE_COOKIE)
+    device = device_for(raw) if raw else None
+    if device is not None:
+        return Principal(device.user, "device", device=device)
+    if request.user.is_authenticated:
+        return Principal(request.user, "session")
+    return None
+
+
+def ask(request: HttpRequest) -> HttpResponse:
+    """The phone page. A paired phone (or the signed-in owner) asks; anyone else is shown how
+    to pair."""
+    principal = _phone_principal(request)
+    if principal is None:
+        return render(request, "phone/pair.html", {"code": "", "errors": {}})
+    return render(request, "phone/ask.html", {"via": principal.via, "initial": {"cursor": live_cursor()},
+                                              "device_name": principal.device.name if principal.device else None})
+
+
+@require_http_methods(["GET", "POST"])
+def pair(request: HttpRequest) -> HttpResponse:
+    """Where the QR code leads: the code is spent by the POST (a GET pairs nothing, so link
+    previews and prefetchers cannot use the code up)."""
+    code = request.GET.get("code", "")
+    errors: dict[str, str] = {}
+    if request.method == "POST":
+        code = request.POST.get("code", "")
+        try:
+            device, key = services.pair_device(code, request.POST.get("name", ""))
+        except BoxError as exc:
+            errors[exc.field or "code"] = exc.message
+        else:
+            from boxsite.account_views import set_device_cookie
+
+            response = HttpResponseRedirect("/ask")
+            set_device_cookie(response, request, key)
+            del device
+            return response
+    return render(request, "phone/pair.html", {"code": code, "errors": errors}, status=400 if errors else 200)
+

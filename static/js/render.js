@@ -1,0 +1,151 @@
+// Pieces several pages draw: task rows, state badges, approval and question cards.
+import { api, cents, el, say, when } from "./api.js";
+
+const PAUSE_WORDS = {
+  input: "waiting for values",
+  approval: "waiting for your OK",
+  checkpoint: "waiting at a checkpoint",
+  human: "waiting for a person",
+  plan: "waiting for a plan",
+};
+
+export function stateText(task) {
+  if (task.state === "waiting" && task.waitingFor) return PAUSE_WORDS[task.waitingFor] ?? `waiting for ${task.waitingFor}`;
+  if (task.review === "pending") return "done · review";
+  if (task.review === "conflict") return "done · conflict";
+  return task.state;
+}
+
+export function stateBadge(task) {
+  return el("span", { class: `badge state-${task.state}${task.review ? ` review-${task.review}` : ""}`, "data-state": task.state }, stateText(task));
+}
+
+export function progressBar(task, label) {
+  const value = Math.round((task.progress ?? 0) * 100);
+  return el("progress", { max: "100", value: String(value), "aria-label": label ?? `Progress of ${task.title}`, title: `${value}%` });
+}
+
+export function costText(task) {
+  return task.budgetCents ? `${cents(task.costCents)} of ${cents(task.budgetCents)}` : `${cents(task.costCents)} (no budget)`;
+}
+
+export function taskRow(task, { href = `/tasks/${task.id}` } = {}) {
+  return el("li", { class: "task-row", "data-task": task.id, "data-seq": String(task.lastSeq ?? 0) },
+    el("div", { class: "task-row-head" },
+      href ? el("a", { href, class: "task-title" }, task.title) : el("span", { class: "task-title" }, task.title),
+      stateBadge(task)),
+    el("p", { class: "task-step" }, task.error ? `Error: ${task.error}` : (task.step || "\u00a0")),
+    el("div", { class: "task-row-foot" },
+      progressBar(task),
+      el("span", { class: "cost" }, costText(task)),
+      el("span", { class: "source" }, task.source),
+      el("time", { datetime: task.createdAt }, when(task.createdAt))));
+}
+
+// Keep a list of task rows current: newer views (by lastSeq) replace older ones; new tasks go first.
+export function upsertRow(list, task, options) {
+  const existing = list.querySelector(`[data-task="${CSS.escape(task.id)}"]`);
+  if (existing && Number(existing.dataset.seq) > (task.lastSeq ?? 0)) return;
+  const row = taskRow(task, options);
+  if (existing) existing.replaceWith(row);
+  else list.prepend(row);
+}
+
+function decisionButtons(approval, version, onDone, big) {
+  const decide = async (verb, button) => {
+    button.disabled = true;
+    try {
+      await api("POST", `/api/approvals/${approval.id}/${verb}`, version ? { version } : {});
+      say(verb === "approve" ? `Approved: ${approval.summary}` : `Denied: ${approval.summary}`);
+      onDone?.();
+    } catch (err) {
+      say(err.message);
+      button.disabled = false;
+    }
+  };
+  const label = (verb) => `${verb === "approve" ? "Approve" : "Deny"}`;
+  const approve = el("button", { type: "button", class: `primary${big ? " big" : ""}`, "aria-describedby": `approval-${approval.id}` }, label("approve"));
+  const deny = el("button", { type: "button", class: `danger${big ? " big" : ""}`, "aria-describedby": `approval-${approval.id}` }, label("deny"));
+  approve.addEventListener("click", () => decide("approve", approve));
+  deny.addEventListener("click", () => decide("deny", deny));
+  return el("div", { class: "buttons" }, approve, deny);
+}
+
+export function approvalCard(approval, { version, onDone, showTask = false, big = false } = {}) {
+  const task = approval.taskView;
+  return el("article", { class: "card blocker approval", "data-approval": String(approval.id), "aria-labelledby": `approval-${approval.id}` },
+    el("p", { class: "kicker" }, `Approval · ${approval.kind}`, approval.amountCents ? ` · ${cents(approval.amountCents)}` : ""),
+    el("h3", { id: `approval-${approval.id}` }, approval.summary),
+    showTask && task ? el("p", { class: "task-link" }, "Task: ", el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
+    Object.keys(approval.detail ?? {}).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(approval.detail, null, 2))) : null,
+    decisionButtons(approval, version ?? task?.version, onDone, big));
+}
+
+const INPUT_TYPES = { email: "email", phone: "tel", date: "date", number: "number", text: "text" };
+
+function fieldInput(question, field) {
+  const id = `q${question.id}-${field.name}`;
+  const describedBy = field.why ? `${id}-why` : null;
+  let input;
+  if (Array.isArray(field.options) && field.options.length) {
+    input = el("select", { id, name: field.name, required: true, "aria-describedby": describedBy },
+      field.options.map((option) => el("option", { value: String(option) }, String(option))));
+  } else {
+    const type = INPUT_TYPES[field.kind] ?? "text";
+    input = el("input", {
+      id, name: field.name, type, required: true, "aria-describedby": describedBy,
+      autocomplete: type === "email" ? "email" : type === "tel" ? "tel" : "off",
+      inputmode: type === "number" ? "decimal" : null, step: type === "number" ? "any" : null,
+    });
+  }
+  return el("div", { class: "field" },
+    el("label", { for: id }, field.name.replace(/[_-]+/g, " ")),
+    input,
+    field.why ? el("p", { class: "hint", id: `${id}-why` }, field.why) : null);
+}
+
+export function questionCard(question, { version, onDone, showTask = false, big = false } = {}) {
+  const task = question.taskView;
+  const fields = question.fields ?? [];
+  const errorId = `q${question.id}-error`;
+  const form = el("form", { class: "answer", novalidate: true },
+    fields.length
+      ? fields.map((field) => fieldInput(question, field))
+      : question.kind === "human"
+        ? el("div", { class: "field" },
+            el("label", { for: `q${question.id}-note` }, "Note (optional)"),
+            el("input", { id: `q${question.id}-note`, name: "answer", type: "text" }))
+        : el("div", { class: "field" },
+            el("label", { for: `q${question.id}-answer` }, "Your answer"),
+            el("textarea", { id: `q${question.id}-answer`, name: "answer", rows: "2", required: true })),
+    el("p", { class: "error", id: errorId, "data-error-for": "", hidden: true }),
+    el("div", { class: "buttons" },
+      el("button", { type: "submit", class: `primary${big ? " big" : ""}` }, question.kind === "human" ? "Done, go on" : "Answer")));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const error = form.querySelector(`#${errorId}`);
+    error.hidden = true;
+    if (!form.reportValidity()) return;
+    const data = new FormData(form);
+    const body = fields.length
+      ? { inputs: Object.fromEntries(fields.map((f) => [f.name, String(data.get(f.name) ?? "")])) }
+      : { answer: String(data.get("answer") ?? "") };
+    if (version ?? task?.version) body.version = version ?? task.version;
+    const button = form.querySelector("button[type=submit]");
+    button.disabled = true;
+    try {
+      await api("POST", `/api/questions/${question.id}/answer`, body);
+      say("Answer sent");
+      onDone?.();
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+      button.disabled = false;
+    }
+  });
+  return el("article", { class: "card blocker question", "data-question": String(question.id), "aria-labelledby": `question-${question.id}` },
+    el("p", { class: "kicker" }, `Question · ${question.kind}`),
+    el("h3", { id: `question-${question.id}` }, question.prompt || "The task needs an answer"),
+    showTask && task ? el("p", { class: "task-link" }, "Task: ", el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
+    form);
+}

@@ -1,0 +1,143 @@
+// Settings: defaults, vault names, API tokens, paired phones and pairing.
+import { api, clearErrors, el, say, showError, when } from "./api.js";
+
+const $ = (id) => document.getElementById(id);
+
+function rowWith(label, detail, buttonLabel, onClick) {
+  const button = el("button", { type: "button", class: "danger small" }, buttonLabel);
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try { await onClick(); } catch (err) { say(err.message); button.disabled = false; }
+  });
+  return el("li", {}, el("div", {}, el("strong", {}, label), el("p", { class: "hint" }, detail)), button);
+}
+
+// --- defaults -------------------------------------------------------------------------------
+const defaults = $("defaults");
+defaults.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  clearErrors(defaults);
+  const f = defaults.elements;
+  const whole = (input) => (input.value === "" ? NaN : Number(input.value));
+  const body = {
+    defaultBudgetCents: whole(f.defaultBudgetCents),
+    networkDefault: f.networkDefault.value,
+    defaultHosts: f.defaultHosts.value.split(/[\s,]+/).filter(Boolean),
+    retentionDays: whole(f.retentionDays),
+    maxActiveTasks: whole(f.maxActiveTasks),
+  };
+  for (const [key, value] of Object.entries(body)) {
+    if (typeof value === "number" && !Number.isInteger(value)) {
+      showError(defaults, { field: key, message: "a whole number, please" });
+      return;
+    }
+  }
+  try {
+    await api("PATCH", "/api/settings", body);
+    say("Defaults saved");
+  } catch (err) {
+    showError(defaults, err);
+  }
+});
+
+// --- vault ----------------------------------------------------------------------------------
+async function loadVault() {
+  const list = $("vault-list");
+  try {
+    const vault = await api("GET", "/api/vault");
+    const rows = (vault.results ?? vault.secrets ?? []).map((secret) =>
+      rowWith(secret.name, `set ${when(secret.updatedAt ?? secret.createdAt)}`, `Delete ${secret.name}`, async () => {
+        await api("DELETE", `/api/vault/${encodeURIComponent(secret.name)}`);
+        say(`Deleted ${secret.name}`);
+        loadVault();
+      }));
+    list.replaceChildren(...(rows.length ? rows : [el("li", { class: "empty" }, "The vault is empty.")]));
+  } catch (err) {
+    list.replaceChildren(el("li", { class: "error" }, err.message));
+  }
+}
+const vaultForm = $("vault-form");
+vaultForm.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  clearErrors(vaultForm);
+  const name = vaultForm.elements.name.value.trim();
+  const value = vaultForm.elements.value.value;
+  try {
+    await api("POST", "/api/vault", { name, value });
+    vaultForm.reset();
+    say(`Saved ${name}`);
+    loadVault();
+  } catch (err) {
+    showError(vaultForm, err);
+  }
+});
+
+// --- API tokens -----------------------------------------------------------------------------
+async function loadTokens() {
+  const tokens = await api("GET", "/api/tokens");
+  $("token-list").replaceChildren(...tokens.results.map((t) => t.revokedAt
+    ? el("li", { class: "revoked" }, el("div", {}, el("strong", {}, t.name), el("p", { class: "hint" }, `${t.prefix}… revoked ${when(t.revokedAt)}`)))
+    : rowWith(t.name, `${t.prefix}…${t.canUseFolders ? " · may use folders" : ""} · last used ${t.lastUsedAt ? when(t.lastUsedAt) : "never"}`,
+        `Revoke ${t.name}`, async () => { await api("POST", `/api/tokens/${t.id}/revoke`); say(`Revoked ${t.name}`); loadTokens(); })));
+}
+const tokenForm = $("token-form");
+tokenForm.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  clearErrors(tokenForm);
+  try {
+    const created = await api("POST", "/api/tokens", { name: tokenForm.elements.name.value, canUseFolders: tokenForm.elements.canUseFolders.checked });
+    tokenForm.reset();
+    $("new-token").hidden = false;
+    const out = $("new-token-value");
+    out.value = created.token;
+    out.focus();
+    out.select();
+    loadTokens();
+  } catch (err) {
+    showError(tokenForm, err);
+  }
+});
+
+// --- phones ---------------------------------------------------------------------------------
+async function loadDevices() {
+  const devices = await api("GET", "/api/devices");
+  $("device-list").replaceChildren(...devices.results.map((d) => d.revokedAt
+    ? el("li", { class: "revoked" }, el("div", {}, el("strong", {}, d.name), el("p", { class: "hint" }, `revoked ${when(d.revokedAt)}`)))
+    : rowWith(d.name, `paired ${when(d.createdAt)} · last seen ${d.lastSeenAt ? when(d.lastSeenAt) : "never"}`,
+        `Revoke ${d.name}`, async () => { await api("POST", `/api/devices/${d.id}/revoke`); say(`Revoked ${d.name}`); loadDevices(); })));
+}
+$("pair-start").addEventListener("click", async () => {
+  try {
+    const pairing = await api("POST", "/api/pairing");
+    // The SVG is drawn by the box itself (boxsite.qr), not from user input.
+    $("pairing-qr").innerHTML = pairing.qrSvg;
+    $("pairing-url").textContent = new URL("/pair", pairing.url).href;
+    $("pairing-code").textContent = pairing.code;
+    $("pairing-expiry").textContent = `Works once, until ${when(pairing.expiresAt)}.`;
+    $("pairing").hidden = false;
+    $("pair-start").textContent = "Show a new code";
+    pollDevices(pairing.expiresAt);
+  } catch (err) {
+    say(err.message);
+  }
+});
+
+// While a code is on screen, notice the phone pairing and list it.
+let devicePoll = null;
+function pollDevices(until) {
+  clearInterval(devicePoll);
+  const before = $("device-list").children.length;
+  devicePoll = setInterval(async () => {
+    if (Date.now() > Date.parse(until)) { clearInterval(devicePoll); return; }
+    await loadDevices();
+    if ($("device-list").children.length > before) {
+      clearInterval(devicePoll);
+      $("pairing").hidden = true;
+      say("A phone was paired");
+    }
+  }, 2000);
+}
+
+loadVault();
+loadTokens().catch((err) => say(err.message));
+loadDevices().catch((err) => say(err.message));

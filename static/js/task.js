@@ -1,0 +1,278 @@
+// The task window: header, blockers, live action log, Diff and Report tabs, and every button
+// the task's `next` list offers (the page never guesses the state machine).
+import { api, cents, el, refreshInboxCount, say, time } from "./api.js";
+import { statusBadge, TaskStream } from "./live.js";
+import { approvalCard, costText, questionCard, stateText } from "./render.js";
+
+const root = document.getElementById("task-window");
+const taskId = root.dataset.task;
+const $ = (id) => document.getElementById(id);
+let task = null;
+let stream = null;
+const loaded = { diff: false, report: false };
+
+const KIND_LABELS = {
+  status: "Status", step: "Step", tool_call: "Tool call", tool_result: "Tool result", cost: "Cost",
+  blocked_connection: "Blocked", approval: "Approval", question: "Question", output: "Output",
+  error: "Error", note: "Note",
+};
+
+// --- header ----------------------------------------------------------------------------------
+function renderHeader(t) {
+  task = t;
+  $("task-title").textContent = t.title;
+  const badge = $("task-state");
+  badge.textContent = stateText(t);
+  badge.className = `badge state-${t.state}${t.review ? ` review-${t.review}` : ""}`;
+  badge.dataset.state = t.state;
+  const pause = $("task-pause");
+  pause.hidden = t.state !== "waiting";
+  pause.textContent = t.state === "waiting" ? (t.pause?.message || stateText(t)) : "";
+  $("task-step").textContent = t.step || "—";
+  $("task-cost").textContent = costText(t);
+  const pct = Math.round((t.progress ?? 0) * 100);
+  $("task-progress").value = pct;
+  $("task-progress-text").textContent = `${pct}%`;
+  $("task-worker").textContent = t.worker;
+  $("task-target").textContent = t.folders?.length ? t.folders.join(", ") : `workspace ${t.workspace}`;
+  $("task-source").textContent = t.source;
+  const error = $("task-error");
+  error.hidden = !t.error;
+  error.replaceChildren(...(t.error ? [el("strong", {}, "Error: "), t.error, t.hint ? el("p", { class: "hint" }, t.hint) : null] : []));
+  renderReview(t);
+  renderActions(t);
+}
+
+function conflictPaths(t, extra) {
+  return extra ?? t.conflicts ?? t.reviewConflicts ?? t.reviewDetail?.conflicts ?? [];
+}
+
+function renderReview(t, conflicts) {
+  const box = $("task-review");
+  box.hidden = !t.review;
+  if (!t.review) return;
+  const words = {
+    pending: "Waiting for your review. Nothing in your folders changes until you press Keep.",
+    kept: "Kept: the changes were applied to your folders.",
+    conflict: "Conflict: you changed some of the same files since the task started, so nothing was applied.",
+    undone: "Undone: the changes were discarded.",
+  };
+  const paths = conflictPaths(t, conflicts);
+  box.className = `review review-${t.review}`;
+  box.replaceChildren(
+    el("h2", {}, "Review"),
+    el("p", {}, words[t.review] ?? t.review),
+    paths.length ? el("div", {}, el("p", {}, "These paths conflicted:"),
+      el("ul", { class: "paths", "aria-label": "Conflicting paths" }, paths.map((p) => el("li", { class: "mono" }, p)))) : null);
+}
+
+const ACTIONS = {
+  keep: { label: "Keep", cls: "primary", run: keep },
+  continue: { label: "Continue", cls: "primary", run: () => act("continue", {}) },
+  cancel: { label: "Cancel", cls: "danger", run: () => confirmThen("Cancel this task?", "It stops now; what it changed stays in its own layer.", "Cancel the task", () => act("cancel")) },
+  undo: { label: "Undo", cls: "danger", run: () => confirmThen("Undo this task?", "Its changes are removed for good. Every other task keeps its changes.", "Undo the task", () => act("undo")) },
+};
+
+function openBlockers() {
+  return (task?.approvals ?? []).some((a) => a.state === "pending") || (task?.questions ?? []).some((q) => q.state === "open");
+}
+
+function renderActions(t) {
+  const box = $("task-actions");
+  const buttons = [];
+  for (const verb of t.next ?? []) {
+    const action = ACTIONS[verb];
+    if (!action) continue; // approve/deny/answer live on their cards; diff/report are tabs
+    if (verb === "continue" && openBlockers()) continue; // answered through the question's form
+    const label = verb === "keep" && t.review === "conflict" ? "Try Keep again" : action.label;
+    const button = el("button", { type: "button", class: action.cls, "data-verb": verb }, label);
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try { await action.run(); } finally { button.disabled = false; }
+    });
+    buttons.push(button);
+  }
+  box.replaceChildren(...buttons);
+}
+
+function confirmThen(title, text, yes, then) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = title;
+  $("confirm-text").textContent = text;
+  $("confirm-yes").textContent = yes;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", async () => {
+      if (dialog.returnValue === "yes") await then();
+      resolve();
+    }, { once: true });
+    dialog.showModal();
+  });
+}
+
+async function act(verb, body) {
+  try {
+    const updated = await api("POST", `/api/tasks/${taskId}/${verb}`, body);
+    await refresh(updated);
+    say(`${verb[0].toUpperCase()}${verb.slice(1)}: done`);
+  } catch (err) {
+    say(err.message);
+  }
+}
+
+async function keep() {
+  try {
+    const updated = await api("POST", `/api/tasks/${taskId}/keep`, {});
+    await refresh(updated.task ?? updated);
+    say(task.review === "conflict" ? "Nothing was applied: some paths conflicted" : "Kept");
+  } catch (err) {
+    say(err.message);
+    await refresh();
+    if (err.status === 409) renderReview(task, err.body.conflicts ?? err.body.paths);
+  }
+}
+
+// --- blockers (approvals and questions) -------------------------------------------------------
+function renderBlockers() {
+  const box = $("blockers");
+  const approvals = (task.approvals ?? []).filter((a) => a.state === "pending");
+  const questions = (task.questions ?? []).filter((q) => q.state === "open");
+  const cards = [
+    ...approvals.map((a) => approvalCard(a, { version: task.version, onDone: () => refresh() })),
+    ...questions.map((q) => questionCard(q, { version: task.version, onDone: () => refresh() })),
+  ];
+  box.replaceChildren(...(cards.length ? [el("h2", {}, "Waiting for you"), ...cards] : []));
+}
+
+async function refresh(taskView) {
+  // The detail view carries approvals and questions; ask only for log lines we do not have.
+  const after = stream ? stream.last : 0;
+  const full = await api("GET", `/api/tasks/${taskId}?after=${after}`);
+  renderHeader({ ...full, ...(taskView && taskView.version > full.version ? taskView : {}) });
+  renderBlockers();
+  refreshInboxCount();
+  if (loaded.diff) loadDiff();
+  if (loaded.report) loadReport();
+}
+
+let refreshTimer = null;
+function refreshSoon() {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(() => refresh().catch((err) => say(err.message)), 150);
+}
+
+// --- the action log ---------------------------------------------------------------------------
+function artifactNode(artifact) {
+  const item = typeof artifact === "string" ? { url: artifact } : artifact ?? {};
+  const src = item.url ?? item.src ?? item.href ?? null;
+  const name = item.name ?? item.label ?? item.kind ?? "attachment";
+  const image = src && (item.kind === "screenshot" || String(item.mime ?? "").startsWith("image/") || /^data:image\//.test(src) || /\.(png|jpe?g|gif|webp)$/i.test(src));
+  if (image) return el("figure", { class: "shot" }, el("a", { href: src, target: "_blank", rel: "noopener" }, el("img", { src, alt: item.alt ?? `Screenshot: ${name}`, loading: "lazy" })), el("figcaption", {}, name));
+  return src ? el("a", { href: src, rel: "noopener" }, name) : el("span", {}, name);
+}
+
+function appendEvent(event) {
+  const log = $("log");
+  const data = event.data ?? {};
+  const row = el("li", { class: `event kind-${event.kind}`, "data-seq": String(event.seq) },
+    el("div", { class: "event-line" },
+      el("time", { datetime: event.createdAt }, time(event.createdAt)),
+      el("span", { class: `kind kind-${event.kind}` }, KIND_LABELS[event.kind] ?? event.kind),
+      el("span", { class: "summary" }, event.summary),
+      event.costCents ? el("span", { class: "cost" }, cents(event.costCents)) : null),
+    Object.keys(data).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(data, null, 2))) : null,
+    (event.artifacts ?? []).length ? el("div", { class: "artifacts" }, event.artifacts.map(artifactNode)) : null);
+  const nearBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+  log.append(row);
+  if (nearBottom && log.children.length > 1 && !$("panel-log").hidden) row.scrollIntoView({ block: "nearest" });
+}
+
+// --- tabs: Log, Diff, Report ------------------------------------------------------------------
+const tabs = [...document.querySelectorAll('[role="tab"]')];
+function select(tab) {
+  for (const t of tabs) {
+    const on = t === tab;
+    t.setAttribute("aria-selected", String(on));
+    t.tabIndex = on ? 0 : -1;
+    $(t.getAttribute("aria-controls")).hidden = !on;
+  }
+  if (tab.id === "tab-diff") loadDiff();
+  if (tab.id === "tab-report") loadReport();
+}
+for (const tab of tabs) {
+  tab.addEventListener("click", () => select(tab));
+  tab.addEventListener("keydown", (event) => {
+    const i = tabs.indexOf(tab);
+    const next = { ArrowRight: tabs[(i + 1) % tabs.length], ArrowLeft: tabs[(i - 1 + tabs.length) % tabs.length], Home: tabs[0], End: tabs[tabs.length - 1] }[event.key];
+    if (next) { event.preventDefault(); next.focus(); select(next); }
+  });
+}
+
+function pathList(title, paths, cls) {
+  return el("section", { class: `paths-group ${cls}` },
+    el("h3", {}, `${title} (${paths.length})`),
+    paths.length ? el("ul", { class: "paths" }, paths.map((p) => el("li", { class: "mono" }, p))) : el("p", { class: "empty" }, "none"));
+}
+
+function diffLines(text) {
+  return el("pre", { class: "diff mono", tabindex: "0", "aria-label": "Unified diff" }, text.split("\n").map((line) => {
+    let cls = "";
+    if (line.startsWith("+++") || line.startsWith("---")) cls = "file";
+    else if (line.startsWith("+")) cls = "add";
+    else if (line.startsWith("-")) cls = "del";
+    else if (line.startsWith("@@")) cls = "hunk";
+    return el("span", { class: cls }, `${line}\n`);
+  }));
+}
+
+async function loadDiff() {
+  loaded.diff = true;
+  const box = $("diff");
+  try {
+    const diff = await api("GET", `/api/tasks/${taskId}/diff`);
+    box.replaceChildren(
+      el("div", { class: "diff-summary" },
+        pathList("Added", diff.added ?? [], "added"),
+        pathList("Modified", diff.modified ?? [], "modified"),
+        pathList("Deleted", diff.deleted ?? [], "deleted")),
+      (diff.binary ?? []).length ? el("p", { class: "hint" }, `Binary files (not shown): ${diff.binary.join(", ")}`) : null,
+      diff.diff ? diffLines(diff.diff) : el("p", { class: "empty" }, "No changes."),
+      diff.truncated ? el("p", { class: "hint" }, "The diff was cut short; it is too long to show whole.") : null);
+  } catch (err) {
+    box.replaceChildren(el("p", { class: "error" }, err.message));
+  }
+}
+
+async function loadReport() {
+  loaded.report = true;
+  const box = $("report");
+  try {
+    const report = await api("GET", `/api/tasks/${taskId}/report`);
+    const records = report.records ?? report.task?.records;
+    const output = report.output ?? null;
+    box.replaceChildren(
+      output !== null && output !== undefined ? el("section", {}, el("h3", {}, "Output"), el("pre", { class: "mono" }, typeof output === "string" ? output : JSON.stringify(output, null, 2))) : null,
+      records && Object.keys(records).length ? el("section", {}, el("h3", {}, "Records"), el("pre", { class: "mono" }, JSON.stringify(records, null, 2))) : null,
+      el("details", {}, el("summary", {}, "The whole report"), el("pre", { class: "mono" }, JSON.stringify(report, null, 2))));
+  } catch (err) {
+    box.replaceChildren(el("p", { class: "error" }, err.message));
+  }
+}
+
+// --- start ------------------------------------------------------------------------------------
+async function start() {
+  const view = await api("GET", `/api/tasks/${taskId}`);
+  renderHeader(view);
+  renderBlockers();
+  for (const event of view.log.events) appendEvent(event);
+  stream = new TaskStream(taskId, {
+    after: view.log.nextAfter,
+    onEvent: (event) => {
+      appendEvent(event);
+      if (["status", "approval", "question"].includes(event.kind)) refreshSoon();
+    },
+    onTask: (t) => renderHeader({ ...task, ...t }),
+    onStatus: statusBadge($("stream-status")),
+  }).start();
+}
+
+start().catch((err) => say(err.message));
