@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -138,3 +139,95 @@ def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
         content = os.readlink(path) if path.is_symlink() else (path.read_text() if path.is_file() else "")
         found[str(path.relative_to(root))] = (stat.S_IMODE(st.st_mode), content)
     return found
+
+
+PRIVILEGE = textwrap.dedent("""
+    import fcntl, os, subprocess, sys, termios
+    def tiocsti(fd_source):
+        try:
+            fd = fd_source()
+            fcntl.ioctl(fd, termios.TIOCSTI, b"x")
+            return "injected"
+        except OSError as exc:
+            return "denied " + exc.strerror
+    print("tiocsti_stdin=" + tiocsti(lambda: 0))
+    print("tiocsti_tty=" + tiocsti(lambda: os.open("/dev/tty", os.O_RDWR)))
+    su = subprocess.run(["su", "root", "-c", "id -u"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    print("su=%d %s" % (su.returncode, su.stdout.strip()))
+    print("suid_copy=" + subprocess.run([sys.argv[1], "-u"], capture_output=True, text=True).stdout.strip())
+    try:
+        os.setuid(0)
+        print("setuid=root")
+    except OSError as exc:
+        print("setuid=denied")
+""")
+
+
+def test_no_keystroke_injection_and_no_way_to_root(sandboxed, tmp_path):
+    # A setuid-root copy of `id`, where the task can run it: with no_new_privs it stays the task.
+    suid_dir = Path("/usr/local/lib/box-sandbox-test")
+    suid_dir.mkdir(parents=True, exist_ok=True)
+    suid_id = suid_dir / f"id-{os.getpid()}"
+    try:
+        suid_id.write_bytes(Path("/usr/bin/id").read_bytes())
+        os.chmod(suid_id, 0o4755)
+        assert subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", str(suid_id), "-u"],
+                              capture_output=True, text=True).stdout.strip() == "0"  # the copy does work outside
+        task = sandboxed.create(title="root?", prompt="p", worker="command",
+                                command=["/usr/bin/python3", "-c", PRIVILEGE, str(suid_id)])
+        view = sandboxed.wait_state(task["id"], "done", "failed")
+    finally:
+        suid_id.unlink(missing_ok=True)
+        if not any(suid_dir.iterdir()):
+            suid_dir.rmdir()
+    seen = results(sandboxed, view["id"])
+    assert view["state"] == "done", (view, seen)
+    assert seen["tiocsti_stdin"].startswith("denied") and seen["tiocsti_tty"].startswith("denied")
+    assert not seen["su"].startswith("0 ") and seen["su"].split(" ")[-1] != "0"
+    assert seen["suid_copy"] not in ("0", "")
+    assert seen["setuid"] == "denied"
+
+
+def test_the_box_data_and_other_tasks_are_unreadable(sandboxed, settings, tmp_path):
+    from tasks.crypto import fernet
+    from tasks.sandbox.paths import runtime_dir
+
+    # A data directory where a real box keeps it (not under /tmp, which the sandbox hides anyway).
+    data = Path("/var/lib/box-sandbox-test") / f"data-{os.getpid()}"
+    data.mkdir(parents=True, exist_ok=True)
+    settings.BOX_DATA_DIR = data
+    try:
+        fernet()  # the vault key exists
+        (data / "box.sqlite3").write_text("SQLite format 3 (a stand-in database file)")
+        first = sandboxed.create(title="secret keeper", flow=flow({"write": {"path": "secret.txt", "content": "s3cret"}}))
+        assert sandboxed.wait_state(first["id"], "done")["state"] == "done"
+        layer_files = [p for p in data.rglob("secret.txt")]
+        assert layer_files, "the first task's file is somewhere in the data directory"
+        probe = textwrap.dedent("""
+            import os, sys
+            for index, path in enumerate(sys.argv[1:]):
+                try:
+                    if os.path.isdir(path):
+                        os.listdir(path)
+                    else:
+                        open(path, "rb").read()
+                    print("read%d=read %s" % (index, path))
+                except OSError as exc:
+                    print("read%d=denied %s" % (index, exc.strerror))
+        """)
+        targets = [str(data / "vault.key"), str(data / "box.sqlite3"), str(data), str(data / "tasks"),
+                   *map(str, layer_files), str(runtime_dir(first["id"])), str(data / "django-secret-key")]
+        task = sandboxed.create(title="thief", prompt="p", worker="command", command=["/usr/bin/python3", "-c", probe, *targets])
+        view = sandboxed.wait_state(task["id"], "done", "failed")
+        seen = results(sandboxed, view["id"])
+        assert view["state"] == "done", (view, seen)
+        assert len(seen) == len(targets)
+        for name, value in seen.items():
+            assert value.startswith("denied"), (name, value)
+        assert (data / "vault.key").stat().st_mode & 0o077 == 0
+        assert (data / "box.sqlite3").stat().st_mode & 0o077 == 0
+        assert data.stat().st_mode & 0o777 == 0o711
+    finally:
+        subprocess.run(["rm", "-rf", str(data)], check=True)
+        if not any(data.parent.iterdir()):
+            data.parent.rmdir()

@@ -1,0 +1,107 @@
+"""Cleanup that always works: cancel, a killed worker, and start-up reconcile."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+
+from tests.cluster import running_box
+from tests.conftest import database_env, wait_for
+from tests.sandbox.conftest import needs_sandbox, outputs, uid_of
+
+pytestmark = needs_sandbox
+
+# The task double-forks a daemon (its parent exits at once, so it is nobody's child but init's),
+# says so, and then works for a long time.
+DAEMON = "sh -c 'setsid sleep 1001 </dev/null >/dev/null 2>&1 &'; echo started; exec sleep 1002"
+
+
+@pytest.fixture
+def cluster_mode(settings):
+    settings.BOX_RUN_INLINE = False
+
+
+def _processes(uid: int) -> list[int]:
+    from tasks.sandbox.users import processes_of
+
+    return processes_of(uid)
+
+
+def _started(box, task_id: str) -> int:
+    wait_for(lambda: "started" in outputs(box, task_id), timeout=60, what="the task to start its daemon")
+    uid = uid_of(task_id)
+    assert uid is not None
+    wait_for(lambda: len(_processes(uid)) >= 3, what="the daemon and the worker process")  # init, sleep, daemon
+    return uid
+
+
+def _gone(task_id: str, uid: int) -> bool:
+    from tasks.sandbox.paths import runtime_dir
+
+    return not _processes(uid) and uid_of(task_id) is None and not runtime_dir(task_id).exists()
+
+
+def test_cancelling_a_task_stops_its_double_forked_daemon_and_removes_its_user(sandboxed, cluster_mode, tmp_path):
+    with running_box(tmp_path, scheduler=False):
+        task = sandboxed.create(title="daemon", prompt="p", worker="command", command=["/bin/sh", "-c", DAEMON])
+        uid = _started(sandboxed, task["id"])
+        response = sandboxed.api.post(f"/api/tasks/{task['id']}/cancel")
+        assert response.status_code == 200, response.json()
+        wait_for(lambda: _gone(task["id"], uid), what="every process of the task's user, the user and its sockets to go")
+        assert sandboxed.wait_state(task["id"], "cancelled")["state"] == "cancelled"
+
+
+def test_a_killed_worker_leaves_nothing_once_its_task_is_given_up(sandboxed, cluster_mode, tmp_path):
+    with running_box(tmp_path, BOX_MAX_RUN_ATTEMPTS="1") as procs:
+        task = sandboxed.create(title="orphan", prompt="p", worker="command", command=["/bin/sh", "-c", DAEMON])
+        uid = _started(sandboxed, task["id"])
+        os.killpg(procs["worker"].pid, signal.SIGKILL)  # the worker dies mid-run, like a crash
+        procs["worker"].wait()
+        assert _processes(uid), "the sandbox outlives a worker killed with SIGKILL until cleanup"
+        view = sandboxed.wait_state(task["id"], "failed", timeout=60)  # the reaper gives up on the lost run
+        assert "lost" in view["error"]
+        wait_for(lambda: _gone(task["id"], uid), what="the failed task's processes and user to go")
+
+
+def test_start_up_reconciles_users_of_ended_and_unknown_tasks_and_spares_active_ones(sandboxed, tmp_path):
+    from tasks.models import Task
+    from tasks.sandbox import paths, users
+    from tests.factories import flow
+
+    ended = sandboxed.create(title="ended", flow=flow({"run": "true"}))
+    assert sandboxed.wait_state(ended["id"], "done")["state"] == "done"
+    active = sandboxed.create(title="active", flow=flow({"ask": "name"}))  # waits for input: still active
+    assert sandboxed.wait_state(active["id"], "waiting")["state"] == "waiting"
+    unknown_id = "tkunknown0000"
+    sleepers = []
+    for task_id in (ended["id"], unknown_id, active["id"]):
+        # What a crash leaves: the user, a runtime directory, and a process still running as it.
+        ident = users.ensure_user(task_id)
+        paths.ensure_runtime_dir(task_id, ident.uid, ident.gid)
+        sleepers.append(subprocess.Popen(["setpriv", f"--reuid={ident.uid}", f"--regid={ident.gid}", "--clear-groups",
+                                          "sleep", "1003"], start_new_session=True))
+    assert Task.objects.filter(pk=active["id"], state="waiting").exists()
+    try:
+        env = database_env()
+        done = subprocess.run([sys.executable, str(Path(django_settings.BASE_DIR) / "manage.py"), "runscheduler", "--once"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        for task_id in (ended["id"], unknown_id):
+            assert uid_of(task_id) is None, f"the user of {task_id} survived reconcile"
+            assert not paths.runtime_dir(task_id).exists()
+        assert uid_of(active["id"]) is not None  # an active task keeps its user
+        for sleeper in sleepers[:2]:
+            assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert sleepers[2].poll() is None
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        from tasks.sandbox.cleanup import release
+
+        release(unknown_id)
