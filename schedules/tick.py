@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from boxsite.errors import BoxError
+from boxsite.errors import BoxError, TooManyTasks
 from schedules.models import Firing, Schedule
 from schedules.specs import fill, firing_principal
 from tasks import services as task_services
@@ -94,6 +94,8 @@ def fire_one(schedule_id: int, now: datetime) -> Firing | None:
                     "skipped": catchup.skipped,
                     "skippedAtLeast": catchup.capped,
                 })
+        except TooManyTasks as exc:
+            return _defer(schedule, now, exc.message)
         except BoxError as exc:
             return _record_failure(schedule, now, exc.message)
         Schedule.objects.filter(pk=schedule.pk).update(
@@ -135,6 +137,17 @@ def _record_failure(schedule: Schedule, now: datetime, error: str) -> Firing:
                     schedule.name, failures, fields["backoff_until"].isoformat(), error)
     Schedule.objects.filter(pk=schedule.pk).update(**fields)
     firing = Firing.objects.create(schedule=schedule, occurrence=schedule.next_run_at or now, fired_at=now, error=error[:2000])
+    _prune_firings(schedule.pk)
+    return firing
+
+
+def _defer(schedule: Schedule, now: datetime, error: str) -> Firing:
+    """The box is at capacity: not the schedule's fault, so the occurrence stays owed and is
+    retried after the base backoff without counting towards disabling the schedule."""
+    retry_at = now + timedelta(seconds=float(settings.BOX_SCHEDULE_BACKOFF_SECONDS))
+    Schedule.objects.filter(pk=schedule.pk).update(backoff_until=retry_at, last_error=error[:2000], updated_at=now)
+    firing = Firing.objects.create(schedule=schedule, occurrence=schedule.next_run_at or now, fired_at=now,
+                                   error=f"deferred: {error}"[:2000])
     _prune_firings(schedule.pk)
     return firing
 

@@ -191,3 +191,21 @@ def test_a_paused_schedule_does_not_fire_and_resuming_owes_nothing_for_the_pause
     assert fire_due(next_run) == 1
     assert get_schedule(box, schedule["id"])["lastFiring"]["skipped"] == 0
     assert Task.objects.filter(source="schedule:pausable").count() == 1
+
+
+def test_a_full_box_defers_a_firing_without_counting_it_as_a_failure(box: Box, settings: Any) -> None:
+    from boxsite.models import BoxSettings
+
+    settings.BOX_SCHEDULE_BACKOFF_SECONDS = 30.0
+    schedule = make_schedule(box, name="busy", intervalSeconds=HOURLY)
+    BoxSettings.objects.update_or_create(pk=1, defaults={"max_active_tasks": 0})
+    now = at(schedule["nextRunAt"])
+    for _ in range(7):
+        assert fire_due(now) == 0
+        view = get_schedule(box, schedule["id"])
+        now = at(view["backoffUntil"])
+    assert view["status"] == "active" and view["consecutiveFailures"] == 0
+    assert "tasks are already queued" in view["lastError"]
+
+    BoxSettings.objects.filter(pk=1).update(max_active_tasks=32)
+    assert fire_due(now) == 1
