@@ -1,0 +1,70 @@
+"""POST /api/tasks -> first step started (p50/p95), and trivial tasks per second.
+
+Runs a real box (daphne + qcluster + scheduler) for the embedded default and for
+PostgreSQL + Redis, and prints the figures beside DESIGN §17's targets.
+Usage: .venv/bin/python bench/dispatch.py [--latency N] [--throughput N]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import BenchBox, percentile  # noqa: E402
+
+TRIVIAL = {"steps": [{"write": {"path": "out.txt", "content": "x"}}]}
+
+
+def first_step_latency(box: BenchBox, n: int) -> list[float]:
+    latencies = []
+    for i in range(n):
+        sent = time.time()
+        task = box.post("/api/tasks", {"title": f"latency {i}", "flow": TRIVIAL})
+        while True:
+            events = box.get(f"/api/tasks/{task['id']}/events?after=0")["events"]
+            step = next((e for e in events if e["kind"] == "step"), None)
+            if step:
+                started = datetime.fromisoformat(step["createdAt"]).timestamp()
+                latencies.append((started - sent) * 1000)
+                break
+            time.sleep(0.005)
+    return latencies
+
+
+def throughput(box: BenchBox, n: int) -> float:
+    start = time.time()
+    ids = [box.post("/api/tasks", {"title": f"bulk {i}", "flow": TRIVIAL})["id"] for i in range(n)]
+    pending = set(ids)
+    while pending:
+        page = box.get("/api/tasks?state=done&limit=200")
+        done = {t["id"] for t in page["results"]}
+        pending -= done
+        if pending:
+            time.sleep(0.05)
+    return n / (time.time() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--latency", type=int, default=30)
+    parser.add_argument("--throughput", type=int, default=200)
+    args = parser.parse_args()
+    rows = []
+    for label, pg, redis, target in (("embedded (SQLite, ORM queue, polling)", False, False, 300),
+                                     ("PostgreSQL + Redis", True, True, 100)):
+        with BenchBox(postgres=pg, redis=redis) as box:
+            lat = first_step_latency(box, args.latency)
+            rate = throughput(box, args.throughput)
+        rows.append((label, percentile(lat, 50), percentile(lat, 95), target, rate))
+    print(f"\n{'configuration':40} {'p50 ms':>8} {'p95 ms':>8} {'target p50':>11} {'tasks/s':>8} {'target':>7}")
+    for label, p50, p95, target, rate in rows:
+        print(f"{label:40} {p50:8.0f} {p95:8.0f} {'<= ' + str(target):>11} {rate:8.1f} {'>= 20':>7}")
+    print(f"\n({args.latency} sequential tasks for latency; {args.throughput} trivial flow tasks posted at once for throughput)")
+
+
+if __name__ == "__main__":
+    main()
