@@ -4,75 +4,76 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 
-from tests.conftest import database_env, wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import wait_for
 
 
 class Marks:
-    """A directory a fake paid tool writes into: a file per call proves the side effect happened."""
+    """Where the fake tools write: a file per call proves the side effect happened."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o777)  # the tool runs as the box; the task may run as its own user
 
-    def made(self) -> list[dict[str, Any]]:
-        return [json.loads(p.read_text()) for p in sorted(self.root.glob("call-*.json"))]
+    def made(self, task_id: str) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted((self.root / task_id).glob("call-*.json"))]
 
 
-@pytest.fixture
-def marks(tmp_path: Path) -> Marks:
-    return Marks(tmp_path / "marks")
-
-
-def tool_entry(name: str, marks: Marks, **extra: Any) -> dict[str, Any]:
-    """A command tool that records its arguments in ``marks`` and answers ``{"done": true}``."""
-    script = f'n=$(ls {marks.root} | wc -l); cat > {marks.root}/call-$n.json; echo \'{{"done": true}}\''
+def tool_entry(name: str, root: Path, **extra: Any) -> dict[str, Any]:
+    """A command tool that records its arguments under ``root/<task id>`` and answers ``{"done": true}``."""
+    script = (f'd={root}/$BOX_TASK_ID; mkdir -p "$d"; n=$(ls "$d" | wc -l); cat > "$d/call-$n.json"; '
+              'echo \'{"done": true}\'')
     return {"name": name, "command": ["/bin/sh", "-c", script], "schema": {"type": "object"}, **extra}
 
 
-@pytest.fixture
-def owner_tools(tmp_path: Path, settings: Any, marks: Marks) -> Iterator[Path]:
+@pytest.fixture(scope="module")
+def tools_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """BOX_TOOLS_FILE with a free tool, a paid one (25¢) and an irreversible one."""
-    path = tmp_path / "tools.json"
+    base = tmp_path_factory.mktemp("owner-tools")
+    root = base / "marks"
+    root.mkdir()
+    os.chmod(root, 0o755)
+    path = base / "tools.json"
     path.write_text(json.dumps([
-        tool_entry("test.free", marks),
-        tool_entry("test.paid", marks, cost_cents=25, description="costs a quarter"),
-        tool_entry("test.launch", marks, irreversible=True),
+        tool_entry("test.free", root),
+        tool_entry("test.paid", root, cost_cents=25, description="costs a quarter"),
+        tool_entry("test.launch", root, irreversible=True),
     ]))
-    settings.BOX_TOOLS_FILE = str(path)
-    yield path
+    return path, root
 
 
 @pytest.fixture
-def cluster(settings: Any, owner_tools: Path, transactional_db: Any) -> Iterator[subprocess.Popen[bytes]]:
-    """A real `manage.py qcluster` on the test database: runs execute in it, not in the test."""
+def owner_tools(tools_file: tuple[Path, Path], settings: Any) -> Path:
+    settings.BOX_TOOLS_FILE = str(tools_file[0])
+    return tools_file[0]
+
+
+@pytest.fixture
+def marks(tools_file: tuple[Path, Path], owner_tools: Path) -> Marks:
+    return Marks(tools_file[1])
+
+
+@pytest.fixture(scope="module")
+def _module_cluster(django_db_setup: Any, django_db_blocker: Any, tools_file: tuple[Path, Path],
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # One cluster per module: starting and stopping qcluster costs seconds, a test need not.
+    from tests.cluster import running_box
+
+    with django_db_blocker.unblock():
+        with running_box(tmp_path_factory.mktemp("cluster"), scheduler=False, BOX_TOOLS_FILE=str(tools_file[0]),
+                         BOX_RUN_INLINE="0", BOX_WORKERS="2"):
+            yield
+
+
+@pytest.fixture
+def cluster(_module_cluster: None, settings: Any, owner_tools: Path, transactional_db: Any) -> None:
+    """A real `manage.py qcluster` on the test database: runs execute in it, not in the test,
+    so the test can decide while a task's process waits on the owner."""
     settings.BOX_RUN_INLINE = False
-    env = database_env()
-    env["BOX_TOOLS_FILE"] = str(owner_tools)
-    env["BOX_RUN_INLINE"] = "0"
-    env["BOX_WORKERS"] = "2"
-    proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    yield proc
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert django_settings.BOX_RUN_INLINE is False
 
 
 def events_of(box: Any, task_id: str, kind: str | None = None) -> list[dict[str, Any]]:

@@ -92,7 +92,7 @@ def test_an_owner_command_tool_runs_with_its_arguments_and_returns_its_output(bo
                       command=sh("box tool test.free --args '{\"n\": 7}' > out.json && cat out.json"))
     view = box.wait_state(task["id"], "done", "failed")
     assert view["state"] == "done", view["error"]
-    assert marks.made() == [{"n": 7}]
+    assert marks.made(task["id"]) == [{"n": 7}]
     assert [e["summary"] for e in events_of(box, task["id"], "output")] == ['{"done": true}']
 
 
@@ -103,7 +103,7 @@ def test_a_paid_call_within_the_budget_records_its_cost(box: Any, owner_tools: A
     assert view["state"] == "done", view["error"]
     costs = events_of(box, task["id"], "cost")
     assert [c["costCents"] for c in costs] == [25, 25]
-    assert view["costCents"] == 50 and len(marks.made()) == 2
+    assert view["costCents"] == 50 and len(marks.made(task["id"])) == 2
 
 
 def test_box_spend_within_the_budget_adds_to_the_cost(box: Any) -> None:
