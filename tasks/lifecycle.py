@@ -32,6 +32,7 @@ def reconcile() -> None:
     from tasks.states import FINAL
 
     sandbox.reconcile()  # users and runtime dirs of ended or unknown tasks, even without a tasks/ dir
+    layers.reconcile()  # mounts under the data dir whose task is no longer active
 
     root = Path(settings.BOX_DATA_DIR) / "tasks"
     if not root.is_dir():

@@ -189,7 +189,8 @@ class LayerState(models.TextChoices):
 
 class Layer(models.Model):
     task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="layer")
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="layer_rows")
+    # None for a folder task: its layer lies over the owner's folders, not a workspace
+    workspace = models.ForeignKey(Workspace, null=True, blank=True, on_delete=models.CASCADE, related_name="layer_rows")
     driver = models.CharField(max_length=16)
     path = models.CharField(max_length=1024)
     state = models.CharField(max_length=16, choices=LayerState.choices, default=LayerState.ACTIVE)

@@ -28,7 +28,7 @@ def next_calls(task: Task) -> list[str]:
         calls.append("keep")
     if task.state in (State.QUEUED, State.RUNNING, State.WAITING):
         calls.append("cancel")
-    if task.state != State.UNDONE:
+    if task.state != State.UNDONE and task.review != "kept":
         calls.append("undo")
     calls += ["diff", "report"]
     return calls

@@ -81,9 +81,14 @@ def transition(
         if data:
             detail.update(data)
         record_event(task, EventKind.STATUS, summary or _status_summary(task, old_state), detail)
+        if new_state in FINAL:
+            from tasks import layers
+
+            layers.on_final_move(task, new_state)  # the layer joins, stays apart or leaves, in this transaction
         if new_state in FINAL and old_state in ACTIVE:
             _close_blockers(task)
-            task_id = task.pk
+        if new_state in FINAL:
+            task_id = task.pk  # also after done -> undone: the layer's files go, the view is rebuilt
             transaction.on_commit(lambda: release_task(task_id))
     return task
 
@@ -172,7 +177,12 @@ def cancel_task(principal: Principal, task_id: str) -> Task:
 
 def undo_task(principal: Principal, task_id: str) -> Task:
     task = get_task_for(principal, task_id)
-    return transition(task, State.UNDONE, summary=f"undone by the owner ({principal.via})", data={"by": principal.via})
+    extra: dict[str, Any] = {}
+    if task.folders:
+        if task.review == "kept":
+            raise Conflict("its changes were kept in your folder; the box does not take them back", field="review")
+        extra["review"] = "undone"  # the layer is discarded; the real folder was never touched
+    return transition(task, State.UNDONE, summary=f"undone by the owner ({principal.via})", data={"by": principal.via}, **extra)
 
 
 def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "") -> Task:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tasks import views
+from tasks import views, workspace_views
 
 urlpatterns = [
     path("tasks", views.task_list, name="task-list"),
@@ -8,6 +8,11 @@ urlpatterns = [
     path("tasks/<str:task_id>/events", views.task_events, name="task-events"),
     path("tasks/<str:task_id>/cancel", views.task_cancel, name="task-cancel"),
     path("tasks/<str:task_id>/undo", views.task_undo, name="task-undo"),
+    path("tasks/<str:task_id>/diff", workspace_views.task_diff, name="task-diff"),
+    path("tasks/<str:task_id>/keep", workspace_views.task_keep, name="task-keep"),
+    path("workspaces", workspace_views.workspace_list, name="workspace-list"),
+    path("workspaces/<str:name>", workspace_views.workspace_detail, name="workspace-detail"),
+    path("workspaces/<str:name>/files", workspace_views.workspace_files, name="workspace-files"),
     path("tasks/<str:task_id>/continue", views.task_continue, name="task-continue"),
     path("tasks/<str:task_id>/report", views.task_report, name="task-report"),
 ]

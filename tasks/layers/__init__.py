@@ -1,33 +1,33 @@
-"""Workspaces and layers (DESIGN §11). Placeholder until the layers work lands: each task works
-in a fresh copy of its workspace's base directory."""
+"""Workspaces and layers (DESIGN §11).
+
+Every task works on its own copy-on-write layer over its workspace's stack (the base plus the
+layers of done tasks, newest first). The hooks the rest of the box calls:
+
+- ``open_view(task)``: at the start of every run; idempotent (a retry gets the same view).
+- ``on_final_move(task, state)``: inside the transaction that ends a task or undoes it.
+- ``release(task_id)``: after commit of every final move, and at start-up; always unmounts.
+- ``reconcile()``: at start-up, unmounts whatever a crash left mounted under the data dir.
+"""
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import logging
 
-from django.conf import settings
+from tasks.layers import mounts, paths
+from tasks.layers.task_view import on_final_move, open_view, release
 
-from tasks.models import Task
+log = logging.getLogger(__name__)
 
-
-def task_dir(task_id: str) -> Path:
-    return Path(settings.BOX_DATA_DIR) / "tasks" / task_id
+__all__ = ["on_final_move", "open_view", "reconcile", "release"]
 
 
-def open_view(task: Task) -> Path:
-    """The directory the task works in (idempotent: a retried run gets the same one)."""
-    work = task_dir(task.pk) / "work"
-    if not work.exists():
-        base = task.workspace.base_path()
-        tmp = work.with_name("work.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if base.is_dir():
-            shutil.copytree(base, tmp, symlinks=True)
-        else:
-            tmp.mkdir(parents=True)
-        tmp.rename(work)
-    return work
+def reconcile() -> None:
+    """Unmount every view under ``BOX_DATA_DIR/tasks`` whose task is not active, then release it."""
+    from tasks.models import Task
+    from tasks.states import ACTIVE
 
-
-def release(task_id: str) -> None:
-    """After the task ended: unmount its view and settle its layer (idempotent)."""
+    root = paths.data_dir() / "tasks"
+    task_ids = {point.relative_to(root).parts[0] for point in mounts.mounts_under(root) if point != root}
+    active = set(Task.objects.filter(pk__in=task_ids, state__in=ACTIVE).values_list("pk", flat=True))
+    for task_id in sorted(task_ids - active):
+        log.info("unmounting the view task %s left behind", task_id)
+        release(task_id)

@@ -1,0 +1,197 @@
+"""The copy driver: no privileges, any OS with a POSIX filesystem.
+
+At start the task's view is materialised into its own directory (the base copied with
+``cp -a``, then each lower layer laid over it) and a manifest of what was copied is kept
+(kind, size, mtime, mode per path). At the end the working copy is compared with the manifest;
+changed files are moved into the task's layer and deletions are written as portable whiteouts,
+so a finished copy layer has the same format as an overlay one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.layers.base import Root
+from tasks.layers.diff import ADDED, DELETED, MODIFIED, Change
+from tasks.layers.paths import join, parent_of
+from tasks.layers.stack import DIR, View, same_content, walk_files
+from tasks.layers.tree import LayerTree, Meta, apply_layer, write_atomically
+
+Snapshot = dict[str, list[int | str]]  # rel -> [kind d/f/l, size, mtime_ns, mode]
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "d"
+    if stat.S_ISLNK(mode):
+        return "l"
+    return "f"
+
+
+def snapshot(root: Path) -> Snapshot:
+    found: Snapshot = {}
+
+    def visit(directory: Path, rel: str) -> None:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                path = join(rel, entry.name)
+                kind = _kind(st.st_mode)
+                found[path] = [kind, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode)]
+                if kind == "d":
+                    visit(Path(entry.path), path)
+
+    visit(root, "")
+    return found
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """``target`` becomes a copy of ``source`` (``cp -a`` where there is one: it is C-fast)."""
+    target.mkdir(parents=True, exist_ok=True)
+    if not source.is_dir():
+        return
+    cp = shutil.which("cp")
+    if cp:
+        subprocess.run([cp, "-a", f"{source}/.", str(target)], check=True, capture_output=True)
+    else:
+        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+
+
+def materialise(lowers: list[LayerTree], target: Path) -> None:
+    copy_tree(lowers[-1].root, target)
+    for tree in reversed(lowers[:-1]):  # oldest layer first, newest last
+        if tree.entry("") is not None:
+            apply_layer(tree, target, None, share=False)
+
+
+@dataclass
+class Scan:
+    files: dict[str, Change] = field(default_factory=dict)  # added/modified, ``new`` in the view
+    new_dirs: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # gone entirely, collapsed to the top path
+    replaced: list[str] = field(default_factory=list)  # now another kind (a file where a dir was)
+
+
+def scan(view: Path, manifest: Snapshot, lower: View, prefix: str) -> Scan:
+    result = Scan()
+    present: dict[str, str] = {}
+
+    def visit(directory: Path, rel: str) -> None:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                path = join(rel, entry.name)
+                kind = _kind(st.st_mode)
+                present[path] = kind
+                before = manifest.get(path)
+                if before is not None and before[0] != kind:
+                    result.replaced.append(path)
+                if kind == "d":
+                    if before is None or before[0] != "d":
+                        result.new_dirs.append(path)
+                    visit(Path(entry.path), path)
+                    continue
+                full = join(prefix, path) if prefix else path
+                if before is None or before[0] != kind:
+                    below = lower.lookup(full)
+                    same_kind = below is not None and below.kind != DIR
+                    result.files[path] = Change(full, MODIFIED if same_kind else ADDED, new=Path(entry.path),
+                                                old=below.path if same_kind and below else None)
+                elif [before[1], before[2], before[3]] != [st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode)]:
+                    below = lower.lookup(full)
+                    if below is None or below.path is None:
+                        result.files[path] = Change(full, ADDED, new=Path(entry.path))
+                    elif not same_content(Path(entry.path), below.path):
+                        result.files[path] = Change(full, MODIFIED, new=Path(entry.path), old=below.path)
+
+    if view.is_dir():
+        visit(view, "")
+
+    def under_replaced(rel: str) -> bool:
+        parent = parent_of(rel)
+        while parent:
+            if present.get(parent, "d") != "d":
+                return True
+            parent = parent_of(parent)
+        return False
+
+    gone = sorted(p for p in manifest if p not in present and not under_replaced(p))
+    gone_set = set(gone)
+    result.deleted = [p for p in gone if parent_of(p) not in gone_set]
+    return result
+
+
+def _deleted_changes(result: Scan, lower: View, prefix: str) -> list[Change]:
+    changes: list[Change] = []
+    for rel in result.deleted + result.replaced:
+        full = join(prefix, rel) if prefix else rel
+        for path, found in walk_files(lower, full):
+            if path not in result.files:
+                changes.append(Change(path, DELETED, old=found.path))
+    return changes
+
+
+class CopyDriver:
+    name = "copy"
+    markers = "portable"
+
+    def open(self, root: Root) -> None:
+        if root.view.is_dir():
+            return  # complete: a view only appears by the rename below
+        tmp = root.view.with_name(f".{root.view.name}.copying")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        materialise(root.lowers, tmp)
+        write_atomically(root.manifest, json.dumps(snapshot(tmp)).encode())
+        root.upper.mkdir(parents=True, exist_ok=True)
+        tmp.rename(root.view)
+
+    def _manifest(self, root: Root) -> Snapshot:
+        try:
+            loaded: Snapshot = json.loads(root.manifest.read_text())
+            return loaded
+        except FileNotFoundError:
+            return {}
+
+    def changes(self, root: Root) -> list[Change]:
+        if not root.view.is_dir():
+            return []
+        result = scan(root.view, self._manifest(root), root.lower, root.name)
+        changes = list(result.files.values()) + _deleted_changes(result, root.lower, root.name)
+        return sorted(changes, key=lambda c: c.path)
+
+    def seal(self, root: Root, meta: Meta) -> None:
+        root.upper.mkdir(parents=True, exist_ok=True)
+        if not root.view.is_dir():
+            return
+        result = scan(root.view, self._manifest(root), root.lower, root.name)
+        markers_prefix = f"{root.name}/" if root.name else ""
+
+        def make_parents(rel: str) -> None:
+            parent = parent_of(rel)
+            if not parent or (root.upper / parent).is_dir():
+                return
+            make_parents(parent)
+            (root.upper / parent).mkdir()
+            shutil.copystat(root.view / parent, root.upper / parent, follow_symlinks=False)
+
+        gone = [rel for rel in result.deleted if not os.path.lexists(root.view / rel)]
+        for rel in result.new_dirs:
+            make_parents(rel)
+            if not (root.upper / rel).is_dir():
+                (root.upper / rel).mkdir()
+                shutil.copystat(root.view / rel, root.upper / rel, follow_symlinks=False)
+        for rel in result.files:
+            make_parents(rel)
+            os.replace(root.view / rel, root.upper / rel)  # same filesystem: a rename, not a copy
+        for rel in gone:
+            make_parents(rel)  # a portable whiteout's directory exists in the layer, as overlayfs makes it
+            meta.deleted.add(markers_prefix + rel)
+        shutil.rmtree(root.view)
+        root.manifest.unlink(missing_ok=True)
+

@@ -1,0 +1,74 @@
+"""Where layers, views and caches live under ``BOX_DATA_DIR``, and the one path cleaner.
+
+    layers/<task>/upper/         the task's own layer (overlay upperdir, or the copy driver's
+                                 captured change set); a multi-folder task has upper/<name>/
+    layers/<task>/ovl-work/      overlayfs workdir (same filesystem as upper; removed at seal)
+    layers/<task>/meta.json      format, driver, portable whiteouts, sealed flag
+    tasks/<task>/view/           what the task's processes see (mount point or working copy)
+    flats/<workspace>/<key>/     compacted lower layers (see ``compaction``)
+    locks/                       flock files that order work across processes
+"""
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+from django.conf import settings
+
+from boxsite.errors import InvalidRequest
+
+
+def data_dir() -> Path:
+    return Path(settings.BOX_DATA_DIR)
+
+
+def layer_dir(task_id: str) -> Path:
+    return data_dir() / "layers" / task_id
+
+
+def task_dir(task_id: str) -> Path:
+    return data_dir() / "tasks" / task_id
+
+
+def view_dir(task_id: str) -> Path:
+    return task_dir(task_id) / "view"
+
+
+def flats_dir(workspace_id: int) -> Path:
+    return data_dir() / "flats" / str(workspace_id)
+
+
+def lock_file(*parts: str) -> Path:
+    path = data_dir() / "locks"
+    for part in parts[:-1]:
+        path = path / part
+    path.mkdir(parents=True, exist_ok=True)
+    return path / parts[-1]
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and parents) exist; layers and caches are readable by the box alone."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def clean_relative(raw: str | None, *, field: str = "path") -> str:
+    """A path inside a view, normalised ('' is the root). Anything that could leave it is refused:
+    absolute paths, '..' components and NUL bytes are a 400, never resolved."""
+    value = (raw or "").strip()
+    if "\x00" in value:
+        raise InvalidRequest("the path contains a NUL byte", field=field)
+    if value.startswith("/"):
+        raise InvalidRequest(f"'{value}' is absolute; give a path relative to the root of the view", field=field)
+    parts = [p for p in value.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise InvalidRequest(f"'{value}' leaves the view ('..' is not allowed)", field=field)
+    return posixpath.join(*parts) if parts else ""
+
+
+def join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def parent_of(rel: str) -> str:
+    return rel.rsplit("/", 1)[0] if "/" in rel else ""

@@ -1,0 +1,298 @@
+"""A task's view over its stack: opening it, sealing it, and what happens to its layer at the end.
+
+Order of locks, everywhere: the workspace lock, then at most one layer lock. ``open_view``
+takes them one after the other, never nested the other way round.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from boxsite.errors import Conflict
+from tasks.layers import compaction, mounts, paths
+from tasks.layers.base import Root, driver_name, get_driver
+from tasks.layers.diff import Change, layer_changes
+from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
+from tasks.layers.stack import FolderSet, Stack, View
+from tasks.layers.tree import LayerTree, Meta
+from tasks.models import Layer, LayerState, Task, Workspace
+from tasks.states import ACTIVE, State
+
+log = logging.getLogger(__name__)
+
+
+def folder_names(folders: list[str]) -> list[tuple[str, Path]]:
+    """Each folder's directory name inside a multi-folder view: its basename, with ``-2``,
+    ``-3`` … when two folders share one."""
+    named: list[tuple[str, Path]] = []
+    used: set[str] = set()
+    for folder in folders:
+        base = os.path.basename(folder.rstrip("/")) or "root"
+        name, n = base, 1
+        while name in used:
+            n += 1
+            name = f"{base}-{n}"
+        used.add(name)
+        named.append((name, Path(folder)))
+    return named
+
+
+def current_stack(workspace: Workspace) -> list[str]:
+    """The done tasks whose layers make up the workspace now, newest first."""
+    return list(
+        Layer.objects.filter(workspace=workspace, state=LayerState.APPLIED)
+        .order_by("-applied_at", "-pk").values_list("task_id", flat=True)
+    )
+
+
+def _tree_for(layer_root: Path, meta: Meta, name: str) -> LayerTree:
+    """The layer of one root; a multi-folder layer keeps portable markers prefixed by name."""
+    if not name:
+        return LayerTree(layer_root / "upper", meta)
+    prefix = name + "/"
+    sub = Meta(format=meta.format, deleted={p[len(prefix):] for p in meta.deleted if p.startswith(prefix)},
+               opaque={p[len(prefix):] for p in meta.opaque if p.startswith(prefix)})
+    return LayerTree(layer_root / "upper" / name, sub)
+
+
+def roots_for(task: Task, layer: Layer, *, for_mount: bool) -> list[Root]:
+    """The writable views of ``task``. ``for_mount`` bounds the stack's depth with a flat (the
+    flat must then be buildable: its layers sealed); otherwise every layer is listed."""
+    ldir, vdir = paths.layer_dir(task.pk), paths.view_dir(task.pk)
+    if task.folders:
+        named = folder_names(task.folders)
+        if len(named) == 1:
+            return [Root("", [LayerTree(named[0][1], plain=True)], ldir / "upper", ldir / "ovl-work",
+                         vdir, ldir / "manifest.json")]
+        return [Root(name, [LayerTree(folder, plain=True)], ldir / "upper" / name, ldir / "ovl-work" / name,
+                     vdir / name, ldir / f"manifest-{name}.json") for name, folder in named]
+    markers = get_driver(layer.driver).markers
+    if for_mount:
+        lowers = compaction.lower_trees(task.workspace, list(task.layers), markers)
+    else:
+        lowers = [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
+        lowers.append(LayerTree(task.workspace.base_path(), plain=True))
+    return [Root("", lowers, ldir / "upper", ldir / "ovl-work", vdir, ldir / "manifest.json")]
+
+
+def lower_view(roots: list[Root]) -> View:
+    if len(roots) == 1 and not roots[0].name:
+        return roots[0].lower
+    return FolderSet({root.name: root.lower for root in roots})
+
+
+# --- opening ---------------------------------------------------------------------------------
+
+def _record_layer(task: Task) -> Layer:
+    """Create the task's layer row and record its stack, once (a retry finds them)."""
+    existing = Layer.objects.filter(task=task).first()
+    if existing is not None:
+        task.layers = Task.objects.filter(pk=task.pk).values_list("layers", flat=True).get()
+        return existing
+    driver = driver_name()
+    if task.folders:
+        layer, _ = Layer.objects.get_or_create(
+            task=task, defaults={"workspace": None, "driver": driver, "path": str(paths.layer_dir(task.pk))})
+        return layer
+    with workspace_lock(task.workspace_id):
+        with transaction.atomic():
+            layer, created = Layer.objects.get_or_create(
+                task=task,
+                defaults={"workspace": task.workspace, "driver": driver, "path": str(paths.layer_dir(task.pk))})
+            if created:
+                task.layers = current_stack(task.workspace)
+                Task.objects.filter(pk=task.pk).update(layers=task.layers)
+            else:
+                task.layers = Task.objects.filter(pk=task.pk).values_list("layers", flat=True).get()
+    return layer
+
+
+def open_view(task: Task) -> Path:
+    """The directory ``task`` works in, over the stack it recorded at its first start."""
+    layer = _record_layer(task)
+    driver = get_driver(layer.driver)
+    for lower_id in task.layers:
+        seal_layer(lower_id, native=driver.markers == "native")
+    roots = roots_for(task, layer, for_mount=True)
+    with layer_lock(task.pk):
+        state = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
+        if state not in ACTIVE:
+            raise Conflict(f"the task is {state}; its view is not opened again", field="state")
+        paths.private_dir(paths.layer_dir(task.pk))
+        if task.folders:
+            from tasks.layers import review
+
+            review.record_start(task, roots)
+        if any(root.name for root in roots):  # several folders side by side in one view
+            paths.view_dir(task.pk).mkdir(parents=True, exist_ok=True)
+        for root in roots:
+            driver.open(root)
+        meta = Meta.load(paths.layer_dir(task.pk))
+        if not meta.driver:
+            meta.driver, meta.format = driver.name, driver.markers
+            meta.save(paths.layer_dir(task.pk))
+    return paths.view_dir(task.pk)
+
+
+# --- sealing and ending ----------------------------------------------------------------------
+
+def _to_native(directory: Path, meta: Meta) -> None:
+    """Rewrite a portable layer's markers as whiteouts and xattrs so overlayfs can stack it."""
+    from tasks.layers.tree import NativeMarkers
+
+    writer = NativeMarkers()
+    upper = directory / "upper"
+    for rel in sorted(meta.deleted):
+        (upper / rel).parent.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(upper / rel):
+            writer.whiteout(upper, rel)
+    for rel in sorted(meta.opaque):
+        writer.opaque(upper, rel)
+    meta.deleted, meta.opaque, meta.format = set(), set(), "native"
+    meta.save(directory)
+
+
+def seal_layer(task_id: str, *, native: bool = False) -> None:
+    """Leave an ended task's layer final: view stopped, changes in the layer format. A no-op for
+    an active task (it still writes), a sealed layer, or a deleted one."""
+    with layer_lock(task_id):
+        directory = paths.layer_dir(task_id)
+        if not directory.is_dir():
+            return
+        meta = Meta.load(directory)
+        if not meta.sealed:
+            task = Task.objects.filter(pk=task_id).select_related("workspace").first()
+            layer = Layer.objects.filter(task_id=task_id).first()
+            if task is None or layer is None or task.state in ACTIVE:
+                return
+            driver = get_driver(layer.driver)
+            roots = roots_for(task, layer, for_mount=False)
+            for root in roots:
+                driver.seal(root, meta)
+            meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
+            meta.save(directory)
+            summary = summarise(changes_of(task, layer, roots, meta))
+            Layer.objects.filter(pk=layer.pk).update(manifest=summary)
+            if task.folders:
+                from tasks.layers import review
+
+                review.record_touched(task, roots)
+        if native and meta.format == "portable":
+            _to_native(directory, meta)
+
+
+def summarise(changes: list[Change], limit: int = 500) -> dict[str, Any]:
+    return {
+        "changed": len(changes),
+        "paths": [{"path": c.path, "kind": c.kind} for c in changes[:limit]],
+        "more": max(0, len(changes) - limit),
+    }
+
+
+def changes_of(task: Task, layer: Layer, roots: list[Root] | None = None, meta: Meta | None = None) -> list[Change]:
+    """The task's change set: live while it runs, from its sealed layer after."""
+    roots = roots or roots_for(task, layer, for_mount=False)
+    directory = paths.layer_dir(task.pk)
+    meta = meta or Meta.load(directory)
+    changes: list[Change] = []
+    if not meta.sealed:
+        driver = get_driver(layer.driver)
+        for root in roots:
+            changes += driver.changes(root)
+        return sorted(changes, key=lambda c: c.path)
+    for root in roots:
+        changes += layer_changes(_tree_for(directory, meta, root.name), root.lower, prefix=root.name)
+    return sorted(changes, key=lambda c: c.path)
+
+
+def _remove_view(task_id: str) -> None:
+    if mounts.mounts_under(paths.task_dir(task_id)):
+        log.error("task %s still has mounts after unmounting; its view is left in place", task_id)
+        return
+    view = paths.view_dir(task_id)
+    if view.exists():
+        shutil.rmtree(view)
+    for leftover in paths.task_dir(task_id).glob(".view.copying"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    try:
+        paths.task_dir(task_id).rmdir()  # only if the sandbox left nothing of its own there
+    except OSError:
+        pass
+
+
+def release(task_id: str) -> None:
+    """After ``task_id`` ended (or at start-up): unmount, seal, settle its layer. Idempotent."""
+    task = Task.objects.filter(pk=task_id).select_related("workspace").first()
+    if task is not None and task.state in ACTIVE:
+        log.warning("release(%s) called while the task is %s; its view is left alone", task_id, task.state)
+        return
+    mounts.unmount_all_under(paths.task_dir(task_id))  # always, whatever else fails below
+    if task is None:
+        _remove_view(task_id)
+        return
+    if Layer.objects.filter(task=task).exists():
+        seal_layer(task_id)
+    _remove_view(task_id)
+    if task.folders:
+        if task.state == State.UNDONE:
+            delete_layer(task_id)
+        return
+    refresh_workspace(task.workspace)
+
+
+def delete_layer(task_id: str) -> None:
+    with layer_lock(task_id):
+        mounts.unmount_all_under(paths.task_dir(task_id))
+        shutil.rmtree(paths.layer_dir(task_id), ignore_errors=True)
+    drop_layer_lock(task_id)
+
+
+def refresh_workspace(workspace: Workspace) -> None:
+    """After a layer joined or left: build the flat the next task needs, and delete undone
+    layers and flats that no active task reads any more."""
+    stack = current_stack(workspace)
+    for task_id in stack:
+        seal_layer(task_id)
+    with workspace_lock(workspace.pk):
+        active = list(Task.objects.filter(workspace=workspace, folders=[], state__in=ACTIVE).values_list("pk", "layers"))
+        readers = {layer_id for _, layers in active for layer_id in layers}
+        layer_rows = dict(Layer.objects.filter(task_id__in=[pk for pk, _ in active]).values_list("task_id", "driver"))
+        keep: set[str] = set()
+        markers = get_driver(driver_name()).markers
+        _, key, inside = compaction.split(stack, markers)
+        if key is not None:
+            compaction.ensure_flat(workspace, inside, markers)
+            keep.add(key)
+        for pk, layers in active:
+            if pk in layer_rows:
+                _, active_key, _ = compaction.split(list(layers), get_driver(layer_rows[pk]).markers)
+                if active_key:
+                    keep.add(active_key)
+        compaction.sweep_flats(workspace, keep)
+        gone = Layer.objects.filter(workspace=workspace, state=LayerState.DISCARDED).exclude(task_id__in=readers)
+        for task_id in gone.values_list("task_id", flat=True):
+            if paths.layer_dir(task_id).exists():
+                delete_layer(task_id)
+
+
+# --- the layer follows the task's state ------------------------------------------------------
+
+def on_final_move(task: Task, new_state: str) -> None:
+    """Inside the transaction that moved ``task`` to a final state: the layer joins the
+    workspace (done), stays apart (failed, cancelled) or leaves it (undone). Files are settled
+    after commit by ``release``."""
+    layer = Layer.objects.filter(task=task)
+    if new_state == State.DONE:
+        if task.folders:
+            return  # stays active until the owner keeps or undoes it
+        layer.update(state=LayerState.APPLIED, applied_at=timezone.now())
+    elif new_state in (State.FAILED, State.CANCELLED):
+        layer.update(state=LayerState.FAILED)
+    elif new_state == State.UNDONE:
+        layer.update(state=LayerState.DISCARDED)

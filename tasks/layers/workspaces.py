@@ -1,0 +1,150 @@
+"""Workspaces: creating them (empty or imported from a directory the owner names) and reading
+their current view (the base plus the layers of done tasks), computed on read."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.principal import Principal
+from tasks.layers import compaction, paths
+from tasks.layers.base import driver_name, get_driver
+from tasks.layers.copy import copy_tree
+from tasks.layers.stack import DIR, LINK, Stack
+from tasks.layers.task_view import current_stack, seal_layer
+from tasks.models import Workspace
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+FIELDS = {"name", "importFrom"}
+MAX_READ = 1 << 20
+
+
+def get_workspace(name: str) -> Workspace:
+    workspace = Workspace.objects.filter(name=name).first()
+    if workspace is None:
+        raise NotFound(f"no workspace '{name}'")
+    return workspace
+
+
+def create_workspace(principal: Principal, body: Any) -> Workspace:
+    """A new workspace with an empty base, or a copy of ``importFrom`` (an absolute directory)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
+    if not principal.can_change_settings:
+        raise Forbidden("a paired device cannot create workspaces", field="name")
+    name = body.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidRequest("'name' must be 1-64 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+                             field="name")
+    source = body.get("importFrom")
+    if source is not None:
+        source = _import_source(principal, source)
+    if Workspace.objects.filter(name=name).exists():
+        raise Conflict(f"a workspace named '{name}' exists", field="name")
+    base = paths.data_dir() / "workspaces" / name
+    building = base.with_name(f".{name}.importing")
+    shutil.rmtree(building, ignore_errors=True)
+    if base.exists():
+        raise Conflict(f"'{base.name}' already exists in the box's workspaces directory", field="name")
+    if source is not None:
+        copy_tree(source, building)
+    else:
+        building.mkdir(parents=True)
+    try:
+        with transaction.atomic():
+            workspace = Workspace.objects.create(name=name, base_dir=name)
+    except IntegrityError as exc:
+        shutil.rmtree(building, ignore_errors=True)
+        raise Conflict(f"a workspace named '{name}' exists", field="name") from exc
+    building.rename(base)
+    return workspace
+
+
+def _import_source(principal: Principal, raw: Any) -> Path:
+    if not principal.can_use_folders:
+        raise Forbidden("only the owner can import a directory", field="importFrom")
+    if not isinstance(raw, str) or not os.path.isabs(raw):
+        raise InvalidRequest("'importFrom' must be an absolute path", field="importFrom")
+    source = Path(os.path.realpath(raw))
+    if not source.is_dir():
+        raise InvalidRequest(f"'{raw}' is not an existing directory", field="importFrom")
+    data = paths.data_dir().resolve()
+    if source == data or data in source.parents or source in data.parents:
+        raise InvalidRequest("a workspace cannot be imported from the box's own data directory", field="importFrom")
+    return source
+
+
+def view_of(workspace: Workspace) -> Stack:
+    """The workspace as new tasks see it: base plus done layers, newest first."""
+    ids = current_stack(workspace)
+    for task_id in ids:
+        seal_layer(task_id)
+    return Stack(compaction.lower_trees(workspace, ids, get_driver(driver_name()).markers))
+
+
+def describe(workspace: Workspace) -> dict[str, Any]:
+    ids = current_stack(workspace)
+    markers = get_driver(driver_name()).markers
+    own, key, inside = compaction.split(ids, markers)
+    return {
+        "name": workspace.name,
+        "createdAt": workspace.created_at.isoformat(),
+        "driver": driver_name(),
+        "layers": ids,
+        "stack": {"separate": own, "compacted": inside[::-1], "depth": len(own) + (1 if key else 0) + 1},
+    }
+
+
+def browse(workspace: Workspace, raw_path: str | None) -> dict[str, Any]:
+    """List a folder or read a file of the current view. Links are shown, never followed."""
+    rel = paths.clean_relative(raw_path)
+    view = view_of(workspace)
+    found = view.lookup(rel)
+    if found is None:
+        raise NotFound(f"'{rel}' is not in workspace '{workspace.name}'", field="path")
+    body: dict[str, Any] = {"workspace": workspace.name, "path": rel}
+    if found.kind == DIR:
+        entries = []
+        for name, child in sorted(view.listdir(rel).items()):
+            item: dict[str, Any] = {"name": name, "path": paths.join(rel, name), "type": child.kind}
+            if child.path is not None and child.kind != LINK:
+                item["size"] = os.lstat(child.path).st_size
+            entries.append(item)
+        return {**body, "type": "dir", "entries": entries}
+    assert found.path is not None
+    if found.kind == LINK:
+        return {**body, "type": "link", "target": os.readlink(found.path)}
+    return {**body, "type": "file", **_read(found.path)}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return {"size": st.st_size, "binary": True, "content": None, "truncated": False}
+        data = handle.read(MAX_READ + 1)
+    truncated = len(data) > MAX_READ
+    data = data[:MAX_READ]
+    if b"\x00" in data[:8192]:
+        return {"size": st.st_size, "binary": True, "content": None, "truncated": False}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        if not truncated:
+            return {"size": st.st_size, "binary": True, "content": None, "truncated": False}
+        text = data.decode("utf-8", errors="ignore")
+    return {"size": st.st_size, "binary": False, "content": text, "truncated": truncated}
+
+
+def present_workspace(workspace: Workspace) -> dict[str, Any]:
+    return describe(workspace)

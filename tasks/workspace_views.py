@@ -1,0 +1,58 @@
+"""The workspace, diff and keep API. Each view: check input, call one service, present."""
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from boxsite.principal import Principal
+from tasks import services
+from tasks.layers import diff, review, workspaces
+from tasks.layers.task_view import changes_of
+from tasks.models import Layer, Workspace
+from tasks.presenters import present_task
+from tasks.states import State
+
+
+@extend_schema(methods=["GET"], responses={200: dict})
+@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@api_view(["GET", "POST"])
+def workspace_list(request: Request) -> Response:
+    principal = Principal.of(request)
+    if request.method == "POST":
+        workspace = workspaces.create_workspace(principal, request.data)
+        return Response(workspaces.present_workspace(workspace), status=201)
+    rows = Workspace.objects.order_by("name")
+    return Response({"results": [workspaces.present_workspace(w) for w in rows]})
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def workspace_detail(request: Request, name: str) -> Response:
+    return Response(workspaces.present_workspace(workspaces.get_workspace(name)))
+
+
+@extend_schema(parameters=[OpenApiParameter("path", str, description="relative to the workspace root")],
+               responses={200: dict})
+@api_view(["GET"])
+def workspace_files(request: Request, name: str) -> Response:
+    workspace = workspaces.get_workspace(name)
+    return Response(workspaces.browse(workspace, request.query_params.get("path")))
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def task_diff(request: Request, task_id: str) -> Response:
+    task = services.get_task_for(Principal.of(request), task_id)
+    layer = Layer.objects.filter(task=task).first()
+    if layer is None or task.state == State.UNDONE:
+        return Response({"task": task.pk, **diff.empty()})  # never started, or its changes are gone
+    return Response({"task": task.pk, **diff.render(changes_of(task, layer))})
+
+
+@extend_schema(request=None, responses={200: dict})
+@api_view(["POST"])
+def task_keep(request: Request, task_id: str) -> Response:
+    task, conflicts = review.keep_review(Principal.of(request), task_id)
+    return Response({**present_task(task), "conflicts": conflicts})
