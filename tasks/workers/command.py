@@ -32,6 +32,10 @@ class CommandWorker:
                     return Failed(f"the vault has no {key}, which the {preset.name} worker needs", recoverable=True,
                                   hint=f"set {key} in Settings → Vault, then run the task again")
                 env[key] = value
+            if preset.keys:  # a key the process prints must not reach the log in clear
+                from tasks.facts import Redactor
+
+                ctx.recorder.redactor = Redactor({**ctx.facts.secrets(), **{k: env[k] for k in preset.keys}})
             argv = [part.replace("{prompt}", task.prompt) for part in preset.argv]
         ctx.recorder.step(f"starting {argv[0]}", {"argv0": argv[0]})
         try:

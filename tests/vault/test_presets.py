@@ -1,0 +1,48 @@
+"""Command presets get the vault keys they declare as environment variables, or fail first."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.fernet import Fernet
+
+
+@pytest.fixture
+def preset(box: Any, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A custom preset `mine` whose process is a local script (in the workspace, so the task sees
+    it inside its sandbox) that needs MY_API_KEY."""
+    monkeypatch.setenv("BOX_SECRET_KEY", Fernet.generate_key().decode())
+    script = box.home / "agent.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        'echo "agent started"\n'
+        'echo "using key $MY_API_KEY for: $1"\n'
+        '[ "$MY_API_KEY" = "the-real-key-123" ] || { echo "wrong key" >&2; exit 9; }\n'
+    )
+    script.chmod(0o755)
+    presets = tmp_path / "presets.json"
+    presets.write_text(json.dumps([{"name": "mine", "argv": ["/bin/sh", "agent.sh", "{prompt}"], "keys": ["MY_API_KEY"]}]))
+    settings.BOX_PRESETS_FILE = str(presets)
+    return script
+
+
+def test_a_missing_preset_key_fails_the_task_before_anything_runs(box: Any, preset: Path) -> None:
+    task = box.create(title="needs a key", worker="mine", prompt="summarise")
+    view = box.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "failed"
+    assert view["error"] == "the vault has no MY_API_KEY, which the mine worker needs"
+    assert view["recoverable"] is True and "MY_API_KEY" in view["hint"]
+    # the agent never started: no "starting" step, not a line of its output
+    assert not [e for e in box.events(task["id"]) if e["kind"] in ("step", "output")]
+
+
+def test_a_preset_gets_its_key_as_an_environment_variable_and_the_log_never_shows_it(box: Any, preset: Path) -> None:
+    box.api.post("/api/vault", {"name": "MY_API_KEY", "value": "the-real-key-123"}, format="json")
+    task = box.create(title="has a key", worker="mine", prompt="summarise")
+    view = box.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "done", view["error"]
+    outputs = [e["summary"] for e in box.events(task["id"]) if e["kind"] == "output"]
+    assert outputs == ["agent started", "using key ${MY_API_KEY} for: summarise"]
+    assert "the-real-key-123" not in box.api.get(f"/api/tasks/{task['id']}").content.decode()
