@@ -1,0 +1,122 @@
+"""The one run command: web + worker + scheduler come up together, run a task, and stop on Ctrl-C."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+import pytest
+from django.conf import settings
+
+from tests.conftest import wait_for
+
+ROOT = Path(settings.BASE_DIR)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of ``pid``, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+@pytest.fixture(params=["embedded", "postgres+redis"])
+def box_env(request, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME")}
+    env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_HOST": "127.0.0.1",
+                "BOX_QUEUE_NAME": f"runbox-{os.getpid()}-{request.param}", "BOX_QUEUE_POLL_S": "0.05"})
+    database = None
+    if request.param == "postgres+redis":
+        if not settings.DB_IS_POSTGRES:
+            pytest.skip("runs in the PostgreSQL pass of the suite")
+        database = f"box_runbox_{os.getpid()}"
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {database}"], check=True)
+        env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{database}"
+        env["REDIS_URL"] = f"redis://127.0.0.1:6379/{5 + os.getpid() % 5}"
+    yield env
+    if database:
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"], check=False)
+
+
+def _manage(env: dict[str, str], *args: str, extra: dict[str, str] | None = None) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env={**env, **(extra or {})}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _call(port: str, token: str, method: str, path: str, body: object = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_runbox_serves_runs_a_task_and_stops_all_three_on_ctrl_c(box_env, tmp_path):
+    _manage(box_env, "migrate", "--no-input")
+    created = _manage(box_env, "createowner", "me", extra={"BOX_OWNER_PASSWORD": "a-long-password"})
+    assert "created" in created
+    token = _manage(box_env, "createtoken", "--name", "test").strip().splitlines()[-1]
+    assert token.startswith("box_")
+    log = (tmp_path / "runbox.log").open("w+")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "runbox"], env=box_env, cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    port = box_env["BOX_PORT"]
+    try:
+        def up() -> bool:
+            try:
+                return _call(port, token, "GET", "/api/health")["ok"]
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_for(up, timeout=60, what="the box to answer")
+        log.seek(0)
+        assert f"http://127.0.0.1:{port}/" in log.read()
+        task = _call(port, token, "POST", "/api/tasks", {"title": "hello", "flow": {"steps": [{"write": {"path": "hello.txt", "content": "hi"}}, {"run": "cat hello.txt"}]}})
+        wait_for(lambda: _call(port, token, "GET", f"/api/tasks/{task['id']}")["state"] == "done", timeout=60, what="the task to finish")
+        family = _children(proc.pid)
+        assert len(family) >= 3  # web, worker (and its cluster processes), scheduler
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        wait_for(lambda: not _alive(family), timeout=30, what="every process of the box to exit")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
