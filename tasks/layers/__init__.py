@@ -21,12 +21,14 @@ __all__ = ["on_final_move", "open_view", "reconcile", "release"]
 
 
 def reconcile() -> None:
-    """Unmount every view under ``BOX_DATA_DIR/tasks`` whose task is not active, then release it."""
+    """Unmount every view (and lower mount) under the data dir whose task is not active, and
+    release that task."""
     from tasks.models import Task
     from tasks.states import ACTIVE
 
-    root = paths.data_dir() / "tasks"
-    task_ids = {point.relative_to(root).parts[0] for point in mounts.mounts_under(root) if point != root}
+    task_ids: set[str] = set()
+    for root in (paths.data_dir() / "tasks", paths.data_dir() / "mounts"):
+        task_ids |= {point.relative_to(root).parts[0] for point in mounts.mounts_under(root) if point != root}
     active = set(Task.objects.filter(pk__in=task_ids, state__in=ACTIVE).values_list("pk", flat=True))
     for task_id in sorted(task_ids - active):
         log.info("unmounting the view task %s left behind", task_id)

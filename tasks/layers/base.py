@@ -38,6 +38,7 @@ class Root:
     work: Path
     view: Path
     manifest: Path  # the copy driver's record of the view as it was copied
+    mounts: Path  # where the overlay driver attaches id-mapped lower layers for a sandboxed task
 
     @property
     def lower(self) -> Stack:
@@ -48,9 +49,10 @@ class Driver(Protocol):
     name: str
     markers: str  # the marker spelling of layers it writes: native | portable
 
-    def open(self, root: Root) -> None:
+    def open(self, root: Root, owner: tuple[int, int] | None = None) -> None:
         """Make ``root.view`` show the lowers with writes going to the task's layer. Idempotent:
-        an open view is left as it is, so a retried run sees its earlier writes."""
+        an open view is left as it is, so a retried run sees its earlier writes. ``owner``: the
+        sandbox user (uid, gid) the view is made for, when the task runs sandboxed."""
 
     def changes(self, root: Root) -> list[Change]:
         """The change set so far (the task may still be writing)."""

@@ -140,7 +140,8 @@ class CopyDriver:
     name = "copy"
     markers = "portable"
 
-    def open(self, root: Root) -> None:
+    def open(self, root: Root, owner: tuple[int, int] | None = None) -> None:
+        # ``owner`` is not needed: the sandbox id-maps a plain directory view itself
         if root.view.is_dir():
             return  # complete: a view only appears by the rename below
         tmp = root.view.with_name(f".{root.view.name}.copying")

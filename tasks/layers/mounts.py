@@ -105,3 +105,48 @@ def unmount_all_under(prefix: Path) -> int:
 
 def is_mounted(target: Path) -> bool:
     return any(point == target for point in mounts_under(target))
+
+
+# --- id-mapped lower layers (the new mount API: open_tree, mount_setattr, move_mount) ---------
+# x86_64 and aarch64 share these numbers (the generic syscall table).
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_OPEN_TREE_CLONE = 1
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_MOUNT_ATTR_IDMAP = 0x100000
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise MountError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def attach_idmapped(source: Path, target: Path, userns_fd: int) -> None:
+    """Mount ``source`` read-only at ``target``, its owner's files shown as the ids ``userns_fd``
+    maps them to. A lower layer mounted so lets a task's own user change files root owns on
+    disk (through copy-up), while the disk keeps root's ids."""
+    libc = _lib()
+    fd = _check(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(source), _OPEN_TREE_CLONE | os.O_CLOEXEC),
+                f"open_tree {source}")
+    try:
+        attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, userns_fd)
+        _check(libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)),
+               f"id-map {source}")
+        target.mkdir(parents=True, exist_ok=True)
+        _check(libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
+               f"attach {source} at {target}")
+    finally:
+        os.close(fd)

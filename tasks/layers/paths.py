@@ -5,6 +5,7 @@
     layers/<task>/ovl-work/      overlayfs workdir (same filesystem as upper; removed at seal)
     layers/<task>/meta.json      format, driver, portable whiteouts, sealed flag
     tasks/<task>/view/           what the task's processes see (mount point or working copy)
+    mounts/<task>/<root>/<n>/    id-mapped lower layers of a sandboxed overlay view
     flats/<workspace>/<key>/     compacted lower layers (see ``compaction``)
     locks/                       flock files that order work across processes
 """
@@ -32,6 +33,15 @@ def task_dir(task_id: str) -> Path:
 
 def view_dir(task_id: str) -> Path:
     return task_dir(task_id) / "view"
+
+
+def lower_mounts_dir(task_id: str) -> Path:
+    return data_dir() / "mounts" / task_id
+
+
+def mount_roots(task_id: str) -> list[Path]:
+    """Everything of ``task_id`` that may be mounted: unmount these, deepest first, to end it."""
+    return [task_dir(task_id), lower_mounts_dir(task_id)]
 
 
 def flats_dir(workspace_id: int) -> Path:

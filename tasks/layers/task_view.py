@@ -65,20 +65,21 @@ def roots_for(task: Task, layer: Layer, *, for_mount: bool) -> list[Root]:
     """The writable views of ``task``. ``for_mount`` bounds the stack's depth with a flat (the
     flat must then be buildable: its layers sealed); otherwise every layer is listed."""
     ldir, vdir = paths.layer_dir(task.pk), paths.view_dir(task.pk)
+    lower_dir = paths.lower_mounts_dir(task.pk)
     if task.folders:
         named = folder_names(task.folders)
         if len(named) == 1:
             return [Root("", [LayerTree(named[0][1], plain=True)], ldir / "upper", ldir / "ovl-work",
-                         vdir, ldir / "manifest.json")]
+                         vdir, ldir / "manifest.json", lower_dir / "_")]
         return [Root(name, [LayerTree(folder, plain=True)], ldir / "upper" / name, ldir / "ovl-work" / name,
-                     vdir / name, ldir / f"manifest-{name}.json") for name, folder in named]
+                     vdir / name, ldir / f"manifest-{name}.json", lower_dir / name) for name, folder in named]
     markers = get_driver(layer.driver).markers
     if for_mount:
         lowers = compaction.lower_trees(task.workspace, list(task.layers), markers)
     else:
         lowers = [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
         lowers.append(LayerTree(task.workspace.base_path(), plain=True))
-    return [Root("", lowers, ldir / "upper", ldir / "ovl-work", vdir, ldir / "manifest.json")]
+    return [Root("", lowers, ldir / "upper", ldir / "ovl-work", vdir, ldir / "manifest.json", lower_dir / "_")]
 
 
 def lower_view(roots: list[Root]) -> View:
@@ -131,13 +132,26 @@ def open_view(task: Task) -> Path:
             review.record_start(task, roots)
         if any(root.name for root in roots):  # several folders side by side in one view
             paths.view_dir(task.pk).mkdir(parents=True, exist_ok=True)
+        owner = _sandbox_owner(task)
         for root in roots:
-            driver.open(root)
+            driver.open(root, owner)
         meta = Meta.load(paths.layer_dir(task.pk))
         if not meta.driver:
             meta.driver, meta.format = driver.name, driver.markers
             meta.save(paths.layer_dir(task.pk))
     return paths.view_dir(task.pk)
+
+
+def _sandbox_owner(task: Task) -> tuple[int, int] | None:
+    """The task's own user when it runs sandboxed (``lifecycle.prepare`` created it first)."""
+    from tasks import sandbox
+
+    if not sandbox.available():
+        return None
+    from tasks.sandbox import users
+
+    ident = users.find_user(task.pk)
+    return (ident.uid, ident.gid) if ident is not None else None
 
 
 # --- sealing and ending ----------------------------------------------------------------------
@@ -211,13 +225,18 @@ def changes_of(task: Task, layer: Layer, roots: list[Root] | None = None, meta: 
     return sorted(changes, key=lambda c: c.path)
 
 
+def _unmount(task_id: str) -> None:
+    for root in paths.mount_roots(task_id):  # the view first: it sits on the lower mounts
+        mounts.unmount_all_under(root)
+
+
 def _remove_view(task_id: str) -> None:
-    if mounts.mounts_under(paths.task_dir(task_id)):
+    if any(mounts.mounts_under(root) for root in paths.mount_roots(task_id)):
         log.error("task %s still has mounts after unmounting; its view is left in place", task_id)
         return
-    view = paths.view_dir(task_id)
-    if view.exists():
-        shutil.rmtree(view)
+    for leftover in (paths.view_dir(task_id), paths.lower_mounts_dir(task_id)):
+        if leftover.exists():
+            shutil.rmtree(leftover)
     for leftover in paths.task_dir(task_id).glob(".view.copying"):
         shutil.rmtree(leftover, ignore_errors=True)
     try:
@@ -232,7 +251,7 @@ def release(task_id: str) -> None:
     if task is not None and task.state in ACTIVE:
         log.warning("release(%s) called while the task is %s; its view is left alone", task_id, task.state)
         return
-    mounts.unmount_all_under(paths.task_dir(task_id))  # always, whatever else fails below
+    _unmount(task_id)  # always, whatever else fails below
     if task is None:
         _remove_view(task_id)
         return
@@ -248,7 +267,7 @@ def release(task_id: str) -> None:
 
 def delete_layer(task_id: str) -> None:
     with layer_lock(task_id):
-        mounts.unmount_all_under(paths.task_dir(task_id))
+        _unmount(task_id)
         shutil.rmtree(paths.layer_dir(task_id), ignore_errors=True)
     drop_layer_lock(task_id)
 

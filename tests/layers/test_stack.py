@@ -34,3 +34,90 @@ def test_later_tasks_see_done_work_and_undo_keeps_later_versions(lbox):
     d = lbox.wait_state(d["id"], "done", "failed")
     assert d["state"] == "done", d["error"]
     assert d["layers"] == [b["id"]]
+
+
+def test_a_failed_tasks_change_is_in_its_diff_and_in_no_later_task(lbox):
+    bad = lbox.create(title="bad", flow=flow({"write": {"path": "b.txt", "content": "half done\n"}}, {"run": "exit 4"}))
+    bad = lbox.wait_state(bad["id"], "failed")
+    change = diff_of(lbox, bad["id"])
+    assert change["added"] == ["b.txt"]
+    assert "+half done" in change["diff"]
+    assert read(lbox, "b.txt") is None
+
+    later = lbox.create(title="later", flow=flow({"run": "test ! -e b.txt"}))
+    later = lbox.wait_state(later["id"], "done", "failed")
+    assert later["state"] == "done", later["error"]
+    assert later["layers"] == []
+
+    undo(lbox, bad["id"])
+    assert diff_of(lbox, bad["id"])["added"] == []
+
+
+def test_deletions_and_replaced_directories_show_in_the_diff_and_the_view(lbox):
+    setup = lbox.create(title="setup", flow=flow(
+        {"write": {"path": "keep.txt", "content": "k\n"}},
+        {"write": {"path": "gone.txt", "content": "g\n"}},
+        {"write": {"path": "d/x.txt", "content": "x\n"}},
+        {"write": {"path": "d/sub/y.txt", "content": "y\n"}},
+    ))
+    lbox.wait_state(setup["id"], "done")
+    change = lbox.create(title="change", flow=flow(
+        {"delete": "gone.txt"},
+        {"run": "rm -rf d && mkdir d && echo new > d/z.txt"},
+    ))
+    change = lbox.wait_state(change["id"], "done", "failed")
+    assert change["state"] == "done", change["error"]
+    body = diff_of(lbox, change["id"])
+    assert body["deleted"] == ["d/sub/y.txt", "d/x.txt", "gone.txt"]
+    assert body["added"] == ["d/z.txt"]
+    assert body["modified"] == []
+    listing = lbox.api.get("/api/workspaces/home/files", {"path": "d"}).json()
+    assert [e["name"] for e in listing["entries"]] == ["z.txt"]
+    assert read(lbox, "keep.txt") == "k\n" and read(lbox, "gone.txt") is None
+
+
+def test_a_binary_file_is_named_in_the_diff_not_dumped(lbox):
+    task = lbox.create(title="bin", flow=flow(
+        {"run": "printf 'GIF89a\\000\\001\\002\\377' > pic.gif && echo text > notes.txt"}))
+    task = lbox.wait_state(task["id"], "done", "failed")
+    assert task["state"] == "done", task["error"]
+    body = diff_of(lbox, task["id"])
+    assert body["added"] == ["notes.txt", "pic.gif"]
+    assert body["binary"] == ["pic.gif"]
+    assert "Binary files /dev/null and b/pic.gif differ" in body["diff"]
+    assert "GIF89a" not in body["diff"] and "+text" in body["diff"]
+    response = lbox.api.get("/api/workspaces/home/files", {"path": "pic.gif"}).json()
+    assert response["binary"] is True and response["content"] is None and response["size"] == 10
+
+
+def test_deep_stacks_are_compacted_without_losing_a_file_and_rebuilt_after_an_undo_beneath(lbox, settings):
+    settings.BOX_LAYER_MAX_DEPTH = 3
+    done = []
+    for n in range(8):
+        steps = [{"write": {"path": f"f{n}.txt", "content": f"{n}\n"}}]
+        if n == 5:
+            steps.append({"write": {"path": "f1.txt", "content": "1 changed by 5\n"}})
+        if n == 6:
+            steps.append({"delete": "f0.txt"})
+        task = lbox.create(title=f"t{n}", flow={"steps": steps})
+        task = lbox.wait_state(task["id"], "done", "failed")
+        assert task["state"] == "done", task["error"]
+        done.append(task["id"])
+    workspace = lbox.api.get("/api/workspaces/home").json()
+    assert workspace["stack"]["compacted"], workspace
+    assert workspace["stack"]["depth"] <= 3 + 1
+    expected = {f"f{n}.txt": f"{n}\n" for n in range(1, 8)} | {"f1.txt": "1 changed by 5\n"}
+    check = lbox.create(title="check", flow=flow({"run": "for f in f*.txt; do printf '%s=' $f; cat $f; done > all.out"}))
+    check = lbox.wait_state(check["id"], "done", "failed")
+    assert check["state"] == "done", check["error"]
+    assert read(lbox, "all.out") == "".join(f"{k}={v}" for k, v in sorted(expected.items()))
+    assert check["layers"] == list(reversed(done))
+
+    undo(lbox, done[2])  # beneath the flat: the next task gets a rebuilt one
+    undo(lbox, done[6])  # f0.txt's deletion goes: f0 is back
+    after = lbox.create(title="after", flow=flow({"run": "for f in f*.txt; do printf '%s=' $f; cat $f; done > after.out"}))
+    after = lbox.wait_state(after["id"], "done", "failed")
+    assert after["state"] == "done", after["error"]
+    expected = {k: v for k, v in expected.items() if k not in ("f2.txt", "f6.txt")} | {"f0.txt": "0\n"}
+    assert read(lbox, "after.out") == "".join(f"{k}={v}" for k, v in sorted(expected.items()))
+    assert done[2] not in lbox.api.get("/api/workspaces/home").json()["stack"]["compacted"]
