@@ -48,7 +48,10 @@ def task_diff(request: Request, task_id: str) -> Response:
     layer = Layer.objects.filter(task=task).first()
     if layer is None or task.state == State.UNDONE:
         return Response({"task": task.pk, **diff.empty()})  # never started, or its changes are gone
-    return Response({"task": task.pk, **diff.render(changes_of(task, layer))})
+    from tasks.facts import redactor_for
+
+    # A task's files may hold what its steps typed (a password, a card): shown only redacted.
+    return Response(redactor_for(task).redact({"task": task.pk, **diff.render(changes_of(task, layer))}))
 
 
 @extend_schema(request=None, responses={200: dict})

@@ -73,7 +73,9 @@ class FlowWorker:
     def run(self, ctx: RunContext) -> Outcome:
         flow = ctx.task.flow or {}
         steps: list[dict[str, Any]] = flow.get("steps", [])
-        records: dict[str, Any] = dict(ctx.task.records or {})
+        # Saved values are stored redacted (a secret a step printed is its ${name}); they get
+        # their secrets back only here, in the worker's memory, for the steps that use them.
+        records: dict[str, Any] = {k: substitute(v, ctx.facts.values) for k, v in (ctx.task.records or {}).items()}
         known = {**flow.get("vars", {}), **records, **ctx.facts.values}
         missing = missing_names(flow, {**ctx.facts.values, **records})
         if missing:
@@ -128,7 +130,7 @@ class FlowWorker:
             if "save" in step:
                 records[step["save"]] = result
                 known[step["save"]] = result
-            ctx.recorder.save_progress(resume={"step": index + 1}, records=records)
+            ctx.recorder.save_progress(resume={"step": index + 1}, records=ctx.recorder.redactor.redact(records))
             if only and is_approved and index + 1 < total:
                 return Continue(resume={"step": index + 1})
         return Done(f"finished all {total} steps")
