@@ -42,6 +42,7 @@ def tools_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         tool_entry("test.free", root),
         tool_entry("test.paid", root, cost_cents=25, description="costs a quarter"),
         tool_entry("test.launch", root, irreversible=True),
+        {"name": "test.broken", "command": ["/bin/sh", "-c", "echo 'the shop is closed' >&2; exit 4"]},
     ]))
     return path, root
 

@@ -135,3 +135,22 @@ def test_box_need_human_waits_until_a_person_continues(box: Any) -> None:
     from tasks.models import Run
 
     assert Run.objects.filter(task_id=task["id"]).count() == 1  # the same process went on: no re-run
+
+
+def test_another_task_cannot_use_a_held_tasks_broker(box: Any) -> None:
+    from tasks.broker.paths import socket_path
+    from tasks.isolation import describe_isolation
+
+    if not describe_isolation()["sandbox"]:
+        pytest.skip("without the sandbox every task runs as the box's own user")
+    held = box.create(title="holder", worker="command", prompt="p", command=sh("box approve 'wait here'"))
+    waiting(box, held["id"], "approval")
+    target = socket_path(held["id"])
+    attacker = box.create(title="attacker", worker="command", prompt="p",
+                          command=sh(f"id -u; BOX_BROKER_SOCKET={target} box step pwned; echo \"exit=$?\""))
+    view = box.wait_state(attacker["id"], "done", "failed", "cancelled")
+    outputs = [e["summary"] for e in events_of(box, attacker["id"], "output")]
+    assert outputs[0] != "0"  # the attacker ran as its own user, not root
+    assert "exit=3" in outputs, (view, outputs)
+    assert not any(e["summary"] == "pwned" for e in events_of(box, held["id"], "step"))
+    assert box.api.post(f"/api/tasks/{held['id']}/cancel").status_code == 200
