@@ -65,16 +65,19 @@ class Box:
 
 
 @pytest.fixture
-def box(transactional_db: Any, tmp_path: Path) -> Box:
+def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
     from boxsite.auth import issue_api_token
-    from tasks.models import Workspace
+    from tasks.layers import unmount_views
+    from tasks.models import Task, Workspace
 
     home = tmp_path / "home"
     home.mkdir()
     Workspace.objects.update_or_create(name="home", defaults={"base_dir": str(home)})
     owner = make_owner()
     _, raw = issue_api_token(owner, "tests", can_use_folders=True)
-    return Box(owner, raw, home)
+    yield Box(owner, raw, home)
+    # a task the test left queued/running/waiting keeps its overlay mounted; its rows are flushed next
+    unmount_views(list(Task.objects.values_list("pk", flat=True)))
 
 
 def database_env() -> dict[str, str]:

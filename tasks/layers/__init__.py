@@ -17,7 +17,7 @@ from tasks.layers.task_view import on_final_move, open_view, release
 
 log = logging.getLogger(__name__)
 
-__all__ = ["on_final_move", "open_view", "reconcile", "release"]
+__all__ = ["on_final_move", "open_view", "reconcile", "release", "unmount_views"]
 
 
 def reconcile() -> None:
@@ -33,3 +33,11 @@ def reconcile() -> None:
     for task_id in sorted(task_ids - active):
         log.info("unmounting the view task %s left behind", task_id)
         release(task_id)
+
+
+def unmount_views(task_ids: list[str]) -> None:
+    """Unmount these tasks' views whatever their state: for test teardown, where a task may be
+    left waiting when its rows are flushed (``reconcile`` would find it only at the next start)."""
+    for task_id in task_ids:
+        for root in paths.mount_roots(task_id):
+            mounts.unmount_all_under(root)
