@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,9 +25,18 @@ needs_sandbox = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs 
 
 
 @pytest.fixture
-def sandboxed(box: Box, settings: Any) -> Iterator[Box]:
-    """The ``box`` with the sandbox on; afterwards every user its tasks made is gone (checked)."""
+def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
+    """The ``box`` with the sandbox on; afterwards every user its tasks made is gone (checked).
+
+    Each test worker is its own box (its own data directory): reconcile releases the users of
+    tasks its database does not know, so two boxes must never share a data directory.
+    """
     settings.BOX_SANDBOX = "auto"
+    settings.BOX_DATA_DIR = Path(settings.BOX_DATA_DIR) / f"box-{worker_id}"
+    settings.BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    # Subprocesses (a real qcluster) sign and check queued jobs with this process's key; in
+    # another data directory they would otherwise generate their own.
+    monkeypatch.setenv("DJANGO_SECRET_KEY", settings.SECRET_KEY)
     reason = sandbox_missing()
     if reason is not None:
         pytest.skip(f"no sandbox here: {reason}")

@@ -1,0 +1,127 @@
+"""A sandboxed process start beside its floors: a bare ``unshare`` and a bare ``useradd``.
+
+Measures, on this machine, N times each:
+  plain start          Popen(/bin/true) in its own session (what runs without the sandbox)
+  bare unshare         unshare --pid --fork --net --mount --ipc --uts --mount-proc /bin/true
+  bare useradd/userdel the account tools alone
+  sandboxed start      tasks.sandbox.launcher.popen(/bin/true) + wait, the task's user existing
+                       (every step after the first): namespaces, id-mapped view, init, setuid
+  first start          the same plus creating the task's user
+  release              kill sweep, disown files, userdel (after a task ends)
+  with hosts           a sandboxed start that also starts the egress proxy and forwarder
+
+Needs root. Usage: .venv/bin/python bench/sandbox.py [-n 30]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def row(name: str, samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return f"| {name:<34} | {statistics.median(samples):8.1f} | {p95:8.1f} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-n", type=int, default=30)
+    n = parser.parse_args().n
+    if os.geteuid() != 0:
+        sys.exit("bench/sandbox.py needs root (it creates users and namespaces)")
+
+    data = Path(tempfile.mkdtemp(prefix="box-bench-sandbox-", dir="/var/tmp"))
+    os.environ.update({"BOX_DATA_DIR": str(data), "DJANGO_SETTINGS_MODULE": "boxsite.settings", "BOX_LOG_LEVEL": "WARNING"})
+    os.environ.pop("DATABASE_URL", None)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from tasks.models import Task, Workspace
+    from tasks.sandbox import cleanup, launcher, users
+    from tests.factories import make_owner
+
+    owner = make_owner("bench")
+    base = data / "base"
+    base.mkdir()
+    (base / "file.txt").write_text("x")
+    workspace = Workspace.objects.create(name="bench", base_dir=str(base))
+    work = data / "view"
+    work.mkdir()
+
+    def context(hosts: list[str]) -> SimpleNamespace:
+        task = Task.objects.create(owner=owner, title="bench", workspace=workspace, worker="command", hosts=hosts,
+                                   state="running")
+        return SimpleNamespace(task=task, workdir=work, recorder=None)
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8"}
+
+    def run_in(ctx: SimpleNamespace) -> None:
+        proc = launcher.popen(ctx, ["/bin/true"], env=env, cwd=work)  # type: ignore[arg-type]
+        proc.communicate()
+        assert proc.returncode == 0, proc.returncode
+
+    warm = context([])
+    users.ensure_user(warm.task.pk)
+    run_in(warm)  # warm caches
+    results = [row("plain start (no sandbox)", timed(lambda: subprocess.run(["/bin/true"], start_new_session=True, check=True), n))]
+    results.append(row("bare unshare (pid,net,mount,ipc,uts)", timed(lambda: subprocess.run(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--ipc", "--uts", "/bin/true"],
+        check=True), n)))
+    names = [f"box-bench{i:04d}" for i in range(n)]
+    adds = iter(names)
+    results.append(row("bare useradd", timed(lambda: subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", next(adds)], check=True), n)))
+    dels = iter(names)
+    results.append(row("bare userdel", timed(lambda: subprocess.run(["userdel", next(dels)], check=True), n)))
+    results.append(row("sandboxed start (user exists)", timed(lambda: run_in(warm), n)))
+
+    cold = [context([]) for _ in range(n)]
+    queue = iter(cold)
+
+    def first_start() -> None:
+        ctx = next(queue)
+        users.ensure_user(ctx.task.pk)
+        run_in(ctx)
+
+    results.append(row("first start (creates the user)", timed(first_start, n)))
+    ended = iter(cold)
+    results.append(row("release (kill sweep, userdel)", timed(lambda: cleanup.release(next(ended).task.pk), n)))
+    with_hosts = context(["example.com"])
+    users.ensure_user(with_hosts.task.pk)
+    results.append(row("sandboxed start with hosts (proxy)", timed(lambda: run_in(with_hosts), n)))
+    cleanup.release(warm.task.pk)
+    cleanup.release(with_hosts.task.pk)
+    subprocess.run(["rm", "-rf", str(data)], check=True)
+
+    print(f"\nsandboxed process start vs its floors ({n} runs each, ms)\n")
+    print(f"| {'what':<34} | {'p50':>8} | {'p95':>8} |")
+    print(f"|{'-' * 36}|{'-' * 10}|{'-' * 10}|")
+    print("\n".join(results))
+
+
+if __name__ == "__main__":
+    main()
