@@ -85,7 +85,7 @@ class Calls:
         kind = message.get("kind") or guess_kind(name)
         if kind not in ("text", "email", "phone", "date", "number"):
             raise CallError("'kind' must be text, email, phone, date or number", field="kind")
-        field = {"name": name, "why": why, "kind": kind, "options": []}
+        field: dict[str, Any] = {"name": name, "why": why, "kind": kind, "options": []}
         return self.holds.question("input", "input", f"the task asks for {name}: {why}", [field], name=name)
 
     def op_need_human(self, message: dict[str, Any]) -> Any:

@@ -3,14 +3,15 @@
 Started by ``tasks.jobs.execute_run`` before the worker's process starts, closed when the run
 ends. Only the box's own user and the task's Linux user may connect: each connection's peer
 credentials are checked, and the socket lives in the task's private runtime directory. Each
-connection is served on its own thread with its own database connection; every write goes
-through the run's step recorder, so a run that lost its lease writes nothing.
+connection is served by one of a few long-lived threads, each with its own database connection;
+every write goes through the run's step recorder, so a run that lost its lease writes nothing.
 """
 from __future__ import annotations
 
 import logging
 import os
 import pwd
+import queue
 import socket
 import socketserver
 import struct
@@ -33,12 +34,41 @@ from tasks.recorder import LeaseLost, LimitReached
 log = logging.getLogger(__name__)
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+POOL_SIZE = 4  # connections served at once; more wait their turn (holds are one at a time anyway)
 
 
-class _SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    block_on_close = False
+class _SocketServer(socketserver.UnixStreamServer):
+    """Connections are served by a few long-lived threads, so each keeps its database connection
+    across calls (a fresh PostgreSQL connection per `box` call would cost more than the call)."""
+
     broker: BrokerServer
+
+    def start_pool(self, size: int) -> None:
+        self._queue: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self._pool = [threading.Thread(target=self._serve_queue, name=f"broker-{self.broker.ctx.task.pk}-{i}", daemon=True)
+                      for i in range(size)]
+        for thread in self._pool:
+            thread.start()
+
+    def stop_pool(self) -> None:
+        for _ in self._pool:
+            self._queue.put(None)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._queue.put((request, client_address))
+
+    def _serve_queue(self) -> None:
+        try:
+            while (item := self._queue.get()) is not None:
+                request, client_address = item
+                try:
+                    self.finish_request(request, client_address)
+                except Exception:  # noqa: BLE001 - one broken connection must not stop the pool
+                    log.exception("broker connection for %s failed", self.broker.ctx.task.pk)
+                finally:
+                    self.shutdown_request(request)
+        finally:
+            connection.close()  # this thread's database connection, opened by its calls
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         raw = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
@@ -76,7 +106,6 @@ class _Handler(socketserver.StreamRequestHandler):
             super().finish()
         except OSError:
             pass  # the client is gone; nothing left to flush to
-        connection.close()  # each connection thread had its own database connection
 
 
 class BrokerServer:
@@ -108,6 +137,7 @@ class BrokerServer:
             server.server_close()
             raise
         self._server = server
+        server.start_pool(POOL_SIZE)
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name=f"broker-{self.ctx.task.pk}", daemon=True)
         self._thread.start()
@@ -141,6 +171,7 @@ class BrokerServer:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+            self._server.stop_pool()
         with self._open_lock:
             for conn in list(self._open):
                 try:
