@@ -61,12 +61,13 @@ def request_approval(
     run while that run is alive (the broker sees the decision and goes on). ``amount_cents`` is,
     for spending approvals, how much more budget the call asks for; approving raises the budget
     to ``guard["budget_cents"]`` (the budget when asked; else the current one) plus that amount.
-    ``summary`` and ``detail`` are redacted with the task's secrets before they are stored.
+    ``summary``, ``detail`` and the text in ``guard`` are redacted with the task's secrets before
+    they are stored (a guarded tool call's arguments may carry them).
     """
     redact = redactor_for(task)
     approval = Approval.objects.create(
         task=task, kind=kind, summary=redact.text(summary)[:500], detail=redact.redact(detail or {}),
-        guard=guard or {}, amount_cents=amount_cents, task_version=task.version,
+        guard=redact.redact(guard or {}), amount_cents=amount_cents, task_version=task.version,
     )
     record_event(task, EventKind.APPROVAL, f"approval needed: {approval.summary}",
                  {"approval": approval.pk, "kind": kind, "amount_cents": amount_cents}, redactor=redact)

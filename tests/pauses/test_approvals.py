@@ -242,3 +242,21 @@ def test_two_concurrent_approvals_resume_once(box):
     body = report(box, view["id"])
     assert body["records"]["log"] == "before\nguarded\nafter"
     assert len(body["runs"]) == 3
+
+
+def test_a_paid_tool_step_over_the_budget_waits_and_approving_raises_the_budget(box):
+    from tasks.tools import Tool, register
+
+    calls: list[dict] = []
+    register(Tool(name="test.paid", description="costs a quarter", schema={"type": "object"},
+                  impl=lambda ctx, args: calls.append(args) or {"ok": True}, cost_cents=25))
+    spec = flow({"tool": "test.paid", "args": {"pin": "${pin}"}})
+    view = _paused(box, spec, tools=["test.paid"], budgetCents=10, facts={"pin": "918273"})
+    approval = pending_approval(box, view["id"])
+    assert approval["kind"] == "spending" and approval["amountCents"] == 15
+    assert "918273" not in str(approval)  # the guarded call's arguments are stored redacted
+    assert calls == [] and box.task(view["id"])["costCents"] == 0
+    assert post(box, f"/api/approvals/{approval['id']}/approve").status_code == 200
+    done = box.wait_state(view["id"], "done")
+    assert calls == [{"pin": "918273"}]
+    assert done["budgetCents"] == 25 and done["costCents"] == 25
