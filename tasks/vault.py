@@ -49,11 +49,15 @@ def delete_secret(name: str) -> None:
 
 
 def rotate() -> int:
-    """Re-encrypt every secret under the first key; returns how many rows were rewritten.
+    """Re-encrypt every secret under the first key: vault rows and the secret facts sealed in
+    tasks (same key). Returns how many values were rewritten.
 
-    Each row is locked while it is rewritten, so a concurrent ``set_secret`` is not overwritten
-    with the old value.
+    Each row is locked while it is rewritten, so a concurrent write is not overwritten with the
+    old value.
     """
+    from tasks.facts import resealed
+    from tasks.models import Task
+
     count = 0
     for pk in list(VaultSecret.objects.values_list("pk", flat=True)):
         with transaction.atomic():
@@ -62,9 +66,24 @@ def rotate() -> int:
                 continue  # deleted meanwhile
             VaultSecret.objects.filter(pk=pk).update(ciphertext=crypto.reencrypt(bytes(row.ciphertext)))
             count += 1
+    for pk in list(Task.objects.values_list("pk", flat=True)):
+        with transaction.atomic():
+            facts = Task.objects.select_for_update().filter(pk=pk).values_list("facts", flat=True).first()
+            if not facts:
+                continue
+            values, sealed = resealed(facts)
+            if sealed:
+                Task.objects.filter(pk=pk).update(facts=values)
+                count += sealed
     return count
 
 
 def rows_on_old_keys() -> list[str]:
-    """Names of secrets not yet encrypted under the first key (must be empty before retiring)."""
-    return [row.name for row in VaultSecret.objects.all() if not crypto.encrypted_with_first_key(bytes(row.ciphertext))]
+    """What is not yet encrypted under the first key (must be empty before retiring old keys):
+    vault names, and ``task <id>`` for tasks with sealed secret facts."""
+    from tasks.facts import sealed_on_old_keys
+    from tasks.models import Task
+
+    stale = [row.name for row in VaultSecret.objects.all() if not crypto.encrypted_with_first_key(bytes(row.ciphertext))]
+    stale += [f"task {pk}" for pk, facts in Task.objects.values_list("pk", "facts").iterator() if facts and sealed_on_old_keys(facts)]
+    return stale

@@ -1,6 +1,7 @@
 """The vault: write-only secrets, encrypted at rest, rotated without losing a row."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -136,3 +137,21 @@ def test_keys_can_come_from_a_file(box: Any, tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("BOX_SECRET_KEY_FILE", str(key_path))
     box.api.post("/api/vault", {"name": "ONE", "value": SECRET}, format="json")
     assert Fernet(key).decrypt(raw_ciphertext("ONE")).decode() == SECRET
+
+
+def test_rotation_also_reencrypts_secret_facts_sealed_in_tasks(box: Any, keys: tuple[bytes, bytes],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.facts import Facts
+    from tasks.models import Task
+
+    old, new = keys
+    task = box.create(title="login", prompt="log in", facts={"password": "hunter2-very-secret", "city": "Oslo"})
+    stored = Task.objects.get(pk=task["id"]).facts
+    assert "hunter2-very-secret" not in json.dumps(stored)  # sealed at rest
+    monkeypatch.setenv("BOX_SECRET_KEY", f"{new.decode()},{old.decode()}")
+    out = io.StringIO()
+    call_command("rotatevaultkey", "--retire", stdout=out)
+    assert "now remove the old keys" in out.getvalue()  # nothing was left on the old key
+    monkeypatch.setenv("BOX_SECRET_KEY", new.decode())
+    facts = Facts.of(Task.objects.get(pk=task["id"])).values
+    assert facts["password"] == "hunter2-very-secret" and facts["city"] == "Oslo"
