@@ -204,6 +204,28 @@ def _open(value: Any) -> str:
     return decrypt(value[_SEALED].encode())
 
 
+def resealed(values: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """``values`` with every sealed secret re-encrypted under the vault's first key, and how many
+    were (vault key rotation: ``tasks.vault.rotate``)."""
+    from tasks.crypto import reencrypt
+
+    out: dict[str, Any] = {}
+    count = 0
+    for name, value in values.items():
+        if _is_sealed(value):
+            value = {_SEALED: reencrypt(value[_SEALED].encode()).decode()}
+            count += 1
+        out[name] = value
+    return out, count
+
+
+def sealed_on_old_keys(values: Mapping[str, Any]) -> bool:
+    """True when a sealed secret in ``values`` is not yet under the vault's first key."""
+    from tasks.crypto import encrypted_with_first_key
+
+    return any(_is_sealed(v) and not encrypted_with_first_key(v[_SEALED].encode()) for v in values.values())
+
+
 @dataclass
 class Facts:
     values: dict[str, Any]
