@@ -70,6 +70,7 @@ def setup(request: HttpRequest) -> HttpResponse:
 class SignIn(LoginView):
     template_name = "portal/login.html"
     redirect_authenticated_user = True
+    next_page = "/tasks"
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not owner_exists():

@@ -35,6 +35,9 @@ new ListStream({
 }).start();
 showTasks().catch((err) => say(err.message));
 showInbox();
+// The stream follows this phone's own tasks; approvals of the owner's other tasks reach the
+// phone's inbox too, so it is also re-read every few seconds while the page is in view.
+setInterval(() => { if (document.visibilityState === "visible") showInbox(); }, 5000);
 
 const form = document.getElementById("ask");
 form.addEventListener("submit", async (event) => {

@@ -43,8 +43,13 @@ function renderHeader(t) {
   renderActions(t);
 }
 
+// Keep answers with the conflicting paths, and the log keeps them (the event that recorded the
+// conflict), so a reloaded window still says which paths conflicted.
+let loggedConflicts = [];
+
 function conflictPaths(t, extra) {
-  return extra ?? t.conflicts ?? t.reviewConflicts ?? t.reviewDetail?.conflicts ?? [];
+  if (t.review !== "conflict") return [];
+  return extra ?? t.conflicts ?? loggedConflicts;
 }
 
 function renderReview(t, conflicts) {
@@ -122,12 +127,12 @@ async function act(verb, body) {
 async function keep() {
   try {
     const updated = await api("POST", `/api/tasks/${taskId}/keep`, {});
-    await refresh(updated.task ?? updated);
+    if (updated.conflicts?.length) loggedConflicts = updated.conflicts;
+    await refresh(updated);
     say(task.review === "conflict" ? "Nothing was applied: some paths conflicted" : "Kept");
   } catch (err) {
     say(err.message);
     await refresh();
-    if (err.status === 409) renderReview(task, err.body.conflicts ?? err.body.paths);
   }
 }
 
@@ -173,6 +178,7 @@ function artifactNode(artifact) {
 function appendEvent(event) {
   const log = $("log");
   const data = event.data ?? {};
+  if (Array.isArray(data.conflicts)) loggedConflicts = data.conflicts;
   const row = el("li", { class: `event kind-${event.kind}`, "data-seq": String(event.seq) },
     el("div", { class: "event-line" },
       el("time", { datetime: event.createdAt }, time(event.createdAt)),
@@ -261,9 +267,9 @@ async function loadReport() {
 // --- start ------------------------------------------------------------------------------------
 async function start() {
   const view = await api("GET", `/api/tasks/${taskId}`);
+  for (const event of view.log.events) appendEvent(event);
   renderHeader(view);
   renderBlockers();
-  for (const event of view.log.events) appendEvent(event);
   stream = new TaskStream(taskId, {
     after: view.log.nextAfter,
     onEvent: (event) => {
