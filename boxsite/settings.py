@@ -133,7 +133,8 @@ Q_CLUSTER: dict[str, object] = {
     # delivers each job once and never re-queues a failed one on its own.
     "max_attempts": 1,
     "ack_failures": True,
-    "save_limit": 500,
+    # The Run table is the record of every attempt; django-q2 keeps only failed jobs.
+    "save_limit": -1,
     "catch_up": False,
     "poll": env_float("BOX_QUEUE_POLL_S", 0.2),
     "label": "Queue",
