@@ -14,23 +14,16 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-CLIENT_DIR = Path("/usr/local/lib/box/bin")
+from tasks.sandbox.paths import BOX_BIN_DIR, runtime_dir
+
+CLIENT_DIR = BOX_BIN_DIR
 CLIENT_SOURCE = Path(__file__).resolve().parent / "client" / "box"
 SOCKET_NAME = "broker.sock"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 
 
-def runtime_dir(task_id: str) -> Path:
-    """The task's runtime directory: the sandbox's, once it provides one."""
-    try:
-        from tasks.sandbox.paths import runtime_dir as sandbox_runtime_dir
-    except ImportError:  # the sandbox package does not provide paths yet
-        return Path(settings.BOX_DATA_DIR) / "run" / task_id
-    return Path(sandbox_runtime_dir(task_id))
-
-
 def socket_path(task_id: str) -> Path:
-    path = runtime_dir(task_id) / SOCKET_NAME
+    path = runtime_dir(task_id) / SOCKET_NAME  # the sandbox's per-task runtime directory
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise ImproperlyConfigured(f"the broker socket path {path} is longer than a Unix socket allows; use a shorter BOX_DATA_DIR")
     return path

@@ -124,7 +124,7 @@ class BrokerServer:
         self._open_lock = threading.Lock()
 
     def start(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.path.exists() or self.path.is_symlink():
             self.path.unlink()  # a socket a crashed run left behind
         server = _SocketServer(str(self.path), _Handler, bind_and_activate=False)
