@@ -59,21 +59,21 @@ def rotate() -> int:
     from tasks.models import Task
 
     count = 0
-    for pk in list(VaultSecret.objects.values_list("pk", flat=True)):
+    for secret_id in list(VaultSecret.objects.values_list("pk", flat=True)):
         with transaction.atomic():
-            row = VaultSecret.objects.select_for_update().filter(pk=pk).first()
+            row = VaultSecret.objects.select_for_update().filter(pk=secret_id).first()
             if row is None:
                 continue  # deleted meanwhile
-            VaultSecret.objects.filter(pk=pk).update(ciphertext=crypto.reencrypt(bytes(row.ciphertext)))
+            VaultSecret.objects.filter(pk=secret_id).update(ciphertext=crypto.reencrypt(bytes(row.ciphertext)))
             count += 1
-    for pk in list(Task.objects.values_list("pk", flat=True)):
+    for task_id in list(Task.objects.values_list("pk", flat=True)):
         with transaction.atomic():
-            facts = Task.objects.select_for_update().filter(pk=pk).values_list("facts", flat=True).first()
+            facts = Task.objects.select_for_update().filter(pk=task_id).values_list("facts", flat=True).first()
             if not facts:
                 continue
             values, sealed = resealed(facts)
             if sealed:
-                Task.objects.filter(pk=pk).update(facts=values)
+                Task.objects.filter(pk=task_id).update(facts=values)
                 count += sealed
     return count
 
