@@ -53,6 +53,11 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// replaceChildren() would print a skipped (null) child as the text "null"; this drops them.
+export function put(node, ...children) {
+  node.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false));
+}
+
 export function clearErrors(form) {
   for (const p of form.querySelectorAll("[data-error-for]")) { p.hidden = true; p.textContent = ""; }
   for (const input of form.querySelectorAll("[aria-invalid]")) input.removeAttribute("aria-invalid");

@@ -1,5 +1,5 @@
 // The inbox: every open approval and question across tasks, answerable in place.
-import { api, el, initialData, refreshInboxCount, say } from "./api.js";
+import { api, el, initialData, refreshInboxCount, say, put } from "./api.js";
 import { ListStream, statusBadge } from "./live.js";
 import { approvalCard, questionCard } from "./render.js";
 
@@ -17,7 +17,7 @@ export async function loadInbox(target, { big = false } = {}) {
   const key = cards.map((c) => c.dataset.approval ? `a${c.dataset.approval}` : `q${c.dataset.question}`).join(",");
   if (target.dataset.key !== key) {
     target.dataset.key = key;
-    target.replaceChildren(...cards);
+    put(target, ...cards);
   }
   refreshInboxCount();
   return cards.length;
@@ -29,7 +29,7 @@ if (box) {
     try {
       empty.hidden = (await loadInbox(box)) > 0;
     } catch (err) {
-      box.replaceChildren(el("p", { class: "error" }, err.message));
+      put(box, el("p", { class: "error" }, err.message));
     }
   };
   show();

@@ -1,5 +1,5 @@
 // Settings: defaults, vault names, API tokens, paired phones and pairing.
-import { api, clearErrors, el, say, showError, when } from "./api.js";
+import { api, clearErrors, el, say, showError, when, put } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -51,9 +51,9 @@ async function loadVault() {
         say(`Deleted ${secret.name}`);
         loadVault();
       }));
-    list.replaceChildren(...(rows.length ? rows : [el("li", { class: "empty" }, "The vault is empty.")]));
+    put(list, ...(rows.length ? rows : [el("li", { class: "empty" }, "The vault is empty.")]));
   } catch (err) {
-    list.replaceChildren(el("li", { class: "error" }, err.message));
+    put(list, el("li", { class: "error" }, err.message));
   }
 }
 const vaultForm = $("vault-form");
@@ -75,7 +75,7 @@ vaultForm.addEventListener("submit", async (event) => {
 // --- API tokens -----------------------------------------------------------------------------
 async function loadTokens() {
   const tokens = await api("GET", "/api/tokens");
-  $("token-list").replaceChildren(...tokens.results.map((t) => t.revokedAt
+  put($("token-list"), ...tokens.results.map((t) => t.revokedAt
     ? el("li", { class: "revoked" }, el("div", {}, el("strong", {}, t.name), el("p", { class: "hint" }, `${t.prefix}… revoked ${when(t.revokedAt)}`)))
     : rowWith(t.name, `${t.prefix}…${t.canUseFolders ? " · may use folders" : ""} · last used ${t.lastUsedAt ? when(t.lastUsedAt) : "never"}`,
         `Revoke ${t.name}`, async () => { await api("POST", `/api/tokens/${t.id}/revoke`); say(`Revoked ${t.name}`); loadTokens(); })));
@@ -101,7 +101,7 @@ tokenForm.addEventListener("submit", async (event) => {
 // --- phones ---------------------------------------------------------------------------------
 async function loadDevices() {
   const devices = await api("GET", "/api/devices");
-  $("device-list").replaceChildren(...devices.results.map((d) => d.revokedAt
+  put($("device-list"), ...devices.results.map((d) => d.revokedAt
     ? el("li", { class: "revoked" }, el("div", {}, el("strong", {}, d.name), el("p", { class: "hint" }, `revoked ${when(d.revokedAt)}`)))
     : rowWith(d.name, `paired ${when(d.createdAt)} · last seen ${d.lastSeenAt ? when(d.lastSeenAt) : "never"}`,
         `Revoke ${d.name}`, async () => { await api("POST", `/api/devices/${d.id}/revoke`); say(`Revoked ${d.name}`); loadDevices(); })));

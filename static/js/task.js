@@ -1,6 +1,6 @@
 // The task window: header, blockers, live action log, Diff and Report tabs, and every button
 // the task's `next` list offers (the page never guesses the state machine).
-import { api, cents, el, refreshInboxCount, say, time } from "./api.js";
+import { api, cents, el, refreshInboxCount, say, time, put } from "./api.js";
 import { statusBadge, TaskStream } from "./live.js";
 import { approvalCard, costText, questionCard, stateText } from "./render.js";
 
@@ -38,7 +38,7 @@ function renderHeader(t) {
   $("task-source").textContent = t.source;
   const error = $("task-error");
   error.hidden = !t.error;
-  error.replaceChildren(...(t.error ? [el("strong", {}, "Error: "), t.error, t.hint ? el("p", { class: "hint" }, t.hint) : null] : []));
+  put(error, ...(t.error ? [el("strong", {}, "Error: "), t.error, t.hint ? el("p", { class: "hint" }, t.hint) : null] : []));
   renderReview(t);
   renderActions(t);
 }
@@ -64,7 +64,7 @@ function renderReview(t, conflicts) {
   };
   const paths = conflictPaths(t, conflicts);
   box.className = `review review-${t.review}`;
-  box.replaceChildren(
+  put(box,
     el("h2", {}, "Review"),
     el("p", {}, words[t.review] ?? t.review),
     paths.length ? el("div", {}, el("p", {}, "These paths conflicted:"),
@@ -97,7 +97,7 @@ function renderActions(t) {
     });
     buttons.push(button);
   }
-  box.replaceChildren(...buttons);
+  put(box, ...buttons);
 }
 
 function confirmThen(title, text, yes, then) {
@@ -145,7 +145,7 @@ function renderBlockers() {
     ...approvals.map((a) => approvalCard(a, { version: task.version, onDone: () => refresh() })),
     ...questions.map((q) => questionCard(q, { version: task.version, onDone: () => refresh() })),
   ];
-  box.replaceChildren(...(cards.length ? [el("h2", {}, "Waiting for you"), ...cards] : []));
+  put(box, ...(cards.length ? [el("h2", {}, "Waiting for you"), ...cards] : []));
 }
 
 async function refresh(taskView) {
@@ -185,7 +185,8 @@ function appendEvent(event) {
       el("span", { class: `kind kind-${event.kind}` }, KIND_LABELS[event.kind] ?? event.kind),
       el("span", { class: "summary" }, event.summary),
       event.costCents ? el("span", { class: "cost" }, cents(event.costCents)) : null),
-    Object.keys(data).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(data, null, 2))) : null,
+    // A status line says it all in its summary; other kinds carry details worth opening.
+    event.kind !== "status" && Object.keys(data).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(data, null, 2))) : null,
     (event.artifacts ?? []).length ? el("div", { class: "artifacts" }, event.artifacts.map(artifactNode)) : null);
   const nearBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
   log.append(row);
@@ -235,7 +236,7 @@ async function loadDiff() {
   const box = $("diff");
   try {
     const diff = await api("GET", `/api/tasks/${taskId}/diff`);
-    box.replaceChildren(
+    put(box,
       el("div", { class: "diff-summary" },
         pathList("Added", diff.added ?? [], "added"),
         pathList("Modified", diff.modified ?? [], "modified"),
@@ -244,7 +245,7 @@ async function loadDiff() {
       diff.diff ? diffLines(diff.diff) : el("p", { class: "empty" }, "No changes."),
       diff.truncated ? el("p", { class: "hint" }, "The diff was cut short; it is too long to show whole.") : null);
   } catch (err) {
-    box.replaceChildren(el("p", { class: "error" }, err.message));
+    put(box, el("p", { class: "error" }, err.message));
   }
 }
 
@@ -255,12 +256,12 @@ async function loadReport() {
     const report = await api("GET", `/api/tasks/${taskId}/report`);
     const records = report.records ?? report.task?.records;
     const output = report.output ?? null;
-    box.replaceChildren(
+    put(box,
       output !== null && output !== undefined ? el("section", {}, el("h3", {}, "Output"), el("pre", { class: "mono" }, typeof output === "string" ? output : JSON.stringify(output, null, 2))) : null,
       records && Object.keys(records).length ? el("section", {}, el("h3", {}, "Records"), el("pre", { class: "mono" }, JSON.stringify(records, null, 2))) : null,
       el("details", {}, el("summary", {}, "The whole report"), el("pre", { class: "mono" }, JSON.stringify(report, null, 2))));
   } catch (err) {
-    box.replaceChildren(el("p", { class: "error" }, err.message));
+    put(box, el("p", { class: "error" }, err.message));
   }
 }
 

@@ -58,6 +58,7 @@ def test_a_task_started_from_the_form_shows_its_steps_live(page: Any) -> None:
     expect(row).to_be_visible()
     expect(row.locator(".badge")).to_have_text("done", timeout=30_000)
     assert page.evaluate("window.__notReloaded") is True  # the list changed without a reload
+    screenshot(page, "tasks")
 
     row.get_by_role("link", name="Count to three").click()
     expect(page.get_by_role("heading", name="Count to three")).to_be_visible()
@@ -65,6 +66,7 @@ def test_a_task_started_from_the_form_shows_its_steps_live(page: Any) -> None:
     for step in ("one", "two", "three"):
         expect(log.get_by_text(re.compile(rf"step \d/3 \w+: {step}"))).to_be_visible()
     expect(page.locator("#task-progress-text")).to_have_text("100%")
+    expect(page.locator("#stream-status")).to_have_text("Live")
     screenshot(page, "task-window")
 
 
