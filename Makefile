@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite test-postgres migrate bench clean
+.PHONY: run test test-sqlite test-postgres typecheck migrate bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,11 @@ migrate: $(STAMP)
 run: migrate
 	$(PY) manage.py runbox
 
-# The suite runs twice: on the embedded default (SQLite) and on PostgreSQL.
-test: test-sqlite test-postgres
+# Types first (fast), then the suite twice: on the embedded default (SQLite) and on PostgreSQL.
+test: typecheck test-sqlite test-postgres
+
+typecheck: $(STAMP)
+	$(PY) -m mypy boxsite tasks approvals schedules
 
 test-sqlite: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
