@@ -95,18 +95,20 @@ if DATABASE_URL:
     if _db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (SQLite is the embedded default)")
     # A subprocess started by the tests (a real qcluster) is pointed at the test database.
-    if env_str("BOX_DATABASE_NAME"):
-        _db["NAME"] = env_str("BOX_DATABASE_NAME")
+    _name = env_str("BOX_DATABASE_NAME")
+    if _name:
+        _db["NAME"] = _name
     # Separate test databases for people (or agents) running suites side by side.
-    if env_str("BOX_TEST_DATABASE_NAME"):
-        _db["TEST"] = {"NAME": env_str("BOX_TEST_DATABASE_NAME")}
+    _test_name = env_str("BOX_TEST_DATABASE_NAME")
+    if _test_name:
+        _db["TEST"] = {"NAME": _test_name}
     DATABASES = {"default": _db}
 else:
     _sqlite_path = env_path("BOX_SQLITE_PATH", str(BOX_DATA_DIR / "box.sqlite3"))
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": _sqlite_path,
+            "NAME": str(_sqlite_path),
             "OPTIONS": {
                 "timeout": env_float("BOX_SQLITE_BUSY_TIMEOUT_S", 20.0),
                 "transaction_mode": "IMMEDIATE",
@@ -122,13 +124,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- redis, queue, live updates ---------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
 
+BOX_JOB_RETRY_S = env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10) + 300
 Q_CLUSTER: dict[str, object] = {
     "name": env_str("BOX_QUEUE_NAME", "box"),
     "workers": env_int("BOX_WORKERS", 2, minimum=1),
     # A run heartbeats its lease; django-q2's own timeout only guards against a hung job.
     # retry must exceed timeout, or django-q2 hands a slow job to a second worker.
     "timeout": env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10),
-    "retry": env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10) + 300,
+    "retry": BOX_JOB_RETRY_S,
     # Recovery is the reaper's job (leases, backoff, a finite attempt count), so django-q2
     # delivers each job once and never re-queues a failed one on its own.
     "max_attempts": 1,
@@ -165,7 +168,6 @@ BOX_LIVE_POLL_SECONDS = env_float("BOX_LIVE_POLL_SECONDS", 0.1)
 # Run jobs in the calling process right after commit instead of through django-q2.
 # Only for tests that are not about the worker; never in production.
 BOX_RUN_INLINE = env_bool("BOX_RUN_INLINE", False)
-BOX_COMMAND_PRESETS = {}  # filled by tasks.workers.presets from BOX_PRESETS_FILE if set
 BOX_PRESETS_FILE = env_str("BOX_PRESETS_FILE")
 BOX_TOOLS_FILE = env_str("BOX_TOOLS_FILE")
 BOX_LAYER_DRIVER = env_str("BOX_LAYER_DRIVER", "auto")

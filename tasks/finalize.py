@@ -51,7 +51,7 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
         # The run is closed before the task moves: a final move closes every open run.
         if isinstance(outcome, Done):
             runs.finish(run.pk, token, "done")
-            review = {"review": "pending"} if task.folders else {}  # a folder task waits for Keep/Undo
+            review: dict[str, Any] = {"review": "pending"} if task.folders else {}  # a folder task waits for Keep/Undo
             services.transition(task, State.DONE, summary=outcome.summary, progress=1.0, **review)
         elif isinstance(outcome, Failed):
             # An error often quotes what a step printed; it is stored and shown only redacted.

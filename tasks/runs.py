@@ -143,7 +143,7 @@ def dispatch_due(now: Any = None) -> int:
     """Enqueue runs whose backoff is over, and re-enqueue runs a lost queue message stranded."""
     now = now or timezone.now()
     due = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=True, available_at__lte=now).values_list("pk", flat=True))
-    stranded_before = now - timedelta(seconds=max(60, settings.Q_CLUSTER["retry"]))  # type: ignore[operator]
+    stranded_before = now - timedelta(seconds=max(60, settings.BOX_JOB_RETRY_S))
     due += list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=stranded_before).values_list("pk", flat=True))
     for run_id in due:
         enqueue(run_id)

@@ -44,7 +44,7 @@ def task_list(request: Request) -> Response:
         source = "phone" if principal.via == "device" else None
         task = services.create_task(request.data, principal, source=source)
         return Response(present_task(task), status=201)
-    qs = Task.objects.filter(owner=request.user).select_related("workspace")
+    qs = Task.objects.filter(owner=principal.user).select_related("workspace")
     if principal.via == "device":
         qs = qs.filter(device=principal.device)
     state = request.query_params.get("state")
