@@ -11,6 +11,7 @@ layers of done tasks, newest first). The hooks the rest of the box calls:
 from __future__ import annotations
 
 import logging
+import shutil
 
 from tasks.layers import mounts, paths
 from tasks.layers.task_view import on_final_move, open_view, release
@@ -29,6 +30,7 @@ def reconcile() -> None:
     task_ids: set[str] = set()
     for root in (paths.data_dir() / "tasks", paths.data_dir() / "mounts"):
         task_ids |= {point.relative_to(root).parts[0] for point in mounts.mounts_under(root) if point != root}
+    shutil.rmtree(paths.trash_dir(), ignore_errors=True)  # deletions a stopped process left half done
     active = set(Task.objects.filter(pk__in=task_ids, state__in=ACTIVE).values_list("pk", flat=True))
     for task_id in sorted(task_ids - active):
         log.info("unmounting the view task %s left behind", task_id)

@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,6 +194,18 @@ class CopyDriver:
         for rel in gone:
             make_parents(rel)  # a portable whiteout's directory exists in the layer, as overlayfs makes it
             meta.deleted.add(markers_prefix + rel)
-        shutil.rmtree(root.view)
+        discard(root.view)
         root.manifest.unlink(missing_ok=True)
+
+
+def discard(directory: Path) -> None:
+    """Delete a working copy without making the task's end wait for it: a rename into the
+    trash, then removal in the background (start-up reconcile empties what a crash left)."""
+    from tasks.layers import paths
+
+    trash = paths.trash_dir() / f"{directory.parent.name}-{directory.name}-{os.getpid()}-{threading.get_ident()}"
+    trash.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(directory, trash)
+    threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True},
+                     name="layers-trash", daemon=True).start()
 

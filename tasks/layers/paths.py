@@ -8,6 +8,7 @@
     mounts/<task>/<root>/<n>/    id-mapped lower layers of a sandboxed overlay view
     flats/<workspace>/<key>/     compacted lower layers (see ``compaction``)
     locks/                       flock files that order work across processes
+    trash/                       working copies being deleted in the background
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def task_dir(task_id: str) -> Path:
 
 def view_dir(task_id: str) -> Path:
     return task_dir(task_id) / "view"
+
+
+def trash_dir() -> Path:
+    return data_dir() / "trash"
 
 
 def lower_mounts_dir(task_id: str) -> Path:

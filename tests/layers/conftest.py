@@ -3,6 +3,8 @@ copy driver. Each test gets its own data directory; a mount left behind fails th
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,13 +22,14 @@ def driver(request: Any, settings: Any, tmp_path: Path) -> Iterator[str]:
 
     if request.param == "overlay" and os.geteuid() != 0:
         pytest.skip("the overlay driver needs root")
-    data = tmp_path / "data"
-    data.mkdir()
+    # short: the broker's Unix socket lives under the data dir (108-byte limit)
+    data = Path(tempfile.mkdtemp(prefix="bl-", dir="/tmp"))
     settings.BOX_DATA_DIR = data
     settings.BOX_LAYER_DRIVER = request.param
     yield request.param
     leftover = mounts.mounts_under(data)
     mounts.unmount_all_under(data)
+    shutil.rmtree(data, ignore_errors=True)
     assert not leftover, f"mounts left behind: {leftover}"
 
 
