@@ -19,6 +19,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 WAITS_FOR_INPUT = flow({"write": {"path": "who.txt", "content": "${who}"}})
 
 
+@pytest.fixture(autouse=True)
+async def _close_worker_thread_connections() -> Any:
+    """database_sync_to_async keeps a connection open in its thread; close it so the test
+    database can be flushed and dropped."""
+    yield
+    from django.db import connections
+
+    await database_sync_to_async(connections.close_all)()
+
+
 def sync(fn: Any) -> Any:
     return database_sync_to_async(fn)
 
@@ -85,7 +95,15 @@ async def test_a_client_connecting_while_events_are_written_gets_each_seq_once_i
     task_id = await waiting_task(box)
     session = await sync(session_cookie)(box.owner)
     first = (await sync(box.events)(task_id))[-1]["seq"]
-    writer = threading.Thread(target=record_notes, args=(task_id, 120, "burst"))
+    def burst() -> None:
+        from django.db import connection
+
+        try:
+            record_notes(task_id, 120, "burst")
+        finally:
+            connection.close()  # this thread's own connection
+
+    writer = threading.Thread(target=burst)
     writer.start()
     client = ws(f"/ws/tasks/{task_id}/?after=0", session=session)
     assert (await client.connect())[0]
