@@ -57,8 +57,15 @@ def _nothing_created(dirs_before: set[str]) -> None:
     assert _task_dirs() == dirs_before
 
 
+@pytest.fixture
+def own_data_dir(settings, tmp_path):
+    """A data dir of this test's own, so tasks of tests running beside it do not show up."""
+    settings.BOX_DATA_DIR = tmp_path / "data"
+    settings.BOX_DATA_DIR.mkdir()
+
+
 @pytest.mark.parametrize(("label", "spec", "code", "field"), BAD_SPECS, ids=[b[0] for b in BAD_SPECS])
-def test_it_rejects_a_bad_spec_and_creates_nothing(box, label, spec, code, field):
+def test_it_rejects_a_bad_spec_and_creates_nothing(box, own_data_dir, label, spec, code, field):
     dirs_before = _task_dirs()
     response = box.api.post("/api/tasks", spec, format="json")
     assert response.status_code == 400, response.json()
