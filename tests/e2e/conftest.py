@@ -103,7 +103,10 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    # The machine is shared by parallel suites; a live update may take a few seconds under load.
+    expect.set_options(timeout=15_000)
 
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
