@@ -77,7 +77,12 @@ def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
     _, raw = issue_api_token(owner, "tests", can_use_folders=True)
     yield Box(owner, raw, home)
     # a task the test left queued/running/waiting keeps its overlay mounted; its rows are flushed next
-    unmount_views(list(Task.objects.values_list("pk", flat=True)))
+    task_ids = list(Task.objects.values_list("pk", flat=True))
+    from tasks import sandbox
+
+    for task_id in task_ids:  # ... and its Linux user (and processes): system uids are few
+        sandbox.release(task_id)
+    unmount_views(task_ids)
 
 
 def database_env() -> dict[str, str]:

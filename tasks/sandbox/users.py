@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "box-"
 MAX_NAME = 32  # useradd's limit on Linux
+# Task users get ids from their own range, far from the distribution's system accounts (100-999,
+# which a busy box would exhaust) and from people's accounts.
+_ID_RANGE = ["-K", "SYS_UID_MIN=200000", "-K", "SYS_UID_MAX=299999", "-K", "SYS_GID_MIN=200000", "-K", "SYS_GID_MAX=299999"]
 _lock = threading.Lock()  # useradd/userdel rewrite /etc/passwd; one at a time from this process
 
 
@@ -70,7 +73,7 @@ def ensure_user(task_id: str) -> Identity:
         return found
     name = user_name(task_id)
     argv = ["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-            "--user-group", "--comment", box_marker(), name]
+            "--user-group", "--comment", box_marker(), *_ID_RANGE, name]
     _run_account_tool(argv, ok_codes={0, 9})  # 9: the name exists (another process made it first)
     found = find_user(task_id)
     if found is None:
