@@ -79,7 +79,7 @@ def tokens(request: Request) -> Response:
         # The only time the value is ever shown.
         return Response({**present_token(token), "token": raw}, status=201)
     services.require_settings_right(principal)
-    rows = ApiToken.objects.filter(user=request.user).order_by("-created_at", "-pk")
+    rows = ApiToken.objects.filter(user=principal.user).order_by("-created_at", "-pk")
     return Response({"results": [present_token(t) for t in rows]})
 
 
@@ -92,8 +92,9 @@ def token_revoke(request: Request, token_id: int) -> Response:
 @extend_schema(responses={200: dict})
 @api_view(["GET"])
 def devices(request: Request) -> Response:
-    services.require_settings_right(Principal.of(request))
-    rows = Device.objects.filter(user=request.user).order_by("-created_at", "-pk")
+    principal = Principal.of(request)
+    services.require_settings_right(principal)
+    rows = Device.objects.filter(user=principal.user).order_by("-created_at", "-pk")
     return Response({"results": [present_device(d) for d in rows]})
 
 

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model, login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.db import transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
@@ -72,17 +72,22 @@ class SignIn(LoginView):
     redirect_authenticated_user = True
     next_page = "/tasks"
 
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not owner_exists():
             return redirect("setup")
         return super().dispatch(request, *args, **kwargs)
 
 
+def _owner(request: HttpRequest) -> Any:
+    """The signed-in owner (pages that call this are behind ``login_required``)."""
+    return request.user
+
+
 def _nav(request: HttpRequest, active: str) -> dict[str, Any]:
     from approvals.models import Approval, ApprovalState, Question, QuestionState
 
-    approvals = Approval.objects.filter(task__owner=request.user, state=ApprovalState.PENDING).count()
-    questions = Question.objects.filter(task__owner=request.user, state=QuestionState.OPEN).count()
+    approvals = Approval.objects.filter(task__owner=_owner(request), state=ApprovalState.PENDING).count()
+    questions = Question.objects.filter(task__owner=_owner(request), state=QuestionState.OPEN).count()
     return {"active": active, "inbox_count": approvals + questions}
 
 
@@ -109,7 +114,7 @@ def tasks(request: HttpRequest) -> HttpResponse:
     from tasks.presenters import present_task
 
     cursor = live_cursor()  # read first: anything after it reaches the page through the stream
-    rows = Task.objects.filter(owner=request.user).select_related("workspace").order_by("-created_at", "-pk")[:50]
+    rows = Task.objects.filter(owner=_owner(request)).select_related("workspace").order_by("-created_at", "-pk")[:50]
     return render(request, "portal/tasks.html", {
         **_nav(request, "tasks"), **_choices(),
         "initial": {"tasks": [present_task(t) for t in rows], "cursor": cursor},

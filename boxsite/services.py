@@ -121,7 +121,7 @@ def revoke_token(principal: Principal, token_id: int) -> ApiToken:
 def normalize_code(raw: str) -> str:
     """What a person typed, as stored: case and separators do not matter; O/I/L read as 0/1/1."""
     cleaned = "".join(ch for ch in raw.upper() if ch.isalnum())
-    return cleaned.translate(str.maketrans({"O": "0", "I": "1", "L": "1"}))
+    return cleaned.translate(str.maketrans("OIL", "011"))
 
 
 def format_code(code: str) -> str:
