@@ -23,10 +23,15 @@ MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 
 
 def socket_path(task_id: str) -> Path:
-    path = runtime_dir(task_id) / SOCKET_NAME  # the sandbox's per-task runtime directory
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise ImproperlyConfigured(f"the broker socket path {path} is longer than a Unix socket allows; use a shorter BOX_DATA_DIR")
-    return path
+    return runtime_dir(task_id) / SOCKET_NAME  # the sandbox's per-task runtime directory
+
+
+def short_address(path: Path, dir_fd: int) -> str:
+    """An address for ``path`` that fits a Unix socket address (108 bytes): the path itself, or
+    the same file reached through ``dir_fd`` (an open descriptor of its directory) in /proc."""
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return str(path)
+    return f"/proc/self/fd/{dir_fd}/{path.name}"
 
 
 @lru_cache(maxsize=1)

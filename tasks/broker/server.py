@@ -127,15 +127,21 @@ class BrokerServer:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.path.exists() or self.path.is_symlink():
             self.path.unlink()  # a socket a crashed run left behind
-        server = _SocketServer(str(self.path), _Handler, bind_and_activate=False)
-        server.broker = self
+        # A deep BOX_DATA_DIR can make the path longer than a socket address allows; binding
+        # through an open descriptor of the directory creates the same file.
+        dir_fd = os.open(self.path.parent, os.O_PATH | os.O_DIRECTORY)
         try:
-            server.server_bind()
-            self._restrict_to_task_user()
-            server.server_activate()
-        except OSError:
-            server.server_close()
-            raise
+            server = _SocketServer(paths.short_address(self.path, dir_fd), _Handler, bind_and_activate=False)
+            server.broker = self
+            try:
+                server.server_bind()
+                self._restrict_to_task_user()
+                server.server_activate()
+            except OSError:
+                server.server_close()
+                raise
+        finally:
+            os.close(dir_fd)
         self._server = server
         server.start_pool(POOL_SIZE)
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},

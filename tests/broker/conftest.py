@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,20 +33,25 @@ def tool_entry(name: str, root: Path, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tools_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """BOX_TOOLS_FILE with a free tool, a paid one (25¢) and an irreversible one."""
-    base = tmp_path_factory.mktemp("owner-tools")
+def tools_file() -> Iterator[tuple[Path, Path]]:
+    """BOX_TOOLS_FILE with a free tool, a paid one (25¢), an irreversible one and a broken one.
+
+    In a private temporary directory rather than pytest's numbered ones, which a concurrent
+    pytest session may rotate away while this module still needs them."""
+    base = Path(tempfile.mkdtemp(prefix="box-owner-tools-"))
+    os.chmod(base, 0o755)
     root = base / "marks"
     root.mkdir()
     os.chmod(root, 0o755)
     path = base / "tools.json"
     path.write_text(json.dumps([
-        tool_entry("test.free", root),
-        tool_entry("test.paid", root, cost_cents=25, description="costs a quarter"),
-        tool_entry("test.launch", root, irreversible=True),
-        {"name": "test.broken", "command": ["/bin/sh", "-c", "echo 'the shop is closed' >&2; exit 4"]},
+        tool_entry("owner.free", root),
+        tool_entry("owner.paid", root, cost_cents=25, description="costs a quarter"),
+        tool_entry("owner.launch", root, irreversible=True),
+        {"name": "owner.broken", "command": ["/bin/sh", "-c", "echo 'the shop is closed' >&2; exit 4"]},
     ]))
-    return path, root
+    yield path, root
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

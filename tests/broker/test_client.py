@@ -88,8 +88,8 @@ def test_flow_run_steps_reach_the_broker_too(box: Any) -> None:
 
 
 def test_an_owner_command_tool_runs_with_its_arguments_and_returns_its_output(box: Any, owner_tools: Any, marks: Marks) -> None:
-    task = box.create(title="owner tool", worker="command", prompt="p", tools=["test.free"],
-                      command=sh("box tool test.free --args '{\"n\": 7}' > out.json && cat out.json"))
+    task = box.create(title="owner tool", worker="command", prompt="p", tools=["owner.free"],
+                      command=sh("box tool owner.free --args '{\"n\": 7}' > out.json && cat out.json"))
     view = box.wait_state(task["id"], "done", "failed")
     assert view["state"] == "done", view["error"]
     assert marks.made(task["id"]) == [{"n": 7}]
@@ -97,8 +97,8 @@ def test_an_owner_command_tool_runs_with_its_arguments_and_returns_its_output(bo
 
 
 def test_a_paid_call_within_the_budget_records_its_cost(box: Any, owner_tools: Any, marks: Marks) -> None:
-    task = box.create(title="paid", worker="command", prompt="p", tools=["test.paid"], budgetCents=60,
-                      command=sh("box tool test.paid && box tool test.paid"))
+    task = box.create(title="paid", worker="command", prompt="p", tools=["owner.paid"], budgetCents=60,
+                      command=sh("box tool owner.paid && box tool owner.paid"))
     view = box.wait_state(task["id"], "done", "failed")
     assert view["state"] == "done", view["error"]
     costs = events_of(box, task["id"], "cost")
@@ -137,3 +137,14 @@ def test_box_with_bad_usage_exits_2_with_one_line() -> None:
     done = subprocess.run(["/usr/bin/python3", str(CLIENT_SOURCE), "tool", "x", "--args", "{nope"],
                           env={"BOX_BROKER_SOCKET": "/nonexistent"}, capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("box: --args is not JSON")
+
+
+def test_the_broker_works_when_the_data_directory_is_deeper_than_a_socket_address_allows(
+        box: Any, settings: Any, tmp_path: Any) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    settings.BOX_DATA_DIR = deep
+    task = box.create(title="deep", worker="command", prompt="p", command=sh("box step from-deep-down"))
+    view = box.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "done", view["error"]
+    assert any(e["summary"] == "from-deep-down" for e in events_of(box, task["id"], "step"))

@@ -37,14 +37,14 @@ def decide(box: Any, approval_id: int, verb: str) -> None:
 
 
 def test_a_paid_call_over_the_budget_waits_before_it_is_made_and_approving_raises_the_budget(box: Any, marks: Marks) -> None:
-    task = box.create(title="buy", worker="command", prompt="p", tools=["test.paid"], budgetCents=10,
-                      command=sh("box tool test.paid --args '{\"item\": \"book\"}' && box step bought"))
+    task = box.create(title="buy", worker="command", prompt="p", tools=["owner.paid"], budgetCents=10,
+                      command=sh("box tool owner.paid --args '{\"item\": \"book\"}' && box step bought"))
     view = waiting(box, task["id"], "approval")
     assert marks.made(task["id"]) == []  # the paid call has not been made
     assert view["costCents"] == 0
     approval = pending_approval(box, task["id"])
     assert approval["kind"] == "spending" and approval["amountCents"] == 15
-    assert "test.paid" in approval["summary"]
+    assert "owner.paid" in approval["summary"]
 
     decide(box, approval["id"], "approve")
     view = box.wait_state(task["id"], "done", "failed", "cancelled")
@@ -57,8 +57,8 @@ def test_a_paid_call_over_the_budget_waits_before_it_is_made_and_approving_raise
 
 
 def test_denying_a_paid_call_over_the_budget_cancels_the_task_and_the_call_never_happens(box: Any, marks: Marks) -> None:
-    task = box.create(title="buy", worker="command", prompt="p", tools=["test.paid"], budgetCents=0,
-                      command=sh("box tool test.paid; box step after-the-call"))
+    task = box.create(title="buy", worker="command", prompt="p", tools=["owner.paid"], budgetCents=0,
+                      command=sh("box tool owner.paid; box step after-the-call"))
     waiting(box, task["id"], "approval")
     decide(box, pending_approval(box, task["id"])["id"], "deny")
     view = box.wait_state(task["id"], "cancelled", "done", "failed")
@@ -77,11 +77,11 @@ def test_denying_a_paid_call_over_the_budget_cancels_the_task_and_the_call_never
 
 
 def test_an_irreversible_tool_waits_for_the_owner(box: Any, marks: Marks) -> None:
-    task = box.create(title="launch", worker="command", prompt="p", tools=["test.launch"],
-                      command=sh("box tool test.launch --args '{\"target\": \"moon\"}'"))
+    task = box.create(title="launch", worker="command", prompt="p", tools=["owner.launch"],
+                      command=sh("box tool owner.launch --args '{\"target\": \"moon\"}'"))
     waiting(box, task["id"], "approval")
     approval = pending_approval(box, task["id"])
-    assert approval["kind"] == "irreversible" and approval["guard"]["tool"] == "test.launch"
+    assert approval["kind"] == "irreversible" and approval["guard"]["tool"] == "owner.launch"
     assert marks.made(task["id"]) == []
     decide(box, approval["id"], "approve")
     assert box.wait_state(task["id"], "done", "failed", "cancelled")["state"] == "done"

@@ -22,30 +22,30 @@ def test_a_spec_naming_a_tool_nobody_provides_is_invalid_and_names_the_tool(box:
 
 
 def test_an_owner_tool_from_the_tools_file_is_a_valid_tool(box: Any, owner_tools: Any) -> None:
-    task = box.create(title="t", prompt="p", worker="command", tools=["test.free"], command=sh("true"))
-    assert task["tools"] == ["test.free"]
+    task = box.create(title="t", prompt="p", worker="command", tools=["owner.free"], command=sh("true"))
+    assert task["tools"] == ["owner.free"]
 
 
 def test_the_tool_list_shows_built_in_and_owner_tools_with_cost_and_irreversibility(box: Any, owner_tools: Any) -> None:
     tools = {t["name"]: t for t in box.api.get("/api/tools").json()["tools"]}
-    assert {"http.request", "notify.owner", "test.free", "test.paid", "test.launch"} <= set(tools)
+    assert {"http.request", "notify.owner", "owner.free", "owner.paid", "owner.launch"} <= set(tools)
     assert tools["notify.owner"]["provider"] == "box" and tools["notify.owner"]["schema"]["required"] == ["message"]
-    assert tools["test.paid"]["costCents"] == 25 and tools["test.paid"]["provider"] == "owner"
-    assert tools["test.launch"]["irreversible"] is True
+    assert tools["owner.paid"]["costCents"] == 25 and tools["owner.paid"]["provider"] == "owner"
+    assert tools["owner.launch"]["irreversible"] is True
 
 
 def test_a_failing_owner_tool_reports_its_reason_to_the_process_and_the_log(box: Any, owner_tools: Any) -> None:
-    task = box.create(title="t", prompt="p", worker="command", tools=["test.broken"], command=sh("box tool test.broken"))
+    task = box.create(title="t", prompt="p", worker="command", tools=["owner.broken"], command=sh("box tool owner.broken"))
     view = box.wait_state(task["id"], "done", "failed")
     assert view["state"] == "failed"
-    assert "tool 'test.broken' failed: exited with 4: the shop is closed" in view["error"]
+    assert "tool 'owner.broken' failed: exited with 4: the shop is closed" in view["error"]
     result = events_of(box, task["id"], "tool_result")[0]
     assert result["data"]["ok"] is False and "the shop is closed" in result["data"]["error"]
 
 
 def test_allow_destructive_lets_an_irreversible_tool_run_without_asking(box: Any, marks: Marks) -> None:
-    task = box.create(title="t", prompt="p", worker="command", tools=["test.launch"],
-                      constraints={"allow_destructive": True}, command=sh("box tool test.launch --args '{\"go\": 1}'"))
+    task = box.create(title="t", prompt="p", worker="command", tools=["owner.launch"],
+                      constraints={"allow_destructive": True}, command=sh("box tool owner.launch --args '{\"go\": 1}'"))
     view = box.wait_state(task["id"], "done", "failed", "waiting")
     assert view["state"] == "done", view
     assert marks.made(task["id"]) == [{"go": 1}]
@@ -53,8 +53,8 @@ def test_allow_destructive_lets_an_irreversible_tool_run_without_asking(box: Any
 
 
 def test_a_flow_tool_step_over_the_budget_pauses_first_and_approving_runs_it(box: Any, marks: Marks) -> None:
-    task = box.create(title="t", tools=["test.paid"], budgetCents=5,
-                      flow=flow({"tool": "test.paid", "args": {"what": "ticket"}}, {"run": "box step after"}))
+    task = box.create(title="t", tools=["owner.paid"], budgetCents=5,
+                      flow=flow({"tool": "owner.paid", "args": {"what": "ticket"}}, {"run": "box step after"}))
     view = box.wait_state(task["id"], "waiting", "done", "failed")
     assert view["state"] == "waiting" and view["waitingFor"] == "approval"
     assert marks.made(task["id"]) == [] and view["costCents"] == 0
