@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django.conf import settings
 
 from tasks.models import EventKind, Task
 
@@ -18,11 +17,10 @@ def is_root() -> bool:
 
 
 def layer_driver() -> str:
-    """The layer driver in force: overlay needs root; anything else gets copies."""
-    configured = getattr(settings, "BOX_LAYER_DRIVER", "auto")
-    if configured == "copy" or not is_root():
-        return "copy"
-    return "overlay"
+    """The layer driver new tasks get (overlay when root and the kernel allow it, else copy)."""
+    from tasks.layers.base import driver_name
+
+    return driver_name()
 
 
 def describe_isolation() -> dict[str, Any]:
@@ -48,7 +46,7 @@ def describe_isolation() -> dict[str, Any]:
         "session": "a new session per process",
         "files": "a copy of the workspace; nothing stops a process from reading other files the box's user can",
         "network": "listed hosts offered through proxy environment variables only; a program that ignores them is not stopped",
-        "layers": "copy" if not is_root() else layer_driver(),
+        "layers": layer_driver(),
         "summary": f"not sandboxed ({reason}): the copy driver and proxy environment variables only",
     }
 

@@ -91,8 +91,9 @@ def remove_user(name: str) -> None:
 
 def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
     # The shadow tools refuse while another process holds /etc/passwd's lock (exit 10) and
-    # userdel refuses while a process of the user is still exiting (exit 8): retry briefly.
-    deadline = time.monotonic() + 15
+    # userdel refuses while a process of the user is still exiting (exit 8): retry. The lock
+    # is shared with every other box process (and the host's own tools), so allow a minute.
+    deadline = time.monotonic() + 60
     delay = 0.01
     while True:
         with _lock:
