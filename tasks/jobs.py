@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -80,7 +81,8 @@ def execute_run(run_id: int) -> None:
     except LimitReached as exc:
         outcome = Failed(exc.message, recoverable=True, hint=exc.hint)
     except Exception as exc:  # noqa: BLE001 - any crash of a worker fails its task, with the reason
-        log.exception("run %s crashed", run_id)
+        # The traceback may quote a secret (an argument, a command line): log it redacted.
+        log.error("run %s crashed:\n%s", run_id, recorder.redactor.text(traceback.format_exc()))
         outcome = Failed(f"the worker crashed: {type(exc).__name__}: {exc}", recoverable=True, hint="see the box's log")
     finally:
         heartbeat.finished.set()

@@ -22,17 +22,30 @@ def prepare(task: Task) -> Path:
     return layers.open_view(task)
 
 
-def release(task_id: str) -> None:
-    sandbox.release(task_id)  # processes, broker socket, the task's user
-    layers.release(task_id)  # mounts, then the layer joins, stays apart, or goes
+def release(task_id: str) -> bool:
+    """Run every release step, each even when one before it failed. False if any failed: the
+    failure is logged with its reason, and start-up reconcile tries again."""
+    ok = True
+    # processes, broker socket, the task's user; then mounts, and the layer joins, stays apart, or goes
+    for name, step in (("sandbox", sandbox.release), ("layers", layers.release)):
+        try:
+            step(task_id)
+        except Exception:  # noqa: BLE001 - the next step must still run; reconcile retries this one
+            log.exception("releasing the %s of task %s failed; start-up reconcile will try again", name, task_id)
+            ok = False
+    return ok
 
 
 def reconcile() -> None:
     """At start-up: release every ended task whose resources a crash may have left behind."""
     from tasks.states import FINAL
 
-    sandbox.reconcile()  # users and runtime dirs of ended or unknown tasks, even without a tasks/ dir
-    layers.reconcile()  # mounts under the data dir whose task is no longer active
+    for name, step in (("sandbox", sandbox.reconcile), ("layers", layers.reconcile)):
+        # users and runtime dirs of ended or unknown tasks; mounts whose task is no longer active
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - one leftover must not keep the box from starting
+            log.exception("reconciling %s leftovers failed; the box starts anyway", name)
 
     root = Path(settings.BOX_DATA_DIR) / "tasks"
     if not root.is_dir():

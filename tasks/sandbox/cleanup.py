@@ -7,6 +7,7 @@ the same recycled uid owns nothing of it) and deletes the user. Every step is id
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -73,7 +74,12 @@ def _disown(path: str, st: os.stat_result, ident: users.Identity) -> None:
     if st.st_uid == ident.uid or st.st_gid == ident.gid:
         uid = 0 if st.st_uid == ident.uid else st.st_uid
         gid = 0 if st.st_gid == ident.gid else st.st_gid
-        os.lchown(path, uid, gid)
+        try:
+            os.lchown(path, uid, gid)
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+            # a read-only (lower) mount: nothing there can be written, by a recycled uid either
 
 
 def reconcile() -> list[str]:
