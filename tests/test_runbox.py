@@ -110,13 +110,39 @@ def test_runbox_serves_runs_a_task_and_stops_all_three_on_ctrl_c(box_env, tmp_pa
         assert f"http://127.0.0.1:{port}/" in log.read()
         task = _call(port, token, "POST", "/api/tasks", {"title": "hello", "flow": {"steps": [{"write": {"path": "hello.txt", "content": "hi"}}, {"run": "cat hello.txt"}]}})
         wait_for(lambda: _call(port, token, "GET", f"/api/tasks/{task['id']}")["state"] == "done", timeout=60, what="the task to finish")
+        data_dir = box_env["BOX_DATA_DIR"]
+        wait_for(lambda: data_dir not in Path("/proc/self/mountinfo").read_text(), timeout=30, what="the task's mounts to go")
         family = _children(proc.pid)
         assert len(family) >= 3  # web, worker (and its cluster processes), scheduler
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         wait_for(lambda: not _alive(family), timeout=30, what="every process of the box to exit")
     finally:
+        leftovers = _alive(_children(proc.pid))
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for pid in leftovers:  # each child runs in its own session: kill them one by one
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         log.close()
+
+
+def test_a_killed_supervisor_takes_web_worker_and_scheduler_with_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME")}
+    env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_QUEUE_NAME": f"runbox-kill-{os.getpid()}"})
+    _manage(env, "migrate", "--no-input")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "runbox"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    family: set[int] = set()
+    try:
+        wait_for(lambda: len(_children(proc.pid)) >= 3, timeout=60, what="web, worker and scheduler to start")
+        family = _children(proc.pid)
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not _alive(family), timeout=30, what="the orphaned processes to exit")
+    finally:
+        for pid in _alive(family):
+            os.kill(pid, signal.SIGKILL)

@@ -5,6 +5,7 @@ box is never half up.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -15,6 +16,15 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the supervisor dies (even by SIGKILL), so a
+    crashed supervisor never leaves a half box running."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Command(BaseCommand):
@@ -31,7 +41,8 @@ class Command(BaseCommand):
         }
         procs: dict[str, subprocess.Popen[bytes]] = {}
         for name, argv in children.items():
-            procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True)
+            # Own sessions: Ctrl-C reaches only the supervisor, which stops the three in order.
+            procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True, preexec_fn=_die_with_parent)
         url = f"http://{host}:{port}/"
         self.stdout.write(f"\nThe box is running at {url}  (data: {settings.BOX_DATA_DIR})")
         if not get_user_model().objects.filter(is_superuser=True).exists():
