@@ -3,6 +3,7 @@ the others. Healthy ticks with nothing to do write nothing and log nothing."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from django.db import close_old_connections
@@ -35,11 +36,28 @@ def _scan_files() -> None:
 
 
 # Order matters: retries publish before schedules fire (a recovered run is older work).
+RETENTION_EVERY_S = 3600.0
+_last_retention = 0.0
+
+
+def _prune() -> None:
+    """Hourly (and once at start): forget ended tasks past the retention window."""
+    global _last_retention
+    now = time.monotonic()
+    if _last_retention and now - _last_retention < RETENTION_EVERY_S:
+        return
+    _last_retention = now
+    from tasks.retention import prune_expired
+
+    prune_expired()
+
+
 PHASES: list[tuple[str, Callable[[], None]]] = [
     ("reap expired leases", _reap),
     ("dispatch due runs", _dispatch),
     ("fire due schedules", _fire_schedules),
     ("scan file-arrival folders", _scan_files),
+    ("prune past retention", _prune),
 ]
 
 
