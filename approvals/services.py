@@ -335,7 +335,7 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
     now = timezone.now()
     asked = [f for q in questions for f in q.fields]
     for question in questions:
-        stored = {"inputs": {k: v for k, v in (inputs or {}).items() if k in {f["name"] for f in question.fields}}}
+        stored: dict[str, Any] = {"inputs": {k: v for k, v in (inputs or {}).items() if k in {f["name"] for f in question.fields}}}
         if answer is not None:
             stored["answer"] = answer[:2000]
         Question.objects.filter(pk=question.pk, state=QuestionState.OPEN).update(

@@ -170,7 +170,7 @@ def rotate_secret(principal: Principal, trigger_id: Any, body: Any) -> tuple[Tri
         if trigger.kind != TriggerKind.WEBHOOK:
             raise InvalidRequest("only a webhook trigger has a secret", field="id")
         secret = _secret(body)
-        trigger.previous_secret_ciphertext = bytes(trigger.secret_ciphertext) if grace else None
+        trigger.previous_secret_ciphertext = bytes(trigger.secret_ciphertext or b"") if grace else None
         trigger.previous_secret_expires_at = timezone.now() + timedelta(seconds=grace) if grace else None
         trigger.secret_ciphertext = encrypt(secret)
         trigger.save(update_fields=["previous_secret_ciphertext", "previous_secret_expires_at", "secret_ciphertext", "updated_at"])
@@ -195,5 +195,5 @@ def valid_secrets(trigger: Trigger) -> list[str]:
     while its rotation is in progress."""
     found = [decrypt(bytes(trigger.secret_ciphertext))] if trigger.secret_ciphertext else []
     if trigger.rotating(timezone.now()):
-        found.append(decrypt(bytes(trigger.previous_secret_ciphertext)))
+        found.append(decrypt(bytes(trigger.previous_secret_ciphertext or b"")))
     return found

@@ -23,7 +23,7 @@ from boxsite.pagination import Sort, limit_param, page
 from boxsite.principal import Principal
 from schedules import services, triggers, webhooks
 from schedules.models import Origin, Schedule, ScheduleStatus, Trigger, TriggerKind
-from schedules.presenters import present_firing, present_schedule, present_trigger
+from schedules.presenters import present_delivery, present_firing, present_schedule, present_trigger
 
 SCHEDULE_SORTS = {
     "next": Sort("next", "next_run_at", descending=False, nullable=True),
@@ -69,7 +69,7 @@ def _bool_param(request: Request, name: str) -> bool | None:
 
 
 def _filtered_schedules(request: Request) -> QuerySet[Schedule]:
-    qs = Schedule.objects.filter(owner=request.user)
+    qs = Schedule.objects.filter(owner=Principal.of(request).user)
     statuses = _choices(request, "status", list(ScheduleStatus.values))
     if statuses:
         condition = Q(pk__in=[])
@@ -168,7 +168,7 @@ def trigger_list(request: Request) -> Response:
     if request.method == "POST":
         trigger, secret = triggers.create_trigger(principal, request.data)
         return Response(_trigger_view(request, trigger, secret=secret), status=201)
-    qs = Trigger.objects.filter(owner=request.user)
+    qs = Trigger.objects.filter(owner=principal.user)
     kinds = _choices(request, "kind", list(TriggerKind.values))
     if kinds:
         qs = qs.filter(kind__in=kinds)
@@ -218,6 +218,16 @@ def trigger_rotate(request: Request, trigger_id: str) -> Response:
 @api_view(["POST"])
 def trigger_finish_rotation(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.finish_rotation(Principal.of(request), trigger_id)))
+
+
+@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: dict})
+@api_view(["GET"])
+def trigger_deliveries(request: Request, trigger_id: str) -> Response:
+    """The webhook's recent deliveries, newest first (those with a delivery id; see webhooks)."""
+    trigger = triggers.get_trigger_for(Principal.of(request), trigger_id)
+    limit = limit_param(request.query_params.get("limit"), 50, 200)
+    rows = trigger.deliveries.order_by("-received_at", "-id")[:limit]
+    return Response({"results": [present_delivery(d) for d in rows]})
 
 
 def _read_body(request: HttpRequest) -> bytes:

@@ -21,10 +21,10 @@ def build_report(task: Task) -> dict[str, Any]:
     from approvals.presenters import present_approval, present_question
 
     redact = redactor_for(task)
-    step_events = list(
-        TaskEvent.objects.filter(task=task, kind=EventKind.STEP).order_by("seq")
+    step_events: list[dict[str, Any]] = [
+        dict(row) for row in TaskEvent.objects.filter(task=task, kind=EventKind.STEP).order_by("seq")
         .values("seq", "summary", "data", "created_at")[:MAX_STEP_EVENTS]
-    )
+    ]
     rescue_events = TaskEvent.objects.filter(task=task, data__has_key="rescue").order_by("seq")
     report = {
         "view": present_task(task),

@@ -225,7 +225,7 @@ class FlowWorker:
                 raise StepFailed(f"'{relative}' does not exist")
             return relative
         if kind == "http":
-            spec = {"url": value} if isinstance(value, str) else value
+            spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
             from tasks.net import Blocked
 
             try:
