@@ -3,6 +3,7 @@ from django.contrib.auth.views import LogoutView
 from django.urls import path
 
 from boxsite import pages
+from schedules import pages as schedule_pages
 
 urlpatterns = [
     path("", pages.home, name="home"),
@@ -13,6 +14,8 @@ urlpatterns = [
     path("tasks/<str:task_id>", pages.task_window, name="task"),
     path("inbox", pages.inbox, name="inbox"),
     path("settings", pages.settings_page, name="settings-page"),
+    path("schedules", schedule_pages.schedules_page, name="schedules-page"),
+    path("triggers", schedule_pages.triggers_page, name="triggers-page"),
     path("ask", pages.ask, name="ask"),
     path("pair", pages.pair, name="pair"),
 ]

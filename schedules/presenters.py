@@ -6,7 +6,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from schedules.models import Firing, Schedule, Trigger, TriggerKind
+from schedules.models import Delivery, Firing, Schedule, Trigger, TriggerKind
 from tasks.facts import Facts
 
 
@@ -64,6 +64,12 @@ def present_schedule(schedule: Schedule, *, last_firing: Firing | None = None) -
         "createdAt": _iso(schedule.created_at),
         "updatedAt": _iso(schedule.updated_at),
     }
+
+
+def present_delivery(delivery: Delivery) -> dict[str, Any]:
+    # A delivery id is the sender's (X-GitHub-Delivery) or, for a timestamped request without
+    # one, "sig:<signature>": a hash of the body, not a secret.
+    return {"delivery": delivery.delivery_id, "receivedAt": _iso(delivery.received_at), "task": delivery.task_id}
 
 
 def webhook_path(trigger: Trigger) -> str:
