@@ -260,3 +260,40 @@ def test_a_paired_phone_cannot_open_the_schedules_or_triggers_pages(page: Any, b
         assert phone.url.startswith(f"{live_box.url}/login")
     expect(phone.get_by_role("link", name="Schedules")).to_have_count(0)
     phone_context.close()
+
+
+def test_the_list_pages_by_the_apis_cursor_and_says_why_a_schedule_was_disabled(page: Any) -> None:
+    create_owner(page)
+    csrf = page.locator('meta[name="csrf-token"]').get_attribute("content")
+    for n in range(23):
+        made = page.request.post("/api/schedules", headers={"X-CSRFToken": csrf}, data={
+            "name": f"job-{n:02d}", "intervalSeconds": 3600 + n * 60,
+            "template": {"title": f"Job {n}", "prompt": "do it"}})
+        assert made.status == 201, made.text()
+    from schedules.models import Schedule
+
+    # Five failed firings in a row is the tick's business (tests/schedules); here only how the
+    # page shows the outcome matters, so the outcome is written as the tick writes it.
+    Schedule.objects.filter(name="job-05").update(
+        enabled=False, next_run_at=None, consecutive_failures=5,
+        disabled_reason="disabled after 5 failed firings: unknown workspace 'gone'")
+
+    page.goto("/schedules")
+    listed = page.get_by_role("list", name="Schedules").get_by_role("listitem")
+    expect(listed).to_have_count(20)
+    page.get_by_role("button", name="Show more schedules").click()
+    expect(listed).to_have_count(23)
+    expect(page.get_by_role("button", name="Show more schedules")).to_be_hidden()
+    names = listed.get_by_role("heading").all_inner_texts()
+    assert sorted(names) == [f"job-{n:02d}" for n in range(23)]  # each once, none lost at the seam
+
+    page.get_by_label("Enabled").select_option("false")
+    expect(listed).to_have_count(1)
+    disabled = row(page, "Schedules", "job-05")
+    expect(disabled.locator(".badge")).to_have_text("disabled")
+    expect(disabled).to_contain_text("Disabled: disabled after 5 failed firings: unknown workspace 'gone'")
+    disabled.get_by_role("button", name="Enable again job-05").click()
+    expect(page.get_by_text("No schedules match.")).to_be_visible()
+    page.get_by_label("Enabled").select_option("true")
+    expect(disabled.locator(".badge")).to_have_text("active")
+    expect(listed).to_have_count(20)
