@@ -5,6 +5,8 @@ directory), so reconciling one box never touches the users of another box on the
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -29,6 +31,21 @@ MAX_NAME = 32  # useradd's limit on Linux
 # which a busy box would exhaust) and from people's accounts.
 _ID_RANGE = ["-K", "SYS_UID_MIN=200000", "-K", "SYS_UID_MAX=299999", "-K", "SYS_GID_MIN=200000", "-K", "SYS_GID_MAX=299999"]
 _lock = threading.Lock()  # useradd/userdel rewrite /etc/passwd; one at a time from this process
+# ... and one at a time across every box process on the machine (web, workers, scheduler, and
+# other boxes): the shadow tools fail at once, not wait, when another holds /etc/passwd's lock.
+ACCOUNTS_LOCK = Path("/run/lock/box-accounts.lock") if Path("/run/lock").is_dir() else Path("/tmp/box-accounts.lock")
+_LOCK_BUSY = ("cannot lock", "lock /etc/", "try again later", "cannot remove entry", "cannot add entry", "unable to lock")
+
+
+@contextlib.contextmanager
+def _accounts_lock() -> Iterator[None]:
+    with _lock:
+        fd = os.open(ACCOUNTS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
 
 
 class SandboxError(BoxError):
@@ -90,17 +107,19 @@ def remove_user(name: str) -> None:
 
 
 def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
-    # The shadow tools refuse while another process holds /etc/passwd's lock (exit 10) and
-    # userdel refuses while a process of the user is still exiting (exit 8): retry. The lock
-    # is shared with every other box process (and the host's own tools), so allow a minute.
+    # Box processes take turns (``_accounts_lock``); the host's own tools may still hold
+    # /etc/passwd's lock, and the shadow tools then give up at once (exit 10, or 1 with a lock
+    # message). userdel also refuses while a process of the user is still exiting (exit 8).
+    # All of these pass: retry for up to a minute.
     deadline = time.monotonic() + 60
     delay = 0.01
     while True:
-        with _lock:
+        with _accounts_lock():
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode in ok_codes:
             return
-        if done.returncode not in (8, 10) or time.monotonic() > deadline:
+        busy = done.returncode in (8, 10) or (done.returncode == 1 and any(m in done.stderr for m in _LOCK_BUSY))
+        if not busy or time.monotonic() > deadline:
             raise SandboxError(f"{argv[0]} {argv[-1]} failed ({done.returncode}): {done.stderr.strip()}", field="user")
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
