@@ -57,6 +57,7 @@ def main() -> None:
     for label, pg, redis, target in (("embedded (SQLite, ORM queue, polling)", False, False, 300),
                                      ("PostgreSQL + Redis", True, True, 100)):
         with BenchBox(postgres=pg, redis=redis) as box:
+            box.request("PATCH", "/api/settings", {"maxActiveTasks": args.throughput + 10})
             lat = first_step_latency(box, args.latency)
             rate = throughput(box, args.throughput)
         rows.append((label, percentile(lat, 50), percentile(lat, 95), target, rate))
