@@ -27,8 +27,13 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0, interval: f
 
 
 @pytest.fixture(autouse=True)
-def _box_settings(settings: Any, tmp_path: Path) -> None:
+def _box_settings(settings: Any, worker_id: str) -> None:
     settings.BOX_RUN_INLINE = True
+    # Each test worker is a box of its own, with its own data directory: start-up reconcile
+    # releases the users and mounts of tasks its database does not know, so two workers (two
+    # test databases) must never share one.
+    settings.BOX_DATA_DIR = Path(settings.BOX_DATA_DIR) / f"box-{worker_id}"
+    settings.BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 
 class Box:
@@ -96,6 +101,8 @@ def database_env() -> dict[str, str]:
     else:
         env["BOX_SQLITE_PATH"] = str(name)
     env["BOX_DATA_DIR"] = str(settings.BOX_DATA_DIR)
+    # Queued jobs are signed with this process's key, which came from the original data dir.
+    env["DJANGO_SECRET_KEY"] = settings.SECRET_KEY
     return env
 
 

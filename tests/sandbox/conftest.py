@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import pwd
-from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,9 +30,7 @@ def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.Monke
     Each test worker is its own box (its own data directory): reconcile releases the users of
     tasks its database does not know, so two boxes must never share a data directory.
     """
-    settings.BOX_SANDBOX = "auto"
-    settings.BOX_DATA_DIR = Path(settings.BOX_DATA_DIR) / f"box-{worker_id}"
-    settings.BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    settings.BOX_SANDBOX = "auto"  # the data dir is already the worker's own (tests/conftest.py)
     # Subprocesses (a real qcluster) sign and check queued jobs with this process's key; in
     # another data directory they would otherwise generate their own.
     monkeypatch.setenv("DJANGO_SECRET_KEY", settings.SECRET_KEY)
