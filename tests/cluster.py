@@ -16,20 +16,25 @@ from tests.conftest import database_env
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 
 
-def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    handle = log.open("ab")
-    return subprocess.Popen([sys.executable, MANAGE, *argv], env=env, stdout=handle, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=settings.BASE_DIR)
+def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a process of the box in its own session, its output appended to ``log``."""
+    return subprocess.Popen(argv, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=settings.BASE_DIR)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> None:
+    """SIGTERM the process's whole session; SIGKILL what is left after ``grace`` seconds."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return spawn([sys.executable, MANAGE, *argv], env, log)
 
 
 @contextmanager
@@ -53,4 +58,4 @@ def running_box(tmp_path: Path, *, scheduler: bool = True, **env_overrides: str)
         yield procs
     finally:
         for proc in procs.values():
-            _stop(proc)
+            stop(proc)

@@ -3,7 +3,6 @@ application and a real django-q2 cluster executing runs — on the test database
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from tests.cluster import spawn, stop
 from tests.conftest import database_env, wait_for
 
 # Playwright's sync API keeps an asyncio loop running in the test thread; Django's guard against
@@ -34,21 +34,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=settings.BASE_DIR)
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            # qcluster sometimes takes long to wind down its guard; these tests are not about
-            # a clean stop (the recovery tests are), so they do not wait for it.
-            proc.wait(timeout=4)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    # qcluster sometimes takes long to wind down its guard; these tests are not about a clean
+    # stop (the recovery tests are), so they do not wait for it.
+    stop(proc, grace=4)
 
 
 class LiveBox:
@@ -81,8 +70,8 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     python = sys.executable
     manage = str(Path(settings.BASE_DIR) / "manage.py")
     procs = [
-        _start([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "boxsite.asgi:application"], env, logs / "web.log"),
-        _start([python, manage, "qcluster"], env, logs / "qcluster.log"),
+        spawn([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "boxsite.asgi:application"], env, logs / "web.log"),
+        spawn([python, manage, "qcluster"], env, logs / "qcluster.log"),
     ]
     url = f"http://127.0.0.1:{port}"
 
