@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # the API docs page's assets, served by the box (no CDN)
     "django_q",
     "channels",
     "boxsite",
@@ -197,6 +198,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Run AI-agent tasks on your own machine, safely.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 SESSION_COOKIE_HTTPONLY = True

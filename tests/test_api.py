@@ -134,3 +134,5 @@ def test_health_and_schema_are_served(box):
     assert b"/api/tasks" in schema.content
     docs = box.api.get("/api/docs/")
     assert docs.status_code == 200
+    page = docs.content.decode()
+    assert "swagger-ui" in page and "cdn" not in page.lower() and "https://" not in page  # served by the box
