@@ -41,7 +41,9 @@ class CommandWorker:
         try:
             proc = process.start(ctx, argv, env=env)
         except OSError as exc:
-            return Failed(f"the worker could not start: {argv[0]}: {exc.strerror or exc}", recoverable=False,
+            # Name what was missing: the program, or (rarely) a path the sandbox needed for it.
+            missing = exc.filename if isinstance(exc.filename, str) else argv[0]
+            return Failed(f"the worker could not start: {missing}: {exc.strerror or exc}", recoverable=False,
                           hint="check that the command is installed and the path is right")
         lines = 0
 
