@@ -26,14 +26,19 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0, interval: f
         time.sleep(interval)
 
 
-@pytest.fixture(autouse=True)
-def _box_settings(settings: Any, worker_id: str) -> None:
-    settings.BOX_RUN_INLINE = True
-    # Each test worker is a box of its own, with its own data directory: start-up reconcile
-    # releases the users and mounts of tasks its database does not know, so two workers (two
-    # test databases) must never share one.
+@pytest.fixture(autouse=True, scope="session")
+def _worker_data_dir(worker_id: str) -> None:
+    """Each test worker is a box of its own, with its own data directory: start-up reconcile
+    releases the users and mounts of tasks its database does not know, so two workers (two test
+    databases) must never share one. Session-scoped, so module-scoped clusters see it too (they
+    share its vault key and sockets)."""
     settings.BOX_DATA_DIR = Path(settings.BOX_DATA_DIR) / f"box-{worker_id}"
     settings.BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _box_settings(settings: Any) -> None:
+    settings.BOX_RUN_INLINE = True
 
 
 class Box:
