@@ -62,11 +62,15 @@ def task_list(request: Request) -> Response:
     return Response({"results": [present_task(t) for t in rows], "next": next_cursor})
 
 
-def _events_after(task: Task, after: int, limit: int) -> dict[str, Any]:
+def _events_after(task: Task, after: int, limit: int, *, upto: int | None = None) -> dict[str, Any]:
+    """Events with seq > ``after`` (at most ``limit``; with ``upto``, none past that seq)."""
     from tasks.facts import redactor_for
 
     redact = redactor_for(task)
-    events = list(TaskEvent.objects.filter(task=task, seq__gt=after).order_by("seq")[: limit + 1])
+    rows = TaskEvent.objects.filter(task=task, seq__gt=after)
+    if upto is not None:
+        rows = rows.filter(seq__lte=upto)
+    events = list(rows.order_by("seq")[: limit + 1])
     more = len(events) > limit
     events = events[:limit]
     return {
@@ -97,7 +101,10 @@ def task_detail(request: Request, task_id: str) -> Response:
     from approvals.presenters import present_question
 
     body["questions"] = [present_question(q) for q in task.questions.exclude(state="staged").order_by("created_at")]
-    body["log"] = _events_after(task, _after_param(request), EVENT_PAGE)
+    # The log page stops at the task's own lastSeq: the view and its log are one snapshot, so a
+    # client that follows live from lastSeq gets every later event together with a fresh view
+    # (events written between the two reads would otherwise arrive without the state they set).
+    body["log"] = _events_after(task, _after_param(request), EVENT_PAGE, upto=task.event_seq)
     return Response(body)
 
 

@@ -136,3 +136,23 @@ def test_health_and_schema_are_served(box):
     assert docs.status_code == 200
     page = docs.content.decode()
     assert "swagger-ui" in page and "cdn" not in page.lower() and "https://" not in page  # served by the box
+
+
+def test_the_task_view_and_its_log_page_are_one_snapshot(box):
+    """A client that follows live from ``lastSeq`` must not have seen events newer than the
+    state it shows: the log page stops at the view's lastSeq."""
+    from tasks.events import record_event
+    from tasks.models import Task
+
+    task = box.create(title="t", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+    box.wait_state(task["id"], "done")
+    row = Task.objects.get(pk=task["id"])
+    from django.db import transaction
+
+    with transaction.atomic():
+        record_event(row, "note", "written after the view was read")
+    # Simulate the race: the view says lastSeq N, and an event N+1 exists by the time the log is read.
+    Task.objects.filter(pk=row.pk).update(event_seq=row.event_seq - 1)
+    detail = box.task(task["id"])
+    assert detail["log"]["events"][-1]["seq"] == detail["lastSeq"]
+    assert all(e["seq"] <= detail["lastSeq"] for e in detail["log"]["events"])
