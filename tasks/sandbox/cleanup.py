@@ -30,8 +30,11 @@ def release(task_id: str) -> None:
             disown_files(task_id, ident)
             users.remove_user(ident.name)
     runtime = paths.runtime_dir(task_id)
-    if runtime.exists():
-        shutil.rmtree(runtime)
+    while runtime.exists():
+        try:
+            shutil.rmtree(runtime)
+        except FileNotFoundError:
+            continue  # another process is releasing the same task: finish whatever it leaves
 
 
 def stop_leftovers(task_id: str) -> int:
