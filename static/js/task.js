@@ -152,7 +152,9 @@ async function refresh(taskView) {
   // The detail view carries approvals and questions; ask only for log lines we do not have.
   const after = stream ? stream.last : 0;
   const full = await api("GET", `/api/tasks/${taskId}?after=${after}`);
-  renderHeader({ ...full, ...(taskView && taskView.version > full.version ? taskView : {}) });
+  // A reply can arrive after the live stream already showed a newer state: keep the newest.
+  const newest = [task, taskView].filter(Boolean).reduce((a, b) => (b.version > a.version ? b : a), full);
+  renderHeader({ ...full, ...(newest.version > full.version ? newest : {}) });
   renderBlockers();
   refreshInboxCount();
   if (loaded.diff) loadDiff();
@@ -277,7 +279,7 @@ async function start() {
       appendEvent(event);
       if (["status", "approval", "question"].includes(event.kind)) refreshSoon();
     },
-    onTask: (t) => renderHeader({ ...task, ...t }),
+    onTask: (t) => { if (!task || t.version >= task.version) renderHeader({ ...task, ...t }); },
     onStatus: statusBadge($("stream-status")),
   }).start();
 }
