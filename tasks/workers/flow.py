@@ -6,6 +6,7 @@ retried run picks up at the first step not yet finished.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,31 @@ def inside(workdir: Path, relative: str) -> Path:
         if link != root and root not in link.parents:
             raise StepFailed(f"'{relative}' is a link to outside the task's files")
     return target
+
+
+def make_parents(workdir: Path, target: Path) -> list[Path]:
+    """Create the missing directories above ``target``; return them, outermost first."""
+    missing: list[Path] = []
+    parent = target.parent
+    while parent != workdir and not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    missing.reverse()
+    for directory in missing:
+        directory.mkdir()
+    return missing
+
+
+def give_to_task_user(workdir: Path, created: list[Path]) -> None:
+    """What a step created belongs to whoever owns the root of the task's view: the task's user
+    on the overlay driver (its upper layer is the user's), root on disk where the view is shown
+    to the sandbox id-mapped (the copy driver). Otherwise a later ``run`` step, which runs as
+    the task's user, could not write into a directory a ``write`` step made."""
+    if os.geteuid() != 0 or not created:
+        return
+    owner = os.stat(workdir)
+    for path in created:
+        os.lchown(path, owner.st_uid, owner.st_gid)
 
 
 def describe(step: dict[str, Any], index: int, total: int) -> str:
@@ -206,11 +232,14 @@ class FlowWorker:
             return done.stdout.strip()
         if kind == "write":
             target = inside(ctx.workdir, value["path"])
-            target.parent.mkdir(parents=True, exist_ok=True)
             content = value["content"] if isinstance(value["content"], str) else json.dumps(value["content"])
+            created = make_parents(ctx.workdir, target)
             if target.is_symlink():
                 target.unlink()
+            if not target.exists():
+                created.append(target)
             target.write_text(content)
+            give_to_task_user(ctx.workdir, created)
             return value["path"]
         if kind == "delete":
             relative = value if isinstance(value, str) else value["path"]
