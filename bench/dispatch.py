@@ -1,7 +1,7 @@
 """POST /api/tasks -> first step started (p50/p95), and trivial tasks per second.
 
 Runs a real box (daphne + qcluster + scheduler) for the embedded default and for
-PostgreSQL + Redis, and prints the figures beside DESIGN §17's targets.
+PostgreSQL + Redis, and prints the figures beside the targets in docs/performance.md.
 Usage: .venv/bin/python bench/dispatch.py [--latency N] [--throughput N]
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What a task holds while it runs, set up before its first step and released when it ends.
 
 ``prepare`` gives a run its working directory; ``release`` frees everything a task held, in the
-order DESIGN §5 gives. Both are idempotent: ``release`` runs after every final move and again
-when the box starts, for tasks a crash left behind.
+order docs/architecture.md#states gives ("When a task ends"). Both are idempotent: ``release``
+runs after every final move and again when the box starts, for tasks a crash left behind.
 """
 from __future__ import annotations
 

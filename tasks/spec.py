@@ -1,4 +1,4 @@
-"""The task spec (DESIGN §6): checked whole before anything is created.
+"""The task spec (docs/architecture.md#the-task-spec): checked whole before anything is created.
 
 ``parse_spec`` turns a request body into a ``TaskSpec`` or raises a ``BoxError`` naming the
 problem. It creates nothing; the service creates the task only from a parsed spec.
