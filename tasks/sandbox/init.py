@@ -138,9 +138,32 @@ def serve_forwarder(listener: socket.socket, egress_path: str) -> None:
         threading.Thread(target=_relay, args=(client, egress_path), daemon=True).start()
 
 
+def read_config(fd: int) -> dict[str, Any]:
+    """The launcher's configuration, from the pipe it passed (never from argv: world-readable)."""
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    config: dict[str, Any] = json.loads(b"".join(chunks))
+    return config
+
+
+def script_argument(script: str) -> str:
+    """Put ``script`` in a memfd the command inherits and return the path it opens it by."""
+    fd = os.memfd_create("box-script", 0)  # without MFD_CLOEXEC: the command reads it
+    os.write(fd, script.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return f"/proc/self/fd/{fd}"
+
+
 def start_command(config: dict[str, Any]) -> int:
     """Fork and exec the task's command; an exec failure exits 127 with the reason on stderr."""
-    argv = config["argv"]
+    argv = list(config["argv"])
+    if config.get("script") is not None:
+        argv.append(script_argument(config["script"]))
     pid = os.fork()
     if pid == 0:
         try:
@@ -155,7 +178,7 @@ def start_command(config: dict[str, Any]) -> int:
 
 
 def main() -> None:
-    config = json.loads(sys.argv[1])
+    config = read_config(int(sys.argv[1]))
     loopback_up()
     arrange_mounts(config)
     drop_privileges(config["uid"], config["gid"], config["nproc"])
@@ -168,7 +191,7 @@ def main() -> None:
         listener.listen(64)
     child = start_command(config)
     if listener is not None:
-        threading.Thread(target=serve_forwarder, args=(listener, forward["socket"]), daemon=True).start()
+        threading.Thread(target=serve_forwarder, args=(listener, config["forward"]["socket"]), daemon=True).start()
     while True:  # PID 1 adopts every orphan: reap them all, leave when the command exits
         try:
             pid, status = os.waitpid(-1, 0)

@@ -34,13 +34,19 @@ HIDDEN = ["/tmp", "/var/tmp", "/dev/shm", "/run"]
 NO_PROXY = "localhost,127.0.0.1,::1"
 
 
-def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
-    """Start ``argv`` for the task. ``OSError`` when the executable does not exist."""
+def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
+          script: str | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` for the task. ``OSError`` when the executable does not exist.
+
+    With ``script``, ``argv`` gets one more argument: the path of a file only the process can
+    open (a memfd) holding ``script`` (``["/bin/sh"]`` runs a shell script). Anything secret goes
+    there, never into ``argv``: every process's command line is world-readable in /proc.
+    """
     if not argv:
         raise FileNotFoundError(errno.ENOENT, "no command given")
     if support.available():
-        return _popen_sandboxed(ctx, argv, env=env, cwd=cwd)
-    return _popen_plain(ctx, argv, env=env, cwd=cwd)
+        return _popen_sandboxed(ctx, argv, env=env, cwd=cwd, script=script)
+    return _popen_plain(ctx, argv, env=env, cwd=cwd, script=script)
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
@@ -51,25 +57,35 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
         pass  # already gone
 
 
-def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
+                 script: str | None) -> subprocess.Popen[bytes]:
     env = dict(env)
     proxy = None
     if ctx.task.hosts:
         proxy = egress.acquire(ctx.task.pk, lambda: _tcp_proxy(ctx))
         env.update(_proxy_env(f"http://127.0.0.1:{proxy.port}"))
+    script_fd = -1
     try:
+        if script is not None:
+            script_fd = _script_file(script)
+            argv = [*argv, f"/proc/self/fd/{script_fd}"]
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                pass_fds=(script_fd,) if script_fd >= 0 else ())
     except BaseException:
         if proxy is not None:
             egress.release(ctx.task.pk)
         raise
+    finally:
+        if script_fd >= 0:
+            os.close(script_fd)
     if proxy is not None:
         _release_proxy_on_exit(proc, ctx.task.pk)
     return proc
 
 
-def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
+                     script: str | None) -> subprocess.Popen[bytes]:
     task = ctx.task
     ident = users.ensure_user(task.pk)
     paths.harden_data_dir()
@@ -90,25 +106,33 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         forward = {"port": FORWARD_PORT, "socket": str(socket_path)}
         env.update(_proxy_env(f"http://127.0.0.1:{FORWARD_PORT}"))
 
-    view_fd = -1
+    view_fd = config_read = config_write = -1
     try:
         view_fd = _view_tree(ctx.workdir, ident)
         config = {
             "uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES,
             "view_fd": view_fd, "view": str(view), "runtime": str(runtime), "hide": HIDDEN,
-            "cwd": str(inner_cwd), "argv": argv, "forward": forward,
+            "cwd": str(inner_cwd), "argv": argv, "script": script, "forward": forward,
         }
+        # The configuration (the command, a script with secret facts substituted in) reaches
+        # init through a pipe: init's own command line, like every one in /proc, is world-readable.
+        config_read, config_write = os.pipe()
         command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--ipc", "--uts",
-                   "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(INIT), json.dumps(config)]
-        proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=(view_fd,), stdin=subprocess.DEVNULL,
+                   "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(INIT), str(config_read)]
+        proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=(view_fd, config_read), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        os.close(config_read)
+        config_read = -1
+        _send_config(config_write, config)
+        config_write = -1
     except BaseException:
         if forward is not None:
             egress.release(task.pk)
         raise
     finally:
-        if view_fd >= 0:
-            os.close(view_fd)
+        for fd in (view_fd, config_read, config_write):
+            if fd >= 0:
+                os.close(fd)
     if forward is not None:
         _release_proxy_on_exit(proc, task.pk)
     if _has_ended(task.pk):
@@ -119,6 +143,23 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
 
         release(task.pk)
     return proc
+
+
+def _send_config(fd: int, config: dict[str, object]) -> None:
+    """Write ``config`` to init's pipe and close it (init reads to the end before anything else)."""
+    with open(fd, "wb") as pipe:
+        try:
+            pipe.write(json.dumps(config).encode())
+        except BrokenPipeError:
+            pass  # init died before reading; its exit status and stderr say why
+
+
+def _script_file(script: str) -> int:
+    """A memfd holding ``script``, inheritable, for a process started here to read by path."""
+    fd = os.memfd_create("box-script", 0)
+    os.write(fd, script.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _has_ended(task_id: str) -> bool:

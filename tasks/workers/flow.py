@@ -216,7 +216,7 @@ class FlowWorker:
             if isinstance(value, dict):
                 env.update({str(k): str(v) for k, v in value.get("env", {}).items()})
             try:
-                proc = process.start(ctx, ["/bin/sh", "-c", cmd], env=env)
+                proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd)  # not argv: /proc shows it to all
             except OSError as exc:
                 raise StepFailed(f"cannot start the shell: {exc}") from exc
             done = process.wait(ctx, proc, timeout_s=timeout)

@@ -55,11 +55,16 @@ def base_env(ctx: RunContext) -> dict[str, str]:
     return env
 
 
-def start(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start ``argv`` for the task. Raises ``OSError`` when it cannot start (missing executable)."""
+def start(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path | None = None,
+          script: str | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` for the task. Raises ``OSError`` when it cannot start (missing executable).
+
+    ``script`` (for ``argv = ["/bin/sh"]``) reaches the process as a file only it can open, never
+    in its command line, which every user of the machine can read.
+    """
     from tasks.sandbox import launcher
 
-    return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir)
+    return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir, script=script)
 
 
 def _pump(stream: IO[bytes], sink: deque[str], on_line: Callable[[str], None] | None) -> None:
