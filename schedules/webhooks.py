@@ -17,9 +17,11 @@ filled in). Names that look sensitive (``payload.token``) are secret facts like 
 they are redacted everywhere. Payload text comes from whoever holds the secret: treat it as
 untrusted input in prompts.
 
-Deliveries are deduplicated by ``X-GitHub-Delivery`` / ``X-Box-Delivery``; a timestamped request
-without one is deduplicated by its signature (the same signed bytes within the tolerance window
-are a replay). A GitHub-style request with neither has nothing to deduplicate on.
+A timestamped request is deduplicated by what is signed: its signature, the HMAC of timestamp and
+body, so the same signed bytes within the tolerance window are a replay whatever the unsigned
+``X-Box-Delivery`` header says (that header is only reported, as ``webhook.delivery``). A
+GitHub-style request is deduplicated by ``X-GitHub-Delivery``; without one it has nothing to
+deduplicate on (its signature has no timestamp, so GitHub's scheme cannot bound a replay).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from django.utils import timezone
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from schedules.models import Delivery, Trigger, TriggerKind
-from schedules.signatures import SignatureError, verify
+from schedules.signatures import SignatureError, Verified, verify
 from schedules.specs import fill, firing_principal
 from schedules.triggers import valid_secrets
 from tasks import services as task_services
@@ -100,11 +102,19 @@ def payload_facts(body: bytes, content_type: str) -> dict[str, str]:
     return facts
 
 
-def _delivery_id(headers: Mapping[str, str], stand_in: str) -> str:
-    raw = next((headers[h] for h in DELIVERY_HEADERS if headers.get(h)), stand_in)
+def _sender_delivery_id(headers: Mapping[str, str]) -> str:
+    raw = next((headers[h] for h in DELIVERY_HEADERS if headers.get(h)), "")
     if len(raw) > MAX_DELIVERY_ID:
         raw = "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
     return raw
+
+
+def _dedupe_key(verified: Verified, sender_id: str) -> str:
+    """What makes two requests the same delivery. For a timestamped request only signed bytes
+    count: an unsigned header would let a captured request be replayed under a new id."""
+    if verified.scheme == "timestamped":
+        return f"sig:{verified.signature}"
+    return sender_id
 
 
 def receive(token: str, headers: Mapping[str, str], body: bytes, content_type: str = "") -> Received:
@@ -118,10 +128,11 @@ def receive(token: str, headers: Mapping[str, str], body: bytes, content_type: s
         raise Forbidden(str(exc), field="signature") from exc
     if trigger.paused:
         raise Conflict("this webhook is paused", field="paused")
-    delivery_id = _delivery_id(headers, f"sig:{verified.signature}" if verified.scheme == "timestamped" else "")
+    sender_id = _sender_delivery_id(headers)
+    delivery_id = _dedupe_key(verified, sender_id)
     facts = payload_facts(body, content_type)
     facts["webhook.trigger"] = trigger.name
-    facts["webhook.delivery"] = delivery_id
+    facts["webhook.delivery"] = sender_id or delivery_id
     facts["webhook.event"] = next((headers[h] for h in EVENT_HEADERS if headers.get(h)), "")
     with transaction.atomic():
         delivery: Delivery | None = None

@@ -135,6 +135,26 @@ def test_a_replayed_delivery_answers_200_and_starts_no_second_task(box: Box) -> 
     assert len(tasks_from(box, "webhook:github")) == 2
 
 
+def test_a_timestamped_request_replayed_under_a_new_delivery_header_starts_no_second_task(box: Box) -> None:
+    # The attack: capture a signed request and send it again within the tolerance window with a
+    # fresh, unsigned X-Box-Delivery each time.
+    hook = make_hook(box)
+    body = json.dumps(ISSUE).encode()
+    signature = timestamped_header(hook["secret"], body, int(time.time()))
+    first = deliver(hook, body, HTTP_X_BOX_SIGNATURE=signature, HTTP_X_BOX_DELIVERY="d-1")
+    assert first.status_code == 202, first.json()
+    assert box.task(first.json()["task"])["facts"]["webhook.delivery"] == "d-1"
+    for replay_id in ("d-2", "d-3", ""):
+        headers = {"HTTP_X_BOX_SIGNATURE": signature, **({"HTTP_X_BOX_DELIVERY": replay_id} if replay_id else {})}
+        again = deliver(hook, body, **headers)
+        assert again.status_code == 200 and again.json()["duplicate"] is True, again.json()
+        assert again.json()["task"] == first.json()["task"]
+    # The same body signed afresh (a new timestamp) is a new delivery.
+    later = timestamped_header(hook["secret"], body, int(time.time()) + 1)
+    assert deliver(hook, body, HTTP_X_BOX_SIGNATURE=later, HTTP_X_BOX_DELIVERY="d-1").status_code == 202
+    assert len(tasks_from(box, "webhook:github")) == 2
+
+
 def test_two_copies_of_one_delivery_arriving_at_once_start_one_task(box: Box) -> None:
     hook = make_hook(box)
     body = json.dumps(ISSUE).encode()
