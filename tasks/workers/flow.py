@@ -42,6 +42,46 @@ def substitute(value: Any, values: dict[str, Any]) -> Any:
     return value
 
 
+SHELL_VALUE_PREFIX = "BOX_VALUE_"
+
+
+def shell_command(cmd: str, values: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """``cmd`` with each ``${name}`` turned into a reference to an environment variable holding
+    the value, and those variables: a value reaches the shell as data, never as code.
+
+    The reference fits where the name stands, so the value arrives as one literal word: unquoted
+    it becomes ``"$BOX_VALUE_n"``, inside double quotes ``${BOX_VALUE_n}``, inside single quotes
+    the quotes are closed around it (``'"$BOX_VALUE_n"'``). Expansion results are never parsed
+    again by the shell, so ``$(...)``, backquotes and ``;`` in a value stay text.
+    """
+    out: list[str] = []
+    env: dict[str, str] = {}
+    by_name: dict[str, str] = {}
+    quote = ""  # "", "'" or '"': the shell's quoting state at this point of the command
+    i = 0
+    while i < len(cmd):
+        char = cmd[i]
+        match = _NAME.match(cmd, i) if char == "$" else None
+        if match and match.group(1) in values:
+            name = match.group(1)
+            if name not in by_name:
+                by_name[name] = f"{SHELL_VALUE_PREFIX}{len(by_name) + 1}"
+                env[by_name[name]] = str(values[name])
+            var = by_name[name]
+            out.append({"": f'"${{{var}}}"', '"': f"${{{var}}}", "'": f"'\"${{{var}}}\"'"}[quote])
+            i = match.end()
+            continue
+        if char == "\\" and quote != "'" and i + 1 < len(cmd):
+            out.append(cmd[i:i + 2])
+            i += 2
+            continue
+        if char in "'\"" and quote in ("", char):
+            quote = "" if quote else char
+        out.append(char)
+        i += 1
+    return "".join(out), env
+
+
 def inside(workdir: Path, relative: str) -> Path:
     """The path under ``workdir``; refuses anything that would land outside it."""
     if not relative or relative.startswith("/"):
@@ -134,7 +174,7 @@ class FlowWorker:
             if STEP_KINDS[kind].acts and kind != "tool":  # a tool call counts itself (tasks.tools.call)
                 ctx.recorder.count("actions", "max_actions")
             ctx.recorder.step(describe(step, index, total), {"step": index, "kind": kind}, progress=index / total)
-            resolved = substitute(step[kind], known)
+            resolved = step[kind] if kind == "run" else substitute(step[kind], known)
             try:
                 result = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved)
             except NeedsApproval as need:
@@ -211,10 +251,13 @@ class FlowWorker:
                  known: dict[str, Any], approved: bool) -> Any:
         timeout = step.get("timeout_s")
         if kind == "run":
-            cmd = value if isinstance(value, str) else value["cmd"]
+            # Values go in as environment variables, not as text of the command (flow authors:
+            # docs/api.md, "Values in a run command").
+            cmd, values = shell_command(value if isinstance(value, str) else value["cmd"], known)
             env = process.base_env(ctx)
             if isinstance(value, dict):
-                env.update({str(k): str(v) for k, v in value.get("env", {}).items()})
+                env.update({str(k): str(v) for k, v in substitute(value.get("env", {}), known).items()})
+            env.update(values)
             try:
                 proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd)  # not argv: /proc shows it to all
             except OSError as exc:
