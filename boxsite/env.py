@@ -26,13 +26,6 @@ def env_str(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
-def env_required(name: str) -> str:
-    value = env_str(name)
-    if not value:
-        raise ImproperlyConfigured(f"{name} must be set")
-    return value
-
-
 def env_bool(name: str, default: bool = False) -> bool:
     raw = os.environ.get(name)
     if raw is None:

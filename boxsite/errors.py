@@ -87,11 +87,6 @@ class Forbidden(BoxError):
     status = 403
 
 
-class Unauthenticated(BoxError):
-    code = "UNAUTHENTICATED"
-    status = 401
-
-
 _DRF_CODES = {
     drf.NotAuthenticated: "UNAUTHENTICATED",
     drf.AuthenticationFailed: "UNAUTHENTICATED",

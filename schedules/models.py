@@ -87,12 +87,6 @@ class Schedule(models.Model):
             return ScheduleStatus.ATTENTION
         return ScheduleStatus.ACTIVE
 
-    def is_due(self, now: datetime) -> bool:
-        return (
-            self.enabled and not self.paused and self.next_run_at is not None and self.next_run_at <= now
-            and (self.backoff_until is None or self.backoff_until <= now)
-        )
-
 
 class Firing(models.Model):
     """One firing of a schedule (on time or a catch-up), successful or not."""

@@ -5,15 +5,10 @@ same for that task, and ``Task.isolation`` keeps it in one line.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
 from tasks.models import EventKind, Task
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0
 
 
 def layer_driver() -> str:

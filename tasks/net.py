@@ -5,7 +5,6 @@ same rule for requests the box makes on a task's behalf (flow ``http`` steps, ``
 """
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
 import json
 import socket
@@ -84,10 +83,6 @@ def allowed_addresses(host: str, port: int, hosts: list[str]) -> list[str]:
         if addr not in addresses:
             addresses.append(addr)
     return addresses
-
-
-def fglob(host: str, pattern: str) -> bool:
-    return fnmatch.fnmatch(host, pattern)
 
 
 def http_request(ctx: RunContext, method: str, url: str, *, headers: dict[str, str], body: Any = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from tasks.models import Run, RunKind, RunState, Task
-from tasks.states import ACTIVE, State
+from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,3 @@ def dispatch_due(now: Any = None) -> int:
 
 def active_run(task: Task) -> Run | None:
     return Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).order_by("-number").first()
-
-
-def is_running_state(task: Task) -> bool:
-    return task.state == State.RUNNING

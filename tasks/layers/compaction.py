@@ -119,8 +119,3 @@ def sweep_flats(workspace: Workspace, keep: set[str]) -> int:
             shutil.rmtree(candidate, ignore_errors=True)
             removed += 1
     return removed
-
-
-def flats_of(workspace: Workspace) -> list[str]:
-    root = paths.flats_dir(workspace.pk)
-    return sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) if root.is_dir() else []

@@ -19,7 +19,6 @@ from tasks.layers import compaction, mounts, paths
 from tasks.layers.base import Root, driver_name, get_driver
 from tasks.layers.diff import Change, layer_changes
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
-from tasks.layers.stack import FolderSet, Stack, View
 from tasks.layers.tree import LayerTree, Meta
 from tasks.models import Layer, LayerState, Task, Workspace
 from tasks.states import ACTIVE, State
@@ -80,12 +79,6 @@ def roots_for(task: Task, layer: Layer, *, for_mount: bool) -> list[Root]:
         lowers = [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
         lowers.append(LayerTree(task.workspace.base_path(), plain=True))
     return [Root("", lowers, ldir / "upper", ldir / "ovl-work", vdir, ldir / "manifest.json", lower_dir / "_")]
-
-
-def lower_view(roots: list[Root]) -> View:
-    if len(roots) == 1 and not roots[0].name:
-        return roots[0].lower
-    return FolderSet({root.name: root.lower for root in roots})
 
 
 # --- opening ---------------------------------------------------------------------------------

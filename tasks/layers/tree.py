@@ -159,9 +159,6 @@ class LayerTree:
             if entry.kind == DIR:
                 yield from self.walk(child)
 
-    def is_empty(self) -> bool:
-        return not self.children("")
-
 
 class Markers(Protocol):
     """How deletions and opaque directories are written into a layer being built."""

@@ -14,7 +14,6 @@ It runs with the system ``/usr/bin/python3`` and finds its socket in ``BOX_BROKE
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from django.conf import settings
@@ -102,9 +101,3 @@ def _database_files() -> list[Path]:
         return []
     main = Path(str(db["NAME"]))
     return [main, Path(f"{main}-wal"), Path(f"{main}-shm"), Path(f"{main}-journal")]
-
-
-def is_private_to_root(path: Path) -> bool:
-    """True when no user but root can read ``path`` (used by health checks and tests)."""
-    mode = path.stat().st_mode
-    return not mode & (stat.S_IRGRP | stat.S_IROTH)

@@ -7,7 +7,6 @@ loses its lease, the task's time runs out, or a step's timeout passes.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -113,10 +112,3 @@ def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | N
     for pump in pumps:
         pump.join(timeout=5)
     return Finished(code, "".join(out), "".join(err), timed_out=timed_out, stopped=stopped)
-
-
-def kill_quietly(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
