@@ -36,7 +36,7 @@ def present_approval(approval: Approval, redact: Redactor | None = None, *, with
     }
     if with_task:
         body["taskView"] = _task_summary(approval.task)
-    return redact.redact(body)  # type: ignore[no-any-return]
+    return redact.redact(body)
 
 
 def present_question(question: Question, redact: Redactor | None = None, *, with_task: bool = False) -> dict[str, Any]:
@@ -58,4 +58,4 @@ def present_question(question: Question, redact: Redactor | None = None, *, with
     }
     if with_task:
         body["taskView"] = _task_summary(question.task)
-    return redact.redact(body)  # type: ignore[no-any-return]
+    return redact.redact(body)

@@ -36,7 +36,7 @@ def build_report(task: Task) -> dict[str, Any]:
         "questions": [present_question(q, redact) for q in task.questions.exclude(state="staged").order_by("pk")],
         "rescues": [{"seq": e.seq, "summary": e.summary, "data": e.data, "at": e.created_at.isoformat()} for e in rescue_events],
     }
-    return redact.redact(report)  # type: ignore[no-any-return]
+    return redact.redact(report)
 
 
 def _flow_steps(task: Task, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
