@@ -47,7 +47,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         parts = header.split()
-        if parts[0] != self.keyword:
+        if not parts or parts[0].lower() != self.keyword.lower():  # the scheme is case-insensitive (RFC 9110)
             return None
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("send 'Authorization: Bearer <token>'")

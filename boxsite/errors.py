@@ -10,7 +10,6 @@ from typing import Any
 from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
 
 class BoxError(Exception):
@@ -94,7 +93,7 @@ _DRF_CODES = {
     drf.NotFound: "NOT_FOUND",
     drf.MethodNotAllowed: "METHOD_NOT_ALLOWED",
     drf.ParseError: "INVALID_REQUEST",
-    drf.UnsupportedMediaType: "INVALID_REQUEST",
+    drf.UnsupportedMediaType: "UNSUPPORTED_MEDIA_TYPE",
     drf.Throttled: "THROTTLED",
 }
 
@@ -118,14 +117,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         field, message = _first_validation_error(exc.detail)
         return Response({"code": "INVALID_REQUEST", "message": message, "field": field}, status=400)
     if isinstance(exc, drf.APIException):
-        response = drf_exception_handler(exc, context)
         code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), "ERROR")
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        status = response.status_code if response is not None else exc.status_code
-        out = Response({"code": code, "message": str(detail), "field": None}, status=status)
-        if response is not None:
-            for header in ("WWW-Authenticate", "Retry-After", "Allow"):
-                if header in response:
-                    out[header] = response[header]
+        out = Response({"code": code, "message": str(detail), "field": None}, status=exc.status_code)
+        # The headers DRF's own handler would set (rest_framework.views is not imported here:
+        # it reads the parser settings at import, and the parser raises these errors).
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            out["WWW-Authenticate"] = auth_header
+        wait = getattr(exc, "wait", None)
+        if wait:
+            out["Retry-After"] = str(int(wait))
         return out
     return None

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "boxsite.middleware.ApiEdgeMiddleware",  # NUL in path/query, declared body too large: refused first
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -165,6 +166,8 @@ BOX_SCHEDULER_TICK_SECONDS = env_float("BOX_SCHEDULER_TICK_SECONDS", 2.0)
 BOX_SCHEDULE_BACKOFF_SECONDS = env_float("BOX_SCHEDULE_BACKOFF_SECONDS", 30.0)
 BOX_SCHEDULE_BACKOFF_MAX_SECONDS = env_float("BOX_SCHEDULE_BACKOFF_MAX_SECONDS", 3600.0)
 BOX_WEBHOOK_MAX_BYTES = env_int("BOX_WEBHOOK_MAX_BYTES", 256 * 1024, minimum=1024)
+# The largest API request body (a task spec with its flow); larger is 413 before it is read.
+BOX_API_MAX_BYTES = env_int("BOX_API_MAX_BYTES", 1024 * 1024, minimum=1024)
 BOX_LIVE_POLL_SECONDS = env_float("BOX_LIVE_POLL_SECONDS", 0.1)
 # Run jobs in the calling process right after commit instead of through django-q2.
 # Only for tests that are not about the worker; never in production.
@@ -190,6 +193,9 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "boxsite.errors.exception_handler",
+    # JSON only, bounded in size and depth, no NUL characters (boxsite.parsers).
+    "DEFAULT_PARSER_CLASSES": ["boxsite.parsers.BoxJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }

@@ -15,3 +15,8 @@ urlpatterns = [
     path("api/", include("boxsite.account_urls")),
     path("", include("boxsite.page_urls")),
 ]
+
+handler400 = views.bad_request
+handler403 = views.permission_denied
+handler404 = views.api_not_found
+handler500 = views.server_error

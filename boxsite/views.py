@@ -1,11 +1,23 @@
 from __future__ import annotations
 
+import logging
+import secrets
+import sys
+from typing import Any
+
 from django.conf import settings
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
+
+from boxsite.middleware import is_api_path
+
+log = logging.getLogger("boxsite.errors")
 
 
 @extend_schema(responses={200: dict})
@@ -26,3 +38,36 @@ def health(request: Request) -> Response:
         "live": "redis" if settings.REDIS_URL else "polling",
         "isolation": describe_isolation(),
     })
+
+
+def _error(code: str, message: str, status: int, **extra: Any) -> JsonResponse:
+    return JsonResponse({"code": code, "message": message, "field": None, **extra}, status=status)
+
+
+def api_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """404 for every path: JSON in the API's error shape under /api/ and /hooks/, a page elsewhere."""
+    if is_api_path(request.path):
+        return _error("NOT_FOUND", f"no such API endpoint: {request.method} {request.path}", 404)
+    return defaults.page_not_found(request, exception or Http404())
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if is_api_path(request.path):
+        return _error("INVALID_REQUEST", "the request is malformed", 400)
+    return defaults.bad_request(request, exception or SuspiciousOperation())
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if is_api_path(request.path):
+        return _error("FORBIDDEN", "not allowed", 403)
+    return defaults.permission_denied(request, exception or PermissionDenied())
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """An unexpected error: logged with a reference id that the caller gets too."""
+    reference = secrets.token_hex(6)
+    log.error("unexpected error, reference %s: %s %s", reference, request.method, request.path, exc_info=sys.exc_info())
+    if is_api_path(request.path):
+        return _error("SERVER_ERROR", f"something went wrong on the box; the log has the details under reference {reference}",
+                      500, reference=reference)
+    return defaults.server_error(request)

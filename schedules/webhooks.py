@@ -72,10 +72,13 @@ def payload_facts(body: bytes, content_type: str) -> dict[str, str]:
         form = parse_qs(text, keep_blank_values=True)
         if "payload" in form:
             text = form["payload"][0]
+    if "\x00" in text:
+        # PostgreSQL cannot store it in text, and no payload needs it.
+        raise InvalidRequest("the payload contains a NUL character (\\u0000); the box cannot store it", field="body")
     facts = {"payload": text}
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return facts
     flat: dict[str, str] = {}
     truncated = False
@@ -91,6 +94,8 @@ def payload_facts(body: bytes, content_type: str) -> dict[str, str]:
                 walk(item, f"{path}.{key}", depth + 1)
         elif len(flat) < MAX_PAYLOAD_FACTS:
             flat[path] = _scalar(value)
+            if "\x00" in path or "\x00" in flat[path]:
+                raise InvalidRequest("the payload contains a NUL character (\\u0000); the box cannot store it", field="body")
         else:
             truncated = True
 
@@ -134,6 +139,8 @@ def receive(token: str, headers: Mapping[str, str], body: bytes, content_type: s
     facts["webhook.trigger"] = trigger.name
     facts["webhook.delivery"] = sender_id or delivery_id
     facts["webhook.event"] = next((headers[h] for h in EVENT_HEADERS if headers.get(h)), "")
+    if "\x00" in delivery_id + facts["webhook.event"]:
+        raise InvalidRequest("a header contains a NUL character", field="headers")
     with transaction.atomic():
         delivery: Delivery | None = None
         if delivery_id:

@@ -25,6 +25,7 @@ DEFAULT_LIMITS: dict[str, int | None] = {
     "max_rescues": 5,
 }
 MAX_RESCUES_CEILING = 5
+MAX_WHOLE = 2**31 - 1  # the largest number an integer column holds on every database
 MAX_FOLDERS = 10
 BUILTIN_WORKERS = ("agent", "flow", "command")
 PAYMENT_MODES = ("stop_at_payment", "fill_then_approve")
@@ -86,11 +87,13 @@ def _str_list(body: dict[str, Any], key: str) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-def _int(value: Any, key: str, *, minimum: int = 0) -> int:
+def _int(value: Any, key: str, *, minimum: int = 0, maximum: int = MAX_WHOLE) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSpec(f"'{key}' must be a whole number", field=key)
     if value < minimum:
         raise InvalidSpec(f"'{key}' must be at least {minimum}", field=key)
+    if value > maximum:
+        raise InvalidSpec(f"'{key}' must be at most {maximum}", field=key)
     return value
 
 
@@ -137,7 +140,10 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
             raise InvalidSpec("'command' is only for the command worker", field="command")
         raw = body["command"]
         if isinstance(raw, str):
-            command = shlex.split(raw)
+            try:
+                command = shlex.split(raw)
+            except ValueError as exc:  # an unbalanced quote
+                raise InvalidSpec(f"'command' cannot be split into arguments: {exc}", field="command") from exc
         elif isinstance(raw, list) and all(isinstance(a, str) for a in raw):
             command = list(raw)
         else:
