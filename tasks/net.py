@@ -1,17 +1,20 @@
 """HTTP from a task, under its network policy (the listed hosts only).
 
 Inside the sandbox the egress proxy enforces this for every process; this module enforces the
-same rule for requests the box makes on a task's behalf (flow ``http`` steps, ``http.request``).
+same rule for requests the box makes on a task's behalf (flow ``http`` steps, ``http.request``),
+on every redirect hop, connecting only to the addresses the check resolved.
 """
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import socket
-import urllib.error
-import urllib.request
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
@@ -50,12 +53,6 @@ def _private(addr: str) -> bool:
     return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved or ip.is_unspecified
 
 
-def check_destination(host: str, port: int, hosts: list[str]) -> None:
-    """Raise ``Blocked`` unless ``host`` is listed and (for names) resolves to public addresses,
-    or is itself a listed IP."""
-    allowed_addresses(host, port, hosts)
-
-
 def allowed_addresses(host: str, port: int, hosts: list[str]) -> list[str]:
     """The addresses a connection to ``host``:``port`` may use under ``hosts``, or ``Blocked``.
 
@@ -85,19 +82,105 @@ def allowed_addresses(host: str, port: int, hosts: list[str]) -> list[str]:
     return addresses
 
 
-def http_request(ctx: RunContext, method: str, url: str, *, headers: dict[str, str], body: Any = None) -> dict[str, Any]:
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+# Sent to the first host only: a redirect elsewhere must not carry the caller's credentials.
+_CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+OnBlocked = Callable[[Blocked], None]
+
+
+@dataclass(frozen=True)
+class _Target:
+    scheme: str
+    host: str  # as in the URL: a name, an IPv4 address or a [bracketed] IPv6 address
+    port: int
+    path: str  # path and query, what the request line carries
+
+    @property
+    def origin(self) -> tuple[str, str, int]:
+        return self.scheme, self.host.lower(), self.port
+
+
+def _target(url: str) -> _Target:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    host = host.rsplit(":", 1)[0] if not host.endswith("]") else host
     try:
-        check_destination(host, port, ctx.task.hosts)
-    except Blocked as exc:
-        ctx.recorder.event("blocked_connection", f"blocked {exc.host}:{exc.port}: {exc.reason}",
-                           {"host": exc.host, "port": exc.port, "reason": exc.reason})
-        raise
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ValueError(f"bad port in {url}") from exc
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return _Target(parts.scheme, host, port, path)
+
+
+def _connection(target: _Target, addresses: list[str], timeout: float) -> http.client.HTTPConnection:
+    """A connection to ``target`` that can reach only ``addresses`` (already checked): the name
+    is never resolved again, so DNS cannot answer differently for the connection. TLS still
+    verifies the certificate against the name."""
+
+    def connect(_address: tuple[str, int], timeout: float = timeout, source: Any = None) -> socket.socket:
+        error: OSError | None = None
+        for address in addresses:
+            try:
+                return socket.create_connection((address, target.port), timeout=timeout)
+            except OSError as exc:
+                error = exc
+        raise error or OSError(f"no address to connect to for {target.host}")
+
+    host = target.host.strip("[]")
+    conn: http.client.HTTPConnection
+    if target.scheme == "https":
+        conn = http.client.HTTPSConnection(host, target.port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(host, target.port, timeout=timeout)
+    conn._create_connection = connect  # type: ignore[attr-defined]  # the stdlib's one hook for this
+    return conn
+
+
+def fetch(method: str, url: str, *, hosts: list[str], headers: dict[str, str], data: bytes | None, timeout: float,
+          on_blocked: OnBlocked) -> dict[str, Any]:
+    """One HTTP exchange under the allowlist ``hosts``, redirects included.
+
+    Every hop (the first URL and each ``Location``) passes ``allowed_addresses`` and is
+    connected to by the addresses that check returned; a refused hop calls ``on_blocked`` and
+    raises ``Blocked``. At most ``MAX_REDIRECTS`` are followed; credentials are not sent to
+    another origin; 303 (and 301/302 after a POST) continue as a GET without a body.
+    """
+    method = method.upper()
+    target = _target(url)
+    first_origin = target.origin
+    for hop in range(MAX_REDIRECTS + 1):
+        try:
+            addresses = allowed_addresses(target.host, target.port, hosts)
+        except Blocked as exc:
+            on_blocked(exc)
+            raise
+        sent = headers if target.origin == first_origin else {
+            k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+        conn = _connection(target, addresses, timeout)
+        try:
+            conn.request(method, target.path, body=data, headers=sent)
+            response = conn.getresponse()
+            location = response.getheader("Location")
+            if response.status not in REDIRECTS or not location:
+                return {"status": response.status, "body": response.read(MAX_BODY).decode("utf-8", errors="replace")}
+        finally:
+            conn.close()
+        if hop == MAX_REDIRECTS:
+            raise OSError(f"more than {MAX_REDIRECTS} redirects")
+        current = f"{target.scheme}://{target.host}:{target.port}{target.path}"
+        target = _target(urljoin(current, location))
+        if response.status == 303 or (response.status in (301, 302) and method == "POST"):
+            method, data = ("HEAD" if method == "HEAD" else "GET"), None
+            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    raise AssertionError("unreachable")
+
+
+def http_request(ctx: RunContext, method: str, url: str, *, headers: dict[str, str], body: Any = None) -> dict[str, Any]:
+    """A flow ``http`` step or an ``http.request`` tool call: ``fetch`` under the task's hosts,
+    each refusal recorded as a ``blocked_connection`` event."""
     data: bytes | None
     if body is None:
         data = None
@@ -106,17 +189,16 @@ def http_request(ctx: RunContext, method: str, url: str, *, headers: dict[str, s
         headers = {"Content-Type": "application/json", **headers}
     else:
         data = str(body).encode()
-    request = urllib.request.Request(url, data=data, method=method.upper(), headers=headers)
     timeout = 30.0
     left = ctx.time_left()
     if left is not None:
         timeout = max(0.1, min(timeout, left))
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def record(exc: Blocked) -> None:
+        ctx.recorder.event("blocked_connection", f"blocked {exc.host}:{exc.port}: {exc.reason}",
+                           {"host": exc.host, "port": exc.port, "reason": exc.reason})
+
     try:
-        with opener.open(request, timeout=timeout) as response:
-            raw = response.read(MAX_BODY)
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        raw, status = exc.read(MAX_BODY), exc.code
-    text = raw.decode("utf-8", errors="replace")
-    return {"status": status, "body": text}
+        return fetch(method, url, hosts=ctx.task.hosts, headers=headers, data=data, timeout=timeout, on_blocked=record)
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad HTTP response: {exc!r}") from exc
