@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from tasks.models import Run, RunKind, RunState, Task
+from tasks.models import EventKind, Run, RunKind, RunState, Task, TaskEvent
 from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
@@ -132,11 +132,30 @@ def reap_expired(now: Any = None) -> int:
                     hint="check the worker logs; continue or start the task again once the cause is fixed",
                 )
                 continue
+            mark_interrupted_step(task, "the worker was lost")
             delay = backoff_seconds(run.attempt)
             services.note(task, f"worker lost (lease expired); retrying in {delay:g}s, attempt {run.attempt + 1} of {settings.BOX_MAX_RUN_ATTEMPTS}",
                           {"run": run.number, "attempt": run.attempt + 1})
             create_run(task, RunKind.RETRY, resume=task.resume, delay_s=delay, attempt=run.attempt + 1)
     return reaped
+
+
+def mark_interrupted_step(task: Task, why: str) -> None:
+    """Say in the log that the step a lost run was in the middle of did not finish.
+
+    A step that finished saved its resume point past itself, so the last step event names an
+    unfinished step exactly when its index is still where the task resumes. The retry runs it
+    again from its start."""
+    from tasks import services  # reason: services imports this module
+
+    last = TaskEvent.objects.filter(task=task, kind=EventKind.STEP).order_by("-seq").values_list("summary", "data").first()
+    if last is None:
+        return
+    summary, data = last
+    if not isinstance(data, dict) or data.get("step") != int((task.resume or {}).get("step", 0)):
+        return
+    services.note(task, f"interrupted: {summary} ({why}); it runs again from its start",
+                  {"interrupted": True, "step": data.get("step")})
 
 
 def dispatch_due(now: Any = None) -> int:

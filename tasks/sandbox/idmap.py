@@ -56,23 +56,16 @@ def userns_mapping(uid: int, gid: int, disk_uid: int = 0, disk_gid: int = 0) -> 
     A namespace needs a process to be created in; a short-lived ``unshare`` provides it, and the
     namespace outlives it as long as the returned fd is open.
     """
-    holder = subprocess.Popen(["unshare", "--user", "--", "sh", "-c", "read _"], stdin=subprocess.PIPE,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # The child says "in" once it runs inside its new namespace: only then can its maps be written.
+    holder = subprocess.Popen(["unshare", "--user", "--", "sh", "-c", "echo in; read _"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        # The maps can only be written once the child is inside its new namespace; reading its
-        # ns link until it differs from ours tells us that moment without sleeping blind.
-        ours = os.readlink("/proc/self/ns/user")
-        for _ in range(10000):
-            try:
-                if os.readlink(f"/proc/{holder.pid}/ns/user") != ours:
-                    break
-            except FileNotFoundError:
-                break
-            if holder.poll() is not None:
-                break
-            os.sched_yield()
-        if holder.poll() is not None:
-            raise SandboxError(f"cannot create a user namespace: {holder.stderr.read().decode().strip() if holder.stderr else ''}")
+        assert holder.stdout is not None
+        if holder.stdout.readline() != b"in\n":  # blocks until then; EOF means it never got there
+            holder.kill()
+            holder.wait()
+            reason = holder.stderr.read().decode().strip() if holder.stderr else ""
+            raise SandboxError(f"cannot create a user namespace: {reason}")
         Path(f"/proc/{holder.pid}/uid_map").write_text(f"{disk_uid} {uid} 1\n")
         Path(f"/proc/{holder.pid}/setgroups").write_text("deny\n")
         Path(f"/proc/{holder.pid}/gid_map").write_text(f"{disk_gid} {gid} 1\n")
@@ -80,7 +73,7 @@ def userns_mapping(uid: int, gid: int, disk_uid: int = 0, disk_gid: int = 0) -> 
     finally:
         holder.kill()
         holder.wait()
-        for stream in (holder.stdin, holder.stderr):
+        for stream in (holder.stdin, holder.stdout, holder.stderr):
             if stream is not None:
                 stream.close()
 

@@ -11,7 +11,10 @@ Started as root by ``unshare`` (new PID, network, mount, IPC and UTS namespaces)
 4. with hosts, serves the in-namespace HTTP(S) proxy on 127.0.0.1, relaying every connection
    over a Unix socket to the box's egress proxy, which decides;
 5. starts the task's command in a new session (no controlling terminal) and reaps orphans until
-   it exits, then exits with its status, which kills everything left in the namespace.
+   it exits, then exits with its status, which kills everything left in the namespace;
+6. exits the same way the moment the box's worker is gone (the worker reads our output; when it
+   dies, its end of that pipe closes), so a lost worker's step never runs on unsupervised. A
+   parent-death signal cannot do this here: dropping privileges clears it.
 
 Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library: it must not
 import the box (the task's user cannot read the box's virtualenv, and it starts fast).
@@ -23,7 +26,9 @@ import fcntl
 import json
 import os
 import resource
+import select
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -177,6 +182,18 @@ def start_command(config: dict[str, Any]) -> int:
     return pid
 
 
+def die_with_worker(fd: int = 1) -> None:
+    """Exit (ending the PID namespace) once nobody reads ``fd``: the worker that started us died."""
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return
+    poller = select.poll()
+    poller.register(fd, 0)  # only the always-reported conditions: POLLERR once no reader is left
+    while True:
+        for _fd, events in poller.poll():
+            if events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                os._exit(137)
+
+
 def main() -> None:
     config = read_config(int(sys.argv[1]))
     loopback_up()
@@ -190,6 +207,7 @@ def main() -> None:
         listener.bind(("127.0.0.1", forward["port"]))
         listener.listen(64)
     child = start_command(config)
+    threading.Thread(target=die_with_worker, daemon=True).start()
     if listener is not None:
         threading.Thread(target=serve_forwarder, args=(listener, config["forward"]["socket"]), daemon=True).start()
     while True:  # PID 1 adopts every orphan: reap them all, leave when the command exits

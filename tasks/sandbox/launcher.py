@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 FORWARD_PORT = 3128  # inside the task's own network namespace, so every task can use it
 MAX_PROCESSES = 1024  # per task user: a fork bomb stops here
+# Every task process is started through this: it gets SIGKILL when the worker thread that started
+# it dies (even by SIGKILL), so a lost worker's step cannot run on unsupervised and then run twice.
+DIE_WITH_WORKER = ["setpriv", "--pdeathsig", "KILL", "--"]
 INIT = Path(__file__).with_name("init.py")
 HIDDEN = ["/tmp", "/var/tmp", "/dev/shm", "/run"]
 NO_PROXY = "localhost,127.0.0.1,::1"
@@ -59,6 +62,8 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
 
 def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
                  script: str | None) -> subprocess.Popen[bytes]:
+    # setpriv would only report a missing program as exit 127: say it before starting, as exec would.
+    _require_executable(argv[0] if "/" not in argv[0] else str(Path(cwd) / argv[0]), env.get("PATH", os.defpath))
     env = dict(env)
     proxy = None
     if ctx.task.hosts:
@@ -69,7 +74,7 @@ def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: 
         if script is not None:
             script_fd = _script_file(script)
             argv = [*argv, f"/proc/self/fd/{script_fd}"]
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([*DIE_WITH_WORKER, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True,
                                 pass_fds=(script_fd,) if script_fd >= 0 else ())
     except BaseException:
@@ -117,8 +122,9 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         # The configuration (the command, a script with secret facts substituted in) reaches
         # init through a pipe: init's own command line, like every one in /proc, is world-readable.
         config_read, config_write = os.pipe()
-        command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--ipc", "--uts",
-                   "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(INIT), str(config_read)]
+        # unshare dies with the worker; --kill-child takes init, and so the whole PID namespace, with it.
+        command = [*DIE_WITH_WORKER, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount",
+                   "--ipc", "--uts", "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(INIT), str(config_read)]
         proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=(view_fd, config_read), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         os.close(config_read)

@@ -1,0 +1,77 @@
+"""A killed worker takes its task's processes with it: the interrupted step does not finish on
+its own and then run again in the retry, and the log says which step was interrupted."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tasks.models import Run, Task
+from tasks.sandbox import users
+from tests.cluster import running_box
+from tests.conftest import wait_for
+from tests.factories import flow
+
+pytestmark = pytest.mark.usefixtures("cluster_mode")
+
+# The first attempt marks itself and then works for 2 s; any attempt that gets to the end of the
+# step appends a line to effects.txt (the "paid call"). The last step reports the lines.
+SLOW_EFFECT = flow(
+    {"run": "if [ -f .attempted ]; then echo again; else touch .attempted; sleep 2; fi; echo effect >> effects.txt",
+     "name": "paid call"},
+    {"run": "cat effects.txt", "save": "effects"},
+)
+
+
+@pytest.fixture
+def cluster_mode(settings):
+    settings.BOX_RUN_INLINE = False
+    settings.BOX_MAX_RUN_ATTEMPTS = 3
+
+
+def _mid_step(task_id: str) -> Run | None:
+    run = Run.objects.filter(task_id=task_id, number=1, state="running").first()
+    if run is None or not run.worker_pid:
+        return None
+    return run if Task.objects.get(pk=task_id).step.startswith("step 1/2") else None
+
+
+def _task_processes(task_id: str) -> list[str]:
+    """The live processes of the task's user (zombies are dead already), as "pid state cmdline"."""
+    ident = users.find_user(task_id)
+    found = []
+    for pid in [] if ident is None else users.processes_of(ident.uid):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(f"{pid} {state} {cmdline}")
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
+def test_a_killed_workers_step_dies_with_it_and_runs_exactly_once_more(box, tmp_path):
+    with running_box(tmp_path):
+        task = box.create(title="paid once", flow=SLOW_EFFECT)
+        first = wait_for(lambda: _mid_step(task["id"]), timeout=60, what="the first run to be mid-step")
+        wait_for(lambda: _task_processes(task["id"]), timeout=10, what="the step's processes to start")
+        os.kill(first.worker_pid, signal.SIGKILL)
+        # Well before the step's 2 s are up, nothing of the task runs any more.
+        try:
+            wait_for(lambda: not _task_processes(task["id"]), timeout=1.0, interval=0.02,
+                     what="the task's processes to die with their worker")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {_task_processes(task['id'])}") from None
+        view = box.wait_state(task["id"], "done", "failed", timeout=90)
+    assert view["state"] == "done", view
+    # The step's effect happened once: the killed attempt never got to the end of it.
+    assert Task.objects.get(pk=task["id"]).records["effects"] == "effect"
+    notes = [e for e in box.events(task["id"]) if e["kind"] == "note"]
+    interrupted = [e for e in notes if e["data"].get("interrupted")]
+    assert len(interrupted) == 1, notes
+    assert "step 1/2" in interrupted[0]["summary"] and "paid call" in interrupted[0]["summary"]
+    assert interrupted[0]["data"]["step"] == 0
