@@ -107,6 +107,7 @@ class Task(models.Model):
 class EventKind(models.TextChoices):
     STATUS = "status"
     STEP = "step"
+    STEP_RESULT = "step_result"  # what a step did (tasks.evidence), logged before the next begins
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
     COST = "cost"

@@ -22,8 +22,8 @@ def build_report(task: Task) -> dict[str, Any]:
 
     redact = redactor_for(task)
     step_events: list[dict[str, Any]] = [
-        dict(row) for row in TaskEvent.objects.filter(task=task, kind=EventKind.STEP).order_by("seq")
-        .values("seq", "summary", "data", "created_at")[:MAX_STEP_EVENTS]
+        dict(row) for row in TaskEvent.objects.filter(task=task, kind__in=(EventKind.STEP, EventKind.STEP_RESULT))
+        .order_by("seq").values("seq", "kind", "summary", "data", "artifacts", "created_at")[:MAX_STEP_EVENTS]
     ]
     rescue_events = TaskEvent.objects.filter(task=task, data__has_key="rescue").order_by("seq")
     report = {
@@ -44,13 +44,17 @@ def _flow_steps(task: Task, events: list[dict[str, Any]]) -> list[dict[str, Any]
     steps = (task.flow or {}).get("steps", [])
     reached: dict[int, dict[str, Any]] = {}
     for event in events:
-        index = (event["data"] or {}).get("step")
-        if not isinstance(index, int) or not 0 <= index < len(steps):
+        number = (event["data"] or {}).get("step")  # 1-based, as in the log's summaries
+        if not isinstance(number, int) or not 1 <= number <= len(steps):
             continue
+        index = number - 1
         entry = reached.get(index)
         if entry is None:
             entry = reached[index] = _entry(steps, index)
             entry["firstAt"] = event["created_at"].isoformat()
+        if event["kind"] == EventKind.STEP_RESULT:
+            entry["result"] = _result(event)
+            continue
         entry["attempts"] += 1
         entry["summary"] = event["summary"]
         entry["lastAt"] = event["created_at"].isoformat()
@@ -88,8 +92,22 @@ def _outcome(task: Task, index: int, resume_at: int) -> str:
 
 
 def _plain_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A worker without a flow (a command, the agent): each step it reported, in order."""
-    return [{"step": n, "summary": e["summary"], "at": e["created_at"].isoformat()} for n, e in enumerate(events, start=1)]
+    """A worker without a flow (a command, the agent): each step it reported, in order, with
+    the result the worker's process left (exit code, output, the lines it reported)."""
+    entries: list[dict[str, Any]] = []
+    for event in events:
+        if event["kind"] == EventKind.STEP_RESULT:
+            if entries:
+                entries[-1]["result"] = _result(event)
+            continue
+        entries.append({"step": len(entries) + 1, "summary": event["summary"], "at": event["created_at"].isoformat()})
+    return entries
+
+
+def _result(event: dict[str, Any]) -> dict[str, Any]:
+    """A ``step_result`` event as the report shows it: what the step did, and its files."""
+    data = {k: v for k, v in (event["data"] or {}).items() if k not in ("step", "of", "kind")}
+    return {**data, "summary": event["summary"], "artifacts": event["artifacts"] or []}
 
 
 def _run(run: Run) -> dict[str, Any]:

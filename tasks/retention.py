@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from boxsite.models import BoxSettings
-from tasks import lifecycle
+from tasks import artifacts, lifecycle
 from tasks.layers import paths
 from tasks.models import Task
 from tasks.states import ACTIVE, State
@@ -46,6 +46,7 @@ def prune_expired(now: datetime | None = None, *, batch: int = 200) -> list[str]
         if deleted:
             for directory in (paths.task_dir(task_id), paths.layer_dir(task_id)):
                 shutil.rmtree(directory, ignore_errors=True)
+            artifacts.remove_artifacts(task_id)
             pruned.append(task_id)
     if pruned:
         log.info("retention: forgot %d ended tasks older than %s", len(pruned), cutoff.date())

@@ -15,4 +15,5 @@ urlpatterns = [
     path("workspaces/<str:name>/files", workspace_views.workspace_files, name="workspace-files"),
     path("tasks/<str:task_id>/continue", views.task_continue, name="task-continue"),
     path("tasks/<str:task_id>/report", views.task_report, name="task-report"),
+    path("tasks/<str:task_id>/artifacts/<path:name>", views.task_artifact, name="task-artifact"),
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
@@ -12,7 +13,7 @@ from approvals.presenters import present_approval
 from boxsite.errors import InvalidRequest
 from boxsite.pagination import Sort, limit_param, page
 from boxsite.principal import Principal
-from tasks import services
+from tasks import artifacts, services
 from tasks.models import Task, TaskEvent
 from tasks.presenters import present_event, present_task
 from tasks.states import State
@@ -143,3 +144,17 @@ def task_report(request: Request, task_id: str) -> Response:
     from tasks.report import build_report
 
     return Response(build_report(services.get_task_for(Principal.of(request), task_id)))
+
+
+@extend_schema(responses={(200, "application/octet-stream"): bytes})
+@api_view(["GET"])
+def task_artifact(request: Request, task_id: str, name: str) -> FileResponse:
+    """A file a step carried (listed on its event's ``artifacts``), under the task's access rule."""
+    task = services.get_task_for(Principal.of(request), task_id)
+    path = artifacts.artifact_file(task.pk, name)
+    response = FileResponse(path.open("rb"), content_type=artifacts.content_type(name))
+    if response["Content-Type"].startswith("text/"):
+        response["Content-Type"] += "; charset=utf-8"
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "sandbox; default-src 'none'"  # never a page of the box's origin
+    return response

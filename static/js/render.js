@@ -71,13 +71,42 @@ function decisionButtons(approval, version, onDone, big) {
   return el("div", { class: "buttons" }, approve, deny);
 }
 
+// What an approval lets happen, shown in full (the detail arrives redacted): the exact command,
+// the file with its content or diff, the request, the tool and its arguments, the amount.
+const SHOWN_DETAIL = new Set(["action", "command", "path", "bytes", "content", "diff", "method", "url", "body", "tool", "args", "then", "step"]);
+
+function block(label, value, cls = "") {
+  return el("div", { class: "approves-block" }, el("h4", {}, label),
+    el("pre", { class: `mono ${cls}`.trim(), tabindex: "0", "aria-label": label }, typeof value === "string" ? value : JSON.stringify(value, null, 2)));
+}
+
+function approvesWhat(approval) {
+  const d = approval.detail ?? {};
+  const parts = [];
+  if (d.then) parts.push(el("p", { class: "hint" }, `Approving lets step ${d.then} go ahead:`));
+  if (d.command) parts.push(block("Command it will run", d.command, "command"));
+  if (d.path && d.action === "delete") parts.push(el("p", {}, "Deletes ", el("code", {}, d.path)));
+  if (d.path && d.action === "write") {
+    parts.push(el("p", {}, "Writes ", el("code", {}, d.path), d.bytes !== undefined ? ` (${d.bytes} bytes)` : ""));
+    parts.push(d.diff ? block("Changes to the file", d.diff, "diff") : block("Content", d.content ?? ""));
+  }
+  if (d.url) parts.push(el("p", {}, `${d.method ?? "GET"} `, el("code", {}, d.url)));
+  if (d.body !== undefined) parts.push(block("Request body", d.body));
+  if (d.tool) parts.push(el("p", {}, "Tool ", el("code", {}, d.tool)));
+  if (d.args !== undefined && Object.keys(d.args ?? {}).length) parts.push(block("Arguments", d.args));
+  if (approval.amountCents) parts.push(el("p", { class: "amount" }, `Amount: ${cents(approval.amountCents)}`));
+  return parts.length ? el("div", { class: "approves" }, ...parts) : null;
+}
+
 export function approvalCard(approval, { version, onDone, showTask = false, big = false } = {}) {
   const task = approval.taskView;
+  const rest = Object.fromEntries(Object.entries(approval.detail ?? {}).filter(([key]) => !SHOWN_DETAIL.has(key)));
   return el("article", { class: "card blocker approval", "data-approval": String(approval.id), "aria-labelledby": `approval-${approval.id}` },
     el("p", { class: "kicker" }, `Approval · ${approval.kind}`, approval.amountCents ? ` · ${cents(approval.amountCents)}` : ""),
     el("h3", { id: `approval-${approval.id}` }, approval.summary),
     showTask && task ? el("p", { class: "task-link" }, "Task: ", el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
-    Object.keys(approval.detail ?? {}).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(approval.detail, null, 2))) : null,
+    approvesWhat(approval),
+    Object.keys(rest).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(rest, null, 2))) : null,
     decisionButtons(approval, version ?? task?.version, onDone, big));
 }
 

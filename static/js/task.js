@@ -12,7 +12,7 @@ let stream = null;
 const loaded = { diff: false, report: false };
 
 const KIND_LABELS = {
-  status: "Status", step: "Step", tool_call: "Tool call", tool_result: "Tool result", cost: "Cost",
+  status: "Status", step: "Step", step_result: "Result", tool_call: "Tool call", tool_result: "Tool result", cost: "Cost",
   blocked_connection: "Blocked", approval: "Approval", question: "Question", output: "Output",
   error: "Error", note: "Note",
 };
@@ -177,6 +177,28 @@ function artifactNode(artifact) {
   return src ? el("a", { href: src, rel: "noopener" }, name) : el("span", {}, name);
 }
 
+// What a step did (a step_result event): its numbers in a line, its output in monospace blocks.
+const RESULT_FACTS = [["exitCode", "Exit code"], ["status", "HTTP status"], ["method", "Method"], ["url", "URL"],
+  ["path", "Path"], ["bytes", "Bytes"], ["linesReported", "Lines reported"], ["durationMs", "Took (ms)"]];
+const RESULT_BLOCKS = [["command", "Command"], ["stdout", "Output (stdout, last lines)"], ["stderr", "Errors (stderr, last lines)"],
+  ["body", "Body"], ["tool", "Tool"], ["args", "Arguments"], ["result", "Result"], ["error", "Error"]];
+
+function resultBody(data, artifacts) {
+  const facts = RESULT_FACTS.filter(([key]) => data[key] !== undefined && data[key] !== null);
+  const blocks = RESULT_BLOCKS.filter(([key]) => data[key] !== undefined && data[key] !== null && data[key] !== "");
+  return el("div", { class: "step-result" },
+    facts.length ? el("dl", { class: "result-facts" }, facts.map(([key, label]) => el("div", {}, el("dt", {}, label), el("dd", { class: "mono" }, String(data[key]))))) : null,
+    blocks.map(([key, label]) => el("div", { class: "result-block" }, el("h4", {}, label),
+      el("pre", { class: "mono output", tabindex: "0", "aria-label": label }, typeof data[key] === "string" ? data[key] : JSON.stringify(data[key], null, 2)))),
+    (artifacts ?? []).length ? el("p", { class: "artifacts" }, "Whole output: ", artifacts.map((a) => el("a", { href: a.url, target: "_blank", rel: "noopener" }, `${a.name} (${a.size} bytes)`))) : null);
+}
+
+function resultDetails(event) {
+  const data = event.data ?? {};
+  const label = ["run", "command"].includes(data.kind) ? "Output" : "Result";
+  return el("details", { class: "result" }, el("summary", {}, data.ok === false ? `${label} (failed)` : label), resultBody(data, event.artifacts));
+}
+
 function appendEvent(event) {
   const log = $("log");
   const data = event.data ?? {};
@@ -188,8 +210,9 @@ function appendEvent(event) {
       el("span", { class: "summary" }, event.summary),
       event.costCents ? el("span", { class: "cost" }, cents(event.costCents)) : null),
     // A status line says it all in its summary; other kinds carry details worth opening.
-    event.kind !== "status" && Object.keys(data).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(data, null, 2))) : null,
-    (event.artifacts ?? []).length ? el("div", { class: "artifacts" }, event.artifacts.map(artifactNode)) : null);
+    event.kind === "step_result" ? resultDetails(event)
+      : event.kind !== "status" && Object.keys(data).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(data, null, 2))) : null,
+    event.kind !== "step_result" && (event.artifacts ?? []).length ? el("div", { class: "artifacts" }, event.artifacts.map(artifactNode)) : null);
   const nearBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
   log.append(row);
   if (nearBottom && log.children.length > 1 && !$("panel-log").hidden) row.scrollIntoView({ block: "nearest" });
@@ -258,7 +281,11 @@ async function loadReport() {
     const report = await api("GET", `/api/tasks/${taskId}/report`);
     const records = report.records ?? report.task?.records;
     const output = report.output ?? null;
+    const steps = report.steps ?? [];
     put(box,
+      steps.length ? el("section", {}, el("h3", {}, "Steps"), el("ol", { class: "report-steps" }, steps.map((step) => el("li", { value: String(step.step) },
+        el("p", {}, el("strong", {}, `Step ${step.step}`), step.kind ? ` ${step.kind}` : "", step.outcome ? ` · ${step.outcome}` : "", step.summary ? el("span", { class: "muted" }, ` · ${step.summary}`) : null),
+        step.result ? el("details", { class: "result" }, el("summary", {}, step.result.ok === false ? "What it did (failed)" : "What it did"), resultBody(step.result, step.result.artifacts)) : null)))) : null,
       output !== null && output !== undefined ? el("section", {}, el("h3", {}, "Output"), el("pre", { class: "mono" }, typeof output === "string" ? output : JSON.stringify(output, null, 2))) : null,
       records && Object.keys(records).length ? el("section", {}, el("h3", {}, "Records"), el("pre", { class: "mono" }, JSON.stringify(records, null, 2))) : null,
       el("details", {}, el("summary", {}, "The whole report"), el("pre", { class: "mono" }, JSON.stringify(report, null, 2))));

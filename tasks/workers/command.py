@@ -5,11 +5,16 @@ wrote to stderr>``. A process that cannot start fails the task with the reason.
 """
 from __future__ import annotations
 
+import time
+
+from django.utils import timezone
+
 from tasks.context import RunContext
 from tasks.models import EventKind
 from tasks.recorder import LeaseLost
 from tasks.workers import process
 from tasks.workers.base import Done, Failed, Outcome
+from tasks.workers.flow import record_result
 from tasks.workers.presets import all_presets
 
 MAX_OUTPUT_EVENTS = 500
@@ -37,7 +42,8 @@ class CommandWorker:
 
                 ctx.recorder.redactor = Redactor({**ctx.facts.secrets(), **{k: env[k] for k in preset.keys}})
             argv = [part.replace("{prompt}", task.prompt) for part in preset.argv]
-        ctx.recorder.step(f"starting {argv[0]}", {"argv0": argv[0]})
+        began, clock = timezone.now(), time.monotonic()
+        ctx.recorder.step(f"step 1/1 starting {argv[0]}", {"step": 1, "of": 1, "kind": "command", "argv0": argv[0]})
         try:
             proc = process.start(ctx, argv, env=env)
         except OSError as exc:
@@ -53,9 +59,17 @@ class CommandWorker:
                 lines += 1
                 ctx.recorder.event(EventKind.OUTPUT, line[:2000])
 
-        done = process.wait(ctx, proc, on_stdout=on_stdout)
+        name = f"worker-run-{ctx.run.number}"
+        spool = process.spool_for(ctx, name)
+        done = process.wait(ctx, proc, on_stdout=on_stdout, spool=spool)
         if done.stopped:
+            for path in spool:
+                path.unlink(missing_ok=True)
             raise LeaseLost("the run was stopped")
+        evidence = process.output_evidence(ctx, name, done, spool)
+        evidence.data = {"command": argv[0], "linesReported": lines, **evidence.data}
+        error = "ran out of time" if done.timed_out else (None if done.code == 0 else f"exit {done.code}")
+        record_result(ctx, 0, 1, "command", began, clock, evidence, error=error)
         if done.timed_out:
             return Failed("the worker ran out of time (limits.max_elapsed_ms)", recoverable=True,
                           hint="raise limits.max_elapsed_ms and run the task again")

@@ -5,16 +5,26 @@ retried run picks up at the first step not yet finished.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
+import shutil
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from django.utils import timezone
+
 from tasks.context import RunContext
+from tasks.evidence import Evidence, bounded
 from tasks.facts import guess_kind
 from tasks.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
-from tasks.recorder import LimitReached
+from tasks.human import looks_like_human_wall
+from tasks.models import EventKind, TaskEvent
+from tasks.net import Blocked
+from tasks.recorder import LeaseLost, LimitReached
 from tasks.tools import NeedsApproval
 from tasks.workers import process
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
@@ -25,10 +35,11 @@ _NAME = re.compile(r"\$\{([^}]+)\}")
 
 
 class StepFailed(Exception):
-    def __init__(self, message: str, *, page_text: str = "") -> None:
+    def __init__(self, message: str, *, page_text: str = "", evidence: Evidence | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.page_text = page_text
+        self.evidence = evidence or Evidence()
 
 
 def substitute(value: Any, values: dict[str, Any]) -> Any:
@@ -163,26 +174,32 @@ class FlowWorker:
                 gate = self._gate(ctx, step, kind, index, total, is_approved, guard, known)
                 if gate is not None:
                     return gate
-                ctx.recorder.step(describe(step, index, total), {"step": index, "kind": kind}, progress=(index + 1) / total)
+                began, clock = timezone.now(), time.monotonic()
+                ctx.recorder.step(describe(step, index, total), self._start_data(ctx, index, total, kind, start),
+                                  progress=(index + 1) / total)
+                record_result(ctx, index, total, kind, began, clock, Evidence({"passed": True}))
                 ctx.recorder.save_progress(resume={"step": index + 1})
                 continue
             if kind not in EXECUTABLE_KINDS:
                 return Failed(f"step {index + 1}: '{kind}' steps are not available in this box yet", recoverable=False,
                               hint="remove the step or run the task on a box with browser/model support")
             if "stop_before" in step and not allow_destructive and not is_approved:
-                return self._ask_approval(index, "irreversible", step["stop_before"], guard)
+                return self._ask_approval(index, "irreversible", step["stop_before"], guard,
+                                          detail=planned_action(ctx, kind, substitute(step[kind], known), step, known))
             if STEP_KINDS[kind].acts and kind != "tool":  # a tool call counts itself (tasks.tools.call)
                 ctx.recorder.count("actions", "max_actions")
-            ctx.recorder.step(describe(step, index, total), {"step": index, "kind": kind}, progress=index / total)
+            began, clock = timezone.now(), time.monotonic()
+            ctx.recorder.step(describe(step, index, total), self._start_data(ctx, index, total, kind, start),
+                              progress=index / total)
             resolved = step[kind] if kind == "run" else substitute(step[kind], known)
             try:
-                result = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved)
+                result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index)
             except NeedsApproval as need:
                 guard = {**guard, **need.guard, "step": index}
-                return self._ask_approval(index, need.kind, need.summary, guard, detail=need.detail, amount_cents=need.amount_cents)
+                detail = {**planned_action(ctx, kind, resolved, step, known), **(need.detail or {})}
+                return self._ask_approval(index, need.kind, need.summary, guard, detail=detail, amount_cents=need.amount_cents)
             except StepFailed as exc:
-                from tasks.human import looks_like_human_wall
-
+                record_result(ctx, index, total, kind, began, clock, exc.evidence, error=exc.message)
                 wall = looks_like_human_wall(f"{exc.message}\n{exc.page_text}")
                 if wall:
                     # Continuing re-runs this step; an OK the owner gave for it still holds.
@@ -193,6 +210,7 @@ class FlowWorker:
                                   resume=retry)
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
                               hint="fix the cause and run the task again")
+            record_result(ctx, index, total, kind, began, clock, evidence)
             if "save" in step:
                 records[step["save"]] = result
                 known[step["save"]] = result
@@ -200,6 +218,16 @@ class FlowWorker:
             if only and is_approved and index + 1 < total:
                 return Continue(resume={"step": index + 1})
         return Done(f"finished all {total} steps")
+
+    def _start_data(self, ctx: RunContext, index: int, total: int, kind: str, start: int) -> dict[str, Any]:
+        """The start event's fields; ``retry`` when an earlier run already began this step
+        (it was cut off, and this run executes it again)."""
+        data: dict[str, Any] = {"step": index + 1, "of": total, "kind": kind}
+        if index == start and ctx.run.number > 1 and TaskEvent.objects.filter(
+                task_id=ctx.task.pk, kind=EventKind.STEP, data__step=index + 1, data__kind=kind).exists():
+            data["retry"] = True
+            data["run"] = ctx.run.number
+        return data
 
     def _gate(self, ctx: RunContext, step: dict[str, Any], kind: str, index: int, total: int, approved: bool,
               guard: dict[str, Any], known: dict[str, Any]) -> Outcome | None:
@@ -209,7 +237,12 @@ class FlowWorker:
             if approved:
                 return None
             reason = value if isinstance(value, str) else value.get("reason", "approve to go on")
-            return self._ask_approval(index, "checkpoint", reason, guard)
+            steps = (ctx.task.flow or {}).get("steps", [])
+            after = steps[index + 1] if index + 1 < len(steps) else None
+            detail: dict[str, Any] = {}
+            if after is not None and step_kind(after) in EXECUTABLE_KINDS and step_kind(after) not in GATES:
+                detail = {"then": index + 2, **planned_action(ctx, step_kind(after), substitute(after[step_kind(after)], known), after, known)}
+            return self._ask_approval(index, "checkpoint", reason, guard, detail=detail)
         if kind == "checkpoint":
             return self._checkpoint(ctx, value, index, approved, guard)
         spec = value if isinstance(value, dict) else {"name": value}
@@ -248,12 +281,14 @@ class FlowWorker:
                       if continuable else None)
 
     def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *,
-                 known: dict[str, Any], approved: bool) -> Any:
+                 known: dict[str, Any], approved: bool, index: int) -> tuple[Any, Evidence]:
+        """Run one step; its result and what it did. ``StepFailed`` carries what it did too."""
         timeout = step.get("timeout_s")
         if kind == "run":
             # Values go in as environment variables, not as text of the command (flow authors:
             # docs/api.md, "Values in a run command").
-            cmd, values = shell_command(value if isinstance(value, str) else value["cmd"], known)
+            written = value if isinstance(value, str) else value["cmd"]  # as the flow has it: ${name}, no values
+            cmd, values = shell_command(written, known)
             env = process.base_env(ctx)
             if isinstance(value, dict):
                 env.update({str(k): str(v) for k, v in substitute(value.get("env", {}), known).items()})
@@ -261,60 +296,135 @@ class FlowWorker:
             try:
                 proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd)  # not argv: /proc shows it to all
             except OSError as exc:
-                raise StepFailed(f"cannot start the shell: {exc}") from exc
-            done = process.wait(ctx, proc, timeout_s=timeout)
+                raise StepFailed(f"cannot start the shell: {exc}", evidence=Evidence({"command": written})) from exc
+            name = f"step-{index + 1}-run-{ctx.run.number}"
+            spool = process.spool_for(ctx, name)
+            done = process.wait(ctx, proc, timeout_s=timeout, spool=spool)
             if done.stopped:
-                from tasks.recorder import LeaseLost
-
+                for path in spool:
+                    path.unlink(missing_ok=True)
                 raise LeaseLost("stopped")
+            evidence = process.output_evidence(ctx, name, done, spool)
+            evidence.data = {"command": written, **evidence.data}
             if done.timed_out:
                 check_time(ctx)  # the task's running time is up: that is a limit, not a step failure
-                raise StepFailed(f"timed out after {timeout}s")
+                raise StepFailed(f"timed out after {timeout}s", evidence=evidence)
             if done.code != 0:
-                raise StepFailed(f"exit {done.code}: {done.last_error_line()}", page_text=done.stdout + done.stderr)
-            return done.stdout.strip()
+                raise StepFailed(f"exit {done.code}: {done.last_error_line()}", page_text=done.stdout + done.stderr,
+                                 evidence=evidence)
+            return done.stdout.strip(), evidence
         if kind == "write":
             target = inside(ctx.workdir, value["path"])
             content = value["content"] if isinstance(value["content"], str) else json.dumps(value["content"])
             created = make_parents(ctx.workdir, target)
             if target.is_symlink():
                 target.unlink()
-            if not target.exists():
+            new_file = not target.exists()
+            if new_file:
                 created.append(target)
             target.write_text(content)
             give_to_task_user(ctx.workdir, created)
-            return value["path"]
+            return value["path"], Evidence({"path": value["path"], "bytes": target.stat().st_size, "created": new_file})
         if kind == "delete":
             relative = value if isinstance(value, str) else value["path"]
             target = inside(ctx.workdir, relative)
             if target.is_dir() and not target.is_symlink():
-                import shutil
-
+                size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file() and not f.is_symlink())
                 shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
+                return relative, Evidence({"path": relative, "bytes": size, "directory": True})
+            if target.exists() or target.is_symlink():
+                size = target.lstat().st_size
                 target.unlink()
-            else:
-                raise StepFailed(f"'{relative}' does not exist")
-            return relative
+                return relative, Evidence({"path": relative, "bytes": size, "directory": False})
+            raise StepFailed(f"'{relative}' does not exist", evidence=Evidence({"path": relative}))
         if kind == "http":
             spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
-            from tasks.net import Blocked
-
+            method = str(spec.get("method", "GET")).upper()
+            asked = {"method": method, "url": spec["url"]}
             try:
-                response = ctx.http(spec.get("method", "GET"), spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
+                response = ctx.http(method, spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
             except Blocked as exc:
-                raise StepFailed(str(exc)) from exc
+                raise StepFailed(str(exc), evidence=Evidence({**asked, "blocked": str(exc)})) from exc
             except OSError as exc:
-                raise StepFailed(f"request failed: {exc}") from exc
+                raise StepFailed(f"request failed: {exc}", evidence=Evidence({**asked, "error": str(exc)})) from exc
+            body = response["body"]
+            evidence = Evidence({**asked, "status": response["status"], "bytes": len(body), "body": bounded(body)})
             if response["status"] >= 400:
-                raise StepFailed(f"HTTP {response['status']}", page_text=response["body"])
+                raise StepFailed(f"HTTP {response['status']}", page_text=body, evidence=evidence)
             try:
-                return json.loads(response["body"])
+                return json.loads(body), evidence
             except ValueError:
-                return response["body"]
+                return body, evidence
         if kind == "tool":
-            return call_tool(ctx, value, substitute(step.get("args", {}), known), approved=approved)
+            args = substitute(step.get("args", {}), known)
+            try:
+                result = call_tool(ctx, value, args, approved=approved)
+            except StepFailed as exc:
+                exc.evidence = Evidence({"tool": value, "args": bounded(args), "error": exc.message})
+                raise
+            return result, Evidence({"tool": value, "args": bounded(args), "result": bounded(result)})
         raise StepFailed(f"'{kind}' is not executable")
+
+
+def planned_action(ctx: RunContext, kind: str, value: Any, step: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
+    """What a step would do, for the approval that asks before it: the exact command, the file
+    and the content (with a diff against what is there now), the request, the tool and its
+    arguments. Bounded; redacted where the approval is stored."""
+    if kind == "run":
+        return {"action": "run", "command": value if isinstance(value, str) else value["cmd"]}
+    if kind == "write":
+        content = value["content"] if isinstance(value["content"], str) else json.dumps(value["content"])
+        planned: dict[str, Any] = {"action": "write", "path": value["path"], "bytes": len(content.encode()),
+                                   "content": bounded(content, chars=4000)}
+        try:
+            target = inside(ctx.workdir, value["path"])
+            before = target.read_text() if target.is_file() else None
+        except (StepFailed, OSError, UnicodeDecodeError):
+            before = None
+        if before is not None:
+            diff = "".join(difflib.unified_diff(before.splitlines(keepends=True), content.splitlines(keepends=True),
+                                                f"a/{value['path']}", f"b/{value['path']}"))
+            planned["diff"] = bounded(diff or "(no change)", chars=4000)
+        return planned
+    if kind == "delete":
+        return {"action": "delete", "path": value if isinstance(value, str) else value["path"]}
+    if kind == "http":
+        spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
+        return {"action": "http", "method": str(spec.get("method", "GET")).upper(), "url": spec["url"],
+                **({"body": bounded(spec["body"])} if spec.get("body") is not None else {})}
+    if kind == "tool":
+        return {"action": "tool", "tool": value, "args": bounded(substitute(step.get("args", {}), known))}
+    return {"action": kind}
+
+
+def record_result(ctx: RunContext, index: int, total: int, kind: str, began: datetime, clock: float,
+                  evidence: Evidence, *, error: str | None = None) -> None:
+    """Log what step ``index`` did (``step_result``), before the next step begins."""
+    duration_ms = int((time.monotonic() - clock) * 1000)
+    data = {"step": index + 1, "of": total, "kind": kind, "ok": error is None, "startedAt": began.isoformat(),
+            "durationMs": duration_ms, **evidence.data}
+    if error is not None:
+        data["error"] = error
+    ctx.recorder.event(EventKind.STEP_RESULT, f"step {index + 1}/{total} {kind}: {result_words(kind, data)}", data,
+                       artifacts=evidence.artifacts)
+
+
+def result_words(kind: str, data: dict[str, Any]) -> str:
+    """A few words for a result's summary line."""
+    took = f" in {data['durationMs'] / 1000:.1f} s"
+    if "error" in data and "exitCode" not in data and "status" not in data:
+        return f"failed: {data['error']}"[:300]
+    if kind in ("run", "command"):
+        return f"exit {data.get('exitCode')}{' (timed out)' if data.get('timedOut') else ''}{took}"
+    if kind == "write":
+        return f"wrote {data['path']} ({data['bytes']} bytes){took}"
+    if kind == "delete":
+        return f"deleted {data['path']} ({data['bytes']} bytes){took}"
+    if kind == "http":
+        return f"{data['method']} {data['url'][:200]} → {data['status']}{took}"
+    if kind == "tool":
+        return f"{data['tool']} {'failed' if 'error' in data else 'returned'}{took}"
+    return f"passed{took}"
 
 
 def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False) -> Any:

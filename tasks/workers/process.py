@@ -14,12 +14,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
+
+from tasks import artifacts
+from tasks.evidence import Evidence, tail
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
 
-MAX_CAPTURE = 64 * 1024
+MAX_CAPTURE = 64 * 1024  # kept in memory: the tail the log shows
+MAX_SPOOL = 8 * 1024 * 1024  # written to the spool: the whole output, for an artifact
 
 
 @dataclass
@@ -66,20 +70,26 @@ def start(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path | 
     return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir, script=script)
 
 
-def _pump(stream: IO[bytes], sink: deque[str], on_line: Callable[[str], None] | None) -> None:
+def _pump(stream: IO[bytes], sink: deque[str], on_line: Callable[[str], None] | None, spool: Path | None = None) -> None:
     size = 0
-    for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", errors="replace")
-        size += len(line)
-        if size <= MAX_CAPTURE:
-            sink.append(line)
-        else:
+    spooled = 0
+    handle = spool.open("wb") if spool is not None else None
+    try:
+        for raw in iter(stream.readline, b""):
+            if handle is not None and spooled <= MAX_SPOOL:  # the whole output, for the step's artifact
+                handle.write(raw[: MAX_SPOOL + 1 - spooled])
+                spooled += len(raw)
+            line = raw.decode("utf-8", errors="replace")
+            size += len(line)
             sink.append(line)
             while sink and size > MAX_CAPTURE:
                 size -= len(sink.popleft())
-        if on_line is not None:
-            on_line(line.rstrip("\n"))
-    stream.close()
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
+    finally:
+        if handle is not None:
+            handle.close()
+        stream.close()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -89,11 +99,12 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | None = None,
-         on_stdout: Callable[[str], None] | None = None) -> Finished:
+         on_stdout: Callable[[str], None] | None = None, spool: tuple[Path, Path] | None = None) -> Finished:
+    """Wait for ``proc``; with ``spool``, its whole stdout and stderr also go to those two files."""
     out: deque[str] = deque()
     err: deque[str] = deque()
-    pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, on_stdout), daemon=True),
-             threading.Thread(target=_pump, args=(proc.stderr, err, None), daemon=True)]
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, on_stdout, spool[0] if spool else None), daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, err, None, spool[1] if spool else None), daemon=True)]
     for pump in pumps:
         pump.start()
     started = time.monotonic()
@@ -112,3 +123,23 @@ def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | N
     for pump in pumps:
         pump.join(timeout=5)
     return Finished(code, "".join(out), "".join(err), timed_out=timed_out, stopped=stopped)
+
+
+def spool_for(ctx: RunContext, name: str) -> tuple[Path, Path]:
+    """Two spool files (stdout, stderr) for a process whose whole output becomes artifacts."""
+    directory = artifacts.spool_dir(ctx.task.pk)
+    return directory / f"{name}.stdout", directory / f"{name}.stderr"
+
+
+def output_evidence(ctx: RunContext, name: str, done: Finished, spool: tuple[Path, Path]) -> Evidence:
+    """A finished process as evidence: exit code and output tails in the event, the whole
+    output (redacted) as the artifacts ``<name>-stdout.txt`` and ``<name>-stderr.txt``."""
+    saved: list[dict[str, Any]] = []
+    for stream, path in zip(("stdout", "stderr"), spool):
+        if path.exists() and path.stat().st_size:
+            saved.append(artifacts.save_text(ctx.task.pk, f"{name}-{stream}.txt", artifacts.read_spool(path),
+                                             ctx.recorder.redactor))
+        path.unlink(missing_ok=True)
+    data = {"exitCode": done.code, "stdout": tail(done.stdout), "stderr": tail(done.stderr),
+            "timedOut": done.timed_out}
+    return Evidence(data, saved)
