@@ -152,7 +152,8 @@ def mark_interrupted_step(task: Task, why: str) -> None:
     if last is None:
         return
     summary, data = last
-    if not isinstance(data, dict) or data.get("step") != int((task.resume or {}).get("step", 0)):
+    # Step events number steps from 1 (as their summaries do); the resume point is the 0-based index.
+    if not isinstance(data, dict) or data.get("step") != int((task.resume or {}).get("step", 0)) + 1:
         return
     services.note(task, f"interrupted: {summary} ({why}); it runs again from its start",
                   {"interrupted": True, "step": data.get("step")})

@@ -74,4 +74,4 @@ def test_a_killed_workers_step_dies_with_it_and_runs_exactly_once_more(box, tmp_
     interrupted = [e for e in notes if e["data"].get("interrupted")]
     assert len(interrupted) == 1, notes
     assert "step 1/2" in interrupted[0]["summary"] and "paid call" in interrupted[0]["summary"]
-    assert interrupted[0]["data"]["step"] == 0
+    assert interrupted[0]["data"]["step"] == 1  # the same number as "step 1/2"
