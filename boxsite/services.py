@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import transaction
 from django.utils import timezone
@@ -24,6 +24,8 @@ PAIRING_TTL = timedelta(minutes=10)
 PAIRING_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 PAIRING_LENGTH = 8
 DEVICE_KEY_PREFIX = "boxdev_"
+
+Revocable = TypeVar("Revocable", ApiToken, Device)
 
 SETTINGS_FIELDS = {
     "defaultBudgetCents": "default_budget_cents",
@@ -107,14 +109,19 @@ def create_token(principal: Principal, body: Any) -> tuple[ApiToken, str]:
 
 
 def revoke_token(principal: Principal, token_id: int) -> ApiToken:
+    return _revoke(principal, ApiToken, token_id, "token")
+
+
+def _revoke(principal: Principal, model: type[Revocable], row_id: int, noun: str) -> Revocable:
+    """Revoke one of the owner's tokens or devices. Revoking twice keeps the first time."""
     require_settings_right(principal)
-    token = ApiToken.objects.filter(pk=token_id, user=principal.user).first()
-    if token is None:
-        raise NotFound(f"no token {token_id}")
-    if token.revoked_at is None:
-        token.revoked_at = timezone.now()
-        token.save(update_fields=["revoked_at"])
-    return token
+    row = model.objects.filter(pk=row_id, user=principal.user).first()
+    if row is None:
+        raise NotFound(f"no {noun} {row_id}")
+    if row.revoked_at is None:
+        row.revoked_at = timezone.now()
+        row.save(update_fields=["revoked_at"])
+    return row
 
 
 # --- devices and pairing ------------------------------------------------------------------
@@ -160,11 +167,4 @@ def pair_device(raw_code: str, name: str) -> tuple[Device, str]:
 
 
 def revoke_device(principal: Principal, device_id: int) -> Device:
-    require_settings_right(principal)
-    device = Device.objects.filter(pk=device_id, user=principal.user).first()
-    if device is None:
-        raise NotFound(f"no device {device_id}")
-    if device.revoked_at is None:
-        device.revoked_at = timezone.now()
-        device.save(update_fields=["revoked_at"])
-    return device
+    return _revoke(principal, Device, device_id, "device")

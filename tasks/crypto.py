@@ -43,13 +43,20 @@ def _split(raw: str) -> list[bytes]:
     return [part.encode() for part in _SEPARATORS.split(raw.strip()) if part]
 
 
+def _write_beside(path: Path, key_lines: list[bytes]) -> Path:
+    """Write ``key_lines`` to a private (0600) file beside ``path`` and return it. The caller links or
+    renames it into place, so a reader never sees a half-written key file."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(b"\n".join(key_lines) + b"\n")
+    return partial
+
+
 def _generate_key_file(path: Path) -> None:
     """Write a fresh key, atomically: a concurrent reader never sees an empty file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".vault.key.{os.getpid()}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(Fernet.generate_key() + b"\n")
+    partial = _write_beside(path, [Fernet.generate_key()])
     try:
         os.link(partial, path)  # fails if another process won the race; theirs is kept
         log.info("generated a new vault key in %s", path)
@@ -112,13 +119,8 @@ def prepend_generated_key() -> None:
     """Put a fresh key in front of the generated key file (the old ones still decrypt)."""
     if keys_are_configured():
         raise VaultKeyError("the vault keys come from BOX_SECRET_KEY: put the new key first there instead")
-    current = keys()
     path = key_file()
-    partial = path.with_name(f".vault.key.{os.getpid()}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(b"\n".join([Fernet.generate_key(), *current]) + b"\n")
-    os.replace(partial, path)
+    os.replace(_write_beside(path, [Fernet.generate_key(), *keys()]), path)
 
 
 def retire_old_generated_keys() -> int:
@@ -127,9 +129,5 @@ def retire_old_generated_keys() -> int:
         raise VaultKeyError("the vault keys come from BOX_SECRET_KEY: remove the old key there instead")
     current = keys()
     path = key_file()
-    partial = path.with_name(f".vault.key.{os.getpid()}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(current[0] + b"\n")
-    os.replace(partial, path)
+    os.replace(_write_beside(path, current[:1]), path)
     return len(current) - 1

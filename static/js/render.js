@@ -1,4 +1,5 @@
-// Pieces several pages draw: task rows, state badges, approval and question cards.
+// Pieces several pages draw: task rows, state badges, approval and question cards, the confirm
+// dialog (its markup is templates/_confirm.html).
 import { api, cents, el, say, when } from "./api.js";
 
 const PAUSE_WORDS = {
@@ -177,4 +178,17 @@ export function questionCard(question, { version, onDone, showTask = false, big 
     el("h3", { id: `question-${question.id}` }, question.prompt || "The task needs an answer"),
     showTask && task ? el("p", { class: "task-link" }, "Task: ", el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
     form);
+}
+
+// Ask in the page's confirm dialog; resolves true when the owner chose `yes` (Escape is no).
+export function confirmThen(title, text, yes) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-title").textContent = title;
+  document.getElementById("confirm-text").textContent = text;
+  document.getElementById("confirm-yes").textContent = yes;
+  dialog.returnValue = "";
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
+    dialog.showModal();
+  });
 }

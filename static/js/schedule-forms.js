@@ -1,6 +1,6 @@
 // Pieces the Schedules and Triggers pages share: the task-template fields, errors placed next to
-// the field the API names ("cron", "template.hosts"), cadence in words, and the confirm dialog.
-import { el, showError } from "./api.js";
+// the field the API names ("cron", "template.hosts"), cadence in words, and submitting a form.
+import { clearErrors, el, showError } from "./api.js";
 
 const field = (form, name) => form.querySelector(`[data-field="${CSS.escape(name)}"]`);
 
@@ -120,16 +120,29 @@ export function cadenceWords(schedule) {
   return cronWords(schedule.cron) ?? "on a custom cron schedule";
 }
 
-// --- confirm ----------------------------------------------------------------------------------
-export function confirmThen(title, text, yes) {
-  const dialog = document.getElementById("confirm");
-  document.getElementById("confirm-title").textContent = title;
-  document.getElementById("confirm-text").textContent = text;
-  document.getElementById("confirm-yes").textContent = yes;
-  dialog.returnValue = "";
-  return new Promise((resolve) => {
-    dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
-    dialog.showModal();
+// --- submitting -------------------------------------------------------------------------------
+// On submit: clear old errors and build the body (a bad field is shown next to it and nothing is
+// sent); then send it with `button` disabled and hand the saved row to `done`. A refusal from the
+// API is shown next to the field it names.
+export function submitWith(form, button, bodyFrom, send, done) {
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    let body;
+    try {
+      body = bodyFrom();
+    } catch (err) {
+      showFieldError(form, err);
+      return;
+    }
+    button.disabled = true;
+    try {
+      await done(await send(body));
+    } catch (err) {
+      showFieldError(form, err);
+    } finally {
+      button.disabled = false;
+    }
   });
 }
 

@@ -1,8 +1,9 @@
 // The Schedules page: the filtered, paged list, the New/Edit form, pause/resume/delete, and each
 // schedule's recent firings (with the skipped count of a catch-up) linking to their tasks.
 import { api, clearErrors, el, put, say, when } from "./api.js";
+import { confirmThen } from "./render.js";
 import {
-  actionButton, cadenceWords, confirmThen, cronWords, fillTemplate, showFieldError, syncWorker, templateFrom,
+  actionButton, cadenceWords, cronWords, fillTemplate, showFieldError, submitWith, syncWorker, templateFrom,
 } from "./schedule-forms.js";
 
 const $ = (id) => document.getElementById(id);
@@ -230,31 +231,17 @@ function stopEditing() {
 
 $("schedule-cancel-edit").addEventListener("click", stopEditing);
 
-form.addEventListener("submit", async (event) => {
-  event.preventDefault();
-  clearErrors(form);
-  let body;
-  try {
-    body = bodyFrom();
-  } catch (err) {
-    showFieldError(form, err);
-    return;
-  }
-  const button = $("schedule-submit");
-  button.disabled = true;
-  try {
-    const saved = editing
-      ? await api("PATCH", `/api/schedules/${editing.id}`, body)
-      : await api("POST", "/api/schedules", body);
+submitWith(
+  form,
+  $("schedule-submit"),
+  bodyFrom,
+  (body) => (editing ? api("PATCH", `/api/schedules/${editing.id}`, body) : api("POST", "/api/schedules", body)),
+  async (saved) => {
     say(editing ? `Saved ${saved.name}` : `Created ${saved.name}: ${cadenceWords(saved)}`);
     stopEditing();
     await load();
     list.querySelector(`[data-schedule="${saved.id}"] h3`)?.scrollIntoView({ block: "nearest" });
-  } catch (err) {
-    showFieldError(form, err);
-  } finally {
-    button.disabled = false;
-  }
-});
+  },
+);
 
 load();

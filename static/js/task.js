@@ -2,7 +2,7 @@
 // the task's `next` list offers (the page never guesses the state machine).
 import { api, cents, el, refreshInboxCount, say, time, put } from "./api.js";
 import { statusBadge, TaskStream } from "./live.js";
-import { approvalCard, costText, questionCard, stateText } from "./render.js";
+import { approvalCard, confirmThen, costText, questionCard, stateText } from "./render.js";
 
 const root = document.getElementById("task-window");
 const taskId = root.dataset.task;
@@ -74,8 +74,8 @@ function renderReview(t, conflicts) {
 const ACTIONS = {
   keep: { label: "Keep", cls: "primary", run: keep },
   continue: { label: "Continue", cls: "primary", run: () => act("continue", {}) },
-  cancel: { label: "Cancel", cls: "danger", run: () => confirmThen("Cancel this task?", "It stops now; what it changed stays in its own layer.", "Cancel the task", () => act("cancel")) },
-  undo: { label: "Undo", cls: "danger", run: () => confirmThen("Undo this task?", "Its changes are removed for good. Every other task keeps its changes.", "Undo the task", () => act("undo")) },
+  cancel: { label: "Cancel", cls: "danger", run: () => confirmed("Cancel this task?", "It stops now; what it changed stays in its own layer.", "Cancel the task", () => act("cancel")) },
+  undo: { label: "Undo", cls: "danger", run: () => confirmed("Undo this task?", "Its changes are removed for good. Every other task keeps its changes.", "Undo the task", () => act("undo")) },
 };
 
 function openBlockers() {
@@ -100,18 +100,8 @@ function renderActions(t) {
   put(box, ...buttons);
 }
 
-function confirmThen(title, text, yes, then) {
-  const dialog = $("confirm");
-  $("confirm-title").textContent = title;
-  $("confirm-text").textContent = text;
-  $("confirm-yes").textContent = yes;
-  return new Promise((resolve) => {
-    dialog.addEventListener("close", async () => {
-      if (dialog.returnValue === "yes") await then();
-      resolve();
-    }, { once: true });
-    dialog.showModal();
-  });
+async function confirmed(title, text, yes, then) {
+  if (await confirmThen(title, text, yes)) await then();
 }
 
 async function act(verb, body) {

@@ -1,7 +1,8 @@
 // The Triggers page: webhooks (created with their URL and secret shown once, secret rotation,
 // pause/resume/delete, recent deliveries) and watched folders (file arrival).
-import { api, clearErrors, el, put, say, when } from "./api.js";
-import { actionButton, confirmThen, showFieldError, syncWorker, templateFrom } from "./schedule-forms.js";
+import { api, el, put, say, when } from "./api.js";
+import { confirmThen } from "./render.js";
+import { actionButton, submitWith, syncWorker, templateFrom } from "./schedule-forms.js";
 
 const $ = (id) => document.getElementById(id);
 const form = $("trigger-form");
@@ -193,32 +194,14 @@ function bodyFrom() {
   return body;
 }
 
-form.addEventListener("submit", async (event) => {
-  event.preventDefault();
-  clearErrors(form);
-  let body;
-  try {
-    body = bodyFrom();
-  } catch (err) {
-    showFieldError(form, err);
-    return;
-  }
-  const button = $("trigger-submit");
-  button.disabled = true;
-  try {
-    const created = await api("POST", "/api/triggers", body);
-    const kind = created.kind;
-    form.reset();
-    syncKind();
-    syncWorker(form);
-    await load(kind);
-    if (kind === "webhook") showSecretOnce(`Webhook ${created.name} is ready`, created);
-    else say(`Watching ${created.folder}`);
-  } catch (err) {
-    showFieldError(form, err);
-  } finally {
-    button.disabled = false;
-  }
+submitWith(form, $("trigger-submit"), bodyFrom, (body) => api("POST", "/api/triggers", body), async (created) => {
+  const kind = created.kind;
+  form.reset();
+  syncKind();
+  syncWorker(form);
+  await load(kind);
+  if (kind === "webhook") showSecretOnce(`Webhook ${created.name} is ready`, created);
+  else say(`Watching ${created.folder}`);
 });
 
 load("webhook");
