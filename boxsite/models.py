@@ -63,12 +63,3 @@ class BoxSettings(models.Model):
     def current(cls) -> BoxSettings:
         row, _ = cls.objects.get_or_create(pk=1)
         return row
-
-
-class VaultSecret(models.Model):
-    """A secret encrypted at rest (Fernet). The API never returns ``ciphertext`` or its value."""
-
-    name = models.CharField(max_length=128, unique=True)
-    ciphertext = models.BinaryField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)

@@ -198,3 +198,16 @@ class Layer(models.Model):
     manifest = models.JSONField(default=dict, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class VaultSecret(models.Model):
+    """A secret encrypted at rest (Fernet, ``tasks.crypto``); written only by ``tasks.vault``.
+    The API never returns ``ciphertext`` or its value."""
+
+    name = models.CharField(max_length=128, unique=True)
+    ciphertext = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "boxsite_vaultsecret"  # the table it had in the boxsite app; moved without a copy

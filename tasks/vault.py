@@ -10,8 +10,8 @@ import re
 from django.db import transaction
 
 from boxsite.errors import InvalidRequest, NotFound
-from boxsite.models import VaultSecret
 from tasks import crypto
+from tasks.models import VaultSecret
 
 # Secrets become environment variables of the same name, so names are valid variable names.
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

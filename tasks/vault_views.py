@@ -9,9 +9,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from boxsite.errors import Forbidden, InvalidRequest
-from boxsite.models import VaultSecret
 from boxsite.principal import Principal
 from tasks import vault
+from tasks.models import VaultSecret
 
 
 def _require_settings_right(request: Request) -> None:
