@@ -44,16 +44,14 @@ class InvalidRequest(BoxError):
     code = "INVALID_REQUEST"
 
 
+class NotAvailable(BoxError):
+    """A field the box will take once what it promises exists (refused, never stored and ignored)."""
+
+    code = "NOT_AVAILABLE"
+
+
 class OriginsRequired(BoxError):
     code = "ORIGINS_REQUIRED"
-
-
-class OutputUnavailable(BoxError):
-    code = "OUTPUT_UNAVAILABLE"
-
-
-class InvalidOutput(BoxError):
-    code = "INVALID_OUTPUT"
 
 
 class TooManyTasks(BoxError):

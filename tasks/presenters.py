@@ -5,12 +5,13 @@ from typing import Any
 
 from tasks.facts import Facts
 from tasks.models import Task, TaskEvent
+from tasks.spec import DEFAULT_LIMITS
 from tasks.states import State
 
 
 def is_final_view(task: Task) -> bool:
     """Final for a caller: a final state, or a checkpoint that cannot be continued (a payment
-    page: a person finishes it outside the box, and only cancel releases what the task holds)."""
+    page: a person finishes it outside the box, and only cancel or undo releases what the task holds)."""
     return task.is_final() or (task.state == State.WAITING and task.waiting_for == "checkpoint" and not task.continuable)
 
 
@@ -18,7 +19,7 @@ def next_calls(task: Task) -> list[str]:
     """The calls that make sense now, so clients never hardcode the state machine."""
     calls: list[str] = []
     if task.state == State.WAITING and task.waiting_for == "checkpoint" and not task.continuable:
-        return ["cancel", "diff", "report"]
+        return ["cancel", "undo", "diff", "report"]
     if task.state == State.WAITING:
         if task.waiting_for in ("input", "human"):
             calls.append("continue")
@@ -32,6 +33,12 @@ def next_calls(task: Task) -> list[str]:
         calls.append("undo")
     calls += ["diff", "report"]
     return calls
+
+
+def limits_in_force(task: Task) -> dict[str, int | None]:
+    """Every limit the task runs under: its own where it set one, else the box's default
+    (``None``: unbounded)."""
+    return {name: task.limit(name) for name in DEFAULT_LIMITS}
 
 
 def present_task(task: Task) -> dict[str, Any]:
@@ -53,7 +60,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "facts": shown_facts,
         "secretFacts": sorted(facts.secret_names),
         "constraints": task.constraints,
-        "limits": task.limits,
+        "limits": limits_in_force(task),
         "output": task.output,
         "folders": task.folders,
         "dependsOn": task.depends_on,

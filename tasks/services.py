@@ -127,12 +127,17 @@ def create_task(body: Any, principal: Principal, *, source: str | None = None) -
     """The one way tasks are born: API, phone, schedules and triggers all call this."""
     from boxsite.models import BoxSettings
 
+    # At capacity the answer is 429 before the spec is even read: a refusal costs one count.
+    _refuse_at_capacity(BoxSettings.current().max_active_tasks)
     spec = parse_spec(body, principal, source=source)
-    # Lock the settings row so two creations at the limit cannot both pass the count.
-    limit = BoxSettings.objects.select_for_update().get_or_create(pk=1)[0].max_active_tasks
+    # Again under the settings row's lock, so two creations at the limit cannot both pass.
+    _refuse_at_capacity(BoxSettings.objects.select_for_update().get_or_create(pk=1)[0].max_active_tasks)
+    return _insert_task(spec, principal)
+
+
+def _refuse_at_capacity(limit: int) -> None:
     if Task.objects.filter(state__in=ACTIVE).count() >= limit:
         raise TooManyTasks(f"{limit} tasks are already queued, running or waiting; finish or cancel one first")
-    return _insert_task(spec, principal)
 
 
 def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
@@ -153,10 +158,7 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
         secret_facts=spec.secret_facts,
         constraints=spec.constraints,
         limits=spec.limits,
-        output=spec.output,
         folders=spec.folders,
-        depends_on=spec.depends_on,
-        parent_id=spec.parent_id,
         external_task_id=spec.external_task_id,
         external_attempt=spec.external_attempt,
         review="",

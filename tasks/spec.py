@@ -12,19 +12,25 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-
-from boxsite.errors import Forbidden, InvalidOutput, InvalidSpec, OriginsRequired, OutputUnavailable
+from boxsite.errors import Forbidden, InvalidSpec, NotAvailable, OriginsRequired
 from boxsite.principal import Principal
 from tasks.flows import validate_flow
 
 DEFAULT_LIMITS: dict[str, int | None] = {
     "max_actions": 120,
-    "max_model_calls": 6000,
     "max_elapsed_ms": None,
-    "max_rescues": 5,
 }
-MAX_RESCUES_CEILING = 5
+# Spec fields and limits the box will take once what they promise exists; until then a spec that
+# sets them is refused (never stored and ignored). Each says why.
+NOT_AVAILABLE_YET = {
+    "dependsOn": "tasks do not wait for other tasks yet",
+    "parent": "tasks have no parent-child cascade yet",
+    "output": "no worker shapes its answer to an output yet",
+}
+LIMITS_NOT_AVAILABLE_YET = {
+    "max_model_calls": "no worker calls a model yet",
+    "max_rescues": "no worker rescues a stuck step yet",
+}
 MAX_WHOLE = 2**31 - 1  # the largest number an integer column holds on every database
 MAX_FOLDERS = 10
 BUILTIN_WORKERS = ("agent", "flow", "command")
@@ -33,12 +39,12 @@ RESERVED_SOURCES = ("schedule:", "webhook:", "file:", "phone")
 
 SPEC_FIELDS = {
     "title", "prompt", "workspace", "worker", "command", "tools", "hosts", "budgetCents", "source",
-    "flow", "facts", "secretFacts", "constraints", "limits", "output", "folder", "folders",
-    "dependsOn", "parent", "externalTaskId", "externalAttempt",
+    "flow", "facts", "secretFacts", "constraints", "limits", "folder", "folders",
+    "externalTaskId", "externalAttempt",
 }
 CONSTRAINT_FIELDS = {"payment", "origins", "allow_destructive", "surfaces", "browser_profile", "headed"}
 
-_HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:\d{1,5})?$")
+_HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:(?P<port>\d{1,5}))?$")
 
 
 @dataclass
@@ -57,10 +63,7 @@ class TaskSpec:
     secret_facts: list[str] = field(default_factory=list)
     constraints: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, int] = field(default_factory=dict)
-    output: dict[str, Any] | None = None
     folders: list[str] = field(default_factory=list)
-    depends_on: list[str] = field(default_factory=list)
-    parent_id: str | None = None
     external_task_id: str = ""
     external_attempt: int | None = None
 
@@ -98,25 +101,40 @@ def _int(value: Any, key: str, *, minimum: int = 0, maximum: int = MAX_WHOLE) ->
 
 
 def valid_host(host: str) -> bool:
-    """An allowlist entry: a host name, ``*.example.com``, or an IP address."""
+    """An allowlist entry: a host name, ``*.example.com``, or an IP address; a name may carry a
+    port (1-65535)."""
     bare = host.lower()
     try:
         ipaddress.ip_address(bare.strip("[]"))
         return True
     except ValueError:
         pass
-    return bool(_HOST_RE.match(bare)) and "." in bare.lstrip("*.") or bare == "localhost"
+    if bare == "localhost":
+        return True
+    match = _HOST_RE.match(bare)
+    if match is None or "." not in bare.lstrip("*."):
+        return False
+    port = match.group("port")
+    return port is None or 1 <= int(port) <= 65535
+
+
+def host_list(hosts: list[str]) -> list[str]:
+    """Allowlist entries as stored: lower case, each once (case does not make a host new)."""
+    return list(dict.fromkeys(h.lower() for h in hosts))
 
 
 def parse_spec(body: Any, principal: Principal, *, source: str | None = None) -> TaskSpec:
     """Check a whole spec. ``source`` is set by the box's own channels (schedules, the phone)."""
     from boxsite.models import BoxSettings
-    from tasks.models import Task, Workspace
+    from tasks.models import Workspace
     from tasks.tools import get_tool
     from tasks.workers.presets import all_presets
 
     if not isinstance(body, dict):
         raise InvalidSpec("a task spec is a JSON object")
+    later = sorted(set(body) & set(NOT_AVAILABLE_YET))
+    if later:
+        raise NotAvailable(f"'{later[0]}' is not available yet: {NOT_AVAILABLE_YET[later[0]]}", field=later[0])
     unknown = sorted(set(body) - SPEC_FIELDS)
     if unknown:
         hint = " (did you mean 'budgetCents'?)" if unknown[0] == "budget" else ""
@@ -134,6 +152,8 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
         raise InvalidSpec(f"unknown worker '{worker}'", field="worker")
     if worker == "flow" and flow is None:
         raise InvalidSpec("the flow worker needs a 'flow'", field="flow")
+    if worker != "flow" and flow is not None:
+        raise InvalidSpec(f"'flow' is only for the flow worker, not '{worker}'", field="flow")
     command: list[str] | None = None
     if "command" in body:
         if worker != "command":
@@ -168,7 +188,7 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     for host in hosts:
         if not valid_host(host):
             raise InvalidSpec(f"'{host}' is not a host name, '*.domain' or an IP address", field="hosts")
-    hosts = [h.lower() for h in hosts]
+    hosts = host_list(hosts)
 
     budget = _int(body["budgetCents"], "budgetCents") if "budgetCents" in body else box_settings.default_budget_cents
 
@@ -208,26 +228,11 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
         raise InvalidSpec("'limits' must be an object", field="limits")
     limits: dict[str, int] = {}
     for key, value in limits_in.items():
+        if key in LIMITS_NOT_AVAILABLE_YET:
+            raise NotAvailable(f"'limits.{key}' is not available yet: {LIMITS_NOT_AVAILABLE_YET[key]}", field=f"limits.{key}")
         if key not in DEFAULT_LIMITS:
             raise InvalidSpec(f"unknown limit '{key}'", field=f"limits.{key}")
-        limits[key] = _int(value, f"limits.{key}", minimum=1 if key != "max_rescues" else 0)
-    if limits.get("max_rescues", 0) > MAX_RESCUES_CEILING:
-        raise InvalidSpec(f"'limits.max_rescues' is at most {MAX_RESCUES_CEILING}", field="limits.max_rescues")
-
-    output = body.get("output")
-    if output is not None:
-        if not isinstance(output, dict) or set(output) - {"instructions", "schema"}:
-            raise InvalidOutput("'output' takes 'instructions' and an optional JSON 'schema'", field="output")
-        if "schema" in output:
-            from jsonschema import Draft202012Validator
-            from jsonschema.exceptions import SchemaError
-
-            try:
-                Draft202012Validator.check_schema(output["schema"])
-            except SchemaError as exc:
-                raise InvalidOutput(f"'output.schema' is not a valid JSON Schema: {exc.message}", field="output.schema") from exc
-        if not settings.BOX_MODEL_BASE_URL:
-            raise OutputUnavailable("'output' needs a model to shape the answer, and none is configured", field="output")
+        limits[key] = _int(value, f"limits.{key}", minimum=1)
 
     folders: list[str] = []
     if "folder" in body and "folders" in body:
@@ -255,15 +260,6 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     if workspace is None:
         raise InvalidSpec(f"unknown workspace '{workspace_name}'", field="workspace")
 
-    depends_on = _str_list(body, "dependsOn")
-    if depends_on:
-        found = set(Task.objects.filter(owner=principal.user, pk__in=depends_on).values_list("pk", flat=True))
-        missing = [d for d in depends_on if d not in found]
-        if missing:
-            raise InvalidSpec(f"unknown task '{missing[0]}' in dependsOn", field="dependsOn")
-    parent_id = _str(body, "parent") or None
-    if parent_id and not Task.objects.filter(owner=principal.user, pk=parent_id).exists():
-        raise InvalidSpec(f"unknown parent task '{parent_id}'", field="parent")
     attempt = body.get("externalAttempt")
     if attempt is not None:
         attempt = _int(attempt, "externalAttempt")
@@ -271,7 +267,6 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     return TaskSpec(
         title=title.strip(), prompt=prompt, workspace=workspace, worker=worker, command=command,
         tools=tools, hosts=hosts, budget_cents=budget, source=source, flow=flow, facts=facts,
-        secret_facts=secret_facts, constraints=constraints, limits=limits, output=output,
-        folders=folders, depends_on=depends_on, parent_id=parent_id,
+        secret_facts=secret_facts, constraints=constraints, limits=limits, folders=folders,
         external_task_id=_str(body, "externalTaskId", max_len=200), external_attempt=attempt,
     )

@@ -260,12 +260,12 @@ def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
     from tasks.layers.task_view import changes_of, seal_layer
     from tasks.services import get_task_for
 
-    if not principal.can_use_folders:
-        raise Forbidden("only the owner can keep changes to folders", field="review")
     task = get_task_for(principal, task_id)
     if not task.folders:
         raise Conflict("only folder tasks wait for Keep; a workspace task joined its workspace when it finished",
                        field="review")
+    if not principal.can_use_folders:
+        raise Forbidden("only the owner can keep changes to folders", field="review")
     if task.state != State.DONE or task.review not in (PENDING, CONFLICT):
         raise Conflict(f"a {task.state} task with review '{task.review or 'none'}' cannot be kept",
                        field="review", state=task.state)

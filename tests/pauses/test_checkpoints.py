@@ -36,11 +36,11 @@ def test_denying_a_checkpoint_cancels(box):
     assert box.task(task["id"])["state"] == "cancelled"
 
 
-def test_a_non_continuable_checkpoint_is_final_like_and_only_cancel_releases_it(box):
+def test_a_non_continuable_checkpoint_is_final_like_and_only_cancel_or_undo_releases_it(box):
     task = box.create(title="cp", flow=flow({"checkpoint": {"reason": "hand over", "continuable": False}}, {"run": "true"}))
     view = box.wait_state(task["id"], "waiting")
     assert view["continuable"] is False and view["final"] is True
-    assert view["next"] == ["cancel", "diff", "report"]
+    assert view["next"] == ["cancel", "undo", "diff", "report"]
     assert box.task(task["id"])["approvals"] == []
     for body in ({"approve": True}, {"approve": False}, {}):
         response = cont(box, task["id"], **body)
