@@ -31,6 +31,7 @@ def present_settings(row: BoxSettings) -> dict[str, Any]:
         "networkDefault": row.network_default,
         "defaultHosts": row.default_hosts,
         "retentionDays": row.retention_days,
+        "retentionCount": row.retention_count,
         "maxActiveTasks": row.max_active_tasks,
         "updatedAt": _iso(row.updated_at),
     }

@@ -56,6 +56,7 @@ class BoxSettings(models.Model):
     network_default = models.CharField(max_length=16, choices=NetworkDefault.choices, default=NetworkDefault.NONE)
     default_hosts = models.JSONField(default=list, blank=True)
     retention_days = models.PositiveIntegerField(default=30)
+    retention_count = models.PositiveIntegerField(default=1000)  # ended tasks whose history is kept
     max_active_tasks = models.PositiveIntegerField(default=32)
     updated_at = models.DateTimeField(auto_now=True)
 

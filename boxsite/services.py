@@ -32,6 +32,7 @@ SETTINGS_FIELDS = {
     "networkDefault": "network_default",
     "defaultHosts": "default_hosts",
     "retentionDays": "retention_days",
+    "retentionCount": "retention_count",
     "maxActiveTasks": "max_active_tasks",
 }
 
@@ -78,6 +79,8 @@ def update_settings(principal: Principal, body: Any) -> BoxSettings:
         changes["default_hosts"] = list(dict.fromkeys(h.lower() for h in hosts))
     if "retentionDays" in body:
         changes["retention_days"] = _whole(body["retentionDays"], "retentionDays", minimum=1, maximum=36_500)
+    if "retentionCount" in body:
+        changes["retention_count"] = _whole(body["retentionCount"], "retentionCount", minimum=1, maximum=1_000_000)
     if "maxActiveTasks" in body:
         changes["max_active_tasks"] = _whole(body["maxActiveTasks"], "maxActiveTasks", minimum=1, maximum=10_000)
     # Lock the single row: two saves at once must not interleave their read-modify-write.

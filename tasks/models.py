@@ -82,6 +82,8 @@ class Task(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # set when retention removed a done task's history (log, runs, files); its layer stays
+    history_pruned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -88,6 +88,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "createdAt": task.created_at,
         "startedAt": task.started_at,
         "finishedAt": task.finished_at,
+        "historyPrunedAt": task.history_pruned_at,
         "updatedAt": task.updated_at,
         "next": next_calls(task),
     }

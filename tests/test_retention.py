@@ -35,11 +35,16 @@ def test_old_failed_cancelled_and_undone_tasks_are_forgotten_done_ones_kept(box)
 
     pruned = prune_expired()
 
-    assert sorted(pruned) == sorted([failed["id"], undone["id"]])
-    for gone in pruned:
+    assert sorted(pruned.forgotten) == sorted([failed["id"], undone["id"]])
+    assert pruned.history == [done["id"]]
+    for gone in pruned.forgotten:
         assert box.api.get(f"/api/tasks/{gone}").status_code == 404
         assert not TaskEvent.objects.filter(task_id=gone).exists()
         assert not paths.layer_dir(gone).exists() and not paths.task_dir(gone).exists()
-    assert box.task(done["id"])["state"] == "done"  # its change is part of the workspace
+    kept = box.task(done["id"])
+    assert kept["state"] == "done" and kept["historyPrunedAt"]  # its change is part of the workspace
+    assert paths.layer_dir(done["id"]).exists()
+    assert [e["data"].get("retention") for e in box.events(done["id"])] == [True]  # one line says what went
     assert box.task(recent["id"])["state"] == "failed"
-    assert prune_expired() == []  # nothing more to do: quiet
+    again = prune_expired()
+    assert again.forgotten == [] and again.history == []  # nothing more to do: quiet

@@ -24,6 +24,7 @@ defaults.addEventListener("submit", async (event) => {
     networkDefault: f.networkDefault.value,
     defaultHosts: f.defaultHosts.value.split(/[\s,]+/).filter(Boolean),
     retentionDays: whole(f.retentionDays),
+    retentionCount: whole(f.retentionCount),
     maxActiveTasks: whole(f.maxActiveTasks),
   };
   for (const [key, value] of Object.entries(body)) {
