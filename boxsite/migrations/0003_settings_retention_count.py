@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('boxsite', '0001_initial'),
+        ('boxsite', '0002_vaultsecret_moves_to_tasks'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tasks', '0004_event_kind_step_result'),
+        ('tasks', '0005_vaultsecret_from_boxsite'),
     ]
 
     operations = [
