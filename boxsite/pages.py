@@ -83,15 +83,8 @@ def _owner(request: HttpRequest) -> Any:
     return request.user
 
 
-def _nav(request: HttpRequest, active: str) -> dict[str, Any]:
-    from approvals.models import Approval, ApprovalState, Question, QuestionState
-
-    approvals = Approval.objects.filter(task__owner=_owner(request), state=ApprovalState.PENDING).count()
-    questions = Question.objects.filter(task__owner=_owner(request), state=QuestionState.OPEN).count()
-    return {"active": active, "inbox_count": approvals + questions}
-
-
-def _choices() -> dict[str, Any]:
+def task_form_choices() -> dict[str, Any]:
+    """What the New task form (and a schedule's or trigger's task template) offers."""
     from boxsite.models import BoxSettings
     from tasks.models import Workspace
     from tasks.spec import BUILTIN_WORKERS
@@ -116,7 +109,7 @@ def tasks(request: HttpRequest) -> HttpResponse:
     cursor = live_cursor()  # read first: anything after it reaches the page through the stream
     rows = Task.objects.filter(owner=_owner(request)).select_related("workspace").order_by("-created_at", "-pk")[:50]
     return render(request, "portal/tasks.html", {
-        **_nav(request, "tasks"), **_choices(),
+        "active": "tasks", **task_form_choices(),
         "initial": {"tasks": [present_task(t) for t in rows], "cursor": cursor},
     })
 
@@ -136,19 +129,19 @@ def task_window(request: HttpRequest, task_id: str) -> HttpResponse:
         task = get_task_for(Principal(request.user, "session"), task_id)
     except NotFound as exc:
         raise Http404(exc.message) from exc
-    return render(request, "portal/task.html", {**_nav(request, "tasks"), "task": task})
+    return render(request, "portal/task.html", {"active": "tasks", "task": task})
 
 
 @login_required
 def inbox(request: HttpRequest) -> HttpResponse:
-    return render(request, "portal/inbox.html", {**_nav(request, "inbox"), "initial": {"cursor": live_cursor()}})
+    return render(request, "portal/inbox.html", {"active": "inbox", "initial": {"cursor": live_cursor()}})
 
 
 @login_required
 def settings_page(request: HttpRequest) -> HttpResponse:
     from boxsite.models import BoxSettings
 
-    return render(request, "portal/settings.html", {**_nav(request, "settings"), "box": BoxSettings.current()})
+    return render(request, "portal/settings.html", {"active": "settings", "box": BoxSettings.current()})
 
 
 def _phone_principal(request: HttpRequest) -> Principal | None:

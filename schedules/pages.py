@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from boxsite.pages import _choices, _nav
+from boxsite.pages import task_form_choices
 from schedules.cadence import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS
 from schedules.triggers import SECRET_MIN_LENGTH
 
@@ -25,7 +25,7 @@ def time_zones() -> list[str]:
 @login_required
 def schedules_page(request: HttpRequest) -> HttpResponse:
     return render(request, "schedules/schedules.html", {
-        **_nav(request, "schedules"), **_choices(), "time_zones": time_zones(),
+        "active": "schedules", **task_form_choices(), "time_zones": time_zones(),
         "min_interval": MIN_INTERVAL_SECONDS, "max_interval": MAX_INTERVAL_SECONDS,
     })
 
@@ -33,5 +33,5 @@ def schedules_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def triggers_page(request: HttpRequest) -> HttpResponse:
     return render(request, "schedules/triggers.html", {
-        **_nav(request, "triggers"), **_choices(), "secret_min": SECRET_MIN_LENGTH,
+        "active": "triggers", **task_form_choices(), "secret_min": SECRET_MIN_LENGTH,
     })
