@@ -32,3 +32,9 @@ def test_every_page_shows_how_many_approvals_and_questions_wait(box: Any) -> Non
     box.wait_state(missing["id"], "waiting")
 
     assert {path: shown_count(browser, path) for path in PAGES} == dict.fromkeys(PAGES, 2)
+
+
+def test_the_sign_in_page_renders_without_a_count_for_someone_not_signed_in(box: Any) -> None:
+    response = Client().get("/login")
+    assert response.status_code == 200
+    assert b"inbox-count" not in response.content
