@@ -83,6 +83,19 @@ def _str(body: dict[str, Any], key: str, *, required: bool = False, max_len: int
     return value
 
 
+def _refuse_overlapping(folders: list[str]) -> None:
+    """Each folder once, none inside another (compared after resolving links): Keep writes each
+    folder's changes on their own, so a path two folders share could be written twice, the
+    second time through a link the first one planted."""
+    for index, folder in enumerate(folders):
+        for other in folders[:index]:
+            if folder == other:
+                raise InvalidSpec(f"folder '{folder}' is given twice", field="folders")
+            inner, outer = (folder, other) if len(folder) > len(other) else (other, folder)
+            if inner.startswith(outer.rstrip("/") + "/"):
+                raise InvalidSpec(f"folder '{inner}' is inside folder '{outer}'; give one of them", field="folders")
+
+
 def _str_list(body: dict[str, Any], key: str) -> list[str]:
     value = body.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -241,6 +254,8 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
         folders = [_str(body, "folder", required=True)]
     elif "folders" in body:
         folders = _str_list(body, "folders")
+        if len(folders) != len(body["folders"]):
+            raise InvalidSpec("a folder is given twice", field="folders")
     if folders:
         if not principal.can_use_folders:
             raise Forbidden("only the owner can hand out folders", field="folders")
@@ -252,6 +267,7 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
             if not os.path.isdir(path):
                 raise InvalidSpec(f"folder '{path}' is not an existing directory", field="folders")
         folders = [os.path.realpath(p) for p in folders]
+        _refuse_overlapping(folders)
         if "workspace" in body:
             raise InvalidSpec("a folder task works on folders, not a workspace", field="workspace")
 

@@ -2,9 +2,12 @@
 
 At start the task's view is materialised into its own directory (the base copied with
 ``cp -a``, then each lower layer laid over it) and a manifest of what was copied is kept
-(kind, size, mtime, mode per path). At the end the working copy is compared with the manifest;
-changed files are moved into the task's layer and deletions are written as portable whiteouts,
-so a finished copy layer has the same format as an overlay one.
+(kind, size, mtime, mode, inode and ctime per path). At the end the working copy is compared
+with the manifest: an entry whose inode and ctime are unchanged is provably untouched; any other
+file is compared by content with what was copied, and only a real change is moved into the
+task's layer (as overlayfs's copy-up of an unchanged file is dropped at seal). Deletions are
+written as portable whiteouts, so a finished copy layer has the same format and meaning as an
+overlay one: exactly the paths the task changed.
 """
 from __future__ import annotations
 
@@ -21,9 +24,9 @@ from tasks.layers.base import Root
 from tasks.layers.diff import ADDED, DELETED, MODIFIED, Change
 from tasks.layers.paths import join, parent_of
 from tasks.layers.stack import DIR, View, same_content, walk_files
-from tasks.layers.tree import LayerTree, Meta, apply_layer, write_atomically
+from tasks.layers.tree import LayerTree, Meta, apply_layer, copy_entry, write_atomically
 
-Snapshot = dict[str, list[int | str]]  # rel -> [kind d/f/l, size, mtime_ns, mode]
+Snapshot = dict[str, list[int | str]]  # rel -> [kind d/f/l/s, size, mtime_ns, mode, inode, ctime_ns]
 
 
 def _kind(mode: int) -> str:
@@ -31,7 +34,20 @@ def _kind(mode: int) -> str:
         return "d"
     if stat.S_ISLNK(mode):
         return "l"
-    return "f"
+    if stat.S_ISREG(mode):
+        return "f"
+    return "s"  # FIFO, socket, device: moved and listed, never opened
+
+
+def stat_entry(st: os.stat_result) -> list[int | str]:
+    return [_kind(st.st_mode), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), st.st_ino, st.st_ctime_ns]
+
+
+def unchanged(before: list[int | str], st: os.stat_result) -> bool:
+    """The entry is provably the one recorded: same inode, and no change to it since (ctime moves
+    on every write, rename, link or chmod, and no one can set it back). Size and mtime alone
+    prove nothing: a file renamed over another of the same size and mtime keeps both."""
+    return len(before) == 6 and before == stat_entry(st)
 
 
 def snapshot(root: Path) -> Snapshot:
@@ -42,29 +58,34 @@ def snapshot(root: Path) -> Snapshot:
             for entry in entries:
                 st = entry.stat(follow_symlinks=False)
                 path = join(rel, entry.name)
-                kind = _kind(st.st_mode)
-                found[path] = [kind, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode)]
-                if kind == "d":
+                found[path] = stat_entry(st)
+                if stat.S_ISDIR(st.st_mode):
                     visit(Path(entry.path), path)
 
     visit(root, "")
     return found
 
 
-def copy_tree(source: Path, target: Path) -> None:
-    """``target`` becomes a copy of ``source`` (``cp -a`` where there is one: it is C-fast)."""
+def copy_tree(source: Path, target: Path, *, keep_links: bool = True) -> None:
+    """``target`` becomes a copy of ``source`` (``cp -a`` where there is one: it is C-fast).
+    ``keep_links=False`` gives hard-linked files separate copies, as an overlay copy-up would."""
     target.mkdir(parents=True, exist_ok=True)
     if not source.is_dir():
         return
     cp = shutil.which("cp")
     if cp:
-        subprocess.run([cp, "-a", f"{source}/.", str(target)], check=True, capture_output=True)
+        extra = [] if keep_links else ["--no-preserve=links"]
+        subprocess.run([cp, "-a", *extra, f"{source}/.", str(target)], check=True, capture_output=True)
     else:
-        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True, copy_function=_copy_file)
+
+
+def _copy_file(source: str, target: str) -> None:
+    copy_entry(Path(source), Path(target))
 
 
 def materialise(lowers: list[LayerTree], target: Path) -> None:
-    copy_tree(lowers[-1].root, target)
+    copy_tree(lowers[-1].root, target, keep_links=False)
     for tree in reversed(lowers[:-1]):  # oldest layer first, newest last
         if tree.entry("") is not None:
             apply_layer(tree, target, None, share=False)
@@ -73,14 +94,18 @@ def materialise(lowers: list[LayerTree], target: Path) -> None:
 @dataclass
 class Scan:
     files: dict[str, Change] = field(default_factory=dict)  # added/modified, ``new`` in the view
+    carry: list[str] = field(default_factory=list)  # the files the layer takes (the changed ones)
     new_dirs: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)  # gone entirely, collapsed to the top path
     replaced: list[str] = field(default_factory=list)  # now another kind (a file where a dir was)
+    present: dict[str, str] = field(default_factory=dict)
 
 
 def scan(view: Path, manifest: Snapshot, lower: View, prefix: str) -> Scan:
+    """Compare the working copy with the manifest of what was copied. ``lower`` is this root's
+    own stack (paths without ``prefix``); changes are reported with ``prefix``."""
     result = Scan()
-    present: dict[str, str] = {}
+    present = result.present
 
     def visit(directory: Path, rel: str) -> None:
         with os.scandir(directory) as entries:
@@ -97,31 +122,32 @@ def scan(view: Path, manifest: Snapshot, lower: View, prefix: str) -> Scan:
                         result.new_dirs.append(path)
                     visit(Path(entry.path), path)
                     continue
+                if before is not None and before[0] == kind and unchanged(before, st):
+                    continue
                 full = join(prefix, path) if prefix else path
-                if before is None or before[0] != kind:
-                    below = lower.lookup(full)
-                    same_kind = below is not None and below.kind != DIR
-                    result.files[path] = Change(full, MODIFIED if same_kind else ADDED, new=Path(entry.path),
-                                                old=below.path if same_kind and below else None)
-                elif [before[1], before[2], before[3]] != [st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode)]:
-                    below = lower.lookup(full)
-                    if below is None or below.path is None:
-                        result.files[path] = Change(full, ADDED, new=Path(entry.path))
-                    elif not same_content(Path(entry.path), below.path):
-                        result.files[path] = Change(full, MODIFIED, new=Path(entry.path), old=below.path)
+                below = lower.lookup(path)
+                new = Path(entry.path)
+                if below is None or below.kind == DIR or below.path is None:
+                    result.files[path] = Change(full, ADDED, new=new)
+                elif not same_content(new, below.path):
+                    result.files[path] = Change(full, MODIFIED, new=new, old=below.path)
+                else:
+                    continue  # touched (or removed and made again) with the same content: not a change
+                result.carry.append(path)
 
     if view.is_dir():
         visit(view, "")
+    cut = {p for p, k in present.items() if k != "d"}
 
-    def under_replaced(rel: str) -> bool:
+    def under_cut(rel: str) -> bool:
         parent = parent_of(rel)
         while parent:
-            if present.get(parent, "d") != "d":
+            if parent in cut:
                 return True
             parent = parent_of(parent)
         return False
 
-    gone = sorted(p for p in manifest if p not in present and not under_replaced(p))
+    gone = sorted(p for p in manifest if p not in present and not under_cut(p))
     gone_set = set(gone)
     result.deleted = [p for p in gone if parent_of(p) not in gone_set]
     return result
@@ -130,10 +156,11 @@ def scan(view: Path, manifest: Snapshot, lower: View, prefix: str) -> Scan:
 def _deleted_changes(result: Scan, lower: View, prefix: str) -> list[Change]:
     changes: list[Change] = []
     for rel in result.deleted + result.replaced:
-        full = join(prefix, rel) if prefix else rel
-        for path, found in walk_files(lower, full):
-            if path not in result.files:
-                changes.append(Change(path, DELETED, old=found.path))
+        for path, found in walk_files(lower, rel):
+            if path in result.files or result.present.get(path, "d") != "d":
+                continue  # still a file (changed or not), or replaced by one
+            full = join(prefix, path) if prefix else path
+            changes.append(Change(full, DELETED, old=found.path))
     return changes
 
 
@@ -188,7 +215,7 @@ class CopyDriver:
             if not (root.upper / rel).is_dir():
                 (root.upper / rel).mkdir()
                 shutil.copystat(root.view / rel, root.upper / rel, follow_symlinks=False)
-        for rel in result.files:
+        for rel in result.carry:
             make_parents(rel)
             os.replace(root.view / rel, root.upper / rel)  # same filesystem: a rename, not a copy
         for rel in gone:

@@ -2,7 +2,9 @@
 
 Start cost does not depend on the workspace's size: one ``mount(2)``. The task's changes are
 exactly its upper directory (files added or modified, whiteouts for deletions, opaque
-directories for replaced ones), so its change set is read from the upper directory alone.
+directories for replaced ones), so its change set is read from the upper directory alone. At
+seal, opaque directories are rewritten as whiteouts for what they hid and copy-ups whose content
+equals the file they copied are dropped, so a layer holds exactly the paths the task changed.
 """
 from __future__ import annotations
 
@@ -13,7 +15,16 @@ from pathlib import Path
 from tasks.layers import mounts
 from tasks.layers.base import Root
 from tasks.layers.diff import Change, layer_changes
-from tasks.layers.tree import LayerTree, Meta
+from tasks.layers.paths import join
+from tasks.layers.stack import DIR, Stack, same_content
+from tasks.layers.tree import (
+    OPAQUE_XATTR,
+    WHITEOUT,
+    LayerTree,
+    Meta,
+    NativeMarkers,
+    has_opaque_xattr,
+)
 
 
 class OverlayDriver:
@@ -41,6 +52,55 @@ class OverlayDriver:
         root.upper.mkdir(parents=True, exist_ok=True)
         # the workdir is overlayfs's scratch space; nothing in it belongs to the layer
         shutil.rmtree(root.work, ignore_errors=True)
+        clear_opaque_dirs(root.upper, root.lower)
+        drop_unchanged_copies(LayerTree(root.upper), root.lower)
+
+
+def clear_opaque_dirs(upper: Path, lower: Stack) -> None:
+    """Rewrite each opaque directory (``rm -rf d && mkdir d``) as a plain one plus a whiteout
+    for every entry it hid. A layer then says exactly which paths the task changed, so undoing
+    a task beneath it reveals what that task hid, as on the copy driver (which sees only
+    entries, not how a directory was made)."""
+    tree = LayerTree(upper)
+
+    def plain(rel: str) -> None:
+        ours = tree.children(rel)
+        for name, below in lower.listdir(rel).items():
+            child = join(rel, name)
+            entry = ours.get(name)
+            if entry is None:
+                NativeMarkers().whiteout(upper, child)
+            elif entry.kind == DIR and below.kind == DIR:
+                plain(child)  # a directory made anew inside: it hid the old one's entries too
+        if rel and has_opaque_xattr(upper / rel):
+            os.removexattr(upper / rel, OPAQUE_XATTR, follow_symlinks=False)
+
+    for rel, entry in list(tree.walk()):
+        if entry.kind == DIR and entry.opaque:
+            plain(rel)
+
+
+def drop_unchanged_copies(tree: LayerTree, lower: Stack) -> None:
+    """Remove the copy-ups that equal what they copied (``touch``, ``sed -i`` that matched
+    nothing, the same bytes written again): they are not changes, and left in the layer they
+    would keep the old content alive when a task beneath is undone. Inside an opaque directory
+    everything stays: there the layer alone says what the directory holds."""
+
+    def visit(rel: str) -> None:
+        for name, entry in sorted(tree.children(rel).items()):
+            inner = join(rel, name)
+            if entry.kind == WHITEOUT:
+                continue
+            if entry.kind == DIR:
+                if not entry.opaque:
+                    visit(inner)
+                continue
+            below = lower.lookup(inner)
+            if below is not None and below.kind == entry.kind and below.path is not None \
+                    and same_content(tree.path(inner), below.path):
+                os.unlink(tree.path(inner))
+
+    visit("")
 
 
 def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[Path]:

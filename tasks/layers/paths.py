@@ -67,10 +67,51 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def show(rel: str) -> str:
+    """A path as the API shows it. Names are bytes: a byte that is not UTF-8 is written ``\\xNN``
+    and a backslash ``\\\\`` (``unshow`` reads both back), so every name can be shown and named."""
+    if "\\" not in rel and not any(0xDC80 <= ord(ch) <= 0xDCFF for ch in rel):
+        return rel
+    out: list[str] = []
+    for ch in rel:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def unshow(value: str) -> str:
+    """The path ``show`` wrote (a lone backslash before anything else stays a backslash)."""
+    if "\\" not in value:
+        return value
+    raw = bytearray()
+    i = 0
+    while i < len(value):
+        ch = value[i]
+        if ch == "\\" and value[i + 1:i + 2] == "\\":
+            raw += b"\\"
+            i += 2
+        elif ch == "\\" and value[i + 1:i + 2] == "x" and _is_hex(value[i + 2:i + 4]):
+            raw.append(int(value[i + 2:i + 4], 16))
+            i += 4
+        else:
+            raw += ch.encode("utf-8", "surrogateescape")
+            i += 1
+    return bytes(raw).decode("utf-8", "surrogateescape")
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
 def clean_relative(raw: str | None, *, field: str = "path") -> str:
-    """A path inside a view, normalised ('' is the root). Anything that could leave it is refused:
-    absolute paths, '..' components and NUL bytes are a 400, never resolved."""
-    value = (raw or "").strip()
+    """A path inside a view, normalised ('' is the root), as ``show`` writes it. Anything that
+    could leave it is refused: absolute paths, '..' components and NUL bytes are a 400."""
+    value = unshow((raw or "").strip())
     if "\x00" in value:
         raise InvalidRequest("the path contains a NUL byte", field=field)
     if value.startswith("/"):

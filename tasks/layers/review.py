@@ -3,21 +3,28 @@
 A folder task works on a layer over the owner's real folder; nothing touches the folder until
 Keep. To know whether the owner changed a path the task also changed, the box keeps:
 
-- at start, a manifest of the folder (kind, size, mtime per path: a stat walk, no reads);
-- at the end, for each path the task touched whose stat still matches the start, its SHA-256
-  (the file is unchanged since start by stat, so this is its content at start).
+- at start, a manifest of the folder (kind, size, mtime, mode, inode, ctime per path: a stat
+  walk, no reads);
+- at the end, for each path the task touched that is provably unchanged since start (same inode
+  and ctime: ctime moves on every write, rename or chmod), its fingerprint (SHA-256 and mode).
 
-Keep applies the change set only when every touched path still has its start kind, size, mtime
-and hash (or already holds the task's version: a Keep interrupted by a crash is completed by the
-next one). Otherwise ``review=conflict``, nothing is applied, and the conflicting paths are
-reported. Files are replaced atomically: written next to the target, fsynced, renamed over it.
+Keep applies the change set only when every touched path still has its start stat and
+fingerprint (or already holds the task's version: a Keep interrupted by a crash is completed by
+the next one). A directory the task replaced by a file only has to still be a directory (its old
+entries are checked one by one). Otherwise ``review=conflict``, nothing is applied, and each
+conflicting path is reported with why. The folder then ends as the task's view: files and links
+replaced atomically (written beside the target, fsynced, renamed over it), deletions applied,
+directories the task made (even empty) made, directories it removed removed.
+
+Nothing on the way is followed: every path is reached from the folder's directory descriptor
+with ``O_NOFOLLOW`` (``nofollow``), so a link where a directory was is a conflict, never a way
+out of the folder. Special files (FIFO, socket, device) are never kept, opened or replaced: a
+task's special file, or one in the owner's folder where the task wrote, is a conflict.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -29,13 +36,14 @@ from django.utils import timezone
 from boxsite.errors import Conflict, Forbidden
 from boxsite.principal import Principal
 from tasks.events import record_event
-from tasks.layers import paths
+from tasks.layers import nofollow, paths
 from tasks.layers.base import Root
-from tasks.layers.copy import snapshot
-from tasks.layers.diff import DELETED, Change
+from tasks.layers.copy import snapshot, stat_entry
+from tasks.layers.diff import DELETED, Change, special_of
 from tasks.layers.locks import layer_lock
-from tasks.layers.stack import DIR, Stack, same_content
-from tasks.layers.tree import Meta, write_atomically
+from tasks.layers.paths import show
+from tasks.layers.stack import DIR, Stack
+from tasks.layers.tree import WHITEOUT, Meta, write_atomically
 from tasks.models import EventKind, Layer, LayerState, Task
 from tasks.states import State
 
@@ -67,36 +75,24 @@ def _split(task: Task, path: str) -> tuple[str, str]:
     return name, rest
 
 
-def real_path(task: Task, path: str) -> Path:
+def locate(task: Task, path: str) -> tuple[Path, str]:
+    """(the real folder, the path inside it) for a path of the task's view. Everything below the
+    folder is reached without following links (``nofollow``)."""
     from tasks.layers.task_view import folder_names
 
     name, rest = _split(task, path)
     folders = dict(folder_names(task.folders))
-    folder = Path(task.folders[0]) if not name else folders[name]
-    return folder / rest
+    return (Path(task.folders[0]) if not name else folders[name]), rest
 
 
-def _hash(path: Path) -> str:
-    if path.is_symlink():
-        return "link:" + os.readlink(path)
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 16), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _stat_entry(path: Path) -> list[Any] | None:
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    kind = "d" if stat.S_ISDIR(st.st_mode) else "l" if stat.S_ISLNK(st.st_mode) else "f"
-    return [kind, st.st_size, st.st_mtime_ns]
+def _stat_entry(folder: Path, rel: str) -> list[Any] | None:
+    st = nofollow.lstat_at(folder, rel)
+    return None if st is None else stat_entry(st)
 
 
 def record_touched(task: Task, roots: list[Root]) -> None:
-    """When the task's layer is sealed: the start hash of every path it touched."""
+    """When the task's layer is sealed: for every path it touched that is provably unchanged
+    since the start (same inode, same ctime), its fingerprint (content hash) now."""
     from tasks.layers.task_view import changes_of
 
     try:
@@ -108,87 +104,70 @@ def record_touched(task: Task, roots: list[Root]) -> None:
     for change in changes_of(task, layer, roots):
         name, rest = _split(task, change.path)
         before = start.get(name, {}).get(rest)
-        real = real_path(task, change.path)
-        now = _stat_entry(real)
-        same = before is not None and now is not None and now == list(before[:3])
-        touched[change.path] = {"start": list(before[:3]) if before else None,
-                                "hash": _hash(real) if same and now and now[0] != "d" else None}
+        folder, rel = locate(task, change.path)
+        try:
+            now = _stat_entry(folder, rel)
+            same = before is not None and now is not None and now == before and now[0] != "d"
+            fingerprint = nofollow.fingerprint(folder, rel) if same else None
+        except nofollow.LinkInPath:
+            fingerprint = None
+        touched[change.path] = {"start": before, "hash": fingerprint}
     write_atomically(_touched_file(task.pk), json.dumps(touched).encode())
 
 
-def _already_ours(change: Change, real: Path) -> bool:
+def _already_ours(change: Change, folder: Path, rel: str) -> bool:
     if change.kind == DELETED:
-        return not os.path.lexists(real)
-    return change.new is not None and os.path.lexists(real) and same_content(change.new, real)
+        return nofollow.lstat_at(folder, rel) is None
+    if change.new is None or special_of(change.new):
+        return False
+    return nofollow.fingerprint(folder, rel) == nofollow.fingerprint_path(change.new)
 
 
-def find_conflicts(task: Task, changes: list[Change]) -> list[str]:
+def _conflict(change: Change, folder: Path, rel: str, record: dict[str, Any]) -> str | None:
+    """Why this change cannot be applied (None: it can)."""
+    kind = special_of(change.new)
+    if kind:
+        return f"{show(change.path)} is a {kind} the task made: special files are never kept"
+    try:
+        if _already_ours(change, folder, rel):
+            return None
+        now = _stat_entry(folder, rel)
+    except nofollow.LinkInPath:
+        return f"{show(change.path)}: a folder on the way is now a link or a file; links are never followed"
+    if now is not None and now[0] == "s":
+        return f"{show(change.path)} is a special file in your folder: it is never opened or replaced"
+    start = record.get("start")
+    if start is None:
+        return None if now is None else f"you created {show(change.path)} since the task started"
+    if start[0] == "d":  # a directory the task replaced: its old entries are checked one by one
+        return None if now is not None and now[0] == "d" else f"you changed {show(change.path)} since the task started"
+    if now is None or now != start or record.get("hash") is None or nofollow.fingerprint(folder, rel) != record["hash"]:
+        return f"you changed {show(change.path)} since the task started"
+    return None
+
+
+def find_conflicts(task: Task, changes: list[Change], dirs: list[tuple[Path, str, str]] | None = None) -> dict[str, str]:
+    """Path -> why it cannot be kept, for every change (and directory move) that cannot."""
     try:
         touched: dict[str, dict[str, Any]] = json.loads(_touched_file(task.pk).read_text())
     except FileNotFoundError:
         touched = {}
-    conflicts: list[str] = []
+    conflicts: dict[str, str] = {}
+    deleted = {locate(task, c.path) for c in changes if c.kind == DELETED}
     for change in changes:
-        real = real_path(task, change.path)
-        if _already_ours(change, real):
+        folder, rel = locate(task, change.path)
+        reason = _conflict(change, folder, rel, touched.get(change.path, {}))
+        if reason:
+            conflicts[change.path] = reason
+    for folder, rel, shown_path in dirs or []:
+        try:
+            now = nofollow.lstat_at(folder, rel)
+        except nofollow.LinkInPath:
+            conflicts[shown_path] = f"{show(shown_path)}: a folder on the way is now a link or a file"
             continue
-        record = touched.get(change.path, {"start": None, "hash": None})
-        now = _stat_entry(real)
-        start = record["start"]
-        if start is None:
-            if now is not None:
-                conflicts.append(change.path)  # the owner created it meanwhile
-        elif now is None or now != start or record["hash"] is None or _hash(real) != record["hash"]:
-            conflicts.append(change.path)
-        elif not _inside_folder(task, real):
-            conflicts.append(change.path)
+        if now is not None and not stat.S_ISDIR(now.st_mode) and (folder, rel) not in deleted:
+            conflicts[shown_path] = f"the task made the folder {show(shown_path)}, and you put a file there"
     return conflicts
-
-
-def _inside_folder(task: Task, real: Path) -> bool:
-    """The target's directory resolves inside one of the task's folders (no symlinked escape)."""
-    parent = real.parent.resolve()
-    return any(parent == Path(f) or Path(f) in parent.parents for f in task.folders)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _owner_like(reference: Path, target: Path) -> None:
-    if os.geteuid() == 0:
-        st = os.lstat(reference)
-        os.lchown(target, st.st_uid, st.st_gid)
-
-
-def _replace(source: Path, real: Path, task_id: str) -> None:
-    """Put ``source``'s content at ``real`` atomically: write beside it, fsync, rename over."""
-    if not real.parent.is_dir():
-        real.parent.mkdir(parents=True)
-    if not _inside_folder_parent(real):
-        raise Conflict(f"'{real}' would be written outside the folder", field="review")
-    tmp = real.with_name(f".{real.name}.box-{task_id}.tmp")
-    if os.path.lexists(tmp):
-        tmp.unlink()
-    if source.is_symlink():
-        os.symlink(os.readlink(source), tmp)
-    else:
-        shutil.copy2(source, tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-    _owner_like(real if os.path.lexists(real) else real.parent, tmp)
-    if os.path.isdir(real) and not os.path.islink(real):
-        shutil.rmtree(real)
-    os.replace(tmp, real)
-    _fsync_dir(real.parent)
-
-
-def _inside_folder_parent(real: Path) -> bool:
-    return not real.parent.is_symlink()
 
 
 def _task_views(task: Task) -> dict[str, Stack]:
@@ -202,20 +181,55 @@ def _task_views(task: Task) -> dict[str, Stack]:
             for root in roots_for(task, layer, for_mount=False)}
 
 
-def _apply(task: Task, changes: list[Change]) -> None:
+def _directory_moves(task: Task) -> tuple[list[tuple[Path, str, str]], list[tuple[Path, str]]]:
+    """The directories the task's layer makes (parents first) and the ones it removes, even
+    empty ones: a folder ends as the task's view, not only its files."""
+    from tasks.layers.task_view import _tree_for, folder_names
+
+    meta = Meta.load(paths.layer_dir(task.pk))
+    named = folder_names(task.folders)
+    roots = [("", Path(task.folders[0]))] if len(named) == 1 else named
+    make: list[tuple[Path, str, str]] = []
+    remove: list[tuple[Path, str]] = []
+    for name, folder in roots:
+        tree = _tree_for(paths.layer_dir(task.pk), meta, name)
+        for rel, entry in tree.walk():
+            if entry.kind == DIR:
+                make.append((folder, rel, paths.join(name, rel) if name else rel))
+                if entry.opaque:
+                    ours = tree.children(rel)
+                    remove += [(folder, paths.join(rel, child)) for child in _real_dirs(folder, rel) if child not in ours]
+            elif entry.kind == WHITEOUT:
+                remove.append((folder, rel))
+    return make, remove
+
+
+def _real_dirs(folder: Path, rel: str) -> list[str]:
+    try:
+        with nofollow.directory(folder, rel) as fd:
+            return [e.name for e in os.scandir(fd) if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, nofollow.LinkInPath):
+        return []
+
+
+def _apply(task: Task, changes: list[Change], make: list[tuple[Path, str, str]],
+           remove: list[tuple[Path, str]]) -> None:
     views = _task_views(task)
     deletions = [c for c in changes if c.kind == DELETED]
     for change in sorted(deletions, key=lambda c: c.path.count("/"), reverse=True):
-        real = real_path(task, change.path)
-        if os.path.lexists(real):
-            if real.is_dir() and not real.is_symlink():
-                shutil.rmtree(real)
-            else:
-                real.unlink()
+        folder, rel = locate(task, change.path)
+        nofollow.remove_at(folder, rel)
         _prune_parents(task, change.path, views)
+    for folder, rel in remove:
+        nofollow.remove_empty_tree_at(folder, rel)
+    layer_root = paths.layer_dir(task.pk) / "upper"
+    for folder, rel, shown_path in make:
+        source = layer_root / shown_path
+        nofollow.make_dir_at(folder, rel, like=os.lstat(source))
     for change in changes:
         if change.kind != DELETED and change.new is not None:
-            _replace(change.new, real_path(task, change.path), task.pk)
+            folder, rel = locate(task, change.path)
+            nofollow.replace_at(folder, rel, change.new, task.pk)
 
 
 def _prune_parents(task: Task, path: str, views: dict[str, Stack]) -> None:
@@ -226,20 +240,10 @@ def _prune_parents(task: Task, path: str, views: dict[str, Stack]) -> None:
         found = views[name].lookup(parent) if name in views else None
         if found is not None and found.kind == DIR:
             return
-        if not _remove_empty_tree(real_path(task, f"{name}/{parent}" if name else parent)):
+        folder, rel = locate(task, f"{name}/{parent}" if name else parent)
+        if not nofollow.remove_empty_tree_at(folder, rel):
             return  # something the owner keeps is in it
         parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
-
-
-def _remove_empty_tree(directory: Path) -> bool:
-    """Remove ``directory`` if it holds nothing but (empty) directories."""
-    if not directory.is_dir() or directory.is_symlink():
-        return not os.path.lexists(directory)
-    for child in directory.iterdir():
-        if not _remove_empty_tree(child):
-            return False
-    directory.rmdir()
-    return True
 
 
 def _set_review(task: Task, review: str, summary: str, data: dict[str, Any]) -> Task:
@@ -273,13 +277,16 @@ def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
     with layer_lock(task.pk):
         layer = Layer.objects.get(task=task)
         changes = changes_of(task, layer)
-        conflicts = find_conflicts(task, changes)
-        if conflicts:
-            shown = ", ".join(conflicts[:5]) + (" …" if len(conflicts) > 5 else "")
-            task = _set_review(task, CONFLICT, f"not kept: you changed {shown} since the task started; nothing was applied",
-                               {"conflicts": conflicts})
+        make, remove = _directory_moves(task)
+        found = find_conflicts(task, changes, make)
+        if found:
+            conflicts = [show(p) for p in sorted(found)]
+            reasons = [found[p] for p in sorted(found)]
+            shown = "; ".join(reasons[:5]) + (" …" if len(reasons) > 5 else "")
+            task = _set_review(task, CONFLICT, f"not kept: {shown}; nothing was applied",
+                               {"conflicts": conflicts, "reasons": reasons})
             return task, conflicts
-        _apply(task, changes)
+        _apply(task, changes, make, remove)
         task = _set_review(task, KEPT, f"kept: {len(changes)} change(s) applied to your folder",
-                           {"applied": [c.path for c in changes[:500]]})
+                           {"applied": [show(c.path) for c in changes[:500]]})
     return task, []

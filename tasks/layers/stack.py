@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tasks.layers.nofollow import open_regular
 from tasks.layers.paths import join
-from tasks.layers.tree import DIR, FILE, LINK, WHITEOUT, Entry, LayerTree
+from tasks.layers.tree import DIR, FILE, LINK, SPECIAL, WHITEOUT, Entry, LayerTree
 
 
 @dataclass
 class Found:
-    kind: str  # DIR, FILE or LINK
+    kind: str  # DIR, FILE, LINK or SPECIAL
     path: Path | None = None  # the real file for FILE/LINK (topmost layer that has it)
     trees: list[LayerTree] = field(default_factory=list)  # for DIR: layers that merge into it
 
@@ -141,7 +142,8 @@ def walk_files(view: View, rel: str = "") -> Iterator[tuple[str, Found]]:
 
 
 def same_content(a: Path, b: Path) -> bool:
-    """Byte-for-byte (and kind and permission bits) equal; links compare their targets."""
+    """Byte-for-byte (and kind and permission bits) equal; links compare their targets, special
+    files their type and device number (they are never opened)."""
     sa, sb = os.lstat(a), os.lstat(b)
     if stat.S_IFMT(sa.st_mode) != stat.S_IFMT(sb.st_mode):
         return False
@@ -149,15 +151,24 @@ def same_content(a: Path, b: Path) -> bool:
         return os.readlink(a) == os.readlink(b)
     if stat.S_IMODE(sa.st_mode) != stat.S_IMODE(sb.st_mode) or sa.st_size != sb.st_size:
         return False
+    if not stat.S_ISREG(sa.st_mode):
+        return sa.st_rdev == sb.st_rdev
     if (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino):
         return True
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            chunk_a, chunk_b = fa.read(1 << 16), fb.read(1 << 16)
-            if chunk_a != chunk_b:
-                return False
-            if not chunk_a:
-                return True
+    fa = open_regular(a)
+    try:
+        fb = open_regular(b)
+        try:
+            while True:
+                chunk_a, chunk_b = os.read(fa, 1 << 16), os.read(fb, 1 << 16)
+                if chunk_a != chunk_b:
+                    return False
+                if not chunk_a:
+                    return True
+        finally:
+            os.close(fb)
+    finally:
+        os.close(fa)
 
 
-__all__ = ["DIR", "FILE", "LINK", "Entry", "FolderSet", "Found", "Stack", "View", "same_content", "walk_files"]
+__all__ = ["DIR", "FILE", "LINK", "SPECIAL", "Entry", "FolderSet", "Found", "Stack", "View", "same_content", "walk_files"]

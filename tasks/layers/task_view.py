@@ -197,7 +197,7 @@ def seal_layer(task_id: str, *, native: bool = False) -> None:
 def summarise(changes: list[Change], limit: int = 500) -> dict[str, Any]:
     return {
         "changed": len(changes),
-        "paths": [{"path": c.path, "kind": c.kind} for c in changes[:limit]],
+        "paths": [{"path": paths.show(c.path), "kind": c.kind} for c in changes[:limit]],
         "more": max(0, len(changes) - limit),
     }
 
@@ -209,10 +209,17 @@ def changes_of(task: Task, layer: Layer, roots: list[Root] | None = None, meta: 
     meta = meta or Meta.load(directory)
     changes: list[Change] = []
     if not meta.sealed:
-        driver = get_driver(layer.driver)
-        for root in roots:
-            changes += driver.changes(root)
-        return sorted(changes, key=lambda c: c.path)
+        # The copy driver's seal moves files out of the working copy before the layer is marked
+        # sealed: read under the layer lock, so a reader sees the working copy or the sealed
+        # layer, never the half-moved space between them. (Callers that hold the lock pass a
+        # sealed ``meta``: flock is not re-entrant.)
+        with layer_lock(task.pk):
+            meta = Meta.load(directory)
+            if not meta.sealed:
+                driver = get_driver(layer.driver)
+                for root in roots:
+                    changes += driver.changes(root)
+                return sorted(changes, key=lambda c: c.path)
     for root in roots:
         changes += layer_changes(_tree_for(directory, meta, root.name), root.lower, prefix=root.name)
     return sorted(changes, key=lambda c: c.path)

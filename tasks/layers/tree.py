@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import stat
@@ -25,10 +26,13 @@ from typing import Protocol
 
 from tasks.layers.paths import join, parent_of
 
+log = logging.getLogger(__name__)
+
 WHITEOUT = "whiteout"
 DIR = "dir"
 FILE = "file"
 LINK = "link"
+SPECIAL = "special"  # a FIFO, socket or device: listed, never opened
 OPAQUE_XATTR = "trusted.overlay.opaque"
 
 
@@ -98,7 +102,22 @@ def kind_of(st: os.stat_result) -> str:
         return DIR
     if stat.S_ISLNK(st.st_mode):
         return LINK
-    return FILE
+    if stat.S_ISREG(st.st_mode):
+        return FILE
+    return SPECIAL
+
+
+def special_type(st: os.stat_result) -> str:
+    """What a special file is, in the words the API shows."""
+    if stat.S_ISFIFO(st.st_mode):
+        return "fifo"
+    if stat.S_ISSOCK(st.st_mode):
+        return "socket"
+    if stat.S_ISCHR(st.st_mode):
+        return "character device"
+    if stat.S_ISBLK(st.st_mode):
+        return "block device"
+    return "special file"
 
 
 class LayerTree:
@@ -226,18 +245,32 @@ def link_or_copy(source: Path, target: Path) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES):
             raise
-        if source.is_symlink():
-            os.symlink(os.readlink(source), target)
-        else:
-            shutil.copy2(source, target, follow_symlinks=False)
+        copy_entry(source, target)
 
 
 def copy_entry(source: Path, target: Path) -> None:
-    """A private copy (the target may be changed later, so never a shared inode)."""
-    if source.is_symlink():
+    """A private copy (the target may be changed later, so never a shared inode). A special
+    file is made again as a node, never opened (a FIFO would block the copy forever)."""
+    st = os.lstat(source)
+    if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(source), target)
-    else:
+    elif stat.S_ISREG(st.st_mode):
         shutil.copy2(source, target, follow_symlinks=False)
+    elif stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "copy_entry copies files, not directories", str(source))
+    else:
+        copy_special(source, st, target)
+
+
+def copy_special(source: Path, st: os.stat_result, target: Path) -> None:
+    """A FIFO or socket node is made again (it holds no data); a device node only where the box
+    may make one, else it is skipped with a warning: never opened either way."""
+    try:
+        os.mknod(target, st.st_mode, st.st_rdev)
+    except PermissionError:
+        log.warning("the %s %s was not copied: this box may not create device nodes", special_type(st), source)
+        return
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
 
 
 def apply_layer(src: LayerTree, dst: Path, markers: Markers | None, *, share: bool) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,10 @@ from boxsite.principal import Principal
 from tasks.layers import compaction, paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.copy import copy_tree
-from tasks.layers.stack import DIR, LINK, Stack
+from tasks.layers.nofollow import NotRegular, open_regular
+from tasks.layers.stack import DIR, LINK, SPECIAL, Stack
 from tasks.layers.task_view import current_stack, seal_layer
+from tasks.layers.tree import special_type
 from tasks.models import Workspace
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -105,33 +106,43 @@ def describe(workspace: Workspace) -> dict[str, Any]:
 
 
 def browse(workspace: Workspace, raw_path: str | None) -> dict[str, Any]:
-    """List a folder or read a file of the current view. Links are shown, never followed."""
+    """List a folder or read a file of the current view. Links are shown, never followed;
+    special files (FIFO, socket, device) are listed with their type, never opened. Names are
+    shown as ``paths.show`` writes them, and ``path`` is read the same way."""
     rel = paths.clean_relative(raw_path)
     view = view_of(workspace)
     found = view.lookup(rel)
     if found is None:
-        raise NotFound(f"'{rel}' is not in workspace '{workspace.name}'", field="path")
-    body: dict[str, Any] = {"workspace": workspace.name, "path": rel}
+        raise NotFound(f"'{paths.show(rel)}' is not in workspace '{workspace.name}'", field="path")
+    body: dict[str, Any] = {"workspace": workspace.name, "path": paths.show(rel)}
     if found.kind == DIR:
         entries = []
         for name, child in sorted(view.listdir(rel).items()):
-            item: dict[str, Any] = {"name": name, "path": paths.join(rel, name), "type": child.kind}
+            item: dict[str, Any] = {"name": paths.show(name), "path": paths.show(paths.join(rel, name)), "type": child.kind}
             if child.path is not None and child.kind != LINK:
-                item["size"] = os.lstat(child.path).st_size
+                st = os.lstat(child.path)
+                item["size"] = st.st_size
+                if child.kind == SPECIAL:
+                    item["special"] = special_type(st)
             entries.append(item)
         return {**body, "type": "dir", "entries": entries}
     assert found.path is not None
     if found.kind == LINK:
-        return {**body, "type": "link", "target": os.readlink(found.path)}
-    return {**body, "type": "file", **_read(found.path)}
+        return {**body, "type": "link", "target": paths.show(os.readlink(found.path))}
+    if found.kind == SPECIAL:
+        st = os.lstat(found.path)
+        return {**body, "type": "special", "special": special_type(st), "size": st.st_size, "binary": True,
+                "content": None, "truncated": False}
+    try:
+        return {**body, "type": "file", **_read(found.path)}
+    except NotRegular as exc:
+        raise Conflict(f"'{paths.show(rel)}' changed while it was read; try again", field="path") from exc
 
 
 def _read(path: Path) -> dict[str, Any]:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = open_regular(path)  # a file swapped for a FIFO since the lookup is refused, not waited on
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            return {"size": st.st_size, "binary": True, "content": None, "truncated": False}
         data = handle.read(MAX_READ + 1)
     truncated = len(data) > MAX_READ
     data = data[:MAX_READ]

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from datetime import datetime
 from pathlib import Path
@@ -319,10 +320,10 @@ class FlowWorker:
             created = make_parents(ctx.workdir, target)
             if target.is_symlink():
                 target.unlink()
-            new_file = not target.exists()
+            new_file = not os.path.lexists(target)
             if new_file:
                 created.append(target)
-            target.write_text(content)
+            write_regular(target, content)
             give_to_task_user(ctx.workdir, created)
             return value["path"], Evidence({"path": value["path"], "bytes": target.stat().st_size, "created": new_file})
         if kind == "delete":
@@ -437,6 +438,24 @@ def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False) 
         return call(ctx, name, args, approved=frozenset({"irreversible"}) if approved else frozenset())
     except CallError as exc:
         raise StepFailed(exc.message) from exc
+
+
+def write_regular(target: Path, content: str) -> None:
+    """Write a regular file; a FIFO, socket or device at ``target`` is refused, never opened
+    (opening a FIFO for writing would wait for a reader and pin the worker)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise StepFailed(f"'{target.name}' is not a regular file; a write step only writes regular files")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(target, flags, 0o666)
+    with os.fdopen(fd, "wb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped in since the check above
+            raise StepFailed(f"'{target.name}' is not a regular file; a write step only writes regular files")
+        handle.truncate(0)
+        handle.write(content.encode())
 
 
 def check_time(ctx: RunContext) -> None:
