@@ -32,6 +32,8 @@ def next_calls(task: Task) -> list[str]:
     if task.state != State.UNDONE and task.review != "kept":
         calls.append("undo")
     calls += ["diff", "report"]
+    if is_final_view(task):
+        calls.append("rerun")
     return calls
 
 

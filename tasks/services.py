@@ -8,12 +8,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from boxsite.errors import Conflict, NotFound, TooManyTasks
+from boxsite.errors import Conflict, InvalidRequest, NotFound, TooManyTasks
 from boxsite.principal import Principal
 from tasks import runs
 from tasks.events import record_event
-from tasks.facts import seal_facts
+from tasks.facts import Facts, seal_facts
 from tasks.models import EventKind, RunKind, Task
+from tasks.presenters import is_final_view
 from tasks.spec import TaskSpec, parse_spec
 from tasks.states import ACTIVE, FINAL, State, can_move
 
@@ -168,6 +169,39 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     record_event(task, EventKind.STATUS, "queued", {"to": State.QUEUED, "version": task.version, "source": task.source})
     runs.create_run(task, RunKind.START)
     return task
+
+
+def spec_of(task: Task) -> dict[str, Any]:
+    """The spec ``task`` was made from, as ``POST /api/tasks`` takes it (secret facts included,
+    in clear: for the box's own use only, never shown)."""
+    facts = Facts.of(task)
+    spec: dict[str, Any] = {
+        "title": task.title, "prompt": task.prompt, "worker": task.worker, "tools": task.tools, "hosts": task.hosts,
+        "budgetCents": task.budget_cents, "constraints": task.constraints, "limits": task.limits,
+    }
+    if task.folders:
+        spec["folders"] = task.folders
+    else:
+        spec["workspace"] = task.workspace.name
+    if task.command is not None:
+        spec["command"] = task.command
+    if task.flow is not None:
+        spec["flow"] = task.flow
+    if facts.values:
+        spec["facts"] = facts.values
+        spec["secretFacts"] = sorted(facts.secret_names)
+    return spec
+
+
+def rerun_task(principal: Principal, task_id: str, body: Any) -> Task:
+    """A new task from an ended task's spec; ``body`` replaces any of its fields (the portal's
+    form, edited). Checked whole, like any new task."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("a rerun takes a JSON object: the fields to change, or {}")
+    task = get_task_for(principal, task_id)
+    if not is_final_view(task):
+        raise Conflict(f"task '{task.pk}' is {task.state}; only an ended task can run again (cancel it first)")
+    return create_task({**spec_of(task), **body}, principal)
 
 
 def cancel_task(principal: Principal, task_id: str) -> Task:

@@ -15,5 +15,6 @@ urlpatterns = [
     path("workspaces/<str:name>/files", workspace_views.workspace_files, name="workspace-files"),
     path("tasks/<str:task_id>/continue", views.task_continue, name="task-continue"),
     path("tasks/<str:task_id>/report", views.task_report, name="task-report"),
+    path("tasks/<str:task_id>/rerun", views.task_rerun, name="task-rerun"),
     path("tasks/<str:task_id>/artifacts/<path:name>", views.task_artifact, name="task-artifact"),
 ]

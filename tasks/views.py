@@ -128,6 +128,13 @@ def task_undo(request: Request, task_id: str) -> Response:
     return Response(present_task(services.undo_task(Principal.of(request), task_id)))
 
 
+@extend_schema(request=dict, responses={201: dict})
+@api_view(["POST"])
+def task_rerun(request: Request, task_id: str) -> Response:
+    """A new task from this ended task's spec; the body's fields replace the spec's."""
+    return Response(present_task(services.rerun_task(Principal.of(request), task_id, request.data)), status=201)
+
+
 @extend_schema(request=dict, responses={200: dict})
 @api_view(["POST"])
 def task_continue(request: Request, task_id: str) -> Response:

@@ -106,7 +106,7 @@ def test_cancel_then_undo(box):
     task = box.create(title="slow", flow=flow({"run": "true"}))
     box.wait_state(task["id"], "done")
     undone = box.api.post(f"/api/tasks/{task['id']}/undo").json()
-    assert undone["state"] == "undone" and undone["next"] == ["diff", "report"]
+    assert undone["state"] == "undone" and undone["next"] == ["diff", "report", "rerun"]
     again = box.api.post(f"/api/tasks/{task['id']}/undo")
     assert again.status_code == 409
 

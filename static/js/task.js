@@ -75,6 +75,8 @@ const ACTIONS = {
   keep: { label: "Keep", cls: "primary", run: keep },
   continue: { label: "Continue", cls: "primary", run: () => act("continue", {}) },
   cancel: { label: "Cancel", cls: "danger", run: () => confirmed("Cancel this task?", "It stops now; what it changed stays in its own layer.", "Cancel the task", () => act("cancel")) },
+  // A new task from this one's spec, in the New task form so it can be edited first.
+  rerun: { label: "Run again", cls: "", run: () => window.location.assign(`/tasks?again=${encodeURIComponent(taskId)}#new-task-title`) },
   undo: { label: "Undo", cls: "danger", run: () => confirmed("Undo this task?", "Its changes are removed for good. Every other task keeps its changes.", "Undo the task", () => act("undo")) },
 };
 

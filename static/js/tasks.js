@@ -64,6 +64,45 @@ function specFrom(form) {
   return spec;
 }
 
+// --- Run again: the form filled from an ended task; its facts, constraints and limits (secret
+// facts too, which the page never sees) come from that task on the server.
+let again = new URLSearchParams(window.location.search).get("again");
+
+function shellWord(word) {
+  return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replace(/'/g, `'"'"'`)}'`;
+}
+
+async function fillFrom(taskId) {
+  const t = await api("GET", `/api/tasks/${encodeURIComponent(taskId)}`);
+  const f = form.elements;
+  f.title.value = t.title;
+  f.prompt.value = t.prompt ?? "";
+  f.target.value = t.folders?.length ? "folders" : "workspace";
+  if (t.folders?.length) f.folders.value = t.folders.join("\n");
+  else f.workspace.value = t.workspace;
+  f.worker.value = t.worker;
+  f.command.value = (t.command ?? []).map(shellWord).join(" ");
+  f.flow.value = t.flow ? JSON.stringify(t.flow, null, 2) : "";
+  f.hosts.value = (t.hosts ?? []).join(", ");
+  f.budgetCents.value = String(t.budgetCents ?? 0);
+  for (const box of form.querySelectorAll('input[name="tools"]')) box.checked = (t.tools ?? []).includes(box.value);
+  syncVisibility();
+  const note = document.getElementById("again-note");
+  note.textContent = `Running “${t.title}” again: edit anything below. Its facts${t.secretFacts?.length ? " (secret ones too)" : ""}, constraints and limits come along.`;
+  note.hidden = false;
+  form.querySelector('button[type="submit"]').textContent = "Run it again";
+  f.title.focus();
+}
+
+function leaveAgain() {
+  again = null;
+  document.getElementById("again-note").hidden = true;
+  form.querySelector('button[type="submit"]').textContent = "Start the task";
+  window.history.replaceState(null, "", "/tasks");
+}
+
+if (again) fillFrom(again).catch((err) => { leaveAgain(); say(err.message); });
+
 form.addEventListener("submit", async (event) => {
   event.preventDefault();
   clearErrors(form);
@@ -77,7 +116,8 @@ form.addEventListener("submit", async (event) => {
   }
   button.disabled = true;
   try {
-    const task = await api("POST", "/api/tasks", spec);
+    const task = again ? await api("POST", `/api/tasks/${encodeURIComponent(again)}/rerun`, spec) : await api("POST", "/api/tasks", spec);
+    if (again) leaveAgain();
     upsertRow(list, task);
     showEmpty();
     say(`Started “${task.title}”`);

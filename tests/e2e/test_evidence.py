@@ -100,3 +100,24 @@ def test_an_approval_card_shows_the_command_it_approves(page: Any) -> None:
     task_row_link.click()
     blockers = page.get_by_role("region", name="Waiting for you")
     expect(blockers.get_by_label("Command it will run")).to_have_text("rm -rf build && echo cleaned")
+
+
+def test_run_again_opens_the_form_filled_in_and_starts_an_edited_copy(page: Any) -> None:
+    create_owner(page)
+    new_task(page, "Make a note", [{"write": {"path": "note.txt", "content": "first\n"}}])
+    row = task_row(page, "Make a note")
+    expect(row.locator(".badge")).to_have_text("done", timeout=30_000)
+    row.get_by_role("link", name="Make a note").click()
+    page.get_by_role("group", name="Task actions").get_by_role("button", name="Run again").click()
+    form = page.get_by_role("region", name="New task")
+    expect(form.get_by_label("Title")).to_have_value("Make a note")
+    expect(form.get_by_label("Title")).to_be_focused()
+    expect(form.get_by_label("Worker")).to_have_value("flow")
+    expect(form.get_by_label("Steps (flow JSON)")).to_have_value(re.compile(r'"path": "note.txt"'))
+    expect(page.locator("#again-note")).to_contain_text("Running “Make a note” again")
+    form.get_by_label("Title").fill("Make a note again")
+    form.get_by_role("button", name="Run it again").click()
+    again = task_row(page, "Make a note again")
+    expect(again.locator(".badge")).to_have_text("done", timeout=30_000)
+    expect(form.get_by_role("button", name="Start the task")).to_be_visible()
+    assert "again=" not in page.url

@@ -54,7 +54,7 @@ def test_approving_runs_the_guarded_step_once_then_the_rest_as_a_new_run(box):
     assert body["records"]["log"] == "before\nguarded\nafter"
     runs = [(r["kind"], r["outcome"]) for r in body["runs"]]
     assert runs == [("start", "waiting:approval"), ("resume", "continued"), ("resume", "done")]
-    assert done["next"] == ["undo", "diff", "report"]
+    assert done["next"] == ["undo", "diff", "report", "rerun"]
 
 
 def test_approving_through_continue_works_the_same(box):
