@@ -21,10 +21,16 @@ def layer_driver() -> str:
 def describe_isolation() -> dict[str, Any]:
     from tasks.sandbox.support import missing_reason
 
+    from tasks.sandbox.support import syscall_filter_dir
+
     reason = missing_reason()
     if reason is None:
         return {
             "sandbox": True,
+            "syscalls": ("a seccomp filter: no new user namespaces, mounts, ptrace, bpf or keyctl on shared keyrings"
+                         if syscall_filter_dir() else
+                         "not filtered: the system Python's seccomp module (Debian's python3-seccomp) is missing"),
+            "keyrings": "a fresh session keyring per task; the uid's user keyrings emptied at start and at release",
             "user": "a Linux user per task (box-<id>), no supplementary groups, no_new_privs",
             "namespaces": ["pid", "network", "mount", "ipc", "uts"],
             "session": "a new session with no controlling terminal",

@@ -27,6 +27,7 @@ def release(task_id: str) -> None:
         ident = users.find_user(task_id)
         if ident is not None:
             users.kill_processes(ident.uid)
+            users.clear_keyrings(ident)
             disown_files(task_id, ident)
             users.remove_user(ident.name)
     runtime = paths.runtime_dir(task_id)

@@ -3,25 +3,32 @@
 Started as root by ``unshare`` (new PID, network, mount, IPC and UTS namespaces), it:
 
 1. brings up loopback (the network namespace has nothing else: no route out);
-2. attaches the task's view (a detached, id-mapped mount passed as an fd) and hides the host's
-   shared writable and socket directories (/tmp, /var/tmp, /dev/shm, /run) behind private tmpfs
-   mounts, re-exposing only the task's own runtime directory;
+2. builds the task's root and pivots into it: a read-only system image (/usr and the links to
+   it, a minimal /etc with its own passwd and group, a few devices), the task's view (a
+   detached, id-mapped mount passed as an fd) and runtime directory (its sockets) at their host
+   paths, private /tmp, /var/tmp, /dev/shm and /run, its own /proc and /sys. The host's other
+   directories and its mount table are gone from the namespace;
 3. drops to the task's user for good: no supplementary groups, no_new_privs (setuid binaries
-   and file capabilities give nothing), a cap on processes;
-4. with hosts, serves the in-namespace HTTP(S) proxy on 127.0.0.1, relaying every connection
+   and file capabilities give nothing), a cap on processes; joins a fresh session keyring and
+   empties the user's keyrings (a recycled uid finds nothing of an earlier task);
+4. installs the seccomp filter (libseccomp's own Python binding, ``python3-seccomp``): no new
+   user namespaces, no mounts, no ptrace, no bpf, no keyctl on the user's shared keyrings;
+5. with hosts, serves the in-namespace HTTP(S) proxy on 127.0.0.1, relaying every connection
    over a Unix socket to the box's egress proxy, which decides;
-5. starts the task's command in a new session (no controlling terminal) and reaps orphans until
+6. starts the task's command in a new session (no controlling terminal) and reaps orphans until
    it exits, then exits with its status, which kills everything left in the namespace;
-6. exits the same way the moment the box's worker is gone (the worker reads our output; when it
+7. exits the same way the moment the box's worker is gone (the worker reads our output; when it
    dies, its end of that pipe closes), so a lost worker's step never runs on unsupervised. A
    parent-death signal cannot do this here: dropping privileges clears it.
 
-Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library: it must not
-import the box (the task's user cannot read the box's virtualenv, and it starts fast).
+Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library and the system's
+``seccomp`` module: it must not import the box (the task's user cannot read the box's
+virtualenv, and it starts fast).
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -32,13 +39,34 @@ import stat
 import struct
 import sys
 import threading
+import time
 from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x8, 0x1000, 0x4000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
+_SYS_PIVOT_ROOT, _MNT_DETACH = 155, 0x2
+_NEW_ROOT = "/tmp"  # a fresh tmpfs is mounted here (in this mount namespace only) and becomes /
+# The task's system image: the host's programs and libraries, read-only.
+_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_ETC_FILES = ("hosts", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "localtime", "timezone", "os-release",
+              "debian_version", "mime.types", "protocols", "services", "shells", "profile", "bash.bashrc",
+              "inputrc", "environment", "gai.conf", "host.conf", "resolv.conf", "locale.alias", "magic", "mailcap")
+_ETC_DIRS = ("ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "python3", "python3.11", "profile.d")
 _SYS_MOVE_MOUNT, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 429, 0x4, -100
 _PR_SET_NO_NEW_PRIVS = 38
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_SYS_KEYCTL, _KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR = 250, 0, 1, 7
+_KEYCTL_LINK, _KEYCTL_UNLINK, _KEYCTL_READ, _KEYCTL_INVALIDATE, _KEYCTL_GET_PERSISTENT = 8, 9, 11, 21, 22
+_KEY_SPEC_SESSION_KEYRING, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
+_CLONE_NEWUSER = 0x10000000
+# Denied outright: mounting and moving mounts, entering or making namespaces, tracing other
+# processes, loading programs or modules into the kernel.
+_DENIED_SYSCALLS = (
+    "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+    "mount_setattr", "setns", "ptrace", "process_vm_readv", "process_vm_writev", "bpf", "perf_event_open",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "open_by_handle_at",
+    "swapon", "swapoff", "reboot", "acct", "quotactl", "userfaultfd",
+)
 
 
 def _fail(message: str) -> None:
@@ -65,31 +93,112 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
 
 
-def arrange_mounts(config: dict[str, Any]) -> None:
-    view = config["view"]
-    _check(_libc.syscall(_SYS_MOVE_MOUNT, config["view_fd"], b"", _AT_FDCWD, view.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
-           f"attach the view at {view}")
-    os.close(config["view_fd"])
-    runtime = config["runtime"]
-    before = os.stat(runtime)
-    keep = os.open(runtime, os.O_PATH | os.O_DIRECTORY)  # survives the directory being hidden
+def _bind(source: str, target: str, *, writable: bool = False, flags: int = _MS_NOSUID | _MS_NODEV) -> None:
+    """Bind ``source`` (not its submounts) at ``target``, read-only unless ``writable``."""
+    _mount(source, target, None, _MS_BIND)
+    if not writable:
+        _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
+
+
+def _copy_entry(source: str, target: str) -> None:
+    """Copy a small system file (or a symlink, as a symlink) into the new root."""
+    if os.path.islink(source):
+        os.symlink(os.readlink(source), target)
+    else:
+        with open(source, "rb") as handle:
+            content = handle.read()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, content)
+        os.close(fd)
+
+
+def _write(target: str, content: str) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, content.encode())
+    os.close(fd)
+
+
+def _system_etc(root: str, config: dict[str, Any]) -> None:
+    """The new root's /etc: a few of the host's files and its own passwd and group."""
+    etc = root + "/etc"
+    os.mkdir(etc, 0o755)
+    for name in _ETC_FILES:
+        if os.path.lexists("/etc/" + name) and (os.path.islink("/etc/" + name) or os.path.isfile("/etc/" + name)):
+            _copy_entry("/etc/" + name, f"{etc}/{name}")
+    for name in _ETC_DIRS:
+        if os.path.isdir("/etc/" + name) and not os.path.islink("/etc/" + name):
+            os.mkdir(f"{etc}/{name}", 0o755)
+            _bind("/etc/" + name, f"{etc}/{name}")
+    user, uid, gid, home = config["user"], config["uid"], config["gid"], config["view"]
+    _write(etc + "/passwd", f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+                            f"{user}:x:{uid}:{gid}:box task:{home}:/usr/sbin/nologin\n"
+                            f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+    _write(etc + "/group", f"root:x:0:\n{user}:x:{gid}:\nnogroup:x:65534:\n")
+    _write(etc + "/hostname", "box\n")
+
+
+def _system_dev(root: str) -> None:
+    dev = root + "/dev"
+    os.mkdir(dev, 0o755)
+    _mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
+    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+        _write(f"{dev}/{name}", "")
+        _mount("/dev/" + name, f"{dev}/{name}", None, _MS_BIND)
+    os.mkdir(dev + "/pts", 0o755)
+    _mount("devpts", dev + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.symlink("pts/ptmx", dev + "/ptmx")
+    os.mkdir(dev + "/shm", 0o1777)
+    _mount("tmpfs", dev + "/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m")
+    for index, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{index}", f"{dev}/{name}")
+    os.symlink("/proc/self/fd", dev + "/fd")
+    _mount("none", dev, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
+
+
+def build_root(config: dict[str, Any]) -> None:
+    """Make the task's root: a read-only system image (/usr and its links, a minimal /etc, /dev),
+    its view and runtime directory at their usual paths, private /tmp, /var/tmp and /run, its own
+    /proc and /sys; then pivot into it and drop the host's tree (and with it the mount table).
+    """
+    runtime, view = config["runtime"], config["view"]
+    keep = os.open(runtime, os.O_PATH | os.O_DIRECTORY)
+    root = _NEW_ROOT
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+    for name in _SYSTEM_DIRS:
+        source = "/" + name
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), f"{root}/{name}")
+        elif os.path.isdir(source):
+            os.mkdir(f"{root}/{name}", 0o755)
+            _bind(source, f"{root}/{name}", flags=_MS_NODEV)
+    _system_etc(root, config)
+    _system_dev(root)
+    for name, mode in (("proc", 0o555), ("sys", 0o555), ("tmp", 0o1777), ("run", 0o755), ("var", 0o755)):
+        os.mkdir(f"{root}/{name}", mode)
+    os.mkdir(root + "/var/tmp", 0o1777)
+    for path, tmpfs_mode in (("/tmp", "1777"), ("/var/tmp", "1777"), ("/run", "0755")):
+        _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={tmpfs_mode},size=64m")
+    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     # A fresh sysfs shows this network namespace's interfaces (loopback), not the host's.
-    _mount("sysfs", "/sys", "sysfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
-    for path in config["hide"]:
-        if os.path.isdir(path) and not os.path.islink(path):
-            mode = "1777" if path != "/run" else "0755"
-            _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={mode},size=64m")
-    try:
-        now = os.stat(runtime)
-        hidden = (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino)
-    except FileNotFoundError:
-        hidden = True
-    if hidden:
-        # The runtime directory sat under a hidden path (a data dir in /tmp): bind it back at
-        # the same path inside the fresh tmpfs, so socket paths read the same in and out.
-        os.makedirs(runtime, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{keep}", runtime, None, _MS_BIND | _MS_REC)
+    _mount("sysfs", root + "/sys", "sysfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
+    # The runtime directory (sockets, the view's mount point) at the same path as on the host,
+    # under directories nobody can list: other tasks' ids stay unknown.
+    parent = root
+    for part in runtime.strip("/").split("/"):
+        parent = f"{parent}/{part}"
+        if not os.path.isdir(parent):
+            os.mkdir(parent, 0o711)
+    _mount(f"/proc/self/fd/{keep}", root + runtime, None, _MS_BIND)
     os.close(keep)
+    _check(_libc.syscall(_SYS_MOVE_MOUNT, config["view_fd"], b"", _AT_FDCWD, (root + view).encode(),
+                         _MOVE_MOUNT_F_EMPTY_PATH), f"attach the view at {view}")
+    os.close(config["view_fd"])
+    os.mkdir(root + "/.old", 0o700)
+    _check(_libc.syscall(_SYS_PIVOT_ROOT, root.encode(), (root + "/.old").encode()), "pivot into the task's root")
+    os.chdir("/")
+    _check(_libc.umount2(b"/.old", _MNT_DETACH), "detach the host's tree")
+    os.rmdir("/.old")
+    _mount("none", "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
 
 
 def drop_privileges(uid: int, gid: int, nproc: int) -> None:
@@ -101,6 +210,88 @@ def drop_privileges(uid: int, gid: int, nproc: int) -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if os.getuid() != uid or os.geteuid() != uid or os.getgroups():
         _fail("could not drop privileges")
+
+
+def _keyctl(*args: int | None) -> int:
+    return int(_libc.syscall(_SYS_KEYCTL, *args))
+
+
+def fresh_keyrings() -> None:
+    """Join a session keyring of the task's own and empty the uid's user keyrings.
+
+    Run as the task's user. The kernel keeps a uid's user keyrings after its processes are gone,
+    so a recycled uid would otherwise find what an earlier task left there; the inherited session
+    keyring is the box's own. Each key found is invalidated (gone at once, even from /proc/keys),
+    not only unlinked (which leaves it listed until the kernel's collector runs).
+    """
+    _check(_keyctl(_KEYCTL_JOIN_SESSION_KEYRING, None), "join a new session keyring")
+    user_keyring = _keyctl(_KEYCTL_GET_KEYRING_ID, _KEY_SPEC_USER_KEYRING, 1)
+    invalidated: set[str] = set()
+    for keyring in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING):
+        # Linked into our session keyring, the keys in it are ours to invalidate.
+        _check(_keyctl(_KEYCTL_LINK, keyring, _KEY_SPEC_SESSION_KEYRING), "reach the user's keyrings")
+        buffer = ctypes.create_string_buffer(4096)
+        size = _keyctl(_KEYCTL_READ, keyring, ctypes.addressof(buffer), len(buffer))
+        _check(size, "list the user's keyrings")
+        for (serial,) in struct.iter_unpack("i", buffer.raw[:min(size, len(buffer))]):
+            if serial != user_keyring and _keyctl(_KEYCTL_INVALIDATE, serial) == 0:
+                invalidated.add(f"{serial:08x}")
+        _check(_keyctl(_KEYCTL_CLEAR, keyring), "clear the user's keyrings")
+        _keyctl(_KEYCTL_UNLINK, keyring, _KEY_SPEC_SESSION_KEYRING)
+    # An invalidated key stays listed in /proc/keys (flag "i") until the kernel's collector runs,
+    # within milliseconds: wait for that (bounded), so not even its description shows.
+    deadline = time.monotonic() + 2
+    while invalidated and time.monotonic() < deadline:
+        with open("/proc/keys") as listing:
+            invalidated &= {line.split(" ", 1)[0] for line in listing}
+        if invalidated:
+            time.sleep(0.002)
+
+
+def empty_keyrings_of(uid: int, gid: int) -> None:
+    """At release (as root): become ``uid`` in a throwaway process and empty its keyrings."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    fresh_keyrings()
+
+
+def install_syscall_filter(module_dir: str) -> None:
+    """Deny, with EPERM, the system calls a task never needs and an attacker would use.
+
+    Everything else is allowed (a default-deny list would break ordinary programs). The filter
+    is inherited by every process the task starts and cannot be removed.
+    """
+    sys.path.append(module_dir)
+    # reason: the system's libseccomp binding lives outside the isolated interpreter's path,
+    # and only the sandbox's init (not the box) imports it.
+    import seccomp
+
+    denied = seccomp.ERRNO(errno.EPERM)
+    flt = seccomp.SyscallFilter(seccomp.ALLOW)
+    for name in _DENIED_SYSCALLS:
+        try:
+            flt.add_rule(denied, name)
+        except (RuntimeError, ValueError):
+            continue  # not a system call on this architecture
+    # New user namespaces (root inside one): unshare and clone with CLONE_NEWUSER. clone3 passes
+    # its flags in memory a filter cannot read, so it says "not implemented" and C libraries
+    # fall back to clone.
+    for name in ("unshare", "clone"):
+        flt.add_rule(denied, name, seccomp.Arg(0, seccomp.MASKED_EQ, _CLONE_NEWUSER, _CLONE_NEWUSER))
+    flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    # Keyrings: only the task's own session keyring. The user's keyrings (shared by every
+    # process of the uid), persistent keyrings and joining another session keyring are refused.
+    low32 = 0xFFFFFFFF
+    for op in (_KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_GET_PERSISTENT):
+        flt.add_rule(denied, "keyctl", seccomp.Arg(0, seccomp.EQ, op))
+    for spec in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING):
+        value = spec & low32  # key serials are 32-bit: compare only the low half of the register
+        for index in (1, 2):
+            flt.add_rule(denied, "keyctl", seccomp.Arg(index, seccomp.MASKED_EQ, low32, value))
+        flt.add_rule(denied, "add_key", seccomp.Arg(4, seccomp.MASKED_EQ, low32, value))
+        flt.add_rule(denied, "request_key", seccomp.Arg(3, seccomp.MASKED_EQ, low32, value))
+    flt.load()
 
 
 def _pipe(source: socket.socket, sink: socket.socket) -> None:
@@ -197,8 +388,11 @@ def die_with_worker(fd: int = 1) -> None:
 def main() -> None:
     config = read_config(int(sys.argv[1]))
     loopback_up()
-    arrange_mounts(config)
+    build_root(config)
     drop_privileges(config["uid"], config["gid"], config["nproc"])
+    fresh_keyrings()
+    if config.get("seccomp"):
+        install_syscall_filter(config["seccomp"])
     listener = None
     forward = config.get("forward")
     if forward:
@@ -222,4 +416,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--empty-keyrings":
+        empty_keyrings_of(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main()

@@ -32,8 +32,6 @@ MAX_PROCESSES = 1024  # per task user: a fork bomb stops here
 # Every task process is started through this: it gets SIGKILL when the worker thread that started
 # it dies (even by SIGKILL), so a lost worker's step cannot run on unsupervised and then run twice.
 DIE_WITH_WORKER = ["setpriv", "--pdeathsig", "KILL", "--"]
-INIT = Path(__file__).with_name("init.py")
-HIDDEN = ["/tmp", "/var/tmp", "/dev/shm", "/run"]
 NO_PROXY = "localhost,127.0.0.1,::1"
 
 
@@ -116,15 +114,16 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         view_fd = _view_tree(ctx.workdir, ident)
         config = {
             "uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES,
-            "view_fd": view_fd, "view": str(view), "runtime": str(runtime), "hide": HIDDEN,
+            "user": ident.name, "view_fd": view_fd, "view": str(view), "runtime": str(runtime),
             "cwd": str(inner_cwd), "argv": argv, "script": script, "forward": forward,
+            "seccomp": support.syscall_filter_dir(),
         }
         # The configuration (the command, a script with secret facts substituted in) reaches
         # init through a pipe: init's own command line, like every one in /proc, is world-readable.
         config_read, config_write = os.pipe()
         # unshare dies with the worker; --kill-child takes init, and so the whole PID namespace, with it.
         command = [*DIE_WITH_WORKER, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount",
-                   "--ipc", "--uts", "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(INIT), str(config_read)]
+                   "--ipc", "--uts", "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(support.INIT), str(config_read)]
         proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=(view_fd, config_read), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         os.close(config_read)

@@ -9,6 +9,9 @@ from pathlib import Path
 from django.conf import settings
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
+INIT = Path(__file__).with_name("init.py")  # the sandbox's PID 1 (and its keyring sweeper)
+# Where Debian's python3-seccomp (libseccomp's own binding) puts its module for the system Python.
+SECCOMP_MODULE_DIRS = (Path("/usr/lib/python3/dist-packages"),)
 _TOOLS = ("unshare", "useradd", "userdel", "groupdel")
 
 
@@ -36,3 +39,13 @@ def _system_reason() -> str | None:
 
 def available() -> bool:
     return missing_reason() is None
+
+
+@functools.cache
+def syscall_filter_dir() -> str | None:
+    """The directory holding the system Python's ``seccomp`` module, or None when it is missing
+    (then tasks run without the system-call filter, and ``/api/health`` says so)."""
+    for directory in SECCOMP_MODULE_DIRS:
+        if any(directory.glob("seccomp*.so")):
+            return str(directory)
+    return None

@@ -22,6 +22,7 @@ from pathlib import Path
 from django.conf import settings
 
 from boxsite.errors import BoxError
+from tasks.sandbox.support import INIT, SYSTEM_PYTHON
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,15 @@ def kill_processes(uid: int, *, timeout: float = 10.0) -> int:
             raise SandboxError(f"processes of uid {uid} survive SIGKILL: {pids}", field="uid")
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+def clear_keyrings(ident: Identity) -> None:
+    """Empty the uid's user keyrings: the kernel keeps them after its last process is gone, and
+    a later task that gets the same uid must not find what this one left."""
+    done = subprocess.run([str(SYSTEM_PYTHON), "-I", "-S", str(INIT), "--empty-keyrings", str(ident.uid), str(ident.gid)],
+                          capture_output=True, check=False, cwd="/")
+    if done.returncode != 0:
+        raise SandboxError(f"could not empty the keyrings of {ident.name}: {done.stderr.decode().strip()}", field="user")
 
 
 def _is_zombie(pid: int) -> bool:
