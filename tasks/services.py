@@ -137,7 +137,9 @@ def create_task(body: Any, principal: Principal, *, source: str | None = None) -
 
 
 def _refuse_at_capacity(limit: int) -> None:
-    if Task.objects.filter(state__in=ACTIVE).count() >= limit:
+    # A plain-language ask parked for a plan holds no worker and may wait for days (until a model
+    # is configured): it is counted apart, so it never keeps real work from starting.
+    if Task.objects.filter(state__in=ACTIVE).exclude(state=State.WAITING, waiting_for="plan").count() >= limit:
         raise TooManyTasks(f"{limit} tasks are already queued, running or waiting; finish or cancel one first")
 
 

@@ -18,7 +18,7 @@ async function showInbox() {
 
 async function showTasks() {
   const page = await api("GET", "/api/tasks?limit=20");
-  for (const task of [...page.results].reverse()) upsertRow(list, task, { href: null });
+  for (const task of [...page.results].reverse()) upsertRow(list, task, { href: null, phone: true });
   document.getElementById("no-tasks").hidden = list.children.length > 0;
 }
 
@@ -26,7 +26,7 @@ let timer = null;
 new ListStream({
   cursor: data.cursor,
   onTask: (task) => {
-    upsertRow(list, task, { href: null });
+    upsertRow(list, task, { href: null, phone: true });
     document.getElementById("no-tasks").hidden = true;
     clearTimeout(timer);
     timer = setTimeout(showInbox, 150);
@@ -54,7 +54,7 @@ form.addEventListener("submit", async (event) => {
   button.disabled = true;
   try {
     const task = await api("POST", "/api/tasks", { title, prompt });
-    upsertRow(list, task, { href: null });
+    upsertRow(list, task, { href: null, phone: true });
     document.getElementById("no-tasks").hidden = true;
     form.reset();
     say(`Asked: ${task.title}`);

@@ -1,6 +1,6 @@
 // Pieces several pages draw: task rows, state badges, approval and question cards, the confirm
 // dialog (its markup is templates/_confirm.html).
-import { api, cents, el, say, when } from "./api.js";
+import { api, cents, el, put, say, when } from "./api.js";
 
 const PAUSE_WORDS = {
   input: "waiting for values",
@@ -30,7 +30,44 @@ export function costText(task) {
   return task.budgetCents ? `${cents(task.costCents)} of ${cents(task.budgetCents)}` : `${cents(task.costCents)} (no budget)`;
 }
 
-export function taskRow(task, { href = `/tasks/${task.id}` } = {}) {
+// On the phone a row is the whole story: why a waiting task cannot go on, what the owner can do,
+// and Cancel (asked twice, in place), since the phone has no task window of its own.
+function phoneDetails(task) {
+  const parts = [];
+  if (task.state === "waiting" && task.pause?.message) parts.push(el("p", { class: "pause" }, task.pause.message));
+  if (task.state === "waiting" && task.waitingFor === "plan") {
+    parts.push(el("p", { class: "hint" }, "The owner can configure a model on the box, or start it again as steps. "
+      + "While it waits it takes no worker and no task slot; cancel it if it is not wanted."));
+  }
+  if ((task.next ?? []).includes("cancel")) parts.push(cancelControl(task));
+  return parts.length ? el("div", { class: "phone-details" }, ...parts) : null;
+}
+
+function cancelControl(task) {
+  const box = el("div", { class: "buttons" });
+  const ask = el("button", { type: "button", class: "danger big" }, "Cancel");
+  ask.addEventListener("click", () => {
+    const yes = el("button", { type: "button", class: "danger big" }, "Yes, cancel it");
+    const no = el("button", { type: "button", class: "big" }, "Keep it");
+    yes.addEventListener("click", async () => {
+      yes.disabled = true;
+      try {
+        await api("POST", `/api/tasks/${task.id}/cancel`, {});
+        say(`Cancelled “${task.title}”`);
+      } catch (err) {
+        say(err.message);
+        yes.disabled = false;
+      }
+    });
+    no.addEventListener("click", () => { put(box, ask); ask.focus(); });
+    put(box, el("span", { class: "confirm-text" }, "Cancel this task?"), yes, no);
+    yes.focus();
+  });
+  box.append(ask);
+  return box;
+}
+
+export function taskRow(task, { href = `/tasks/${task.id}`, phone = false } = {}) {
   return el("li", { class: "task-row", "data-task": task.id, "data-seq": String(task.lastSeq ?? 0) },
     el("div", { class: "task-row-head" },
       href ? el("a", { href, class: "task-title" }, task.title) : el("span", { class: "task-title" }, task.title),
@@ -40,7 +77,8 @@ export function taskRow(task, { href = `/tasks/${task.id}` } = {}) {
       progressBar(task),
       el("span", { class: "cost" }, costText(task)),
       el("span", { class: "source" }, task.source),
-      el("time", { datetime: task.createdAt }, when(task.createdAt))));
+      el("time", { datetime: task.createdAt }, when(task.createdAt))),
+    phone ? phoneDetails(task) : null);
 }
 
 // Keep a list of task rows current: newer views (by lastSeq) replace older ones; new tasks go first.
@@ -105,7 +143,8 @@ export function approvalCard(approval, { version, onDone, showTask = false, big 
   return el("article", { class: "card blocker approval", "data-approval": String(approval.id), "aria-labelledby": `approval-${approval.id}` },
     el("p", { class: "kicker" }, `Approval · ${approval.kind}`, approval.amountCents ? ` · ${cents(approval.amountCents)}` : ""),
     el("h3", { id: `approval-${approval.id}` }, approval.summary),
-    showTask && task ? el("p", { class: "task-link" }, "Task: ", el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
+    // The task window is the owner's; on the phone (big cards) the card names the task instead.
+    showTask && task ? el("p", { class: "task-link" }, "Task: ", big ? el("strong", {}, task.title) : el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
     approvesWhat(approval),
     Object.keys(rest).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(rest, null, 2))) : null,
     decisionButtons(approval, version ?? task?.version, onDone, big));

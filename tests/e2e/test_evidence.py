@@ -121,3 +121,40 @@ def test_run_again_opens_the_form_filled_in_and_starts_an_edited_copy(page: Any)
     expect(again.locator(".badge")).to_have_text("done", timeout=30_000)
     expect(form.get_by_role("button", name="Start the task")).to_be_visible()
     assert "again=" not in page.url
+
+
+def test_the_phone_says_why_an_ask_waits_offers_cancel_and_links_nowhere_it_cannot_go(page: Any, browser: Any, live_box: Any) -> None:
+    from tests.e2e.test_phone import pairing_code
+
+    create_owner(page)
+    code = pairing_code(page)
+    context = browser.new_context(base_url=live_box.url, **PHONE)
+    context.set_default_timeout(20_000)
+    phone = context.new_page()
+    try:
+        phone.goto(f"/pair?code={code}")
+        phone.get_by_label("Name for this phone").fill("Pocket")
+        phone.get_by_role("button", name="Pair this phone").click()
+        phone.get_by_label("What should the box do?").fill("Book a table for two")
+        phone.get_by_role("button", name="Ask").click()
+        row = phone.get_by_role("list", name="Recent tasks").get_by_role("listitem").filter(has_text="Book a table for two")
+        expect(row.locator(".badge")).to_have_text("waiting for a plan", timeout=30_000)
+        expect(row).to_contain_text("no model is configured")
+        expect(row).to_contain_text("The owner can configure a model")
+
+        page.goto("/tasks")
+        new_task(page, "Send the note", [{"run": "echo sent", "stop_before": "it sends mail"}])
+        card = phone.get_by_role("article").filter(has_text="it sends mail")
+        expect(card.get_by_label("Command it will run")).to_have_text("echo sent", timeout=30_000)
+        expect(card).to_contain_text("Task: Send the note")
+        assert card.locator('a[href^="/tasks/"]').count() == 0  # the owner's window would ask the phone to sign in
+        no_sideways_scroll(phone)
+        screenshot(phone, "phone-approval-card")
+
+        row.get_by_role("button", name="Cancel").tap()
+        expect(row.get_by_role("button", name="Yes, cancel it")).to_be_focused()
+        row.get_by_role("button", name="Yes, cancel it").tap()
+        expect(row.locator(".badge")).to_have_text("cancelled", timeout=30_000)
+        expect(row.get_by_role("button", name="Cancel")).to_have_count(0)
+    finally:
+        context.close()
