@@ -44,6 +44,11 @@ class RunContext:
             self.held_s += time.monotonic() - self.held_since
             self.held_since = None
 
+    def refresh_redactor(self) -> None:
+        """Rebuild the log's redactor from the current facts and vault; call whenever the run
+        was handed a new secret (an answered question, a key read from the vault)."""
+        self.recorder.redactor = self.facts.redactor()
+
     def note(self, summary: str, data: dict[str, Any] | None = None) -> None:
         self.recorder.note(summary, data)
 

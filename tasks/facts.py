@@ -5,6 +5,10 @@ prompts sent to a model) passes through ``Redactor.redact``. Secret values, thei
 and each line of a multi-line value become ``${name}``; any Luhn-valid card-like number becomes
 ``${card}``.
 
+A task's redactor masks its secret facts and every value in the vault: a preset's key, a
+command tool's keys and model keys are handed to a run at different moments (some only after a
+``box ask``), and none of them may reach the log in clear, so all of them are in every redactor.
+
 Secret values are sealed (Fernet) inside ``Task.facts`` so a copy of the database does not hold
 them in clear; ``Facts.of(task)`` is the one reader that opens them (docs/decisions.md).
 """
@@ -18,6 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
+
+from django.db.models import Count, Max
+
+from tasks import crypto
+from tasks.models import VaultSecret
 
 # Names that always mean "secret", as whole words of the name (``cardNumber`` -> "card number").
 SENSITIVE_WORDS = frozenset({
@@ -189,6 +198,23 @@ class Redactor:
         return value
 
 
+# The vault's values as last read, under the stamp they were read at (see vault_values).
+_vault_cache: tuple[tuple[Any, ...], dict[str, str]] = ((), {})
+
+
+def vault_values() -> dict[str, str]:
+    """Every secret in the vault, by name: what a run may be given (preset, tool and model
+    keys). Read again only when the vault changed; one small query says whether it did."""
+    global _vault_cache
+    stamp = VaultSecret.objects.aggregate(n=Count("pk"), last=Max("updated_at"), top=Max("pk"))
+    key = (stamp["n"], stamp["last"], stamp["top"])
+    cached_key, values = _vault_cache
+    if cached_key != key:
+        values = {row.name: crypto.decrypt(bytes(row.ciphertext)) for row in VaultSecret.objects.all()}
+        _vault_cache = (key, values)
+    return values
+
+
 def redact_text(text: str) -> str:
     """Redaction without a task's secrets: card-like numbers only."""
     return mask_cards(text)
@@ -276,7 +302,8 @@ class Facts:
         return {name: ("${" + name + "}" if name in self.secret_names else value) for name, value in self.values.items()}
 
     def redactor(self) -> Redactor:
-        return Redactor(self.secrets())
+        """The run's redactor: these facts' secrets and every vault value (the module docstring)."""
+        return Redactor({**vault_values(), **self.secrets()})
 
 
 def seal_facts(values: Mapping[str, Any], declared_secret: Iterable[str] = ()) -> dict[str, Any]:

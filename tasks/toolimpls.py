@@ -110,6 +110,8 @@ def command_tool(entry: Any) -> Tool:
             if value is None:
                 raise RuntimeError(f"the vault has no {key}, which tool {name} needs")
             env[key] = value
+        if keys:  # what the tool prints or fails with must not show its keys in clear
+            ctx.refresh_redactor()
         timeout = float(timeout_s)
         left = ctx.time_left()
         if left is not None:

@@ -92,7 +92,7 @@ class Holds:
                 self._move(task, State.RUNNING, f"answered: {prompt}", data={"question": question_id})
                 # A new value may be secret: from now on the log must mask it too.
                 self.ctx.facts = Facts.of(task)
-                self.ctx.recorder.redactor = self.ctx.facts.redactor()
+                self.ctx.refresh_redactor()
                 if name is not None:
                     return {"value": self.ctx.facts.values.get(name, "")}
                 return {"answer": question.answer}

@@ -38,9 +38,7 @@ class CommandWorker:
                                   hint=f"set {key} in Settings → Vault, then run the task again")
                 env[key] = value
             if preset.keys:  # a key the process prints must not reach the log in clear
-                from tasks.facts import Redactor
-
-                ctx.recorder.redactor = Redactor({**ctx.facts.secrets(), **{k: env[k] for k in preset.keys}})
+                ctx.refresh_redactor()
             argv = [part.replace("{prompt}", task.prompt) for part in preset.argv]
         began, clock = timezone.now(), time.monotonic()
         ctx.recorder.step(f"step 1/1 starting {argv[0]}", {"step": 1, "of": 1, "kind": "command", "argv0": argv[0]})

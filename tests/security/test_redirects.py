@@ -51,7 +51,7 @@ def _serve(address: str) -> Iterator[Server]:
             self.end_headers()
             self.wfile.write(body)
 
-        do_GET = do_POST = _answer  # noqa: N815 - the stdlib's names
+        do_GET = do_POST = _answer
 
         def log_message(self, *args: object) -> None:
             pass
