@@ -1,11 +1,14 @@
 from django.urls import include, path
+from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiYamlRenderer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from boxsite import views
 
 urlpatterns = [
     path("api/health", views.health, name="health"),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # JSON first: the schema (and an error from its view) is JSON unless YAML is asked for.
+    path("api/schema/", SpectacularAPIView.as_view(renderer_classes=[OpenApiJsonRenderer, OpenApiYamlRenderer]),
+         name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("tasks.urls")),
     path("api/", include("tasks.vault_urls")),

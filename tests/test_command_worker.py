@@ -32,3 +32,22 @@ def test_the_worker_runs_in_its_own_copy_of_the_workspace(box):
     outputs = [e["summary"] for e in box.events(task["id"]) if e["kind"] == "output"]
     assert outputs == ["from the base"]
     assert (box.home / "input.txt").read_text() == "from the base"
+
+
+def test_a_relative_program_is_found_in_the_tasks_own_view(box):
+    script = box.home / "agent.sh"
+    script.write_text("#!/bin/sh\necho \"agent ran in $(basename \"$PWD\" >/dev/null; echo its view)\"\n")
+    script.chmod(0o755)
+    task = box.create(title="relative", worker="command", prompt="p", command=["./agent.sh"])
+    view = box.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "done", view["error"]
+    assert [e["summary"] for e in box.events(task["id"]) if e["kind"] == "output"] == ["agent ran in its view"]
+
+
+def test_a_program_that_is_there_but_not_executable_is_called_so(box):
+    (box.home / "agent.sh").write_text("#!/bin/sh\necho hi\n")
+    (box.home / "agent.sh").chmod(0o644)
+    task = box.create(title="not executable", worker="command", prompt="p", command="./agent.sh --go")
+    view = box.wait_state(task["id"], "failed")
+    assert view["error"] == "the worker could not start: ./agent.sh: not executable"
+    assert "chmod +x" in view["hint"]

@@ -61,7 +61,7 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
 def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
                  script: str | None) -> subprocess.Popen[bytes]:
     # setpriv would only report a missing program as exit 127: say it before starting, as exec would.
-    _require_executable(argv[0] if "/" not in argv[0] else str(Path(cwd) / argv[0]), env.get("PATH", os.defpath))
+    _require_executable(argv[0], env.get("PATH", os.defpath), cwd)
     env = dict(env)
     proxy = None
     if ctx.task.hosts:
@@ -95,7 +95,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     runtime = paths.ensure_runtime_dir(task.pk, ident.uid, ident.gid)
     view = paths.view_mount(task.pk)
     inner_cwd = _inside_view(ctx.workdir, cwd, view)
-    _require_executable(argv[0], paths.SANDBOX_PATH)
+    _require_executable(argv[0], paths.SANDBOX_PATH, cwd)  # cwd: the view as the box sees it
 
     env = dict(env)
     if env.get("HOME") == str(ctx.workdir):
@@ -202,14 +202,18 @@ def _inside_view(workdir: Path, cwd: Path, view: Path) -> Path:
     return view / relative
 
 
-def _require_executable(name: str, search_path: str) -> None:
-    # Inside the sandbox a missing program would only show as exit 127; say it before starting,
-    # the way a plain exec would.
+def _require_executable(name: str, search_path: str, cwd: Path) -> None:
+    """Inside the sandbox a missing program would only show as exit 127; say it before starting,
+    the way a plain exec would. A program with a slash is found from the task's own directory
+    (``./agent.sh`` in its view), never the box's; a file that is there but cannot run is
+    "not executable", not "missing"."""
     if "/" in name:
-        found = os.path.isfile(name) and os.access(name, os.X_OK)
-    else:
-        found = shutil.which(name, path=search_path) is not None
-    if not found:
+        path = Path(cwd) / name  # an absolute name stays itself
+        if not path.is_file():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+        if not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, "not executable", name)
+    elif shutil.which(name, path=search_path) is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
 
 

@@ -47,8 +47,9 @@ class CommandWorker:
         except OSError as exc:
             # Name what was missing: the program, or (rarely) a path the sandbox needed for it.
             missing = exc.filename if isinstance(exc.filename, str) else argv[0]
-            return Failed(f"the worker could not start: {missing}: {exc.strerror or exc}", recoverable=False,
-                          hint="check that the command is installed and the path is right")
+            hint = (f"make {missing} executable (chmod +x) or run it through its interpreter"
+                    if isinstance(exc, PermissionError) else "check that the command is installed and the path is right")
+            return Failed(f"the worker could not start: {missing}: {exc.strerror or exc}", recoverable=False, hint=hint)
         lines = 0
 
         def on_stdout(line: str) -> None:
