@@ -73,5 +73,7 @@ def tick() -> None:
 def on_start() -> None:
     """Reconcile what a crash of the box may have left behind."""
     from tasks.lifecycle import reconcile
+    from tasks.runs import resend_unclaimed
 
     reconcile()
+    resend_unclaimed()

@@ -7,7 +7,12 @@ import time
 import traceback
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+)
 
 from tasks import runs
 from tasks.context import RunContext
@@ -16,6 +21,22 @@ from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.workers.base import Failed, Outcome
 
 log = logging.getLogger(__name__)
+
+# Transient database errors: a restarted or busy database, a terminated connection, a deadlock
+# victim. They retry the run (within its attempts); they never fail the task by themselves.
+TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
+
+# Set in a worker process when its cluster stops: the run in hand is stopped and handed back.
+handing_back = threading.Event()
+_current_stop: threading.Event | None = None
+
+
+def hand_back_on_signal(signum: int, frame: object) -> None:
+    """SIGUSR1 from the cluster leader (``runcluster``) as it stops: no new claims, and the run
+    in hand stops its step and is handed back to resume at the next start."""
+    handing_back.set()
+    if _current_stop is not None:
+        _current_stop.set()
 
 
 class Heartbeat(threading.Thread):
@@ -48,6 +69,9 @@ def execute_run(run_id: int) -> None:
     from tasks.finalize import begin_run, finish_run
     from tasks.workers import worker_for
 
+    global _current_stop
+    if handing_back.is_set():
+        return  # the cluster is stopping: the run stays queued and is sent again at start-up
     close_old_connections()
     claimed = runs.claim(run_id)
     if claimed is None:
@@ -57,7 +81,9 @@ def execute_run(run_id: int) -> None:
     task = run.task
     facts = Facts.of(task)
     recorder = StepRecorder(task, run.pk, token, facts.redactor())
-    stop = threading.Event()
+    stop = _current_stop = threading.Event()
+    if handing_back.is_set():
+        stop.set()
     heartbeat = Heartbeat(run.pk, token, stop)
     heartbeat.start()
     started = time.monotonic()
@@ -76,7 +102,14 @@ def execute_run(run_id: int) -> None:
         if broker.limit_reached is not None:  # a broker call ran out of a limit: that ends the task
             outcome = Failed(broker.limit_reached.message, recoverable=True, hint=broker.limit_reached.hint)
     except LeaseLost:
+        if handing_back.is_set():
+            _hand_back(run_id, token, "the box is stopping", counts_as_attempt=False)
+            return
         log.info("run %s lost its lease; its late writes were refused", run_id)
+        return
+    except TRANSIENT_DB_ERRORS as exc:
+        log.warning("run %s hit a database fault; handing it back to retry: %s", run_id, exc)
+        _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
         return
     except LimitReached as exc:
         outcome = Failed(exc.message, recoverable=True, hint=exc.hint)
@@ -86,9 +119,32 @@ def execute_run(run_id: int) -> None:
         outcome = Failed(f"the worker crashed: {type(exc).__name__}: {exc}", recoverable=True, hint="see the box's log")
     finally:
         heartbeat.finished.set()
+        _current_stop = None
     held_s = ctx.held_s if ctx is not None else 0.0  # waiting for the owner is not running time
     elapsed_ms = int((time.monotonic() - started - held_s) * 1000)
     try:
         finish_run(task, run, token, recorder, outcome, elapsed_ms)
     except LeaseLost:
         log.info("run %s lost its lease before finishing; its outcome was dropped", run_id)
+    except TRANSIENT_DB_ERRORS as exc:
+        log.warning("run %s hit a database fault while finishing; handing it back to retry: %s", run_id, exc)
+        _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def _hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool) -> None:
+    """Hand the run back, retrying while the database recovers; past the lease, the reaper does it."""
+    deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
+    while True:
+        connection.close()  # the fault may have broken this connection: start a fresh one
+        try:
+            runs.hand_back(run_id, token, why, counts_as_attempt=counts_as_attempt)
+            return
+        except TRANSIENT_DB_ERRORS:
+            if time.monotonic() > deadline:
+                log.warning("run %s could not be handed back; the reaper retries it once its lease expires", run_id)
+                return
+            time.sleep(0.5)

@@ -54,3 +54,23 @@ def reconcile() -> None:
     for entry in root.iterdir():
         if entry.name in ended:
             release(entry.name)
+
+
+def release_host() -> None:
+    """When the box stops, after its processes have: leave nothing on the host. Ended or unknown
+    tasks are released (finishing a release the stop cut short); active tasks give up their
+    processes, user and mounts, which their next run makes again."""
+    from tasks.states import ACTIVE
+
+    for name, step in (("sandbox", sandbox.reconcile), ("layers", layers.reconcile)):
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - release the rest; the next start tries again
+            log.exception("releasing %s leftovers at stop failed; the next start tries again", name)
+    active = list(Task.objects.filter(state__in=ACTIVE).values_list("pk", flat=True))
+    for task_id in active:
+        try:
+            sandbox.release(task_id)
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("releasing the sandbox of active task %s at stop failed", task_id)
+    layers.unmount_views(active)

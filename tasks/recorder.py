@@ -41,6 +41,7 @@ class StepRecorder:
     def guarded(self, write: Callable[[], T]) -> T:
         """Run ``write`` in a transaction that first proves this run still holds its lease."""
         with transaction.atomic():
+            runs.lock_task(self.task.pk)  # the one lock order: the task row before its run rows
             if not runs.holds_lease(self.run_id, self.token):
                 raise LeaseLost(f"run {self.run_id} no longer holds its lease")
             return write()

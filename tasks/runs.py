@@ -25,6 +25,13 @@ from tasks.states import ACTIVE
 log = logging.getLogger(__name__)
 
 
+def lock_task(task_id: str) -> None:
+    """Lock the task's row for the rest of the transaction. Every transaction that writes a task
+    and its runs takes the task row first (see ``services.transition``), so two of them wait for
+    each other instead of deadlocking. (SQLite's write transactions are serial anyway.)"""
+    list(Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True))
+
+
 def lease_delta() -> timedelta:
     return timedelta(seconds=settings.BOX_LEASE_SECONDS)
 
@@ -113,6 +120,7 @@ def reap_expired(now: Any = None) -> int:
     )
     for run_id, token in expired:
         with transaction.atomic():
+            lock_task(Run.objects.values_list("task_id", flat=True).get(pk=run_id))
             lost = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
                 state=RunState.LOST, lease_token="", finished_at=now, outcome="lost",
                 error="the worker stopped heartbeating; its lease expired",
@@ -140,6 +148,38 @@ def reap_expired(now: Any = None) -> int:
     return reaped
 
 
+def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = False) -> bool:
+    """The worker stops before the run ends: close the run and queue another, which resumes where
+    the task saved its progress. A stopping box's hand-back is free; a run that hit a database
+    fault counts as an attempt (with backoff) and the task fails once attempts run out. False
+    when the run no longer held its lease (the reaper or a cancel has it then)."""
+    from tasks import services  # reason: services imports this module
+
+    with transaction.atomic():
+        lock_task(Run.objects.values_list("task_id", flat=True).get(pk=run_id))
+        run = Run.objects.select_related("task").get(pk=run_id)
+        task = run.task
+        closed = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+            state=RunState.LOST, lease_token="", finished_at=timezone.now(), outcome="handed back", error=why[:5000],
+        )
+        if closed != 1:
+            return False
+        if task.state not in ACTIVE:
+            return True
+        mark_interrupted_step(task, why)
+        attempt = run.attempt + 1 if counts_as_attempt else run.attempt
+        if attempt > settings.BOX_MAX_RUN_ATTEMPTS:
+            services.fail_task(task, f"{why}; gave up after {run.attempt} attempts", recoverable=True,
+                               hint="check the database and the box's log; continue the task once it is fixed")
+            return True
+        delay = backoff_seconds(run.attempt) if counts_as_attempt else 0.0
+        services.note(task, f"run {run.number} handed back ({why}); {'retrying' if counts_as_attempt else 'it resumes'}"
+                            f"{f' in {delay:g}s' if delay else ''}, attempt {attempt} of {settings.BOX_MAX_RUN_ATTEMPTS}",
+                      {"run": run.number, "handed_back": True, "attempt": attempt})
+        create_run(task, RunKind.RETRY, resume=task.resume, delay_s=delay, attempt=attempt)
+    return True
+
+
 def mark_interrupted_step(task: Task, why: str) -> None:
     """Say in the log that the step a lost run was in the middle of did not finish.
 
@@ -160,14 +200,53 @@ def mark_interrupted_step(task: Task, why: str) -> None:
 
 
 def dispatch_due(now: Any = None) -> int:
-    """Enqueue runs whose backoff is over, and re-enqueue runs a lost queue message stranded."""
+    """Enqueue runs whose backoff is over, and re-send runs the queue seems to have lost."""
     now = now or timezone.now()
     due = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=True, available_at__lte=now).values_list("pk", flat=True))
-    stranded_before = now - timedelta(seconds=max(60, settings.BOX_JOB_RETRY_S))
-    due += list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=stranded_before).values_list("pk", flat=True))
+    due += stranded_runs(now)
     for run_id in due:
         enqueue(run_id)
     return len(due)
+
+
+def free_workers() -> int:
+    return int(settings.Q_CLUSTER["workers"]) - Run.objects.filter(state=RunState.RUNNING).count()  # type: ignore[call-overload]
+
+
+def stranded_runs(now: Any) -> list[int]:
+    """Queued runs sent more than ``BOX_RESEND_S`` ago while a worker is free to take them.
+
+    A queue message can die with a cluster (prefetched, or locked by a reader that is gone).
+    Re-sending is safe because a second delivery of a claimed run does nothing; waiting for a
+    free worker keeps a busy box from piling copies into its queue."""
+    if free_workers() <= 0:
+        return []
+    before = now - timedelta(seconds=settings.BOX_RESEND_S)
+    return list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=before).values_list("pk", flat=True))
+
+
+def cluster_stuck(now: Any = None) -> bool:
+    """Runs wait while the cluster claims nothing: a worker is free, a sent run has been waiting
+    longer than ``BOX_STUCK_S``, and no run was claimed in that time. The supervisor restarts
+    the cluster then (a killed django-q2 worker can leave its queue locked for good)."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=settings.BOX_STUCK_S)
+    if free_workers() <= 0:
+        return False
+    if not Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=False, available_at__lt=since).exists():
+        return False
+    return not Run.objects.filter(started_at__gte=since).exists()
+
+
+def resend_unclaimed() -> int:
+    """At start-up (of the scheduler, or of a restarted cluster): send every run that was sent
+    and never claimed again; the queue they were in may have died with the old cluster."""
+    unclaimed = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=False).values_list("pk", flat=True))
+    for run_id in unclaimed:
+        enqueue(run_id)
+    if unclaimed:
+        log.info("re-sent %d queued run(s) the queue may have lost", len(unclaimed))
+    return len(unclaimed)
 
 
 def active_run(task: Task) -> Run | None:

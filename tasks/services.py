@@ -44,6 +44,10 @@ def transition(
 ) -> Task:
     """Move ``task`` to ``new_state`` if it is still where the caller saw it.
 
+    Lock order, everywhere: the task row first, then its run rows. This update takes the task
+    row before the final-state cleanup closes the runs; a worker's lease-guarded writes, the
+    reaper and hand-backs lock the task row (``runs.lock_task``) before touching a run.
+
     A conditional update on (state, version): 0 rows means someone else moved first, and the
     caller gets ``Conflict``, never an overwrite. Bumps ``version``, appends a ``status`` event
     and publishes after commit. Runs the final-state cleanup when the task ends.
@@ -206,8 +210,11 @@ def rerun_task(principal: Principal, task_id: str, body: Any) -> Task:
     return create_task({**spec_of(task), **body}, principal)
 
 
+@transaction.atomic
 def cancel_task(principal: Principal, task_id: str) -> Task:
-    task = get_task_for(principal, task_id)
+    # Locked, so a worker moving the task at this moment (queued -> running) is waited for, and
+    # the cancel applies to the state it left instead of failing on a stale version.
+    task = get_task_for(principal, task_id, for_update=True)
     if task.state not in ACTIVE:
         raise Conflict(f"a {task.state} task cannot be cancelled", field="state", state=task.state)
     return transition(task, State.CANCELLED, summary=f"cancelled by the owner ({principal.via})", data={"by": principal.via})

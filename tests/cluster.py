@@ -51,7 +51,7 @@ def running_box(tmp_path: Path, *, scheduler: bool = True, **env_overrides: str)
         "BOX_QUEUE_NAME": str(settings.Q_CLUSTER["name"]),
     })
     env.update(env_overrides)
-    procs = {"worker": _start(["qcluster"], env, tmp_path / "qcluster.log")}
+    procs = {"worker": _start(["runcluster"], env, tmp_path / "qcluster.log")}
     if scheduler:
         procs["scheduler"] = _start(["runscheduler"], env, tmp_path / "scheduler.log")
     try:

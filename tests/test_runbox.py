@@ -11,8 +11,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-
 import pytest
+import redis
 from django.conf import settings
 
 from tests.conftest import wait_for
@@ -67,7 +67,10 @@ def box_env(request, tmp_path):
         database = f"box_runbox_{os.getpid()}"
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {database}"], check=True)
         env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{database}"
-        env["REDIS_URL"] = f"redis://127.0.0.1:6379/{5 + os.getpid() % 5}"
+        # One Redis db per person running suites side by side (BOX_TEST_REDIS_DB); only it is flushed.
+        redis_url = f"redis://127.0.0.1:6379/{int(os.environ.get('BOX_TEST_REDIS_DB', '13'))}"
+        redis.Redis.from_url(redis_url).flushdb()
+        env["REDIS_URL"] = redis_url
     yield env
     if database:
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"], check=False)

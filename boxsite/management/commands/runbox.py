@@ -1,11 +1,15 @@
-"""Start the whole box: web (daphne), worker (qcluster) and scheduler, supervised together.
+"""Start the whole box: web (daphne), worker (the django-q2 cluster) and scheduler, supervised together.
 
-Ctrl-C (or SIGTERM) stops all three. If one of them dies, the others are stopped too, so the
-box is never half up.
+Ctrl-C (or SIGTERM) stops all three gracefully: each gets SIGTERM (the cluster's leader alone,
+which hands running runs back), anything still alive after ``BOX_STOP_GRACE_S`` is killed, and
+then the box releases what its tasks held on the host (processes, task users, mounts). If one
+of the three dies, the others are stopped too, so the box is never half up. A cluster that
+stops claiming runs while runs wait is restarted (see ``tasks.runs.cluster_stuck``).
 """
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -16,15 +20,44 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
+from django.db import close_old_connections
 
+from tasks import lifecycle, runs
+
+log = logging.getLogger("box.supervisor")
 
 _PR_SET_PDEATHSIG = 1
+WATCH_EVERY_S = 1.0
 
 
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM if the supervisor dies (even by SIGKILL), so a
     crashed supervisor never leaves a half box running."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start(argv: list[str]) -> subprocess.Popen[bytes]:
+    # Own sessions: Ctrl-C reaches only the supervisor, which stops the three in order.
+    return subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM each process itself (never its group: a leader stops its own children in order);
+    SIGKILL the whole group of any still alive after ``grace`` seconds."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("process %s did not stop within %gs; killing it", proc.pid, grace)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left (also after a clean exit)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 class Command(BaseCommand):
@@ -36,13 +69,10 @@ class Command(BaseCommand):
         manage = str(settings.BASE_DIR / "manage.py")
         children = {
             "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "boxsite.asgi:application"],
-            "worker": [python, manage, "qcluster"],
+            "worker": [python, manage, "runcluster"],
             "scheduler": [python, manage, "runscheduler"],
         }
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-        for name, argv in children.items():
-            # Own sessions: Ctrl-C reaches only the supervisor, which stops the three in order.
-            procs[name] = subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True, preexec_fn=_die_with_parent)
+        procs = {name: start(argv) for name, argv in children.items()}
         url = f"http://{host}:{port}/"
         self.stdout.write(f"\nThe box is running at {url}  (data: {settings.BOX_DATA_DIR})")
         if not get_user_model().objects.filter(is_superuser=True).exists():
@@ -62,22 +92,37 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         exit_code = 0
+        started_worker = next_watch = time.monotonic()
         while not stopping:
             for name, proc in procs.items():
                 if proc.poll() is not None:
                     self.stderr.write(f"{name} exited with {proc.returncode}; stopping the box")
                     stopping, exit_code = True, 1
                     break
+            now = time.monotonic()
+            if not stopping and now >= next_watch:
+                next_watch = now + WATCH_EVERY_S
+                # A (re)started cluster gets time to come up before it is judged.
+                if now - started_worker > max(2 * settings.BOX_STUCK_S, 15.0) and self._cluster_stuck():
+                    self.stderr.write(f"runs have waited {settings.BOX_STUCK_S:g}s while the worker cluster "
+                                      "claimed none; restarting it")
+                    stop_all([procs["worker"]], grace=min(5.0, settings.BOX_STOP_GRACE_S))
+                    procs["worker"] = start(children["worker"])
+                    started_worker = time.monotonic()
+                    runs.resend_unclaimed()
             time.sleep(0.2)
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        self.stdout.write("Stopping: running steps are handed back, then the box releases what its tasks hold.")
+        self.stdout.flush()
+        stop_all(list(procs.values()), grace=settings.BOX_STOP_GRACE_S)
+        close_old_connections()
+        lifecycle.release_host()
         self.stdout.write("The box stopped.")
         sys.exit(exit_code)
+
+    def _cluster_stuck(self) -> bool:
+        close_old_connections()
+        try:
+            return runs.cluster_stuck()
+        except Exception:  # noqa: BLE001 - a database hiccup is no reason to restart anything
+            log.warning("could not check whether the worker cluster is stuck", exc_info=True)
+            return False

@@ -1,0 +1,81 @@
+"""Short database faults under running tasks retry their runs; no task fails because of them.
+
+PostgreSQL: the worker's connections are terminated (``pg_terminate_backend``) again and again.
+SQLite: the test holds the database's write lock longer than the workers' busy timeout.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tasks.models import Run, Task
+from tests.cluster import running_box
+from tests.conftest import wait_for
+from tests.factories import flow
+
+pytestmark = pytest.mark.usefixtures("cluster_mode")
+
+TASKS = 6
+FAULTS = 6
+STEPS = flow(*[{"run": "sleep 0.4"} for _ in range(4)])
+
+
+@pytest.fixture
+def cluster_mode(settings):
+    settings.BOX_RUN_INLINE = False
+
+
+def _terminate_other_backends() -> int:
+    """Every connection to the test database but this process's own, cut off."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        ours = cursor.fetchone()[0]
+    name = connection.settings_dict["NAME"]
+    with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres", autocommit=True) as admin:
+        rows = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
+                             (name, ours)).fetchall()
+    return len(rows)
+
+
+def _hold_sqlite_write_lock(seconds: float) -> None:
+    """Take the write lock and keep it past the workers' busy timeout."""
+    held = sqlite3.connect(connection.settings_dict["NAME"], timeout=30, isolation_level=None)
+    try:
+        held.execute("BEGIN IMMEDIATE")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:  # the fault lasts this long, by design
+            time.sleep(0.05)
+        held.execute("ROLLBACK")
+    finally:
+        held.close()
+
+
+def _all_final(task_ids: list[str]) -> bool:
+    return not Task.objects.filter(pk__in=task_ids, state__in=["queued", "running", "waiting"]).exists()
+
+
+def test_database_faults_under_running_tasks_fail_none_of_them(box, tmp_path):
+    env = {"BOX_WORKERS": "2", "BOX_MAX_RUN_ATTEMPTS": "6", "BOX_SQLITE_BUSY_TIMEOUT_S": "0.3"}
+    with running_box(tmp_path, **env):
+        task_ids = [box.create(title=f"through faults {n}", flow=STEPS)["id"] for n in range(TASKS)]
+        wait_for(lambda: Run.objects.filter(task_id__in=task_ids, state="running").exists(), timeout=60,
+                 what="a run to be under way")
+        faults = 0
+        while faults < FAULTS and not _all_final(task_ids):
+            if settings.DB_IS_POSTGRES:
+                _terminate_other_backends()
+            else:
+                _hold_sqlite_write_lock(0.8)
+            faults += 1
+            wait_for(lambda: Run.objects.filter(task_id__in=task_ids, state="running").exists() or _all_final(task_ids),
+                     timeout=60, what="work to go on after the fault")
+        wait_for(lambda: _all_final(task_ids), timeout=180, what="every task to end")
+    assert faults >= 2
+    states = dict(Task.objects.filter(pk__in=task_ids).values_list("pk", "state"))
+    errors = dict(Task.objects.filter(pk__in=task_ids).values_list("pk", "error"))
+    assert list(states.values()) == ["done"] * TASKS, errors
