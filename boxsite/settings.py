@@ -107,6 +107,16 @@ if DATABASE_URL:
         _db["TEST"] = {"NAME": _test_name}
     # A connection the database dropped (a restart, a terminated backend) is replaced before use.
     _db["CONN_HEALTH_CHECKS"] = True
+    if env_bool("BOX_WEB_PROCESS", False):
+        # The web process (ASGI, set by boxsite.asgi) serves each request in a thread of its own:
+        # persistent connections there pile up with the threads. It borrows from one bounded pool
+        # instead; a request finding it empty waits for a connection rather than failing.
+        _db["CONN_MAX_AGE"] = 0
+        _db.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": env_int("BOX_DB_POOL_SIZE", 10, minimum=1),
+            "timeout": env_float("BOX_DB_POOL_TIMEOUT_S", 30.0),
+        }
     DATABASES = {"default": _db}
 else:
     _sqlite_path = env_path("BOX_SQLITE_PATH", str(BOX_DATA_DIR / "box.sqlite3"))
