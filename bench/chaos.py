@@ -123,9 +123,10 @@ class ChaosBox:
         busy = []
         for pid in _children(leader):
             kids = _children(pid)
-            if b"runcluster" in _cmdline(pid) and any(b"setpriv" in _cmdline(k) or b"unshare" in _cmdline(k) for k in kids):
-                if not any(b"runcluster" in _cmdline(k) for k in kids):  # a worker, not the sentinel above it
-                    busy.append(pid)
+            running_a_task = any(b"setpriv" in _cmdline(k) or b"unshare" in _cmdline(k) for k in kids)
+            is_worker = not any(b"runcluster" in _cmdline(k) for k in kids)  # not the sentinel above the workers
+            if b"runcluster" in _cmdline(pid) and running_a_task and is_worker:
+                busy.append(pid)
         return busy
 
     def crash(self) -> None:
