@@ -7,7 +7,6 @@ from typing import Any
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
-from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
@@ -16,8 +15,6 @@ from boxsite import services
 from boxsite.auth import DEVICE_COOKIE, device_for
 from boxsite.errors import BoxError, NotFound
 from boxsite.principal import Principal
-
-MIN_PASSWORD = 10
 
 
 def owner_exists() -> bool:
@@ -46,24 +43,22 @@ def setup(request: HttpRequest) -> HttpResponse:
         password = request.POST.get("password", "")
         if not username:
             errors["username"] = "Choose a name to sign in with."
-        elif len(username) > 150:
-            errors["username"] = "At most 150 characters."
-        if len(password) < MIN_PASSWORD:
-            errors["password"] = f"Use at least {MIN_PASSWORD} characters."
+        elif len(username) > services.MAX_USERNAME:
+            errors["username"] = f"At most {services.MAX_USERNAME} characters."
+        problem = services.owner_password_problem(password)
+        if problem:
+            errors["password"] = problem
         elif password != request.POST.get("password2", ""):
             errors["password2"] = "The two passwords differ."
         if not errors:
-            from boxsite.models import BoxSettings
-
-            with transaction.atomic():
-                # The settings row is the lock: two first visits at once create one owner.
-                BoxSettings.objects.select_for_update().get_or_create(pk=1)
-                if owner_exists():
-                    return redirect("login")
-                owner = get_user_model().objects.create_superuser(username=username, password=password, email="")
+            try:
+                owner = services.create_owner(username, password)
+            except services.OwnerExists:
+                return redirect("login")
             login(request, owner)
             return redirect("tasks")
-    return render(request, "portal/setup.html", {"errors": errors, "username": username, "min_password": MIN_PASSWORD},
+    return render(request, "portal/setup.html", {"errors": errors, "username": username,
+                                                 "min_password": services.MIN_OWNER_PASSWORD},
                   status=400 if errors else 200)
 
 

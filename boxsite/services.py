@@ -10,6 +10,7 @@ import secrets
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
@@ -35,6 +36,53 @@ SETTINGS_FIELDS = {
     "retentionCount": "retention_count",
     "maxActiveTasks": "max_active_tasks",
 }
+
+
+MIN_OWNER_PASSWORD = 10
+MAX_USERNAME = 150
+
+
+class OwnerExists(Exception):
+    """The box already has its one owner."""
+
+    def __init__(self, username: str) -> None:
+        super().__init__(f"this box already has an owner ({username!r}); a box has one owner")
+        self.username = username
+
+
+def owner_password_problem(password: str) -> str | None:
+    """Why ``password`` cannot be the owner's, or None: the one rule for the setup page and
+    ``createowner``."""
+    if len(password) < MIN_OWNER_PASSWORD:
+        return f"Use at least {MIN_OWNER_PASSWORD} characters."
+    return None
+
+
+def current_owner() -> Any:
+    return get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
+
+
+def create_owner(username: str, password: str) -> Any:
+    """Create the box's one owner, or raise ``OwnerExists``. The caller checked the password
+    (``owner_password_problem``)."""
+    with transaction.atomic():
+        # The settings row is the lock: two first visits at once create one owner.
+        BoxSettings.objects.select_for_update().get_or_create(pk=1)
+        existing = current_owner()
+        if existing is not None:
+            raise OwnerExists(existing.get_username())
+        return get_user_model().objects.create_superuser(username=username, password=password, email="")
+
+
+def set_owner_password(username: str, password: str) -> Any:
+    """Change the owner's password (``createowner --change-password``); every session and
+    remembered sign-in of the owner ends with it."""
+    owner = current_owner()
+    if owner is None or owner.get_username() != username:
+        raise NotFound(f"the box's owner is not named {username!r}")
+    owner.set_password(password)
+    owner.save(update_fields=["password"])
+    return owner
 
 
 def require_settings_right(principal: Principal) -> None:
