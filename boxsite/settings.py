@@ -201,6 +201,10 @@ BOX_LAYER_MAX_DEPTH = env_int("BOX_LAYER_MAX_DEPTH", 16, minimum=2)
 BOX_SANDBOX = env_str("BOX_SANDBOX", "auto")
 if BOX_SANDBOX not in ("auto", "off"):
     raise ImproperlyConfigured(f"BOX_SANDBOX must be auto or off, not {BOX_SANDBOX!r}")
+# Each sandboxed task's defaults (a task's `limits` may set its own): memory in MB (no swap), and
+# a CPU cap in percent of one core. Enforced with cgroups; /api/health says when they cannot be.
+BOX_TASK_MEMORY_MB = env_int("BOX_TASK_MEMORY_MB", 2048, minimum=16)
+BOX_TASK_CPU_PERCENT = env_int("BOX_TASK_CPU_PERCENT", 100, minimum=1)
 BOX_MODEL_BASE_URL = env_str("BOX_MODEL_BASE_URL")
 BOX_MODEL_NAME = env_str("BOX_MODEL_NAME")
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 
 from tasks.models import EventKind, Task
+from tasks.sandbox import cgroups
+from tasks.sandbox.launcher import MAX_PROCESSES
+from tasks.sandbox.support import missing_reason, syscall_filter_dir
 
 
 def layer_driver() -> str:
@@ -18,11 +22,21 @@ def layer_driver() -> str:
     return driver_name()
 
 
+def describe_limits(sandboxed: bool) -> dict[str, Any]:
+    """Which resource limits hold, with their defaults; each one that does not says why."""
+    enforced = cgroups.unavailable() if sandboxed else "tasks are not sandboxed"
+    held = f"enforced with {cgroups.describe()}" if enforced is None else f"not enforced: {enforced}"
+    return {
+        "memory": {"default_mb": settings.BOX_TASK_MEMORY_MB, "enforced": enforced is None, "how": held},
+        "cpu": {"default_percent": settings.BOX_TASK_CPU_PERCENT, "enforced": enforced is None, "how": held},
+        "disk": {"enforced": False, "how": "not enforced: nothing bounds what a task writes to its layer yet; "
+                                           "limits.disk_mb is refused"},
+        "processes": {"max": MAX_PROCESSES, "enforced": sandboxed,
+                      "how": "RLIMIT_NPROC of the task's user" if sandboxed else "not enforced: tasks are not sandboxed"},
+    }
+
+
 def describe_isolation() -> dict[str, Any]:
-    from tasks.sandbox.support import missing_reason
-
-    from tasks.sandbox.support import syscall_filter_dir
-
     reason = missing_reason()
     if reason is None:
         return {
@@ -37,6 +51,7 @@ def describe_isolation() -> dict[str, Any]:
             "files": "the task's own view; the box's data, other tasks' layers and host sockets are out of reach",
             "network": "loopback only; listed hosts through the box's egress proxy, every refusal logged",
             "layers": layer_driver(),
+            "limits": describe_limits(True),
             "summary": "sandboxed: own user, PID, network and mount namespaces; network only to listed hosts",
         }
     return {
@@ -48,6 +63,7 @@ def describe_isolation() -> dict[str, Any]:
         "files": "a copy of the workspace; nothing stops a process from reading other files the box's user can",
         "network": "listed hosts offered through proxy environment variables only; a program that ignores them is not stopped",
         "layers": layer_driver(),
+        "limits": describe_limits(False),
         "summary": f"not sandboxed ({reason}): the copy driver and proxy environment variables only",
     }
 

@@ -100,9 +100,9 @@ class Task(models.Model):
 
     def limit(self, name: str) -> int | None:
         """The task's limit for ``name`` (its own, else the default); None means unbounded."""
-        from tasks.spec import DEFAULT_LIMITS
+        from tasks.spec import default_limit
 
-        value: Any = self.limits.get(name, DEFAULT_LIMITS.get(name))
+        value: Any = self.limits.get(name, default_limit(name))
         return None if value is None else int(value)
 
 

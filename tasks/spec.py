@@ -12,6 +12,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from boxsite.errors import Forbidden, InvalidSpec, NotAvailable, OriginsRequired
 from boxsite.principal import Principal
 from tasks.flows import validate_flow
@@ -19,7 +21,12 @@ from tasks.flows import validate_flow
 DEFAULT_LIMITS: dict[str, int | None] = {
     "max_actions": 120,
     "max_elapsed_ms": None,
+    "memory_mb": None,  # defaults from settings (RESOURCE_DEFAULTS)
+    "cpu_percent": None,
 }
+# Resource limits whose default is a setting (env), read when asked so a changed setting counts.
+RESOURCE_DEFAULTS = {"memory_mb": "BOX_TASK_MEMORY_MB", "cpu_percent": "BOX_TASK_CPU_PERCENT"}
+MIN_MEMORY_MB = 16
 # Spec fields and limits the box will take once what they promise exists; until then a spec that
 # sets them is refused (never stored and ignored). Each says why.
 NOT_AVAILABLE_YET = {
@@ -30,7 +37,15 @@ NOT_AVAILABLE_YET = {
 LIMITS_NOT_AVAILABLE_YET = {
     "max_model_calls": "no worker calls a model yet",
     "max_rescues": "no worker rescues a stuck step yet",
+    "disk_mb": "the box cannot yet bound what a task writes to its layer (see /api/health, isolation.limits)",
 }
+
+
+def default_limit(name: str) -> int | None:
+    """The limit a task gets when its spec does not set ``name``."""
+    if name in RESOURCE_DEFAULTS:
+        return int(getattr(settings, RESOURCE_DEFAULTS[name]))
+    return DEFAULT_LIMITS.get(name)
 MAX_WHOLE = 2**31 - 1  # the largest number an integer column holds on every database
 MAX_FOLDERS = 10
 BUILTIN_WORKERS = ("agent", "flow", "command")
@@ -245,7 +260,10 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
             raise NotAvailable(f"'limits.{key}' is not available yet: {LIMITS_NOT_AVAILABLE_YET[key]}", field=f"limits.{key}")
         if key not in DEFAULT_LIMITS:
             raise InvalidSpec(f"unknown limit '{key}'", field=f"limits.{key}")
-        limits[key] = _int(value, f"limits.{key}", minimum=1)
+        limits[key] = _int(value, f"limits.{key}", minimum=MIN_MEMORY_MB if key == "memory_mb" else 1)
+    cores = os.cpu_count() or 1
+    if limits.get("cpu_percent", 0) > 100 * cores:
+        raise InvalidSpec(f"'limits.cpu_percent' is at most {100 * cores} (all {cores} cores)", field="limits.cpu_percent")
 
     folders: list[str] = []
     if "folder" in body and "folders" in body:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from tasks.sandbox import egress, paths, users
+from tasks.sandbox import cgroups, egress, paths, users
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ def release(task_id: str) -> None:
         ident = users.find_user(task_id)
         if ident is not None:
             users.kill_processes(ident.uid)
+            cgroups.remove(task_id)
             users.clear_keyrings(ident)
             disown_files(task_id, ident)
             users.remove_user(ident.name)

@@ -334,6 +334,17 @@ def serve_forwarder(listener: socket.socket, egress_path: str) -> None:
         threading.Thread(target=_relay, args=(client, egress_path), daemon=True).start()
 
 
+def join_groups(procs_files: list[str]) -> None:
+    """Move init into the task's control groups before it starts anything: every process of the
+    task then counts against its memory and CPU limits."""
+    for path in procs_files:
+        try:
+            with open(path, "w") as handle:
+                handle.write("0")  # 0: the writing process
+        except OSError as exc:
+            _fail(f"join the task's control group {path}: {exc.strerror}")
+
+
 def read_config(fd: int) -> dict[str, Any]:
     """The launcher's configuration, from the pipe it passed (never from argv: world-readable)."""
     chunks = []
@@ -387,6 +398,7 @@ def die_with_worker(fd: int = 1) -> None:
 
 def main() -> None:
     config = read_config(int(sys.argv[1]))
+    join_groups(config.get("cgroups") or [])
     loopback_up()
     build_root(config)
     drop_privileges(config["uid"], config["gid"], config["nproc"])

@@ -22,10 +22,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks.sandbox import egress, idmap, paths, support, users
+from tasks.recorder import LimitReached
+from tasks.sandbox import cgroups, egress, idmap, paths, support, users
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
+    from tasks.models import Task
 
 FORWARD_PORT = 3128  # inside the task's own network namespace, so every task can use it
 MAX_PROCESSES = 1024  # per task user: a fork bomb stops here
@@ -111,12 +113,14 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
 
     view_fd = config_read = config_write = -1
     try:
+        groups = cgroups.prepare(task.pk, cgroups.Limits(memory_mb=_limit(task, "memory_mb"),
+                                                         cpu_percent=_limit(task, "cpu_percent")))
         view_fd = _view_tree(ctx.workdir, ident)
         config = {
             "uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES,
             "user": ident.name, "view_fd": view_fd, "view": str(view), "runtime": str(runtime),
             "cwd": str(inner_cwd), "argv": argv, "script": script, "forward": forward,
-            "seccomp": support.syscall_filter_dir(),
+            "seccomp": support.syscall_filter_dir(), "cgroups": groups,
         }
         # The configuration (the command, a script with secret facts substituted in) reaches
         # init through a pipe: init's own command line, like every one in /proc, is world-readable.
@@ -148,6 +152,25 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
 
         release(task.pk)
     return proc
+
+
+def check_limits(ctx: RunContext) -> None:
+    """``LimitReached`` when the kernel stopped the task at one of its resource limits."""
+    if support.available() and cgroups.memory_exhausted(ctx.task.pk):
+        limit = _limit(ctx.task, "memory_mb")
+        raise LimitReached("memory_mb", f"memory limit of {size_text(limit)} reached",
+                           f"raise limits.memory_mb above {limit} and run the task again")
+
+
+def size_text(megabytes: int) -> str:
+    return f"{megabytes // 1024} GB" if megabytes % 1024 == 0 else f"{megabytes} MB"
+
+
+def _limit(task: Task, name: str) -> int:
+    value = task.limit(name)
+    if value is None:
+        raise users.SandboxError(f"the task has no {name} limit", field=f"limits.{name}")
+    return value
 
 
 def _send_config(fd: int, config: dict[str, object]) -> None:

@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from tasks import artifacts
 from tasks.evidence import Evidence, tail
+from tasks.sandbox import launcher
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
@@ -65,8 +66,6 @@ def start(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path | 
     ``script`` (for ``argv = ["/bin/sh"]``) reaches the process as a file only it can open, never
     in its command line, which every user of the machine can read.
     """
-    from tasks.sandbox import launcher
-
     return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir, script=script)
 
 
@@ -93,8 +92,6 @@ def _pump(stream: IO[bytes], sink: deque[str], on_line: Callable[[str], None] | 
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    from tasks.sandbox import launcher
-
     launcher.kill(proc)
 
 
@@ -122,6 +119,8 @@ def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | N
     code = proc.wait()
     for pump in pumps:
         pump.join(timeout=5)
+    if not stopped:
+        launcher.check_limits(ctx)  # the kernel stopped it at the task's memory limit: say that, not "exit 137"
     return Finished(code, "".join(out), "".join(err), timed_out=timed_out, stopped=stopped)
 
 
