@@ -17,6 +17,8 @@ from django.conf import settings
 from boxsite.errors import Forbidden, InvalidSpec, NotAvailable, OriginsRequired
 from boxsite.principal import Principal
 from tasks.flows import validate_flow
+from tasks.sandbox import cgroups
+from tasks.sandbox.support import missing_reason
 
 DEFAULT_LIMITS: dict[str, int | None] = {
     "max_actions": 120,
@@ -39,6 +41,11 @@ LIMITS_NOT_AVAILABLE_YET = {
     "max_rescues": "no worker rescues a stuck step yet",
     "disk_mb": "the box cannot yet bound what a task writes to its layer (see /api/health, isolation.limits)",
 }
+
+
+def resource_limits_unavailable() -> str | None:
+    """Why this box cannot hold a task to its memory and CPU limits, or None when it can."""
+    return missing_reason() or cgroups.unavailable()
 
 
 def default_limit(name: str) -> int | None:
@@ -261,6 +268,8 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
         if key not in DEFAULT_LIMITS:
             raise InvalidSpec(f"unknown limit '{key}'", field=f"limits.{key}")
         limits[key] = _int(value, f"limits.{key}", minimum=MIN_MEMORY_MB if key == "memory_mb" else 1)
+        if key in RESOURCE_DEFAULTS and (unenforced := resource_limits_unavailable()) is not None:
+            raise NotAvailable(f"'limits.{key}' cannot be enforced on this box: {unenforced}", field=f"limits.{key}")
     cores = os.cpu_count() or 1
     if limits.get("cpu_percent", 0) > 100 * cores:
         raise InvalidSpec(f"'limits.cpu_percent' is at most {100 * cores} (all {cores} cores)", field="limits.cpu_percent")

@@ -40,6 +40,15 @@ def test_health_says_when_there_is_no_sandbox_and_why(unsandboxed):
     assert isolation["sandbox"] is False
     assert isolation["reason"] == "the sandbox is turned off (BOX_SANDBOX=off)"
     assert "proxy environment variables only" in isolation["summary"]
+    assert isolation["limits"]["memory"]["enforced"] is False and isolation["limits"]["cpu"]["enforced"] is False
+
+
+@pytest.mark.parametrize("limit", ["memory_mb", "cpu_percent"])
+def test_a_resource_limit_the_box_cannot_enforce_is_refused(unsandboxed, limit):
+    response = unsandboxed.api.post("/api/tasks", {"title": "t", "prompt": "p", "limits": {limit: 64}}, format="json")
+    body = response.json()
+    assert response.status_code == 400 and body["code"] == "NOT_AVAILABLE" and body["field"] == f"limits.{limit}", body
+    assert "cannot be enforced on this box: the sandbox is turned off" in body["message"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root box can sandbox")
