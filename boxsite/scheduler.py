@@ -73,7 +73,8 @@ def tick() -> None:
 def on_start() -> None:
     """Reconcile what a crash of the box may have left behind."""
     from tasks.lifecycle import reconcile
-    from tasks.runs import resend_unclaimed
+    from tasks.runs import resend_unclaimed, resume_after_restart
 
     reconcile()
     resend_unclaimed()
+    resume_after_restart()  # after the re-send: the retries it queues are sent once, by their commit

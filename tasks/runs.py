@@ -177,6 +177,55 @@ def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = Fa
                             f"{f' in {delay:g}s' if delay else ''}, attempt {attempt} of {settings.BOX_MAX_RUN_ATTEMPTS}",
                       {"run": run.number, "handed_back": True, "attempt": attempt})
         create_run(task, RunKind.RETRY, resume=task.resume, delay_s=delay, attempt=attempt)
+
+
+def resume_after_restart(now: Any = None) -> int:
+    """At start-up: runs this machine was working on whose worker process is gone were cut off by
+    a restart of the box. Say so at once ("the box restarted; resuming step N") and queue their
+    retry now, instead of showing "running" until the lease expires. A worker pid that is alive
+    (reused, or a worker that outlived the restart) is left to its lease. Returns how many."""
+    from tasks import services  # reason: services imports this module
+
+    now = now or timezone.now()
+    host = socket.gethostname()[:255]
+    resumed = 0
+    rows = list(Run.objects.filter(state=RunState.RUNNING, worker_host=host).values_list("pk", "lease_token", "worker_pid"))
+    for run_id, token, pid in rows:
+        if pid is None or _process_alive(pid):
+            continue
+        with transaction.atomic():
+            lock_task(Run.objects.values_list("task_id", flat=True).get(pk=run_id))
+            lost = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+                state=RunState.LOST, lease_token="", finished_at=now, outcome="lost",
+                error="the box restarted while this run was working",
+            )
+            if lost != 1:
+                continue
+            run = Run.objects.select_related("task").get(pk=run_id)
+            task = run.task
+            if task.state not in ACTIVE:
+                continue
+            resumed += 1
+            if run.attempt >= settings.BOX_MAX_RUN_ATTEMPTS:
+                services.fail_task(task, f"the box restarted during attempt {run.attempt} of {run.attempt}; gave up",
+                                   recoverable=True, hint="continue or start the task again")
+                continue
+            mark_interrupted_step(task, "the box restarted")
+            where = f"resuming step {int((task.resume or {}).get('step', 0)) + 1}" if task.flow else "starting its worker again"
+            words = f"the box restarted; {where}"
+            Task.objects.filter(pk=task.pk).update(step=words)
+            services.note(task, words, {"restart": True, "run": run.number, "attempt": run.attempt + 1})
+            create_run(task, RunKind.RETRY, resume=task.resume, attempt=run.attempt + 1)
+    return resumed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     return True
 
 

@@ -190,7 +190,8 @@ class FlowWorker:
             if STEP_KINDS[kind].acts and kind != "tool":  # a tool call counts itself (tasks.tools.call)
                 ctx.recorder.count("actions", "max_actions")
             began, clock = timezone.now(), time.monotonic()
-            ctx.recorder.step(describe(step, index, total), self._start_data(ctx, index, total, kind, start),
+            started = self._start_data(ctx, index, total, kind, start)
+            ctx.recorder.step(describe(step, index, total) + (" (retry)" if started.get("retry") else ""), started,
                               progress=index / total)
             resolved = step[kind] if kind == "run" else substitute(step[kind], known)
             try:
