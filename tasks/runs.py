@@ -177,6 +177,7 @@ def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = Fa
                             f"{f' in {delay:g}s' if delay else ''}, attempt {attempt} of {settings.BOX_MAX_RUN_ATTEMPTS}",
                       {"run": run.number, "handed_back": True, "attempt": attempt})
         create_run(task, RunKind.RETRY, resume=task.resume, delay_s=delay, attempt=attempt)
+    return True
 
 
 def resume_after_restart(now: Any = None) -> int:
