@@ -2,7 +2,9 @@
 calls one service in ``boxsite.services`` and presents the result."""
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -106,7 +108,40 @@ def device_revoke(request: Request, device_id: int) -> Response:
 
 
 def pairing_url(request: HttpRequest, code: str) -> str:
+    """Where the QR code leads: the public URL when one is set, else the address asked for."""
+    if settings.BOX_PUBLIC_URL:
+        return f"{settings.BOX_PUBLIC_URL}/pair?code={code}"
     return request.build_absolute_uri(f"/pair?code={code}")
+
+
+_LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def phone_reach_warning(url: str) -> str | None:
+    """Why a phone could not open ``url`` (the box listens on loopback only, or the link names
+    this machine's loopback), and how to fix it; None when it can."""
+    if settings.BOX_PUBLIC_URL:
+        return None
+    link_host = urlsplit(url).hostname or ""
+    if _is_loopback(settings.BOX_HOST):
+        where = f"The box listens on {settings.BOX_HOST} only"
+    elif _is_loopback(link_host):
+        where = f"This page was opened as {link_host}, so the QR code leads there"
+    else:
+        return None
+    return (f"{where}: a phone cannot reach it. Start the box with BOX_HOST=0.0.0.0 (or this machine's "
+            "address on your network) and open this page by that address, or set BOX_PUBLIC_URL to the "
+            "address phones should use (a tunnel or reverse proxy); the QR code and links then use it.")
 
 
 @extend_schema(request=None, responses={201: dict})
@@ -116,7 +151,8 @@ def pairing_start(request: Request) -> Response:
     row, code = services.start_pairing(Principal.of(request))
     url = pairing_url(request, code)
     return Response({"code": code, "url": url, "expiresAt": _iso(row.expires_at),
-                     "qrSvg": qr_svg(url, label=f"QR code to pair a phone, code {code}")}, status=201)
+                     "qrSvg": qr_svg(url, label=f"QR code to pair a phone, code {code}"),
+                     "reachWarning": phone_reach_warning(url)}, status=201)
 
 
 @extend_schema(request=dict, responses={201: dict})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -24,6 +25,17 @@ def env_str(name: str, default: str | None = None) -> str | None:
         except OSError as exc:
             raise ImproperlyConfigured(f"{name}_FILE={file_var!r} cannot be read: {exc}") from exc
     return os.environ.get(name, default)
+
+
+def env_url(name: str) -> str:
+    """An absolute http(s) URL without a path beyond '/', or '' when unset."""
+    raw = (env_str(name, "") or "").strip().rstrip("/")
+    if not raw:
+        return ""
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query or parts.fragment:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be an http(s) address like https://box.example.net (no path)")
+    return raw
 
 
 def env_bool(name: str, default: bool = False) -> bool:

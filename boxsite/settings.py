@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from boxsite.env import env_bool, env_float, env_int, env_list, env_path, env_str
+from boxsite.env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BOX_DATA_DIR = env_path("BOX_DATA_DIR", str(BASE_DIR / "var"))
@@ -39,8 +40,14 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 BOX_HOST = env_str("BOX_HOST", "127.0.0.1") or "127.0.0.1"
 BOX_PORT = env_int("BOX_PORT", 8000, minimum=1)
+# Where phones and links reach the box when that is not where it listens (a tunnel, a reverse
+# proxy, a name on the network): the pairing QR code and links use it.
+BOX_PUBLIC_URL = env_url("BOX_PUBLIC_URL")
 ALLOWED_HOSTS = env_list("BOX_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver", BOX_HOST])
 CSRF_TRUSTED_ORIGINS = env_list("BOX_TRUSTED_ORIGINS", [])
+if BOX_PUBLIC_URL:
+    ALLOWED_HOSTS.append(urlsplit(BOX_PUBLIC_URL).hostname or "")
+    CSRF_TRUSTED_ORIGINS.append(BOX_PUBLIC_URL)
 
 INSTALLED_APPS = [
     "daphne",

@@ -111,6 +111,8 @@ $("pair-start").addEventListener("click", async () => {
   try {
     const pairing = await api("POST", "/api/pairing");
     // The SVG is drawn by the box itself (boxsite.qr), not from user input.
+    $("pairing-reach").hidden = !pairing.reachWarning;
+    $("pairing-reach").textContent = pairing.reachWarning ?? "";
     $("pairing-qr").innerHTML = pairing.qrSvg;
     $("pairing-url").textContent = new URL("/pair", pairing.url).href;
     $("pairing-code").textContent = pairing.code;

@@ -128,6 +128,7 @@ def test_the_phone_says_why_an_ask_waits_offers_cancel_and_links_nowhere_it_cann
 
     create_owner(page)
     code = pairing_code(page)
+    expect(page.get_by_role("alert").filter(has_text="a phone cannot reach it")).to_contain_text("BOX_PUBLIC_URL")
     context = browser.new_context(base_url=live_box.url, **PHONE)
     context.set_default_timeout(20_000)
     phone = context.new_page()
