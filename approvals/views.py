@@ -10,12 +10,13 @@ from rest_framework.response import Response
 
 from approvals import services
 from approvals.presenters import present_approval, present_question
+from boxsite import schema
 from boxsite.errors import InvalidRequest
 from boxsite.principal import Principal
 from tasks.facts import Redactor, redactor_for
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.Inbox})
 @api_view(["GET"])
 def inbox(request: Request) -> Response:
     """Every pending approval and open question across the caller's tasks, oldest first."""
@@ -33,7 +34,7 @@ def inbox(request: Request) -> Response:
     })
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.ApprovalView})
 @api_view(["GET"])
 def approval_detail(request: Request, approval_id: str) -> Response:
     return Response(present_approval(services.get_approval_for(Principal.of(request), approval_id), with_task=True))
@@ -51,25 +52,25 @@ def _decide(request: Request, approval_id: str, approve: bool) -> Response:
     return Response(present_approval(approval, with_task=True))
 
 
-@extend_schema(request=dict, responses={200: dict})
+@extend_schema(request=schema.DecideBody, responses={200: schema.ApprovalView})
 @api_view(["POST"])
 def approval_approve(request: Request, approval_id: str) -> Response:
     return _decide(request, approval_id, True)
 
 
-@extend_schema(request=dict, responses={200: dict})
+@extend_schema(request=schema.DecideBody, responses={200: schema.ApprovalView})
 @api_view(["POST"])
 def approval_deny(request: Request, approval_id: str) -> Response:
     return _decide(request, approval_id, False)
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.QuestionView})
 @api_view(["GET"])
 def question_detail(request: Request, question_id: str) -> Response:
     return Response(present_question(services.get_question_for(Principal.of(request), question_id), with_task=True))
 
 
-@extend_schema(request=dict, responses={200: dict})
+@extend_schema(request=schema.AnswerBody, responses={200: schema.QuestionView})
 @api_view(["POST"])
 def question_answer(request: Request, question_id: str) -> Response:
     question = services.answer_question(Principal.of(request), question_id, request.data)

@@ -14,7 +14,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite import services
+from boxsite import schema, services
 from boxsite.auth import DEVICE_COOKIE
 from boxsite.models import ApiToken, BoxSettings, Device
 from boxsite.principal import Principal
@@ -61,8 +61,8 @@ def present_device(device: Device) -> dict[str, Any]:
     }
 
 
-@extend_schema(methods=["GET"], responses={200: dict})
-@extend_schema(methods=["PATCH"], request=dict, responses={200: dict})
+@extend_schema(methods=["GET"], responses={200: schema.Settings})
+@extend_schema(methods=["PATCH"], request=schema.SettingsBody, responses={200: schema.Settings})
 @api_view(["GET", "PATCH"])
 def box_settings(request: Request) -> Response:
     principal = Principal.of(request)
@@ -72,8 +72,8 @@ def box_settings(request: Request) -> Response:
     return Response(present_settings(BoxSettings.current()))
 
 
-@extend_schema(methods=["GET"], responses={200: dict})
-@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@extend_schema(methods=["GET"], responses={200: schema.TokenPage})
+@extend_schema(methods=["POST"], request=schema.TokenBody, responses={201: schema.NewToken})
 @api_view(["GET", "POST"])
 def tokens(request: Request) -> Response:
     principal = Principal.of(request)
@@ -86,13 +86,13 @@ def tokens(request: Request) -> Response:
     return Response({"results": [present_token(t) for t in rows]})
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.Token})
 @api_view(["POST", "DELETE"])
 def token_revoke(request: Request, token_id: int) -> Response:
     return Response(present_token(services.revoke_token(Principal.of(request), token_id)))
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.DevicePage})
 @api_view(["GET"])
 def devices(request: Request) -> Response:
     principal = Principal.of(request)
@@ -101,7 +101,7 @@ def devices(request: Request) -> Response:
     return Response({"results": [present_device(d) for d in rows]})
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.Device})
 @api_view(["POST", "DELETE"])
 def device_revoke(request: Request, device_id: int) -> Response:
     return Response(present_device(services.revoke_device(Principal.of(request), device_id)))
@@ -144,7 +144,7 @@ def phone_reach_warning(url: str) -> str | None:
             "address phones should use (a tunnel or reverse proxy); the QR code and links then use it.")
 
 
-@extend_schema(request=None, responses={201: dict})
+@extend_schema(request=None, responses={201: schema.Pairing})
 @api_view(["POST"])
 def pairing_start(request: Request) -> Response:
     """A one-time code (and its QR code) that pairs one phone within ten minutes."""
@@ -155,7 +155,7 @@ def pairing_start(request: Request) -> Response:
                      "reachWarning": phone_reach_warning(url)}, status=201)
 
 
-@extend_schema(request=dict, responses={201: dict})
+@extend_schema(request=schema.PairingClaimBody, responses={201: schema.Device})
 @api_view(["POST"])
 @permission_classes([AllowAny])
 def pairing_claim(request: Request) -> Response:

@@ -238,6 +238,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # JSON Schema 2020-12 inside (nullable is a type), so a client can validate bodies with it.
+    "OAS_VERSION": "3.1.0",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "boxsite.schema.add_error_responses"],
 }
 
 SESSION_COOKIE_HTTPONLY = True

@@ -15,12 +15,13 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite import schema
 from boxsite.middleware import is_api_path
 
 log = logging.getLogger("boxsite.errors")
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.Health})
 @api_view(["GET"])
 @permission_classes([AllowAny])
 def health(request: Request) -> Response:

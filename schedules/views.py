@@ -18,6 +18,7 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite import schema
 from boxsite.errors import BoxError, InvalidRequest, PayloadTooLarge
 from boxsite.pagination import Sort, limit_param, page
 from boxsite.principal import Principal
@@ -86,7 +87,7 @@ def _filtered_schedules(request: Request) -> QuerySet[Schedule]:
 
 
 @extend_schema(
-    methods=["GET"],
+    methods=["GET"], operation_id="schedules_list",
     parameters=[
         OpenApiParameter("status", str, description="active, paused, disabled, attention (comma-separated)"),
         OpenApiParameter("origin", str, description="owner, device, task, system (comma-separated)"),
@@ -95,9 +96,9 @@ def _filtered_schedules(request: Request) -> QuerySet[Schedule]:
         OpenApiParameter("cursor", str, description="from the previous page's 'next'"),
         OpenApiParameter("limit", int),
     ],
-    responses={200: dict},
+    responses={200: schema.SchedulePage},
 )
-@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@extend_schema(methods=["POST"], request=schema.ScheduleBody, responses={201: schema.Schedule})
 @api_view(["GET", "POST"])
 def schedule_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -108,8 +109,8 @@ def schedule_list(request: Request) -> Response:
     return Response({"results": [present_schedule(s) for s in rows], "next": next_cursor})
 
 
-@extend_schema(methods=["PATCH"], request=dict, responses={200: dict})
-@extend_schema(methods=["GET", "DELETE"], responses={200: dict, 204: None})
+@extend_schema(methods=["PATCH"], request=schema.ScheduleBody, responses={200: schema.Schedule})
+@extend_schema(methods=["GET", "DELETE"], responses={200: schema.Schedule, 204: None})
 @api_view(["GET", "PATCH", "DELETE"])
 def schedule_detail(request: Request, schedule_id: str) -> Response:
     principal = Principal.of(request)
@@ -123,19 +124,19 @@ def schedule_detail(request: Request, schedule_id: str) -> Response:
     return Response(present_schedule(schedule, last_firing=schedule.firings.order_by("-id").first()))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.Schedule})
 @api_view(["POST"])
 def schedule_pause(request: Request, schedule_id: str) -> Response:
     return Response(present_schedule(services.pause_schedule(Principal.of(request), schedule_id)))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.Schedule})
 @api_view(["POST"])
 def schedule_resume(request: Request, schedule_id: str) -> Response:
     return Response(present_schedule(services.resume_schedule(Principal.of(request), schedule_id)))
 
 
-@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: dict})
+@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: schema.FiringList})
 @api_view(["GET"])
 def schedule_firings(request: Request, schedule_id: str) -> Response:
     schedule = services.get_schedule_for(Principal.of(request), schedule_id)
@@ -151,7 +152,7 @@ def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = No
 
 
 @extend_schema(
-    methods=["GET"],
+    methods=["GET"], operation_id="triggers_list",
     parameters=[
         OpenApiParameter("kind", str, description="webhook or file"),
         OpenApiParameter("paused", bool),
@@ -159,9 +160,9 @@ def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = No
         OpenApiParameter("cursor", str),
         OpenApiParameter("limit", int),
     ],
-    responses={200: dict},
+    responses={200: schema.TriggerPage},
 )
-@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@extend_schema(methods=["POST"], request=schema.TriggerBody, responses={201: schema.Trigger})
 @api_view(["GET", "POST"])
 def trigger_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -180,8 +181,8 @@ def trigger_list(request: Request) -> Response:
     return Response({"results": [_trigger_view(request, t) for t in rows], "next": next_cursor})
 
 
-@extend_schema(methods=["PATCH"], request=dict, responses={200: dict})
-@extend_schema(methods=["GET", "DELETE"], responses={200: dict, 204: None})
+@extend_schema(methods=["PATCH"], request=schema.TriggerBody, responses={200: schema.Trigger})
+@extend_schema(methods=["GET", "DELETE"], responses={200: schema.Trigger, 204: None})
 @api_view(["GET", "PATCH", "DELETE"])
 def trigger_detail(request: Request, trigger_id: str) -> Response:
     principal = Principal.of(request)
@@ -195,32 +196,32 @@ def trigger_detail(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, trigger))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.Trigger})
 @api_view(["POST"])
 def trigger_pause(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.set_trigger_paused(Principal.of(request), trigger_id, True)))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.Trigger})
 @api_view(["POST"])
 def trigger_resume(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.set_trigger_paused(Principal.of(request), trigger_id, False)))
 
 
-@extend_schema(request=dict, responses={200: dict})
+@extend_schema(request=schema.RotateBody, responses={200: schema.Trigger})
 @api_view(["POST"])
 def trigger_rotate(request: Request, trigger_id: str) -> Response:
     trigger, secret = triggers.rotate_secret(Principal.of(request), trigger_id, request.data)
     return Response(_trigger_view(request, trigger, secret=secret))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.Trigger})
 @api_view(["POST"])
 def trigger_finish_rotation(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.finish_rotation(Principal.of(request), trigger_id)))
 
 
-@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: dict})
+@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: schema.DeliveryList})
 @api_view(["GET"])
 def trigger_deliveries(request: Request, trigger_id: str) -> Response:
     """The webhook's recent deliveries, newest first (those with a delivery id; see webhooks)."""

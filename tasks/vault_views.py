@@ -8,6 +8,7 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite import schema
 from boxsite.errors import Forbidden, InvalidRequest
 from boxsite.principal import Principal
 from tasks import vault
@@ -24,8 +25,8 @@ def present_secret(row: VaultSecret) -> dict[str, Any]:
     return {"name": row.name, "createdAt": row.created_at.isoformat(), "updatedAt": row.updated_at.isoformat()}
 
 
-@extend_schema(methods=["GET"], responses={200: dict})
-@extend_schema(methods=["POST"], request=dict, responses={201: dict, 200: dict})
+@extend_schema(methods=["GET"], responses={200: schema.SecretList})
+@extend_schema(methods=["POST"], request=schema.SecretBody, responses={201: schema.Secret, 200: schema.Secret})
 @api_view(["GET", "POST"])
 def vault_list(request: Request) -> Response:
     _require_settings_right(request)
@@ -47,7 +48,7 @@ def vault_detail(request: Request, name: str) -> Response:
     return Response(status=204)
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.ToolList})
 @api_view(["GET"])
 def tool_list(request: Request) -> Response:
     """The tools a task may list in its spec: built in, from apps, and the owner's command tools."""

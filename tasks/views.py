@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals.presenters import present_approval
+from boxsite import schema
 from boxsite.errors import InvalidRequest
 from boxsite.pagination import Sort, limit_param, page
 from boxsite.principal import Principal
@@ -27,7 +28,7 @@ EVENT_PAGE = 200
 
 
 @extend_schema(
-    methods=["GET"],
+    methods=["GET"], operation_id="tasks_list",
     parameters=[
         OpenApiParameter("state", str, description="filter by state"),
         OpenApiParameter("source", str, description="filter by source"),
@@ -35,9 +36,9 @@ EVENT_PAGE = 200
         OpenApiParameter("cursor", str, description="from the previous page's 'next'"),
         OpenApiParameter("limit", int),
     ],
-    responses={200: dict},
+    responses={200: schema.TaskPage},
 )
-@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@extend_schema(methods=["POST"], request=schema.TaskSpecBody, responses={201: schema.TaskView})
 @api_view(["GET", "POST"])
 def task_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -93,7 +94,7 @@ def _after_param(request: Request) -> int:
     return after
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(parameters=[OpenApiParameter("after", int)], responses={200: schema.TaskDetail})
 @api_view(["GET"])
 def task_detail(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
@@ -109,33 +110,33 @@ def task_detail(request: Request, task_id: str) -> Response:
     return Response(body)
 
 
-@extend_schema(parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)], responses={200: dict})
+@extend_schema(parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)], responses={200: schema.EventPage})
 @api_view(["GET"])
 def task_events(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
     return Response(_events_after(task, _after_param(request), limit_param(request.query_params.get("limit"), EVENT_PAGE, 1000)))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.TaskView})
 @api_view(["POST"])
 def task_cancel(request: Request, task_id: str) -> Response:
     return Response(present_task(services.cancel_task(Principal.of(request), task_id)))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.TaskView})
 @api_view(["POST"])
 def task_undo(request: Request, task_id: str) -> Response:
     return Response(present_task(services.undo_task(Principal.of(request), task_id)))
 
 
-@extend_schema(request=dict, responses={201: dict})
+@extend_schema(request=schema.RerunBody, responses={201: schema.TaskView})
 @api_view(["POST"])
 def task_rerun(request: Request, task_id: str) -> Response:
     """A new task from this ended task's spec; the body's fields replace the spec's."""
     return Response(present_task(services.rerun_task(Principal.of(request), task_id, request.data)), status=201)
 
 
-@extend_schema(request=dict, responses={200: dict})
+@extend_schema(request=schema.ContinueBody, responses={200: schema.TaskView})
 @api_view(["POST"])
 def task_continue(request: Request, task_id: str) -> Response:
     """Answer what a waiting task asked for: inputs, an approval decision, or a person's OK."""
@@ -144,7 +145,7 @@ def task_continue(request: Request, task_id: str) -> Response:
     return Response(present_task(continue_task(Principal.of(request), task_id, request.data)))
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.Report})
 @api_view(["GET"])
 def task_report(request: Request, task_id: str) -> Response:
     """Everything the task did: its view, flow, steps reached, records and rescues; redacted."""

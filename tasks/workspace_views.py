@@ -6,6 +6,7 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite import schema
 from boxsite.principal import Principal
 from tasks import services
 from tasks.layers import diff, review, workspaces
@@ -15,8 +16,8 @@ from tasks.presenters import present_task
 from tasks.states import State
 
 
-@extend_schema(methods=["GET"], responses={200: dict})
-@extend_schema(methods=["POST"], request=dict, responses={201: dict})
+@extend_schema(methods=["GET"], operation_id="workspaces_list", responses={200: schema.WorkspacePage})
+@extend_schema(methods=["POST"], request=schema.WorkspaceBody, responses={201: schema.Workspace})
 @api_view(["GET", "POST"])
 def workspace_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -27,21 +28,21 @@ def workspace_list(request: Request) -> Response:
     return Response({"results": [workspaces.present_workspace(w) for w in rows]})
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.Workspace})
 @api_view(["GET"])
 def workspace_detail(request: Request, name: str) -> Response:
     return Response(workspaces.present_workspace(workspaces.get_workspace(name)))
 
 
 @extend_schema(parameters=[OpenApiParameter("path", str, description="relative to the workspace root")],
-               responses={200: dict})
+               responses={200: schema.WorkspaceEntry})
 @api_view(["GET"])
 def workspace_files(request: Request, name: str) -> Response:
     workspace = workspaces.get_workspace(name)
     return Response(workspaces.browse(workspace, request.query_params.get("path")))
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: schema.Diff})
 @api_view(["GET"])
 def task_diff(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
@@ -54,7 +55,7 @@ def task_diff(request: Request, task_id: str) -> Response:
     return Response(redactor_for(task).redact({"task": task.pk, **diff.render(changes_of(task, layer))}))
 
 
-@extend_schema(request=None, responses={200: dict})
+@extend_schema(request=None, responses={200: schema.TaskKept})
 @api_view(["POST"])
 def task_keep(request: Request, task_id: str) -> Response:
     task, conflicts = review.keep_review(Principal.of(request), task_id)

@@ -1,0 +1,510 @@
+"""What the API's bodies look like, declared for ``/api/schema/``.
+
+One serializer per body the API sends or takes. The presenters (``*/presenters.py``) build the
+bodies; these declarations describe them, and ``tests/api/test_schema.py`` holds the two
+together by validating every endpoint's real responses against the served schema. Free-form
+parts (a flow, facts, an event's data) are declared as objects and stay open.
+
+Request bodies are checked field by field by the services (``tasks.spec.parse_spec`` and its
+siblings), which name the first bad field; the request serializers here describe those bodies.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import serializers as s
+
+Str = s.CharField
+Int = s.IntegerField
+Bool = s.BooleanField
+Obj = s.JSONField  # any JSON value (an object, as the field's description says)
+
+
+def _strs(**kw: Any) -> s.ListField:
+    return s.ListField(child=s.CharField(), **kw)
+
+
+# --- tasks -------------------------------------------------------------------------------
+class TaskView(s.Serializer):
+    id = Str()
+    title = Str()
+    prompt = Str(allow_blank=True)
+    workspace = Str()
+    worker = Str()
+    command = _strs(allow_null=True)
+    tools = _strs()
+    hosts = _strs()
+    budgetCents = Int()
+    source = Str()  # type: ignore[assignment]  # a body field, not Field.source
+    flow = Obj()
+    facts = s.DictField(child=Str(allow_blank=True), help_text="secret values shown as ${name}")
+    secretFacts = _strs()
+    constraints = Obj()
+    limits = s.DictField(child=Int(allow_null=True), help_text="every limit in force; null is unbounded")
+    output = Obj()
+    folders = _strs()
+    dependsOn = _strs()
+    parent = Str(allow_null=True)  # type: ignore[assignment]  # a body field, not Field.parent
+    state = s.ChoiceField(choices=["queued", "running", "waiting", "done", "failed", "cancelled", "undone"])
+    waitingFor = Str(allow_null=True)
+    continuable = Bool(allow_null=True)
+    final = Bool()
+    pause = Obj()
+    version = Int()
+    user = Str()
+    layers = _strs()
+    costCents = Int()
+    spent = Obj()
+    step = Obj()
+    progress = s.FloatField(allow_null=True)
+    error = Str(allow_null=True)
+    recoverable = Bool(allow_null=True)
+    hint = Str(allow_null=True)
+    review = Str(allow_null=True)
+    isolation = Obj()
+    lastSeq = Int()
+    externalTaskId = Str(allow_null=True)
+    externalAttempt = Int(allow_null=True)
+    createdAt = Str()
+    startedAt = Str(allow_null=True)
+    finishedAt = Str(allow_null=True)
+    updatedAt = Str()
+    next = _strs(help_text="the calls that make sense now: continue, approve, deny, keep, cancel, undo, diff, report")
+
+
+class Artifact(s.Serializer):
+    name = Str()
+    type = Str()
+    size = Int()
+    url = Str()
+
+
+class Event(s.Serializer):
+    id = Int()
+    seq = Int()
+    kind = Str()
+    summary = Str(allow_blank=True)
+    data = Obj()  # type: ignore[assignment]  # a body field, not Serializer.data
+    costCents = Int()
+    artifacts = s.ListField(child=Obj(), allow_null=True)
+    createdAt = Str()
+
+
+class EventPage(s.Serializer):
+    events = Event(many=True)
+    after = Int()
+    nextAfter = Int()
+    more = Bool()
+
+
+class TaskPage(s.Serializer):
+    results = TaskView(many=True)
+    next = Str(help_text="the cursor of the next page", allow_null=True)
+
+
+class TaskSummary(s.Serializer):
+    id = Str()
+    title = Str()
+    state = Str()
+    waitingFor = Str(allow_null=True)
+    version = Int()
+
+
+class ApprovalView(s.Serializer):
+    id = Int()
+    task = Str()
+    kind = Str()
+    summary = Str(allow_blank=True)
+    detail = Obj()
+    guard = Obj()
+    amountCents = Int()
+    taskVersion = Int()
+    state = Str()
+    decidedBy = Str(allow_null=True)
+    decidedVia = Str(allow_null=True)
+    decidedAt = Str(allow_null=True)
+    createdAt = Str()
+    next = _strs()
+    taskView = TaskSummary(required=False)
+
+
+class QuestionView(s.Serializer):
+    id = Int()
+    task = Str()
+    kind = Str()
+    prompt = Str(allow_blank=True)
+    fields = Obj()  # type: ignore[assignment]  # a body field, not Serializer.fields
+    answer = Obj()
+    state = Str()
+    taskVersion = Int()
+    answeredBy = Str(allow_null=True)
+    answeredVia = Str(allow_null=True)
+    answeredAt = Str(allow_null=True)
+    createdAt = Str()
+    next = _strs()
+    taskView = TaskSummary(required=False)
+
+
+class TaskDetail(TaskView):
+    approvals = ApprovalView(many=True)
+    questions = QuestionView(many=True)
+    log = EventPage()
+
+
+class TaskKept(TaskView):
+    conflicts = _strs()
+
+
+class Diff(s.Serializer):
+    task = Str()
+    added = _strs()
+    modified = _strs()
+    deleted = _strs()
+    binary = _strs()
+    special = s.ListField(child=Obj())
+    diff = Str(allow_blank=True)
+    truncated = Bool()
+
+
+class Report(s.Serializer):
+    view = TaskView()
+    flow = Obj()
+    steps = s.ListField(child=Obj())
+    records = Obj()
+    runs = s.ListField(child=Obj())
+    approvals = ApprovalView(many=True)
+    questions = QuestionView(many=True)
+    rescues = s.ListField(child=Obj())
+
+
+class Inbox(s.Serializer):
+    approvals = ApprovalView(many=True)
+    questions = QuestionView(many=True)
+
+
+class Workspace(s.Serializer):
+    name = Str()
+    createdAt = Str()
+    driver = Str()
+    layers = _strs()
+    stack = Obj()
+
+
+class WorkspacePage(s.Serializer):
+    results = Workspace(many=True)
+
+
+class WorkspaceEntry(s.Serializer):
+    workspace = Str()
+    path = Str(allow_blank=True)
+    type = s.ChoiceField(choices=["dir", "file", "link", "special"])
+
+
+class Secret(s.Serializer):
+    name = Str()
+    createdAt = Str()
+    updatedAt = Str()
+
+
+class SecretList(s.Serializer):
+    secrets = Secret(many=True)
+
+
+class Tool(s.Serializer):
+    name = Str()
+    description = Str(allow_blank=True)
+    schema = Obj()
+    costCents = Int()
+    irreversible = Bool()
+    provider = Str()
+
+
+class ToolList(s.Serializer):
+    tools = Tool(many=True)
+
+
+class Health(s.Serializer):
+    ok = Bool()
+    database = Str()
+    queue = Str()
+    live = Str()
+    isolation = Obj()
+
+
+# --- schedules and triggers ----------------------------------------------------------------
+class Firing(s.Serializer):
+    occurrence = Str(allow_null=True)
+    firedAt = Str(allow_null=True)
+    skipped = Int()
+    skippedAtLeast = Bool()
+    task = Str(allow_null=True)
+    error = Str(allow_null=True)
+
+
+class Schedule(s.Serializer):
+    id = Int()
+    name = Str()
+    source = Str()  # type: ignore[assignment]  # a body field, not Field.source
+    cron = Str(allow_null=True)
+    timezone = Str(allow_null=True)
+    intervalSeconds = Int(allow_null=True)
+    cadence = Str()
+    template = Obj()
+    status = Str()
+    enabled = Bool()
+    paused = Bool()
+    disabledReason = Str(allow_null=True)
+    system = Bool()
+    origin = Str()
+    createdByDevice = Int(allow_null=True)
+    createdByTask = Str(allow_null=True)
+    nextRunAt = Str(allow_null=True)
+    lastRunAt = Str(allow_null=True)
+    lastTask = Str(allow_null=True)
+    lastFiring = Firing(allow_null=True)
+    consecutiveFailures = Int()
+    backoffUntil = Str(allow_null=True)
+    needsAttention = Bool()
+    lastError = Str(allow_null=True)
+    version = Int()
+    createdAt = Str()
+    updatedAt = Str()
+
+
+class SchedulePage(s.Serializer):
+    results = Schedule(many=True)
+    next = Str(allow_null=True)
+
+
+class FiringList(s.Serializer):
+    results = Firing(many=True)
+
+
+class Trigger(s.Serializer):
+    id = Int()
+    name = Str()
+    kind = s.ChoiceField(choices=["webhook", "file"])
+    source = Str()  # type: ignore[assignment]  # a body field, not Field.source
+    template = Obj()
+    paused = Bool()
+    origin = Str()
+    createdByDevice = Int(allow_null=True)
+    createdByTask = Str(allow_null=True)
+    lastFiredAt = Str(allow_null=True)
+    lastTask = Str(allow_null=True)
+    createdAt = Str()
+    updatedAt = Str()
+    path = Str(required=False, help_text="webhook: where deliveries go")
+    url = Str(required=False)
+    rotating = Bool(required=False)
+    previousSecretExpiresAt = Str(required=False, allow_null=True)
+    folder = Str(required=False, help_text="file trigger: the watched folder")
+    settleSeconds = s.FloatField(required=False)
+    secret = Str(required=False, help_text="only when created or rotated: shown once")
+
+
+class TriggerPage(s.Serializer):
+    results = Trigger(many=True)
+    next = Str(allow_null=True)
+
+
+class Delivery(s.Serializer):
+    delivery = Str()
+    receivedAt = Str(allow_null=True)
+    task = Str(allow_null=True)
+
+
+class DeliveryList(s.Serializer):
+    results = Delivery(many=True)
+
+
+class WebhookReceived(s.Serializer):
+    task = Str(allow_null=True)
+    delivery = Str(allow_null=True)
+    duplicate = Bool()
+
+
+# --- account -------------------------------------------------------------------------------
+class Settings(s.Serializer):
+    defaultBudgetCents = Int()
+    networkDefault = Str()
+    defaultHosts = _strs()
+    retentionDays = Int()
+    maxActiveTasks = Int()
+    updatedAt = Str(allow_null=True)
+
+
+class Token(s.Serializer):
+    id = Int()
+    name = Str()
+    prefix = Str()
+    canUseFolders = Bool()
+    createdAt = Str(allow_null=True)
+    lastUsedAt = Str(allow_null=True)
+    revokedAt = Str(allow_null=True)
+
+
+class NewToken(Token):
+    token = Str(help_text="the token itself: shown this once")
+
+
+class TokenPage(s.Serializer):
+    results = Token(many=True)
+
+
+class Device(s.Serializer):
+    id = Int()
+    name = Str()
+    createdAt = Str(allow_null=True)
+    lastSeenAt = Str(allow_null=True)
+    revokedAt = Str(allow_null=True)
+
+
+class DevicePage(s.Serializer):
+    results = Device(many=True)
+
+
+class Pairing(s.Serializer):
+    code = Str()
+    url = Str()
+    expiresAt = Str(allow_null=True)
+    qrSvg = Str()
+    reachWarning = Str(allow_null=True, help_text="why a phone could not open the link, and the fix; null when it can")
+
+
+# --- request bodies --------------------------------------------------------------------------
+class TaskSpecBody(s.Serializer):
+    title = Str(max_length=200)
+    prompt = Str(required=False, help_text="required unless 'flow' is given")
+    workspace = Str(required=False, default="home")
+    worker = Str(required=False, help_text="agent, flow, command, or a preset")
+    command = Obj(required=False, help_text="a string or a list of strings (command worker)")
+    tools = _strs(required=False)
+    hosts = _strs(required=False)
+    budgetCents = Int(required=False, min_value=0, max_value=2**31 - 1)
+    source = Str(required=False)  # type: ignore[assignment]  # a body field, not Field.source
+    flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")
+    facts = Obj(required=False)
+    secretFacts = _strs(required=False)
+    constraints = Obj(required=False)
+    limits = s.DictField(child=Int(min_value=1), required=False, help_text="max_actions, max_elapsed_ms")
+    folder = Str(required=False)
+    folders = _strs(required=False)
+    externalTaskId = Str(required=False)
+    externalAttempt = Int(required=False, min_value=0, max_value=2**31 - 1)
+
+
+class RerunBody(TaskSpecBody):
+    title = Str(max_length=200, required=False, help_text="every field optional: it replaces the ended task's")
+
+
+class ContinueBody(s.Serializer):
+    inputs = Obj(required=False)
+    approve = Bool(required=False)
+    answer = Str(required=False)
+    secretFacts = _strs(required=False)
+    version = Int(required=False)
+
+
+class DecideBody(s.Serializer):
+    version = Int(required=False, help_text="the task version you saw; another is STALE_APPROVAL")
+
+
+class AnswerBody(s.Serializer):
+    inputs = Obj(required=False)
+    answer = Str(required=False)
+    secretFacts = _strs(required=False)
+    version = Int(required=False)
+
+
+class ScheduleBody(s.Serializer):
+    name = Str()
+    cron = Str(required=False)
+    timezone = Str(required=False)
+    intervalSeconds = Int(required=False)
+    template = Obj(help_text="a task spec without 'source'")
+    enabled = Bool(required=False)
+
+
+class TriggerBody(s.Serializer):
+    name = Str()
+    kind = s.ChoiceField(choices=["webhook", "file"])
+    template = Obj()
+    secret = Str(required=False)
+    folder = Str(required=False)
+    pattern = Str(required=False)
+    settleSeconds = s.FloatField(required=False)
+
+
+class RotateBody(s.Serializer):
+    secret = Str(required=False)
+    graceSeconds = Int(required=False)
+
+
+class SettingsBody(s.Serializer):
+    defaultBudgetCents = Int(required=False)
+    networkDefault = Str(required=False)
+    defaultHosts = _strs(required=False)
+    retentionDays = Int(required=False)
+    maxActiveTasks = Int(required=False)
+
+
+class TokenBody(s.Serializer):
+    name = Str()
+    canUseFolders = Bool(required=False)
+
+
+class PairingClaimBody(s.Serializer):
+    code = Str()
+    name = Str(required=False)
+
+
+class SecretBody(s.Serializer):
+    name = Str()
+    value = Str()
+
+
+class WorkspaceBody(s.Serializer):
+    name = Str()
+    importFrom = Str(required=False, help_text="an absolute directory to copy (owner only)")
+
+
+class BearerAuth(OpenApiAuthenticationExtension):
+    target_class = "boxsite.auth.BearerTokenAuthentication"
+    name = "bearer"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer"}
+
+
+class DeviceCookieAuth(OpenApiAuthenticationExtension):
+    target_class = "boxsite.auth.DeviceCookieAuthentication"
+    name = "device"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "apiKey", "in": "cookie", "name": "box_device"}
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "description": "stable error code, e.g. INVALID_SPEC, NOT_FOUND, CONFLICT"},
+        "message": {"type": "string"},
+        "field": {"type": ["string", "null"], "description": "the request field at fault, dotted, or null"},
+        "reference": {"type": "string", "description": "500 only: the id the box's log has the details under"},
+    },
+    "required": ["code", "message", "field"],
+}
+
+
+def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Every operation may answer an error, always in one shape: declare it once, as default."""
+    result.setdefault("components", {}).setdefault("schemas", {})["ErrorBody"] = ERROR_SCHEMA
+    for path_item in result.get("paths", {}).values():
+        for operation in path_item.values():
+            operation.setdefault("responses", {})["default"] = {
+                "description": "an error, in the API's error shape",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+            }
+    return result

@@ -1,0 +1,212 @@
+"""The served schema describes the API: every endpoint's real responses validate against it,
+and a client that knows only the schema can create a task, read its events and approve a step."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from django.test import Client
+from jsonschema import Draft202012Validator
+from rest_framework.test import APIClient
+
+from tests.conftest import Box, wait_for
+from tests.factories import flow
+
+GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
+               {"run": "true"})
+ASKING = flow({"ask": {"name": "colour", "why": "which colour"}}, {"write": {"path": "c.txt", "content": "${colour}"}})
+
+
+def _segment_for(template: str) -> Any:
+    """{param} is one path segment, except an artifact's trailing {name}, which may hold slashes."""
+    def segment(match: re.Match[str]) -> str:
+        rest = ".+" if template.endswith("/artifacts/{name}") and match.group(1) == "name" else "[^/]+"
+        return f"(?P<{match.group(1)}>{rest})"
+    return segment
+
+
+class Schema:
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+        self.routes = [(re.compile("^" + re.sub(r"\{(\w+)\}", _segment_for(p), p) + "$"), p) for p in document["paths"]]
+
+    def template_of(self, path: str) -> str:
+        matches = [template for regex, template in self.routes if regex.match(path)]
+        assert matches, f"{path} is not in the schema"
+        return min(matches, key=lambda t: t.count("{"))  # a literal segment beats a parameter
+
+    def operation(self, method: str, path: str) -> dict[str, Any]:
+        item = self.document["paths"][self.template_of(path)]
+        assert method.lower() in item, f"{method} {path} is not in the schema"
+        return item[method.lower()]
+
+    def check(self, method: str, path: str, status: int, body: Any) -> None:
+        responses = self.operation(method, path)["responses"]
+        response = responses.get(str(status)) or responses["default"]
+        schema = response["content"]["application/json"]["schema"]
+        errors = sorted(Draft202012Validator({**schema, "components": self.document["components"]}).iter_errors(body),
+                        key=lambda e: list(e.path))
+        assert not errors, f"{method} {path} {status}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
+
+
+class CheckedClient:
+    """An API client whose every JSON response is validated against the served schema."""
+
+    def __init__(self, client: APIClient, schema: Schema) -> None:
+        self.client, self.schema = client, schema
+        self.seen: set[tuple[str, str]] = set()
+
+    def call(self, method: str, url: str, body: Any = None, **query: Any) -> Any:
+        response = self.client.generic(method, url, data="" if body is None else _json(body),
+                                       content_type="application/json", QUERY_STRING=_qs(query))
+        self.seen.add((method.lower(), self.schema.template_of(url)))
+        if response.status_code != 204 and response["Content-Type"].startswith("application/json"):
+            self.schema.check(method, url, response.status_code, response.json())
+        return response
+
+
+def _json(body: Any) -> str:
+    return json.dumps(body)
+
+
+def _qs(query: dict[str, Any]) -> str:
+    return urlencode(query)
+
+
+@pytest.fixture
+def schema(box: Box) -> Schema:
+    response = box.api.get("/api/schema/")
+    assert response.status_code == 200
+    document = response.json()
+    Draft202012Validator.check_schema({"$defs": document["components"]["schemas"]})
+    return Schema(document)
+
+
+def _state(api: CheckedClient, task_id: str, *states: str) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        view = api.call("GET", f"/api/tasks/{task_id}").json()
+        return view if view["state"] in states else None
+
+    return wait_for(reached, what=f"{task_id} to be {states}")
+
+
+def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Schema) -> None:
+    api = CheckedClient(box.api, schema)
+    ok = lambda response, *codes: response.status_code in (codes or (200,)) or pytest.fail(
+        f"{response.status_code}: {response.content[:300]!r}")
+    ok(api.call("GET", "/api/health"))
+    ok(api.call("GET", "/api/tools"))
+    ok(api.call("GET", "/api/settings"))
+    ok(api.call("PATCH", "/api/settings", {"defaultBudgetCents": 5}))
+
+    guarded = api.call("POST", "/api/tasks", {"title": "guarded", "flow": GUARDED}).json()
+    _state(api, guarded["id"], "waiting")
+    ok(api.call("GET", "/api/tasks", limit=1))
+    ok(api.call("GET", f"/api/tasks/{guarded['id']}/events"))
+    ok(api.call("GET", f"/api/tasks/{guarded['id']}/diff"))
+    ok(api.call("GET", "/api/inbox"))
+    approval = api.call("GET", f"/api/tasks/{guarded['id']}").json()["approvals"][0]
+    ok(api.call("GET", f"/api/approvals/{approval['id']}"))
+    ok(api.call("POST", f"/api/approvals/{approval['id']}/approve", {}))
+    _state(api, guarded["id"], "done")
+    ok(api.call("POST", f"/api/approvals/{approval['id']}/deny", {}), 409)  # the error shape is declared too
+    ok(api.call("GET", f"/api/tasks/{guarded['id']}/report"))
+    ok(api.call("POST", f"/api/tasks/{guarded['id']}/keep"), 409)
+    ok(api.call("POST", f"/api/tasks/{guarded['id']}/rerun", {"title": "again"}), 201)
+    for event in api.call("GET", f"/api/tasks/{guarded['id']}/events").json()["events"]:
+        for artifact in event["artifacts"] or []:
+            api.seen.add(("get", schema.template_of(artifact["url"])))
+            assert box.api.get(artifact["url"]).status_code == 200
+
+    asking = api.call("POST", "/api/tasks", {"title": "ask", "flow": ASKING}).json()
+    _state(api, asking["id"], "waiting")
+    question = api.call("GET", f"/api/tasks/{asking['id']}").json()["questions"][0]
+    ok(api.call("GET", f"/api/questions/{question['id']}"))
+    ok(api.call("POST", f"/api/questions/{question['id']}/answer", {"inputs": {"colour": "red"}}))
+    again = api.call("POST", "/api/tasks", {"title": "ask", "flow": ASKING}).json()
+    _state(api, again["id"], "waiting")
+    ok(api.call("POST", f"/api/tasks/{again['id']}/continue", {"inputs": {"colour": "blue"}}))
+    third = api.call("POST", "/api/tasks", {"title": "ask", "flow": ASKING}).json()
+    ok(api.call("POST", f"/api/tasks/{third['id']}/cancel"))
+    ok(api.call("POST", f"/api/tasks/{third['id']}/undo"))
+
+    ok(api.call("GET", "/api/workspaces"))
+    ok(api.call("POST", "/api/workspaces", {"name": f"spare-{uuid.uuid4().hex[:8]}"}), 201)
+    ok(api.call("GET", "/api/workspaces/home"))
+    ok(api.call("GET", "/api/workspaces/home/files"))
+    ok(api.call("GET", "/api/workspaces/home/files", path="a.txt"))
+    ok(api.call("POST", "/api/vault", {"name": "KEY", "value": "v"}), 201)
+    ok(api.call("GET", "/api/vault"))
+    ok(api.call("DELETE", "/api/vault/KEY"), 204)
+
+    template = {"title": "t", "prompt": "p"}
+    sched = api.call("POST", "/api/schedules", {"name": "s", "intervalSeconds": 3600, "template": template}).json()
+    ok(api.call("GET", "/api/schedules"))
+    ok(api.call("GET", f"/api/schedules/{sched['id']}"))
+    ok(api.call("PATCH", f"/api/schedules/{sched['id']}", {"intervalSeconds": 7200}))
+    ok(api.call("POST", f"/api/schedules/{sched['id']}/pause"))
+    ok(api.call("POST", f"/api/schedules/{sched['id']}/resume"))
+    ok(api.call("GET", f"/api/schedules/{sched['id']}/firings"))
+    ok(api.call("DELETE", f"/api/schedules/{sched['id']}"), 204)
+    hook = api.call("POST", "/api/triggers", {"name": "w", "kind": "webhook", "template": template}).json()
+    ok(api.call("GET", "/api/triggers"))
+    ok(api.call("GET", f"/api/triggers/{hook['id']}"))
+    ok(api.call("PATCH", f"/api/triggers/{hook['id']}", {"name": "w2"}))
+    ok(api.call("POST", f"/api/triggers/{hook['id']}/pause"))
+    ok(api.call("POST", f"/api/triggers/{hook['id']}/resume"))
+    ok(api.call("POST", f"/api/triggers/{hook['id']}/rotate", {}))
+    ok(api.call("POST", f"/api/triggers/{hook['id']}/rotate/finish"))
+    ok(api.call("GET", f"/api/triggers/{hook['id']}/deliveries"))
+    ok(api.call("DELETE", f"/api/triggers/{hook['id']}"), 204)
+
+    tokens = [api.call("POST", "/api/tokens", {"name": f"t{i}"}).json() for i in range(4)]
+    ok(api.call("GET", "/api/tokens"))
+    for (method, suffix), token in zip([("POST", ""), ("DELETE", ""), ("POST", "/revoke"), ("DELETE", "/revoke")], tokens):
+        ok(api.call(method, f"/api/tokens/{token['id']}{suffix}"))
+    devices = []
+    for _ in range(4):
+        code = api.call("POST", "/api/pairing").json()["code"]
+        phone = CheckedClient(APIClient(), schema)
+        devices.append(phone.call("POST", "/api/pairing/claim", {"code": code, "name": "phone"}).json())
+        api.seen |= phone.seen
+    ok(api.call("GET", "/api/devices"))
+    for (method, suffix), device in zip([("POST", ""), ("DELETE", ""), ("POST", "/revoke"), ("DELETE", "/revoke")], devices):
+        ok(api.call(method, f"/api/devices/{device['id']}{suffix}"))
+
+    declared = {(method, path) for path, item in schema.document["paths"].items() for method in item}
+    assert declared - api.seen == set(), "operations no test call reached"
+
+
+def test_a_client_driven_only_by_the_schema_creates_a_task_reads_its_events_and_approves_a_step(box: Box) -> None:
+    document = Client().get("/api/schema/").json()  # the schema itself needs no sign-in
+    operations = {op["operationId"]: (method.upper(), path) for path, item in document["paths"].items()
+                  for method, op in item.items()}
+    schema = Schema(document)
+    api = CheckedClient(box.api, schema)
+
+    def call(operation_id: str, body: Any = None, **params: Any) -> dict[str, Any]:
+        method, path = operations[operation_id]
+        response = api.call(method, path.format(**params), body)
+        assert response.status_code < 300, response.content
+        return response.json()
+
+    spec_schema = document["components"]["schemas"]["TaskSpecBodyRequest"]
+    assert "title" in spec_schema["required"] and "flow" in spec_schema["properties"]
+    task = call("tasks_create", {"title": "from the schema", "flow": GUARDED})
+    def in_state(state: str) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            view = call("tasks_retrieve", task_id=task["id"])
+            return view if view["state"] == state else None
+
+        return wait_for(reached, what=f"the task to be {state}")
+
+    view = in_state("waiting")
+    events = call("tasks_events_retrieve", task_id=task["id"])["events"]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    call("approvals_approve_create", {"version": view["version"]}, approval_id=view["approvals"][0]["id"])
+    done = in_state("done")
+    assert "approve" not in done["next"]
