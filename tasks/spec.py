@@ -53,6 +53,8 @@ def default_limit(name: str) -> int | None:
     if name in RESOURCE_DEFAULTS:
         return int(getattr(settings, RESOURCE_DEFAULTS[name]))
     return DEFAULT_LIMITS.get(name)
+
+
 MAX_WHOLE = 2**31 - 1  # the largest number an integer column holds on every database
 MAX_FOLDERS = 10
 BUILTIN_WORKERS = ("agent", "flow", "command")
