@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite test-postgres typecheck migrate bench clean
+.PHONY: run test test-sqlite test-postgres typecheck migrate bench bench-layers-model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test-postgres: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/dispatch.py
+
+# The long run of the layer model test (tests/layers/test_model.py runs a few seeds): as root for overlay.
+bench-layers-model: $(STAMP)
+	$(PY) bench/layers_model.py --walks $${WALKS:-300}
 
 clean:
 	rm -rf $(VENV) var

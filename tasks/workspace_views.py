@@ -10,7 +10,7 @@ from boxsite import schema
 from boxsite.principal import Principal
 from tasks import services
 from tasks.layers import diff, review, workspaces
-from tasks.layers.task_view import changes_of
+from tasks.layers.task_view import diff_body
 from tasks.models import Layer, Workspace
 from tasks.presenters import present_task
 from tasks.states import State
@@ -52,7 +52,7 @@ def task_diff(request: Request, task_id: str) -> Response:
     from tasks.facts import redactor_for
 
     # A task's files may hold what its steps typed (a password, a card): shown only redacted.
-    return Response(redactor_for(task).redact({"task": task.pk, **diff.render(changes_of(task, layer))}))
+    return Response(redactor_for(task).redact({"task": task.pk, **diff_body(task, layer)}))
 
 
 @extend_schema(request=None, responses={200: schema.TaskKept})

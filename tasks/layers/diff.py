@@ -95,14 +95,17 @@ def _read(path: Path | None) -> bytes | None:
     Never follows a link and never opens a special file."""
     if path is None:
         return b""
-    st = os.lstat(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None  # removed since it was listed (a running task, an undo): not shown as text
     if stat.S_ISLNK(st.st_mode):
         return f"-> {show(os.readlink(path))}\n".encode()
     if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TEXT_BYTES:
         return None
     try:
         fd = open_regular(path)
-    except NotRegular:
+    except (NotRegular, FileNotFoundError):
         return None
     with os.fdopen(fd, "rb") as handle:
         return handle.read(MAX_TEXT_BYTES + 1)

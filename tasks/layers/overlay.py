@@ -24,6 +24,7 @@ from tasks.layers.tree import (
     Meta,
     NativeMarkers,
     has_opaque_xattr,
+    mark_may_hold_whiteouts,
 )
 
 
@@ -82,23 +83,29 @@ def clear_opaque_dirs(upper: Path, lower: Stack) -> None:
 
 def drop_unchanged_copies(tree: LayerTree, lower: Stack) -> None:
     """Remove the copy-ups that equal what they copied (``touch``, ``sed -i`` that matched
-    nothing, the same bytes written again): they are not changes, and left in the layer they
-    would keep the old content alive when a task beneath is undone. Inside an opaque directory
-    everything stays: there the layer alone says what the directory holds."""
+    nothing, the same bytes written again), and the directories overlayfs copied up only to hold
+    them: they are not changes, and left in the layer they would keep old content alive when a
+    task beneath is undone. The copy driver's layer never holds them in the first place. Each
+    directory left holding a whiteout is marked so overlayfs hides it (``mark_may_hold_whiteouts``)."""
 
-    def visit(rel: str) -> None:
+    def visit(rel: str) -> bool:
+        """True when ``rel`` holds nothing of the task's any more."""
+        empty = True
         for name, entry in sorted(tree.children(rel).items()):
             inner = join(rel, name)
-            if entry.kind == WHITEOUT:
-                continue
-            if entry.kind == DIR:
-                if not entry.opaque:
-                    visit(inner)
-                continue
             below = lower.lookup(inner)
-            if below is not None and below.kind == entry.kind and below.path is not None \
+            if entry.kind == WHITEOUT:
+                mark_may_hold_whiteouts(tree.path(rel))
+            elif entry.kind == DIR:
+                if visit(inner) and not entry.opaque and below is not None and below.kind == DIR:
+                    os.rmdir(tree.path(inner))
+                    continue
+            elif below is not None and below.kind == entry.kind and below.path is not None \
                     and same_content(tree.path(inner), below.path):
                 os.unlink(tree.path(inner))
+                continue
+            empty = False
+        return empty
 
     visit("")
 

@@ -15,12 +15,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from boxsite.errors import Conflict
-from tasks.layers import compaction, mounts, paths
+from tasks.events import record_event
+from tasks.layers import compaction, diff, mounts, paths
 from tasks.layers.base import Root, driver_name, get_driver
 from tasks.layers.diff import Change, layer_changes
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
-from tasks.layers.tree import LayerTree, Meta
-from tasks.models import Layer, LayerState, Task, Workspace
+from tasks.layers.tree import DIR, LayerTree, Meta
+from tasks.models import EventKind, Layer, LayerState, Task, Workspace
 from tasks.states import ACTIVE, State
 
 log = logging.getLogger(__name__)
@@ -190,8 +191,49 @@ def seal_layer(task_id: str, *, native: bool = False) -> None:
                 from tasks.layers import review
 
                 review.record_touched(task, roots)
+            else:
+                note_overrides(task, layer, LayerTree.of_layer(directory))
         if native and meta.format == "portable":
             _to_native(directory, meta)
+
+
+def note_overrides(task: Task, layer: Layer, tree: LayerTree) -> None:
+    """Tasks that overlap on one workspace: the last to finish wins (docs/decisions.md). When
+    ``task`` finished over the layers of tasks that ended while it ran, its log says which of
+    their paths its own layer now replaces or hides, so nothing is overridden silently."""
+    if task.state != State.DONE or layer.applied_at is None:
+        return
+    others = (Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED,
+                                   applied_at__lt=layer.applied_at)
+              .exclude(task_id__in=[*task.layers, task.pk]).order_by("applied_at"))
+    overridden: dict[str, list[str]] = {}
+    for other in others:
+        listed = (other.manifest or {}).get("paths", [])
+        hit = [item["path"] for item in listed if _covers(tree, paths.unshow(item["path"]))]
+        if hit:
+            overridden[other.task_id] = hit
+    if not overridden:
+        return
+    shown = "; ".join(f"{', '.join(hit[:5])}{' …' if len(hit) > 5 else ''} from task {other_id}"
+                      for other_id, hit in overridden.items())
+    with transaction.atomic():
+        record_event(task, EventKind.NOTE,
+                     f"finished after tasks that ended while it ran; the last to finish wins, so this task's "
+                     f"version stands at {shown}", {"overrides": overridden})
+
+
+def _covers(tree: LayerTree, rel: str) -> bool:
+    """``tree`` has an entry at ``rel`` (a file, link or deletion) or a file or deletion above it."""
+    entry = tree.entry(rel)
+    if entry is not None and entry.kind != DIR:
+        return True
+    above = paths.parent_of(rel)
+    while above:
+        entry = tree.entry(above)
+        if entry is not None and entry.kind != DIR:
+            return True
+        above = paths.parent_of(above)
+    return False
 
 
 def summarise(changes: list[Change], limit: int = 500) -> dict[str, Any]:
@@ -216,13 +258,29 @@ def changes_of(task: Task, layer: Layer, roots: list[Root] | None = None, meta: 
         with layer_lock(task.pk):
             meta = Meta.load(directory)
             if not meta.sealed:
-                driver = get_driver(layer.driver)
-                for root in roots:
-                    changes += driver.changes(root)
-                return sorted(changes, key=lambda c: c.path)
+                return _live_changes(layer, roots)
     for root in roots:
         changes += layer_changes(_tree_for(directory, meta, root.name), root.lower, prefix=root.name)
     return sorted(changes, key=lambda c: c.path)
+
+
+def _live_changes(layer: Layer, roots: list[Root]) -> list[Change]:
+    driver = get_driver(layer.driver)
+    changes: list[Change] = []
+    for root in roots:
+        changes += driver.changes(root)
+    return sorted(changes, key=lambda c: c.path)
+
+
+def diff_body(task: Task, layer: Layer) -> dict[str, Any]:
+    """The task's diff as the API shows it. While the layer is not sealed, the change set is
+    listed and its files read under the layer lock: a copy-driver seal moves those files."""
+    directory = paths.layer_dir(task.pk)
+    if not Meta.load(directory).sealed:
+        with layer_lock(task.pk):
+            if not Meta.load(directory).sealed:
+                return diff.render(_live_changes(layer, roots_for(task, layer, for_mount=False)))
+    return diff.render(changes_of(task, layer))
 
 
 def _unmount(task_id: str) -> None:

@@ -34,6 +34,7 @@ FILE = "file"
 LINK = "link"
 SPECIAL = "special"  # a FIFO, socket or device: listed, never opened
 OPAQUE_XATTR = "trusted.overlay.opaque"
+ORIGIN_XATTR = "trusted.overlay.origin"
 
 
 @dataclass(frozen=True)
@@ -190,11 +191,24 @@ class Markers(Protocol):
     def forget(self, rel: str) -> None: ...
 
 
+def mark_may_hold_whiteouts(directory: Path) -> None:
+    """overlayfs hides a lower directory's whiteouts only when it knows the directory may hold
+    some: when it merges with one beneath, or carries an origin xattr. Once a task beneath is
+    undone a directory may have nothing beneath it, and its whiteouts would be listed as
+    unreadable entries; so every directory holding one carries the xattr. An empty value means
+    "origin unknown", which overlayfs accepts; a sealed layer is only ever a lower layer."""
+    try:
+        os.getxattr(directory, ORIGIN_XATTR, follow_symlinks=False)
+    except OSError:
+        os.setxattr(directory, ORIGIN_XATTR, b"", follow_symlinks=False)
+
+
 class NativeMarkers:
     format = "native"
 
     def whiteout(self, root: Path, rel: str) -> None:
         os.mknod(root / rel, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+        mark_may_hold_whiteouts((root / rel).parent)
 
     def opaque(self, root: Path, rel: str) -> None:
         os.setxattr(root / rel, OPAQUE_XATTR, b"y", follow_symlinks=False)

@@ -10,6 +10,7 @@ from typing import Any
 from tasks.models import Task
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
+from tests.pauses.helpers import cont
 
 SAME_MTIME = "touch -d '2020-01-02 03:04:05' 'c d' 'New Folder/a'"
 
@@ -189,3 +190,25 @@ def test_an_empty_file_added_or_deleted_has_unified_diff_headers(lbox):
     assert diff_of(lbox, added["id"])["diff"] == "--- /dev/null\n+++ b/empty.txt\n"
     gone = finished(lbox, flow({"delete": "empty.txt"}))
     assert diff_of(lbox, gone["id"])["diff"] == "--- a/empty.txt\n+++ /dev/null\n"
+
+
+# 8. tasks that overlap on one workspace: the last to finish wins, and says so
+
+def test_the_last_overlapping_task_to_finish_wins_and_its_log_says_what_it_overrode(lbox):
+    finished(lbox, flow({"write": {"path": "d/old.txt", "content": "old\n"}}))
+    slow = lbox.create(title="slow", flow=flow({"checkpoint": "look first"}, {"delete": "d"},
+                                               {"write": {"path": "both.txt", "content": "slow\n"}}))
+    lbox.wait_state(slow["id"], "waiting")  # its view is open over the stack as it was
+    fast = finished(lbox, flow({"write": {"path": "d/new.txt", "content": "new\n"}},
+                               {"write": {"path": "both.txt", "content": "fast\n"}}))
+    assert read(lbox, "d/new.txt") == "new\n"
+    assert cont(lbox, slow["id"], approve=True).status_code == 200
+    slow = lbox.wait_state(slow["id"], "done", "failed")
+    assert slow["state"] == "done", slow["error"]
+
+    assert read(lbox, "both.txt") == "slow\n" and read(lbox, "d/new.txt") is None  # the last writer wins
+    events = lbox.events(slow["id"])
+    notes = [e for e in events if e["kind"] == "note" and "last to finish wins" in e["summary"]]
+    assert len(notes) == 1, [e["summary"] for e in events]
+    assert notes[0]["data"]["overrides"] == {fast["id"]: ["both.txt", "d/new.txt"]}
+    assert f"from task {fast['id']}" in notes[0]["summary"]
