@@ -64,6 +64,10 @@ def transition(
         fields["started_at"] = now
     if new_state in FINAL and old_state not in FINAL:
         fields["finished_at"] = now
+    if new_state in FINAL:
+        fields.setdefault("step", "")  # nothing is being done any more: "Doing now" must not say otherwise
+    if new_state == State.UNDONE:
+        fields.setdefault("progress", 0.0)  # its changes are gone
     with transaction.atomic():
         moved = Task.objects.filter(pk=task.pk, state=old_state, version=task.version).update(
             state=new_state, version=F("version") + 1, updated_at=now, **fields
@@ -199,7 +203,7 @@ def spec_of(task: Task) -> dict[str, Any]:
     return spec
 
 
-def rerun_task(principal: Principal, task_id: str, body: Any) -> Task:
+def rerun_task(principal: Principal, task_id: str, body: Any, *, source: str | None = None) -> Task:
     """A new task from an ended task's spec; ``body`` replaces any of its fields (the portal's
     form, edited). Checked whole, like any new task."""
     if not isinstance(body, dict):
@@ -207,7 +211,7 @@ def rerun_task(principal: Principal, task_id: str, body: Any) -> Task:
     task = get_task_for(principal, task_id)
     if not is_final_view(task):
         raise Conflict(f"task '{task.pk}' is {task.state}; only an ended task can run again (cancel it first)")
-    return create_task({**spec_of(task), **body}, principal)
+    return create_task({**spec_of(task), **body}, principal, source=source)
 
 
 @transaction.atomic

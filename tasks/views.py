@@ -43,8 +43,7 @@ EVENT_PAGE = 200
 def task_list(request: Request) -> Response:
     principal = Principal.of(request)
     if request.method == "POST":
-        source = "phone" if principal.via == "device" else None
-        task = services.create_task(request.data, principal, source=source)
+        task = services.create_task(request.data, principal, source=channel_source(principal, request.data))
         return Response(present_task(task), status=201)
     qs = Task.objects.filter(owner=principal.user).select_related("workspace")
     if principal.via == "device":
@@ -62,6 +61,16 @@ def task_list(request: Request) -> Response:
     rows, next_cursor = page(qs, TASK_SORTS, request.query_params.get("sort", "-created"),
                              request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
     return Response({"results": [present_task(t) for t in rows], "next": next_cursor})
+
+
+def channel_source(principal: Principal, body: Any) -> str | None:
+    """``source`` for a task made through the box's own pages: the phone, or the portal (a signed-in
+    session that names no source of its own). None lets the spec's ``source`` (or "api") stand."""
+    if principal.via == "device":
+        return "phone"
+    if principal.via == "session" and not (isinstance(body, dict) and "source" in body):
+        return "portal"
+    return None
 
 
 def _events_after(task: Task, after: int, limit: int, *, upto: int | None = None) -> dict[str, Any]:
@@ -133,7 +142,9 @@ def task_undo(request: Request, task_id: str) -> Response:
 @api_view(["POST"])
 def task_rerun(request: Request, task_id: str) -> Response:
     """A new task from this ended task's spec; the body's fields replace the spec's."""
-    return Response(present_task(services.rerun_task(Principal.of(request), task_id, request.data)), status=201)
+    principal = Principal.of(request)
+    task = services.rerun_task(principal, task_id, request.data, source=channel_source(principal, request.data))
+    return Response(present_task(task), status=201)
 
 
 @extend_schema(request=schema.ContinueBody, responses={200: schema.TaskView})

@@ -86,8 +86,16 @@ export function upsertRow(list, task, options) {
   const existing = list.querySelector(`[data-task="${CSS.escape(task.id)}"]`);
   if (existing && Number(existing.dataset.seq) > (task.lastSeq ?? 0)) return;
   const row = taskRow(task, options);
-  if (existing) existing.replaceWith(row);
-  else list.prepend(row);
+  if (!existing) {
+    list.prepend(row);
+    return;
+  }
+  // A live update must not throw keyboard focus to the page body: focus goes back to the same
+  // control in the new row (or its first control).
+  const controls = (node) => [...node.querySelectorAll("a[href], button, input, select, textarea, [tabindex]")];
+  const focusAt = existing.contains(document.activeElement) ? controls(existing).indexOf(document.activeElement) : null;
+  existing.replaceWith(row);
+  if (focusAt !== null) (controls(row)[focusAt] ?? controls(row)[0] ?? row)?.focus();
 }
 
 function decisionButtons(approval, version, onDone, big) {

@@ -71,6 +71,8 @@ export function showFieldError(form, err) {
 const DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 const isNumber = (s) => /^\d+$/.test(s);
+const isMinute = (s) => isNumber(s) && Number(s) <= 59;
+const isHour = (s) => isNumber(s) && Number(s) <= 23;
 const clock = (h, m) => `${String(h).padStart(2, "0")}:${String(m).padStart(2, "0")}`;
 
 export function intervalWords(seconds) {
@@ -100,10 +102,10 @@ export function cronWords(cron) {
   if (dom === "*" && month === "*" && dow === "*") {
     if (min === "*" && hour === "*") return "every minute";
     if (step(min) && hour === "*") return `every ${plural(Number(step(min)), "minute")}`;
-    if (isNumber(min) && hour === "*") return `every hour at ${String(min).padStart(2, "0")} past`;
-    if (isNumber(min) && step(hour)) return `every ${plural(Number(step(hour)), "hour")} at ${String(min).padStart(2, "0")} past`;
+    if (isMinute(min) && hour === "*") return `every hour at ${String(min).padStart(2, "0")} past`;
+    if (isMinute(min) && step(hour)) return `every ${plural(Number(step(hour)), "hour")} at ${String(min).padStart(2, "0")} past`;
   }
-  if (isNumber(min) && isNumber(hour) && month === "*") {
+  if (isMinute(min) && isHour(hour) && month === "*") {
     const at = clock(Number(hour), Number(min));
     if (dom === "*") {
       const days = daysWords(dow);

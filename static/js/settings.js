@@ -1,11 +1,14 @@
 // Settings: defaults, vault names, API tokens, paired phones and pairing.
 import { api, clearErrors, el, say, showError, when, put } from "./api.js";
+import { confirmThen } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 
+// Every Revoke/Delete here asks first, in the page's confirm dialog, as the task window does.
 function rowWith(label, detail, buttonLabel, onClick) {
   const button = el("button", { type: "button", class: "danger small" }, buttonLabel);
   button.addEventListener("click", async () => {
+    if (!(await confirmThen(`${buttonLabel}?`, "This cannot be undone.", buttonLabel))) return;
     button.disabled = true;
     try { await onClick(); } catch (err) { say(err.message); button.disabled = false; }
   });
@@ -79,7 +82,16 @@ async function loadTokens() {
   put($("token-list"), ...tokens.results.map((t) => t.revokedAt
     ? el("li", { class: "revoked" }, el("div", {}, el("strong", {}, t.name), el("p", { class: "hint" }, `${t.prefix}… revoked ${when(t.revokedAt)}`)))
     : rowWith(t.name, `${t.prefix}…${t.canUseFolders ? " · may use folders" : ""} · last used ${t.lastUsedAt ? when(t.lastUsedAt) : "never"}`,
-        `Revoke ${t.name}`, async () => { await api("POST", `/api/tokens/${t.id}/revoke`); say(`Revoked ${t.name}`); loadTokens(); })));
+        `Revoke ${t.name}`, async () => { await api("POST", `/api/tokens/${t.id}/revoke`); say(`Revoked ${t.name}`); forgetShownToken(t.id); loadTokens(); })));
+}
+
+// The value shown once after creating a token goes away when that token is revoked.
+let shownTokenId = null;
+function forgetShownToken(id) {
+  if (id !== shownTokenId) return;
+  shownTokenId = null;
+  $("new-token").hidden = true;
+  $("new-token-value").value = "";
 }
 const tokenForm = $("token-form");
 tokenForm.addEventListener("submit", async (event) => {
@@ -91,6 +103,7 @@ tokenForm.addEventListener("submit", async (event) => {
     $("new-token").hidden = false;
     const out = $("new-token-value");
     out.value = created.token;
+    shownTokenId = created.id;
     out.focus();
     out.select();
     loadTokens();

@@ -14,12 +14,21 @@ function showEmpty() {
 for (const task of [...data.tasks].reverse()) upsertRow(list, task);
 showEmpty();
 
+// The inbox count changes only when a task starts or stops waiting: ask for it then, once per
+// burst of live events, not once per event.
+const waiting = new Map(data.tasks.map((t) => [t.id, t.state === "waiting"]));
+let countTimer = null;
 new ListStream({
   cursor: data.cursor,
   onTask: (task) => {
     upsertRow(list, task);
     showEmpty();
-    if (task.state === "waiting" || task.waitingFor === null) refreshInboxCount();
+    const now = task.state === "waiting";
+    if (waiting.get(task.id) !== now) {
+      waiting.set(task.id, now);
+      clearTimeout(countTimer);
+      countTimer = setTimeout(refreshInboxCount, 250);
+    }
   },
 }).start();
 
