@@ -69,6 +69,7 @@ class TaskView(s.Serializer):
     createdAt = Str()
     startedAt = Str(allow_null=True)
     finishedAt = Str(allow_null=True)
+    historyPrunedAt = Str(allow_null=True, help_text="when retention removed a done task's history; its layer stays")
     updatedAt = Str()
     next = _strs(help_text="the calls that make sense now: continue, approve, deny, keep, cancel, undo, diff, report")
 
@@ -331,6 +332,7 @@ class Settings(s.Serializer):
     networkDefault = Str()
     defaultHosts = _strs()
     retentionDays = Int()
+    retentionCount = Int(help_text="ended tasks whose history is kept (newest first)")
     maxActiveTasks = Int()
     updatedAt = Str(allow_null=True)
 
@@ -447,6 +449,7 @@ class SettingsBody(s.Serializer):
     networkDefault = Str(required=False)
     defaultHosts = _strs(required=False)
     retentionDays = Int(required=False)
+    retentionCount = Int(required=False, min_value=1, max_value=1_000_000)
     maxActiveTasks = Int(required=False)
 
 
