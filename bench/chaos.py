@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import PYTHON, ROOT, free_port  # noqa: E402
 
 STEPS = 3
-FLOW = {"steps": [{"run": f"sleep 0.{3 + i}; echo step{i} >> .effects", "name": f"step {i}"} for i in range(STEPS)]}
+FLOW = {"steps": [{"run": f"sleep 1.{2 * i}; echo step{i} >> .effects", "name": f"step {i}"} for i in range(STEPS)]}
 REDIS_DB = os.environ.get("BOX_BENCH_REDIS_DB", "13")
 
 
@@ -54,6 +54,13 @@ def _children(pid: int) -> set[int]:
         frontier = {c for c, p in parents.items() if p in frontier} - found
         found |= frontier
     return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return 0
 
 
 def _cmdline(pid: int) -> bytes:
@@ -117,7 +124,7 @@ class ChaosBox:
     def busy_workers(self) -> list[int]:
         """django-q2 worker processes that are running a task's processes right now."""
         assert self.proc is not None
-        leader = next((p for p in _children(self.proc.pid) if b"runcluster" in _cmdline(p)), None)
+        leader = next((p for p in _children(self.proc.pid) if b"runcluster" in _cmdline(p) and _parent(p) == self.proc.pid), None)
         if leader is None:
             return []
         busy = []
