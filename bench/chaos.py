@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import PYTHON, ROOT, free_port  # noqa: E402
 
 STEPS = 3
-FLOW = {"steps": [{"run": f"sleep 1.{2 * i}; echo step{i} >> .effects", "name": f"step {i}"} for i in range(STEPS)]}
+# Each step appends a line to a file of its task's own (the workspace's stack shows every
+# earlier task's files to later tasks), as the last thing it does.
+FLOW = {"steps": [{"run": f"sleep 1.{2 * i}; echo step{i} >> .effects-$BOX_TASK_ID", "name": f"step {i}"} for i in range(STEPS)]}
 REDIS_DB = os.environ.get("BOX_BENCH_REDIS_DB", "13")
 
 
@@ -183,8 +185,8 @@ def _states(box: ChaosBox, ids: list[str]) -> dict[str, str]:
 
 
 def _step_completions(data: Path, task_id: str) -> int:
-    """Lines in the task's .effects (its layer on disk); the largest copy found."""
-    counts = [len(path.read_text().splitlines()) for path in data.rglob(".effects") if task_id in path.parts]
+    """Lines in the task's own effects file (in its layer on disk); the largest copy found."""
+    counts = [len(path.read_text().splitlines()) for path in data.rglob(f".effects-{task_id}")]
     return max(counts, default=0)
 
 

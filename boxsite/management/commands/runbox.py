@@ -93,6 +93,10 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         exit_code = 0
         started_worker = next_watch = time.monotonic()
+        # A (re)started cluster gets time to come up before it is judged; on a loaded machine
+        # that can take long, so each restart doubles it (back to the base once the cluster
+        # has gone a while without needing one).
+        base_grace = grace = max(2 * settings.BOX_STUCK_S, 15.0)
         while not stopping:
             for name, proc in procs.items():
                 if proc.poll() is not None:
@@ -102,14 +106,17 @@ class Command(BaseCommand):
             now = time.monotonic()
             if not stopping and now >= next_watch:
                 next_watch = now + WATCH_EVERY_S
-                # A (re)started cluster gets time to come up before it is judged.
-                if now - started_worker > max(2 * settings.BOX_STUCK_S, 15.0) and self._cluster_stuck():
-                    self.stderr.write(f"runs have waited {settings.BOX_STUCK_S:g}s while the worker cluster "
-                                      "claimed none; restarting it")
-                    stop_all([procs["worker"]], grace=min(5.0, settings.BOX_STOP_GRACE_S))
-                    procs["worker"] = start(children["worker"])
-                    started_worker = time.monotonic()
-                    runs.resend_unclaimed()
+                if now - started_worker > grace:
+                    if self._cluster_stuck():
+                        self.stderr.write(f"runs have waited {settings.BOX_STUCK_S:g}s while the worker cluster "
+                                          "claimed none; restarting it")
+                        stop_all([procs["worker"]], grace=min(5.0, settings.BOX_STOP_GRACE_S))
+                        procs["worker"] = start(children["worker"])
+                        started_worker = time.monotonic()
+                        grace = min(2 * grace, 300.0)
+                        runs.resend_unclaimed()
+                    elif now - started_worker > 2 * grace:
+                        grace = base_grace  # it has been working for a while
             time.sleep(0.2)
         self.stdout.write("Stopping: running steps are handed back, then the box releases what its tasks hold.")
         self.stdout.flush()
