@@ -154,6 +154,17 @@ def test_a_name_that_is_not_utf8_is_shown_escaped_and_can_be_named(lbox):
     assert view.status_code == 200
 
 
+def test_keep_writes_a_name_that_is_not_utf8_byte_for_byte(lbox, tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    task = finished(lbox, flow({"run": "printf hi > \"$(printf 'caf\\351')\""}), folder=str(folder))
+    assert diff_of(lbox, task["id"])["added"] == ["caf\\xe9"]
+    kept = keep(lbox, task["id"])
+    assert kept["review"] == "kept", kept
+    assert os.listdir(os.fsencode(folder)) == [b"caf\xe9"]
+    assert (folder / os.fsdecode(b"caf\xe9")).read_text() == "hi"
+
+
 # 7. a diff read while the copy driver seals is never empty
 
 def test_a_diff_read_while_the_task_ends_is_never_empty(lbox):
