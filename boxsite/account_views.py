@@ -35,6 +35,8 @@ def present_settings(row: BoxSettings) -> dict[str, Any]:
         "retentionDays": row.retention_days,
         "retentionCount": row.retention_count,
         "maxActiveTasks": row.max_active_tasks,
+        "taskMemoryMb": row.resource_default("memory_mb"),
+        "taskCpuPercent": row.resource_default("cpu_percent"),
         "updatedAt": _iso(row.updated_at),
     }
 

@@ -58,9 +58,29 @@ class BoxSettings(models.Model):
     retention_days = models.PositiveIntegerField(default=30)
     retention_count = models.PositiveIntegerField(default=1000)  # ended tasks whose history is kept
     max_active_tasks = models.PositiveIntegerField(default=32)
+    # Each new task's resource limits when its spec sets none; null: the environment's default
+    # (BOX_TASK_MEMORY_MB, BOX_TASK_CPU_PERCENT).
+    task_memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    task_cpu_percent = models.PositiveIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     @classmethod
     def current(cls) -> BoxSettings:
         row, _ = cls.objects.get_or_create(pk=1)
         return row
+
+    @property
+    def memory_mb_in_force(self) -> int:
+        return self.resource_default("memory_mb")
+
+    @property
+    def cpu_percent_in_force(self) -> int:
+        return self.resource_default("cpu_percent")
+
+    def resource_default(self, name: str) -> int:
+        """A new task's ``memory_mb`` or ``cpu_percent``: the owner's setting, else the env's."""
+        if name == "memory_mb":
+            return self.task_memory_mb or int(settings.BOX_TASK_MEMORY_MB)
+        if name == "cpu_percent":
+            return self.task_cpu_percent or int(settings.BOX_TASK_CPU_PERCENT)
+        raise ValueError(f"not a resource limit: {name}")

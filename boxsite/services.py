@@ -6,6 +6,7 @@ only their hashes are stored.
 """
 from __future__ import annotations
 
+import os
 import secrets
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -35,6 +36,8 @@ SETTINGS_FIELDS = {
     "retentionDays": "retention_days",
     "retentionCount": "retention_count",
     "maxActiveTasks": "max_active_tasks",
+    "taskMemoryMb": "task_memory_mb",
+    "taskCpuPercent": "task_cpu_percent",
 }
 
 
@@ -131,6 +134,11 @@ def update_settings(principal: Principal, body: Any) -> BoxSettings:
         changes["retention_count"] = _whole(body["retentionCount"], "retentionCount", minimum=1, maximum=1_000_000)
     if "maxActiveTasks" in body:
         changes["max_active_tasks"] = _whole(body["maxActiveTasks"], "maxActiveTasks", minimum=1, maximum=10_000)
+    if "taskMemoryMb" in body:
+        changes["task_memory_mb"] = _whole(body["taskMemoryMb"], "taskMemoryMb", minimum=16, maximum=16 * 1024 * 1024)
+    if "taskCpuPercent" in body:
+        cores = os.cpu_count() or 1
+        changes["task_cpu_percent"] = _whole(body["taskCpuPercent"], "taskCpuPercent", minimum=1, maximum=100 * cores)
     # Lock the single row: two saves at once must not interleave their read-modify-write.
     row = BoxSettings.objects.select_for_update().get_or_create(pk=1)[0]
     for name, value in changes.items():

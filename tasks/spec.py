@@ -272,6 +272,9 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
         limits[key] = _int(value, f"limits.{key}", minimum=MIN_MEMORY_MB if key == "memory_mb" else 1)
         if key in RESOURCE_DEFAULTS and (unenforced := resource_limits_unavailable()) is not None:
             raise NotAvailable(f"'limits.{key}' cannot be enforced on this box: {unenforced}", field=f"limits.{key}")
+    if resource_limits_unavailable() is None:
+        for name in RESOURCE_DEFAULTS:  # the owner's defaults at creation, like the budget
+            limits.setdefault(name, box_settings.resource_default(name))
     cores = os.cpu_count() or 1
     if limits.get("cpu_percent", 0) > 100 * cores:
         raise InvalidSpec(f"'limits.cpu_percent' is at most {100 * cores} (all {cores} cores)", field="limits.cpu_percent")

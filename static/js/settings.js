@@ -29,6 +29,8 @@ defaults.addEventListener("submit", async (event) => {
     retentionDays: whole(f.retentionDays),
     retentionCount: whole(f.retentionCount),
     maxActiveTasks: whole(f.maxActiveTasks),
+    taskMemoryMb: whole(f.taskMemoryMb),
+    taskCpuPercent: whole(f.taskCpuPercent),
   };
   for (const [key, value] of Object.entries(body)) {
     if (typeof value === "number" && !Number.isInteger(value)) {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+from django.test import Client
+
 from tasks.sandbox import cgroups
 from tests.factories import flow
 from tests.sandbox.conftest import needs_sandbox, results
@@ -71,3 +73,21 @@ def test_a_flow_step_over_the_memory_limit_fails_the_task_with_the_limit_named(s
     ))
     view = sandboxed.wait_state(task["id"], "done", "failed", timeout=60)
     assert view["state"] == "failed" and view["error"] == "memory limit of 48 MB reached", view
+
+
+def test_the_owner_sets_the_defaults_on_the_settings_page_and_new_tasks_get_them(sandboxed):
+    page = Client()
+    page.force_login(sandboxed.owner)
+    html = page.get("/settings").content.decode()
+    assert 'name="taskMemoryMb"' in html and 'value="2048"' in html and 'name="taskCpuPercent"' in html
+    changed = sandboxed.api.patch("/api/settings", {"taskMemoryMb": 512, "taskCpuPercent": 50}, format="json")
+    assert changed.status_code == 200 and changed.json()["taskMemoryMb"] == 512, changed.json()
+    assert 'value="512"' in page.get("/settings").content.decode()
+    task = sandboxed.create(title="defaults", flow=flow({"run": "true"}))
+    assert task["limits"]["memory_mb"] == 512 and task["limits"]["cpu_percent"] == 50
+    own = sandboxed.create(title="own", flow=flow({"run": "true"}), limits={"memory_mb": 256})
+    assert own["limits"]["memory_mb"] == 256 and own["limits"]["cpu_percent"] == 50
+    for body, field in (({"taskMemoryMb": 8}, "taskMemoryMb"), ({"taskCpuPercent": 0}, "taskCpuPercent"),
+                        ({"taskCpuPercent": 100_000}, "taskCpuPercent")):
+        bad = sandboxed.api.patch("/api/settings", body, format="json")
+        assert bad.status_code == 400 and bad.json()["field"] == field, bad.json()
