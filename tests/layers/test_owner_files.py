@@ -132,6 +132,16 @@ def test_a_removed_and_remade_directory_holds_only_what_its_task_changed(lbox):
     assert listing(lbox, "d") == ["y.txt", "z.txt"]
 
 
+def test_a_deletion_whose_file_was_undone_beneath_it_shows_nothing_in_a_later_view(lbox):
+    made = finished(lbox, flow({"write": {"path": "d/x.txt", "content": "x\n"}}))
+    finished(lbox, flow({"run": "rm -rf d && mkdir d"}))  # a new directory holding a deletion of x.txt
+    undo(lbox, made["id"])
+    assert listing(lbox, "d") == []
+    later = lbox.create(title="look", flow=flow({"run": "test -d d && test -z \"$(ls -A d)\""}))
+    later = lbox.wait_state(later["id"], "done", "failed")
+    assert later["state"] == "done", later["error"]  # no unreadable whiteout listed in the real view
+
+
 def test_a_hard_link_a_task_makes_is_a_copy_for_later_tasks(lbox):
     finished(lbox, flow({"write": {"path": "a.txt", "content": "A\n"}}))
     linked = finished(lbox, flow({"run": "ln a.txt b.txt"}))
