@@ -7,6 +7,7 @@ urlpatterns = [
     path("schedules", views.schedule_list, name="schedule-list"),
     path("schedules/<str:schedule_id>", views.schedule_detail, name="schedule-detail"),
     path("schedules/<str:schedule_id>/pause", views.schedule_pause, name="schedule-pause"),
+    path("schedules/<str:schedule_id>/run", views.schedule_run, name="schedule-run"),
     path("schedules/<str:schedule_id>/resume", views.schedule_resume, name="schedule-resume"),
     path("schedules/<str:schedule_id>/firings", views.schedule_firings, name="schedule-firings"),
     path("triggers", views.trigger_list, name="trigger-list"),

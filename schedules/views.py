@@ -25,6 +25,7 @@ from boxsite.principal import Principal
 from schedules import services, triggers, webhooks
 from schedules.models import Origin, Schedule, ScheduleStatus, Trigger, TriggerKind
 from schedules.presenters import present_delivery, present_firing, present_schedule, present_trigger
+from tasks.presenters import present_task
 
 SCHEDULE_SORTS = {
     "next": Sort("next", "next_run_at", descending=False, nullable=True),
@@ -122,6 +123,13 @@ def schedule_detail(request: Request, schedule_id: str) -> Response:
     else:
         schedule = services.get_schedule_for(principal, schedule_id)
     return Response(present_schedule(schedule, last_firing=schedule.firings.order_by("-id").first()))
+
+
+@extend_schema(request=None, responses={201: schema.TaskView})
+@api_view(["POST"])
+def schedule_run(request: Request, schedule_id: str) -> Response:
+    """Run now: the schedule's task starts at once; its own timetable is unchanged."""
+    return Response(present_task(services.run_schedule_now(Principal.of(request), schedule_id)), status=201)
 
 
 @extend_schema(request=None, responses={200: schema.Schedule})

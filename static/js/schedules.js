@@ -65,6 +65,7 @@ function scheduleRow(s) {
   } else {
     actions.push(actionButton("Pause", "", () => change(s, "pause", `Paused ${s.name}`), say));
   }
+  actions.push(actionButton("Run now", "", () => runNow(s), say));
   if (!s.system) {
     actions.push(actionButton("Edit", "", async () => startEditing(s), say));
     actions.push(actionButton("Delete", "danger", () => remove(s), say));
@@ -121,6 +122,12 @@ function firingRow(f) {
     el("time", { datetime: f.firedAt }, when(f.firedAt)), " ",
     skipped, " ",
     f.task ? taskLink(f.task, `task ${f.task}`) : el("span", { class: "error" }, `failed: ${f.error ?? "no task"}`));
+}
+
+async function runNow(s) {
+  const task = await api("POST", `/api/schedules/${s.id}/run`);
+  say(`Started “${task.title}” from ${s.name}`);
+  await load();
 }
 
 async function change(s, verb, message) {
