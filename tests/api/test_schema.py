@@ -150,6 +150,7 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("PATCH", f"/api/schedules/{sched['id']}", {"intervalSeconds": 7200}))
     ok(api.call("POST", f"/api/schedules/{sched['id']}/pause"))
     ok(api.call("POST", f"/api/schedules/{sched['id']}/resume"))
+    ok(api.call("POST", f"/api/schedules/{sched['id']}/run"), 201)
     ok(api.call("GET", f"/api/schedules/{sched['id']}/firings"))
     ok(api.call("DELETE", f"/api/schedules/{sched['id']}"), 204)
     hook = api.call("POST", "/api/triggers", {"name": "w", "kind": "webhook", "template": template}).json()
