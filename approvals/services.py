@@ -19,8 +19,16 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
+from approvals.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalState,
+    Question,
+    QuestionKind,
+    QuestionState,
+)
 from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
+from boxsite.validation import check_fields
 from tasks.events import record_event
 from tasks.facts import Facts, Redactor, guess_kind, redactor_for
 from tasks.models import EventKind, RunKind, Task
@@ -429,11 +437,7 @@ def _check_version(task: Task, expected: Any) -> None:
 def _parse_body(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
     if body is None:
         return {}
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body is a JSON object")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
+    check_fields(body, allowed)
     if "version" in body and (isinstance(body["version"], bool) or not isinstance(body["version"], int)):
         raise InvalidRequest("'version' is the task version you saw (a whole number)", field="version")
     return dict(body)

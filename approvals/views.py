@@ -13,6 +13,7 @@ from approvals.presenters import present_approval, present_question
 from boxsite import schema
 from boxsite.errors import InvalidRequest
 from boxsite.principal import Principal
+from boxsite.validation import check_fields, fields_of
 from tasks.facts import Redactor, redactor_for
 
 
@@ -41,10 +42,7 @@ def approval_detail(request: Request, approval_id: str) -> Response:
 
 
 def _decide(request: Request, approval_id: str, approve: bool) -> Response:
-    body = request.data if isinstance(request.data, dict) else {}
-    unknown = sorted(set(body) - {"version"})
-    if unknown:
-        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
+    body = check_fields(request.data, fields_of(schema.DecideBody))
     version = body.get("version")
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
         raise InvalidRequest("'version' is the task version you saw (a whole number)", field="version")

@@ -19,6 +19,7 @@ from boxsite.auth import DEVICE_COOKIE
 from boxsite.models import ApiToken, BoxSettings, Device
 from boxsite.principal import Principal
 from boxsite.qr import qr_svg
+from boxsite.validation import check_fields, fields_of
 
 DEVICE_COOKIE_AGE = 400 * 24 * 3600  # browsers cap cookie lifetimes at about 400 days
 
@@ -162,7 +163,7 @@ def pairing_start(request: Request) -> Response:
 @permission_classes([AllowAny])
 def pairing_claim(request: Request) -> Response:
     """Spend a pairing code: the phone gets its device key as an HttpOnly cookie, never in the body."""
-    body = request.data if isinstance(request.data, dict) else {}
+    body = check_fields(request.data, fields_of(schema.PairingClaimBody))
     device, key = services.pair_device(body.get("code", ""), body.get("name", "Phone"))
     response = Response(present_device(device), status=201)
     set_device_cookie(response, request, key)

@@ -426,7 +426,8 @@ class ScheduleBody(s.Serializer):
     timezone = Str(required=False)
     intervalSeconds = Int(required=False)
     template = Obj(help_text="a task spec without 'source'")
-    enabled = Bool(required=False)
+    paused = Bool(required=False)
+    version = Int(required=False, help_text="PATCH only: the version you saw")
 
 
 class TriggerBody(s.Serializer):
@@ -435,8 +436,8 @@ class TriggerBody(s.Serializer):
     template = Obj()
     secret = Str(required=False)
     folder = Str(required=False)
-    pattern = Str(required=False)
     settleSeconds = s.FloatField(required=False)
+    paused = Bool(required=False)
 
 
 class RotateBody(s.Serializer):

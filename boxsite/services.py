@@ -17,8 +17,17 @@ from django.utils import timezone
 
 from boxsite.auth import issue_api_token
 from boxsite.errors import Forbidden, InvalidRequest, NotFound
-from boxsite.models import ApiToken, BoxSettings, Device, NetworkDefault, PairingCode, hash_key
+from boxsite.models import (
+    ApiToken,
+    BoxSettings,
+    Device,
+    NetworkDefault,
+    PairingCode,
+    hash_key,
+)
 from boxsite.principal import Principal
+from boxsite.schema import TokenBody
+from boxsite.validation import check_fields, fields_of
 
 PAIRING_TTL = timedelta(minutes=10)
 # Crockford's base32 without the letters people misread (I, L, O, U): 8 characters = 40 bits,
@@ -108,11 +117,7 @@ def update_settings(principal: Principal, body: Any) -> BoxSettings:
     from tasks.spec import valid_host
 
     require_settings_right(principal)
-    if not isinstance(body, dict):
-        raise InvalidRequest("settings are a JSON object")
-    unknown = sorted(set(body) - set(SETTINGS_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown setting '{unknown[0]}'", field=unknown[0])
+    check_fields(body, SETTINGS_FIELDS, what="settings")
     changes: dict[str, Any] = {}
     if "defaultBudgetCents" in body:
         changes["default_budget_cents"] = _whole(body["defaultBudgetCents"], "defaultBudgetCents", minimum=0, maximum=10_000_000)
@@ -151,8 +156,7 @@ def update_settings(principal: Principal, body: Any) -> BoxSettings:
 # --- API tokens ---------------------------------------------------------------------------
 def create_token(principal: Principal, body: Any) -> tuple[ApiToken, str]:
     require_settings_right(principal)
-    if not isinstance(body, dict):
-        raise InvalidRequest("a token request is a JSON object")
+    check_fields(body, fields_of(TokenBody), what="a token request")
     name = body.get("name")
     if not isinstance(name, str) or not name.strip():
         raise InvalidRequest("give the token a name, so you know later what uses it", field="name")

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.principal import Principal
+from boxsite.validation import check_fields
 from schedules.cadence import Cadence
 from schedules.models import Firing, Origin, Schedule
 from schedules.specs import check_template, fill, firing_principal
@@ -40,15 +41,6 @@ def check_name(value: Any) -> str:
             field="name",
         )
     return value
-
-
-def check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
-    return body
 
 
 def get_schedule_for(principal: Principal, schedule_id: Any, *, for_update: bool = False) -> Schedule:

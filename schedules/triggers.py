@@ -17,8 +17,9 @@ from django.utils import timezone
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.principal import Principal
+from boxsite.validation import check_fields
 from schedules.models import Origin, Trigger, TriggerKind
-from schedules.services import check_fields, check_name, origin_of
+from schedules.services import check_name, origin_of
 from schedules.specs import check_template
 from tasks.crypto import decrypt, encrypt
 

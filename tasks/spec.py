@@ -16,6 +16,8 @@ from django.conf import settings
 
 from boxsite.errors import Forbidden, InvalidSpec, NotAvailable, OriginsRequired
 from boxsite.principal import Principal
+from boxsite.schema import TaskSpecBody
+from boxsite.validation import check_fields, fields_of
 from tasks.flows import validate_flow
 from tasks.sandbox import cgroups
 from tasks.sandbox.support import missing_reason
@@ -61,11 +63,9 @@ BUILTIN_WORKERS = ("agent", "flow", "command")
 PAYMENT_MODES = ("stop_at_payment", "fill_then_approve")
 RESERVED_SOURCES = ("schedule:", "webhook:", "file:", "phone")
 
-SPEC_FIELDS = {
-    "title", "prompt", "workspace", "worker", "command", "tools", "hosts", "budgetCents", "source",
-    "flow", "facts", "secretFacts", "constraints", "limits", "folder", "folders",
-    "externalTaskId", "externalAttempt",
-}
+# The spec's fields are those ``boxsite.schema.TaskSpecBody`` declares: adding one is a line
+# there, its check in ``parse_spec`` and the model field.
+SPEC_FIELDS = fields_of(TaskSpecBody)
 CONSTRAINT_FIELDS = {"payment", "origins", "allow_destructive", "surfaces", "browser_profile", "headed"}
 
 _HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:(?P<port>\d{1,5}))?$")
@@ -172,10 +172,7 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     later = sorted(set(body) & set(NOT_AVAILABLE_YET))
     if later:
         raise NotAvailable(f"'{later[0]}' is not available yet: {NOT_AVAILABLE_YET[later[0]]}", field=later[0])
-    unknown = sorted(set(body) - SPEC_FIELDS)
-    if unknown:
-        hint = " (did you mean 'budgetCents'?)" if unknown[0] == "budget" else ""
-        raise InvalidSpec(f"unknown field '{unknown[0]}'{hint}", field=unknown[0])
+    check_fields(body, SPEC_FIELDS, error=InvalidSpec, hints={"budget": "budgetCents"}, what="a task spec")
 
     title = _str(body, "title", required=True, max_len=200)
     flow = body.get("flow")

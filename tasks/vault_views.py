@@ -9,8 +9,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from boxsite import schema
-from boxsite.errors import Forbidden, InvalidRequest
+from boxsite.errors import Forbidden
 from boxsite.principal import Principal
+from boxsite.validation import check_fields, fields_of
 from tasks import vault
 from tasks.models import VaultSecret
 
@@ -32,8 +33,7 @@ def vault_list(request: Request) -> Response:
     _require_settings_right(request)
     if request.method == "POST":
         body = request.data
-        if not isinstance(body, dict) or set(body) - {"name", "value"}:
-            raise InvalidRequest("the vault takes {\"name\": ..., \"value\": ...}", field="body")
+        body = check_fields(body, fields_of(schema.SecretBody))
         existed = VaultSecret.objects.filter(name=body.get("name")).exists()
         row = vault.set_secret(body.get("name"), body.get("value"))
         return Response(present_secret(row), status=200 if existed else 201)

@@ -12,6 +12,8 @@ from django.db import IntegrityError, transaction
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.principal import Principal
+from boxsite.schema import WorkspaceBody
+from boxsite.validation import check_fields, fields_of
 from tasks.layers import compaction, paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.copy import copy_tree
@@ -22,7 +24,7 @@ from tasks.layers.tree import special_type
 from tasks.models import Workspace
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-FIELDS = {"name", "importFrom"}
+FIELDS = fields_of(WorkspaceBody)
 MAX_READ = 1 << 20
 
 
@@ -35,11 +37,7 @@ def get_workspace(name: str) -> Workspace:
 
 def create_workspace(principal: Principal, body: Any) -> Workspace:
     """A new workspace with an empty base, or a copy of ``importFrom`` (an absolute directory)."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    unknown = sorted(set(body) - FIELDS)
-    if unknown:
-        raise InvalidRequest(f"unknown field '{unknown[0]}'", field=unknown[0])
+    check_fields(body, FIELDS)
     if not principal.can_change_settings:
         raise Forbidden("a paired device cannot create workspaces", field="name")
     name = body.get("name")

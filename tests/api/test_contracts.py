@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
 from tasks.models import Task
+from tasks.spec import SPEC_FIELDS
 from tests.conftest import Box
 from tests.factories import flow
 from tests.pauses.helpers import cont, pending_approval, post
@@ -104,3 +105,24 @@ def test_at_capacity_a_create_is_refused_before_the_spec_is_read(box: Box, djang
         response = box.api.post("/api/tasks", {"title": "t", "workspace": "nowhere", "flow": WRITE})
     assert response.status_code == 429 and response.json()["code"] == "TOO_MANY_TASKS"
     assert Task.objects.count() == 1
+
+
+@pytest.mark.parametrize(("url", "body"), [
+    ("/api/tokens", {"name": "ci", "expires": "never"}),
+    ("/api/pairing/claim", {"code": "123456", "trusted": True}),
+    ("/api/vault", {"name": "K", "value": "v", "note": "x"}),
+    ("/api/settings", {"theme": "dark"}),
+])
+def test_a_field_an_endpoint_does_not_take_is_refused_naming_it(box: Box, url: str, body: dict[str, Any]) -> None:
+    method = box.api.patch if url == "/api/settings" else box.api.post
+    response = method(url, body)
+    assert response.status_code == 400, response.json()
+    unknown = next(k for k in body if k not in ("name", "value", "code"))
+    assert response.json()["field"] == unknown and "unknown field" in response.json()["message"]
+
+
+def test_the_spec_takes_exactly_the_fields_its_schema_declares(box: Box) -> None:
+    document = box.api.get("/api/schema/").json()
+    declared = set(document["components"]["schemas"]["TaskSpecBodyRequest"]["properties"])
+    assert declared == set(SPEC_FIELDS)
+    assert refused(box, colour="red")["field"] == "colour"
