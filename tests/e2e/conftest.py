@@ -90,8 +90,10 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
             _stop(proc)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module: sync Playwright keeps an event loop running in this thread
+    while it is open, so it must close before a later module's asyncio tests run on this worker."""
     from playwright.sync_api import expect, sync_playwright
 
     # The machine is shared by parallel suites; a live update may take a few seconds under load.

@@ -88,10 +88,10 @@ def test_checkpoint_then_approve_goes_on(box):
     finished(box, task["id"])
 
 
-def test_payment_checkpoint_is_released_only_by_cancel(box):
+def test_payment_checkpoint_is_released_only_by_cancel_or_undo(box):
     task = box.create(title="buy", flow=flow({"checkpoint": {"reason": "pay", "payment": True}}, {"run": "true"}))
     view = waiting(box, task["id"], "checkpoint")
-    assert view["final"] is True and view["next"] == ["cancel", "diff", "report"]
+    assert view["final"] is True and view["next"] == ["cancel", "undo", "diff", "report"]
     assert cont(box, task["id"], approve=True).status_code == 409
     assert post(box, f"/api/tasks/{task['id']}/cancel").status_code == 200
     finished(box, task["id"], "cancelled")
