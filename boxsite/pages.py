@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth import get_user_model, login
+from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from boxsite import services
+from boxsite import services, signin
 from boxsite.auth import DEVICE_COOKIE, device_for
 from boxsite.errors import BoxError, NotFound
 from boxsite.principal import Principal
@@ -62,8 +65,31 @@ def setup(request: HttpRequest) -> HttpResponse:
                   status=400 if errors else 200)
 
 
+class ThrottledSignInForm(AuthenticationForm):
+    """The sign-in form, refused while ``boxsite.signin`` has the name or address locked; each
+    failure counts."""
+
+    locked_message = ""
+
+    def clean(self) -> dict[str, Any]:
+        username = str(self.cleaned_data.get("username") or "")
+        address = signin.client_address(self.request) if self.request is not None else ""
+        wait = signin.seconds_locked(username, address)
+        if wait:
+            self.locked_message = f"Too many failed sign-ins. Try again in {max(1, (wait + 59) // 60)} minutes."
+            raise ValidationError(self.locked_message, code="locked")
+        try:
+            return super().clean()
+        except ValidationError:
+            if signin.record_failure(username, address):
+                wait = signin.seconds_locked(username, address)
+                self.locked_message = f"Too many failed sign-ins. Try again in {max(1, (wait + 59) // 60)} minutes."
+            raise
+
+
 class SignIn(LoginView):
     template_name = "portal/login.html"
+    form_class = ThrottledSignInForm
     redirect_authenticated_user = True
     next_page = "/tasks"
 
@@ -71,6 +97,20 @@ class SignIn(LoginView):
         if not owner_exists():
             return redirect("setup")
         return super().dispatch(request, *args, **kwargs)
+
+    def form_valid(self, form: AuthenticationForm) -> HttpResponse:
+        response = super().form_valid(form)
+        notice = signin.signed_in(form.get_user().get_username(), signin.client_address(self.request))
+        if notice:
+            messages.warning(self.request, notice)
+        return response
+
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
+        locked = getattr(form, "locked_message", "")
+        response = self.render_to_response(self.get_context_data(form=form, locked=locked))
+        if locked:
+            response.status_code = 429
+        return response
 
 
 def _owner(request: HttpRequest) -> Any:

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "boxsite.headers.ContentSecurityPolicyMiddleware",  # scripts only from the box's own files
     "boxsite.middleware.ApiEdgeMiddleware",  # NUL in path/query, declared body too large: refused first
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -251,6 +252,17 @@ SECURE_COOKIES = env_bool("BOX_SECURE_COOKIES", BOX_PRODUCTION)
 SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
 LOGIN_URL = "/login"
+# Failed sign-ins (boxsite.signin): this many from one address for one name locks that pair for
+# BOX_SIGNIN_LOCKOUT_SECONDS; an address is locked at 4x (any names), a name at 10x (any address).
+BOX_SIGNIN_MAX_FAILURES = env_int("BOX_SIGNIN_MAX_FAILURES", 5, minimum=1)
+BOX_SIGNIN_LOCKOUT_SECONDS = env_int("BOX_SIGNIN_LOCKOUT_SECONDS", 900, minimum=1)
+# In production the box sits behind a TLS-terminating proxy (daphne speaks plain HTTP): trust its
+# X-Forwarded-Proto to know a request came over HTTPS, and tell browsers to use HTTPS only.
+# BOX_HSTS_SECONDS=0 turns HSTS off explicitly (while moving a box to its final name).
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BOX_PRODUCTION else None
+SECURE_HSTS_SECONDS = env_int("BOX_HSTS_SECONDS", 31536000 if BOX_PRODUCTION else 0, minimum=0)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

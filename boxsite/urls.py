@@ -1,6 +1,6 @@
 from django.urls import include, path
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiYamlRenderer
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from boxsite import views
 
@@ -9,7 +9,7 @@ urlpatterns = [
     # JSON first: the schema (and an error from its view) is JSON unless YAML is asked for.
     path("api/schema/", SpectacularAPIView.as_view(renderer_classes=[OpenApiJsonRenderer, OpenApiYamlRenderer]),
          name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("tasks.urls")),
     path("api/", include("tasks.vault_urls")),
     path("api/", include("approvals.urls")),
