@@ -18,6 +18,7 @@ import pytest
 
 from tasks import net
 from tests.conftest import Box
+from tests.sandbox.conftest import needs_sandbox, results
 
 SECRET_BODY = "the internal service's secret page"
 
@@ -154,3 +155,32 @@ def test_a_name_is_resolved_once_and_connected_to_by_that_address(listed: Server
                   timeout=1, on_blocked=lambda exc: None)
     assert asked == ["rebind.example"], "the name was resolved again for the connection"
     assert listed.paths == [], "the connection went to the rebound (loopback) address"
+
+
+SANDBOX_CLIENT = """
+import os, sys, urllib.request, urllib.error
+for name in ("NO_PROXY", "no_proxy"):  # the listed host is loopback here; go through the proxy anyway
+    os.environ.pop(name, None)
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=10) as r:  # follows redirects, through HTTP_PROXY
+        print("result=ok %d %s" % (r.status, r.read().decode()))
+except urllib.error.HTTPError as e:
+    print("result=refused %d %s" % (e.code, e.read().decode().strip()))
+except OSError as e:
+    print("result=error %s" % e)
+"""
+
+
+@needs_sandbox
+def test_a_process_in_the_sandbox_following_a_redirect_is_refused_at_the_unlisted_hop(
+        sandboxed: Box, listed: Server, unlisted: Server) -> None:
+    target = f"http://127.0.0.2:{unlisted.port}/admin"
+    task = sandboxed.create(title="redirect", prompt="p", worker="command", hosts=["127.0.0.1"],
+                            command=["/usr/bin/python3", "-c", SANDBOX_CLIENT, _redirect(listed, target)])
+    view = sandboxed.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "done", view
+    seen = results(sandboxed, task["id"])
+    assert seen["result"].startswith("refused 403"), seen
+    assert unlisted.paths == [] and len(listed.paths) == 1
+    blocked = _blocked_events(sandboxed, task["id"])
+    assert blocked and blocked[0]["data"]["host"] == "127.0.0.2"
