@@ -3,6 +3,7 @@ holds only the fields the endpoint takes. The fields are those its request body 
 ``boxsite.schema`` (``fields_of``), so the schema and the check cannot drift apart."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,3 +27,14 @@ def check_fields(body: Any, allowed: Iterable[str], *, error: type[BoxError] = I
         hint = (hints or {}).get(unknown[0])
         raise error(f"unknown field '{unknown[0]}'" + (f" (did you mean '{hint}'?)" if hint else ""), field=unknown[0])
     return body
+
+
+def existing_dir(value: Any, field: str, *, error: type[BoxError] = InvalidRequest) -> str:
+    """``value`` as the real path of an existing directory given by its absolute path (folders
+    a task works on, a watched folder, a directory to import), or ``error`` naming ``field``."""
+    if not isinstance(value, str) or not value or not os.path.isabs(value):
+        raise error(f"'{value}' is not an absolute path" if isinstance(value, str) and value
+                    else f"'{field}' must be an absolute path", field=field)
+    if not os.path.isdir(value):
+        raise error(f"'{value}' is not an existing directory", field=field)
+    return os.path.realpath(value)

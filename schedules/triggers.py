@@ -7,7 +7,6 @@ switched over without dropping deliveries.
 """
 from __future__ import annotations
 
-import os
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -17,7 +16,7 @@ from django.utils import timezone
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.principal import Principal
-from boxsite.validation import check_fields
+from boxsite.validation import check_fields, existing_dir
 from schedules.models import Origin, Trigger, TriggerKind
 from schedules.services import check_name, origin_of
 from schedules.specs import check_template
@@ -47,11 +46,7 @@ def _secret(body: dict[str, Any]) -> str:
 def _folder(principal: Principal, value: Any) -> str:
     if not principal.can_use_folders:
         raise Forbidden("only the owner can watch a folder", field="folder")
-    if not isinstance(value, str) or not os.path.isabs(value):
-        raise InvalidRequest("'folder' must be an absolute path", field="folder")
-    if not os.path.isdir(value):
-        raise InvalidRequest(f"folder '{value}' is not an existing directory", field="folder")
-    return os.path.realpath(value)
+    return existing_dir(value, "folder")
 
 
 def _settle(value: Any) -> float:

@@ -17,7 +17,7 @@ from django.conf import settings
 from boxsite.errors import Forbidden, InvalidSpec, NotAvailable, OriginsRequired
 from boxsite.principal import Principal
 from boxsite.schema import TaskSpecBody
-from boxsite.validation import check_fields, fields_of
+from boxsite.validation import check_fields, existing_dir, fields_of
 from tasks.flows import validate_flow
 from tasks.sandbox import cgroups
 from tasks.sandbox.support import missing_reason
@@ -290,12 +290,7 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
             raise Forbidden("only the owner can hand out folders", field="folders")
         if len(folders) > MAX_FOLDERS:
             raise InvalidSpec(f"at most {MAX_FOLDERS} folders", field="folders")
-        for path in folders:
-            if not os.path.isabs(path):
-                raise InvalidSpec(f"folder '{path}' is not an absolute path", field="folders")
-            if not os.path.isdir(path):
-                raise InvalidSpec(f"folder '{path}' is not an existing directory", field="folders")
-        folders = [os.path.realpath(p) for p in folders]
+        folders = [existing_dir(path, "folders", error=InvalidSpec) for path in folders]
         _refuse_overlapping(folders)
         if "workspace" in body:
             raise InvalidSpec("a folder task works on folders, not a workspace", field="workspace")

@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.principal import Principal
 from boxsite.schema import WorkspaceBody
-from boxsite.validation import check_fields, fields_of
+from boxsite.validation import check_fields, existing_dir, fields_of
 from tasks.layers import compaction, paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.copy import copy_tree
@@ -71,11 +71,7 @@ def create_workspace(principal: Principal, body: Any) -> Workspace:
 def _import_source(principal: Principal, raw: Any) -> Path:
     if not principal.can_use_folders:
         raise Forbidden("only the owner can import a directory", field="importFrom")
-    if not isinstance(raw, str) or not os.path.isabs(raw):
-        raise InvalidRequest("'importFrom' must be an absolute path", field="importFrom")
-    source = Path(os.path.realpath(raw))
-    if not source.is_dir():
-        raise InvalidRequest(f"'{raw}' is not an existing directory", field="importFrom")
+    source = Path(existing_dir(raw, "importFrom"))
     data = paths.data_dir().resolve()
     if source == data or data in source.parents or source in data.parents:
         raise InvalidRequest("a workspace cannot be imported from the box's own data directory", field="importFrom")

@@ -103,7 +103,7 @@ def _path_value(kind: str | None, name: str, known: dict[str, list[str]]) -> st.
         blacklist_categories=["Cs"], blacklist_characters="/?#"), min_size=1, max_size=20))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
+@settings(max_examples=EXAMPLES, deadline=None, print_blob=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @seed(SEED)
 @given(data=st.data())
