@@ -259,6 +259,8 @@ async function loadDiff() {
         pathList("Modified", diff.modified ?? [], "modified"),
         pathList("Deleted", diff.deleted ?? [], "deleted")),
       (diff.binary ?? []).length ? el("p", { class: "hint" }, `Binary files (not shown): ${diff.binary.join(", ")}`) : null,
+      (diff.special ?? []).length ? el("p", { class: "hint" },
+        `Special files (listed, never opened or kept): ${diff.special.map((item) => `${item.path} (${item.type})`).join(", ")}`) : null,
       diff.diff ? diffLines(diff.diff) : el("p", { class: "empty" }, "No changes."),
       diff.truncated ? el("p", { class: "hint" }, "The diff was cut short; it is too long to show whole.") : null);
   } catch (err) {

@@ -60,6 +60,16 @@ def test_the_diff_tab_shows_the_changes_and_undo_removes_them(page: Any, live_bo
     expect(page.get_by_role("group", name="Task actions").get_by_role("button")).to_have_text(["Run again"])
 
 
+def test_the_diff_tab_names_a_special_file_and_never_shows_its_content(page: Any, live_box: Any) -> None:
+    create_owner(page)
+    start_flow(page, "Make a pipe", [{"run": "mkfifo pipe"}, {"write": {"path": "note.txt", "content": "n\n"}}])
+    expect(page.locator("#task-state")).to_have_text("done", timeout=30_000)
+    page.get_by_role("tab", name="Diff").click()
+    panel = page.get_by_role("tabpanel", name="Diff")
+    expect(panel.get_by_role("heading", name="Added (2)")).to_be_visible()
+    expect(panel.get_by_text("Special files (listed, never opened or kept): pipe (fifo)")).to_be_visible()
+
+
 def test_a_folder_task_waits_for_keep_refuses_a_conflict_and_can_be_undone(page: Any, tmp_path: Path) -> None:
     folder = tmp_path / "notes"
     folder.mkdir()
