@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.decorators import api_view
@@ -32,6 +33,7 @@ EVENT_PAGE = 200
     parameters=[
         OpenApiParameter("state", str, description="filter by state"),
         OpenApiParameter("source", str, description="filter by source"),
+        OpenApiParameter("q", str, description="search: every word in the title or the prompt (case-insensitive)"),
         OpenApiParameter("sort", str, description="-created (default), created or -updated"),
         OpenApiParameter("cursor", str, description="from the previous page's 'next'"),
         OpenApiParameter("limit", int),
@@ -58,6 +60,11 @@ def task_list(request: Request) -> Response:
     source = request.query_params.get("source")
     if source:
         qs = qs.filter(source=source)
+    words = (request.query_params.get("q") or "").strip()
+    if len(words) > 200:
+        raise InvalidRequest("'q' is longer than 200 characters", field="q")
+    for word in words.split():  # every word, in the title or the prompt
+        qs = qs.filter(Q(title__icontains=word) | Q(prompt__icontains=word))
     rows, next_cursor = page(qs, TASK_SORTS, request.query_params.get("sort", "-created"),
                              request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
     return Response({"results": [present_task(t) for t in rows], "next": next_cursor})

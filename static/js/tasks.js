@@ -14,6 +14,37 @@ function showEmpty() {
 for (const task of [...data.tasks].reverse()) upsertRow(list, task);
 showEmpty();
 
+// --- filters and search: the API answers the list; live updates keep only matching rows ------
+const filters = document.getElementById("task-filters");
+function filterValues() {
+  return { q: filters.elements.q.value.trim(), state: filters.elements.state.value };
+}
+function matches(task) {
+  const { q, state } = filterValues();
+  if (state && !state.split(",").includes(task.state)) return false;
+  const text = `${task.title} ${task.prompt ?? ""}`.toLowerCase();
+  return q.toLowerCase().split(/\s+/).filter(Boolean).every((word) => text.includes(word));
+}
+let filterTimer = null;
+async function applyFilters() {
+  const { q, state } = filterValues();
+  const params = new URLSearchParams({ limit: "50" });
+  if (q) params.set("q", q);
+  if (state) params.set("state", state);
+  try {
+    const page = await api("GET", `/api/tasks?${params}`);
+    list.replaceChildren();
+    for (const task of [...page.results].reverse()) upsertRow(list, task);
+    empty.textContent = q || state ? "No task matches." : "No tasks yet. Start one with the form.";
+    showEmpty();
+  } catch (err) {
+    showError(filters, err);
+  }
+}
+filters.addEventListener("input", () => { clearTimeout(filterTimer); filterTimer = setTimeout(applyFilters, 250); });
+filters.addEventListener("change", () => { clearTimeout(filterTimer); applyFilters(); });
+filters.addEventListener("submit", (event) => { event.preventDefault(); applyFilters(); });
+
 // The inbox count changes only when a task starts or stops waiting: ask for it then, once per
 // burst of live events, not once per event.
 const waiting = new Map(data.tasks.map((t) => [t.id, t.state === "waiting"]));
@@ -21,7 +52,8 @@ let countTimer = null;
 new ListStream({
   cursor: data.cursor,
   onTask: (task) => {
-    upsertRow(list, task);
+    if (matches(task)) upsertRow(list, task);
+    else list.querySelector(`[data-task="${CSS.escape(task.id)}"]`)?.remove();
     showEmpty();
     const now = task.state === "waiting";
     if (waiting.get(task.id) !== now) {

@@ -68,3 +68,23 @@ def test_the_cron_hint_never_describes_a_time_the_validator_refuses(page: Any) -
     cron.fill("0 25 * * *")
     cron.dispatch_event("input")
     expect(page.locator("#cron-words")).not_to_contain_text("25:00")
+
+
+def test_the_tasks_list_filters_by_state_and_searches_words(page: Any) -> None:
+    create_owner(page)
+    new_task(page, "Invoice March", [{"run": "true"}])
+    expect(task_row(page, "Invoice March")).to_be_visible()
+    new_task(page, "Backup photos", [{"run": "exit 1"}])
+    expect(task_row(page, "Invoice March").locator(".badge")).to_have_text("done", timeout=30_000)
+    expect(task_row(page, "Backup photos").locator(".badge")).to_have_text("failed", timeout=30_000)
+    tasks = page.get_by_role("list", name="Tasks, newest first")
+    search = page.get_by_role("search", name="Filter tasks")
+    search.get_by_label("Search").fill("invoice")
+    expect(tasks.get_by_role("listitem")).to_have_count(1)
+    expect(tasks).to_contain_text("Invoice March")
+    search.get_by_label("Search").fill("")
+    search.get_by_label("State").select_option("failed")
+    expect(tasks.get_by_role("listitem")).to_have_count(1)
+    expect(tasks).to_contain_text("Backup photos")
+    search.get_by_label("Search").fill("invoice")
+    expect(page.get_by_text("No task matches.")).to_be_visible()
