@@ -247,7 +247,10 @@ def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: floa
         }
     finally:
         if box.proc is not None and box.proc.poll() is None:
-            box.crash()
+            try:
+                box.stop()  # a stop, not a crash: the box releases its task users and mounts
+            except subprocess.TimeoutExpired:
+                box.crash()
         box.cleanup()
 
 
