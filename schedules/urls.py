@@ -15,6 +15,7 @@ urlpatterns = [
     path("triggers/<str:trigger_id>/pause", views.trigger_pause, name="trigger-pause"),
     path("triggers/<str:trigger_id>/resume", views.trigger_resume, name="trigger-resume"),
     path("triggers/<str:trigger_id>/rotate", views.trigger_rotate, name="trigger-rotate"),
+    path("triggers/<str:trigger_id>/test", views.trigger_test, name="trigger-test"),
     path("triggers/<str:trigger_id>/deliveries", views.trigger_deliveries, name="trigger-deliveries"),
     path("triggers/<str:trigger_id>/rotate/finish", views.trigger_finish_rotation, name="trigger-finish-rotation"),
 ]

@@ -216,6 +216,15 @@ def trigger_resume(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.set_trigger_paused(Principal.of(request), trigger_id, False)))
 
 
+@extend_schema(request=dict, responses={202: schema.WebhookReceived})
+@api_view(["POST"])
+def trigger_test(request: Request, trigger_id: str) -> Response:
+    """A test delivery to this webhook, signed and received like a real one (it starts a task)."""
+    received = webhooks.send_test_delivery(Principal.of(request), trigger_id, request.data)
+    return Response({"task": received.task_id, "delivery": received.delivery_id or None, "duplicate": received.duplicate},
+                    status=202)
+
+
 @extend_schema(request=schema.RotateBody, responses={200: schema.Trigger})
 @api_view(["POST"])
 def trigger_rotate(request: Request, trigger_id: str) -> Response:

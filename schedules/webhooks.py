@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,12 +36,14 @@ from urllib.parse import parse_qs
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.datastructures import CaseInsensitiveMapping
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.principal import Principal
 from schedules.models import Delivery, Trigger, TriggerKind
-from schedules.signatures import SignatureError, Verified, verify
+from schedules.signatures import GITHUB_HEADER, SignatureError, Verified, github_header, verify
 from schedules.specs import fill, firing_principal
-from schedules.triggers import valid_secrets
+from schedules.triggers import get_trigger_for, valid_secrets
 from tasks import services as task_services
 from tasks.models import Task
 
@@ -162,3 +165,30 @@ def receive(token: str, headers: Mapping[str, str], body: bytes, content_type: s
             Delivery.objects.filter(pk=delivery.pk).update(task=task)
         Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=timezone.now(), last_task=task)
     return Received(task.pk, delivery_id, duplicate=False)
+
+
+TEST_PAYLOAD = {"action": "test", "test": True}
+
+
+def send_test_delivery(principal: Principal, trigger_id: Any, body: Any) -> Received:
+    """A test delivery, sent by the box to its own webhook the way a sender would: signed with the
+    current secret and received by ``receive`` (signature check, pause, facts, a task). ``body``
+    may carry ``payload`` (a JSON object; a small sample by default)."""
+    if not isinstance(body, dict) or set(body) - {"payload"}:
+        raise InvalidRequest("a test delivery takes {} or {\"payload\": {...}}", field="payload")
+    payload = body.get("payload", TEST_PAYLOAD)
+    if not isinstance(payload, dict):
+        raise InvalidRequest("'payload' must be a JSON object", field="payload")
+    trigger = get_trigger_for(principal, trigger_id)
+    if trigger.kind != TriggerKind.WEBHOOK:
+        raise InvalidRequest("only a webhook takes a test delivery", field="kind")
+    secrets_now = valid_secrets(trigger)
+    if not secrets_now:
+        raise Conflict("this webhook has no secret to sign with", field="secret")
+    raw = json.dumps(payload).encode()
+    headers = CaseInsensitiveMapping({
+        GITHUB_HEADER: github_header(secrets_now[0], raw),
+        "X-Box-Delivery": f"test-{secrets.token_hex(8)}",
+        "X-Box-Event": "test",
+    })
+    return receive(trigger.token or "", headers, raw, "application/json")

@@ -50,6 +50,13 @@ function named(buttons, name) {
   return buttons;
 }
 
+// A test delivery: signed by the box with the webhook's secret and received like a real one.
+async function sendTest(t) {
+  const sent = await api("POST", `/api/triggers/${t.id}/test`, {});
+  say(`Test delivery sent to ${t.name}: task ${sent.task} started`);
+  await load(t.kind);
+}
+
 function pauseButton(t) {
   return t.paused
     ? actionButton("Resume", "primary", () => change(t, "resume", `Resumed ${t.name}`), say)
@@ -63,7 +70,8 @@ function head(t, ...badges) {
 }
 
 function webhookRow(t) {
-  const buttons = [pauseButton(t), actionButton("Rotate secret", "", () => rotate(t), say)];
+  const buttons = [pauseButton(t), actionButton("Send a test", "", () => sendTest(t), say),
+    actionButton("Rotate secret", "", () => rotate(t), say)];
   if (t.rotating) buttons.push(actionButton("Finish rotation", "", () => finishRotation(t), say));
   buttons.push(actionButton("Delete", "danger", () => remove(t), say));
 

@@ -161,6 +161,7 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("POST", f"/api/triggers/{hook['id']}/resume"))
     ok(api.call("POST", f"/api/triggers/{hook['id']}/rotate", {}))
     ok(api.call("POST", f"/api/triggers/{hook['id']}/rotate/finish"))
+    ok(api.call("POST", f"/api/triggers/{hook['id']}/test", {}), 202)
     ok(api.call("GET", f"/api/triggers/{hook['id']}/deliveries"))
     ok(api.call("DELETE", f"/api/triggers/{hook['id']}"), 204)
 
