@@ -43,6 +43,11 @@ LIMITS_NOT_AVAILABLE_YET = {
     "max_rescues": "no worker rescues a stuck step yet",
     "disk_mb": "the box cannot yet bound what a task writes to its layer (see /api/health, isolation.limits)",
 }
+CONSTRAINTS_NOT_AVAILABLE_YET = {
+    "surfaces": "the box has no browser steps yet",
+    "browser_profile": "the box has no browser steps yet",
+    "headed": "the box has no browser steps yet",
+}
 
 
 def resource_limits_unavailable() -> str | None:
@@ -243,6 +248,10 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     unknown_c = sorted(set(constraints) - CONSTRAINT_FIELDS)
     if unknown_c:
         raise InvalidSpec(f"unknown constraint '{unknown_c[0]}'", field=f"constraints.{unknown_c[0]}")
+    later_c = sorted(set(constraints) & set(CONSTRAINTS_NOT_AVAILABLE_YET))
+    if later_c:
+        name = later_c[0]
+        raise NotAvailable(f"'constraints.{name}' is not available yet: {CONSTRAINTS_NOT_AVAILABLE_YET[name]}", field=f"constraints.{name}")
     payment = constraints.get("payment", "stop_at_payment")
     if payment not in PAYMENT_MODES:
         raise InvalidSpec(f"'constraints.payment' must be one of {', '.join(PAYMENT_MODES)}", field="constraints.payment")

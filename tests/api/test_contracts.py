@@ -31,6 +31,9 @@ def refused(box: Box, **spec: Any) -> dict[str, Any]:
     ({"limits": {"max_model_calls": 10}}, "limits.max_model_calls"),
     ({"limits": {"max_rescues": 0}}, "limits.max_rescues"),
     ({"limits": {"disk_mb": 2048}}, "limits.disk_mb"),
+    ({"constraints": {"surfaces": ["browser"]}}, "constraints.surfaces"),
+    ({"constraints": {"browser_profile": "/srv/profile"}}, "constraints.browser_profile"),
+    ({"constraints": {"headed": True}}, "constraints.headed"),
 ])
 def test_a_field_that_does_nothing_yet_is_refused_naming_it(box: Box, spec: dict[str, Any], field: str) -> None:
     body = refused(box, **spec)
