@@ -1,8 +1,18 @@
-"""A throwaway box for benchmarks: its own data dir (and database), web + worker + scheduler."""
+"""A throwaway box for benchmarks: its own data dir (and database), web + worker + scheduler.
+
+The box runs with its defaults (queue poll included), so its figures are what a default box gives.
+Everything it makes goes when it stops, also when the bench is killed (SIGTERM, SIGHUP, Ctrl-C):
+its processes, mounts, task users, data directory and PostgreSQL database. With Redis it uses the
+database ``BOX_BENCH_REDIS_DB`` names (default 7), only if that database is empty when it starts,
+and flushes only a database it found empty.
+"""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,19 +40,25 @@ class BenchBox:
         self.port = free_port()
         self.env = dict(os.environ)
         self.env.update({"BOX_DATA_DIR": str(self.data), "BOX_PORT": str(self.port), "BOX_WORKERS": str(workers),
-                         "BOX_QUEUE_NAME": f"bench-{os.getpid()}", "BOX_QUEUE_POLL_S": "0.05", "BOX_LOG_LEVEL": "WARNING"})
-        for key in ("DATABASE_URL", "REDIS_URL"):
+                         "BOX_QUEUE_NAME": f"bench-{os.getpid()}", "BOX_LOG_LEVEL": "WARNING"})
+        for key in ("DATABASE_URL", "REDIS_URL", "BOX_QUEUE_POLL_S"):
             self.env.pop(key, None)
-        self.db_name = None
-        if postgres:
-            self.db_name = f"box_bench_{os.getpid()}"
-            subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {self.db_name}"], check=True)
-            self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{self.db_name}"
-        if redis:
-            self.env["REDIS_URL"] = "redis://127.0.0.1:6379/7"
+        self.postgres = postgres
+        self.redis = redis
+        self.db_name: str | None = None
+        self.redis_db: str | None = None  # set once this box owns (found empty) a Redis database
         self.env.update(extra_env or {})
         self.procs: list[subprocess.Popen[bytes]] = []
         self.token = ""
+
+    def _claim_redis(self) -> None:
+        number = os.environ.get("BOX_BENCH_REDIS_DB", "7")
+        size = subprocess.run(["redis-cli", "-n", number, "DBSIZE"], check=True, capture_output=True, text=True).stdout.strip()
+        if size != "0":
+            raise RuntimeError(f"Redis database {number} holds {size} keys that are not this bench's; "
+                               "set BOX_BENCH_REDIS_DB to an empty database")
+        self.redis_db = number
+        self.env["REDIS_URL"] = redis_url(number)
 
     def manage(self, *args: str, env: dict[str, str] | None = None) -> str:
         out = subprocess.run([PYTHON, str(ROOT / "manage.py"), *args], env={**self.env, **(env or {})}, check=True,
@@ -50,6 +66,12 @@ class BenchBox:
         return out.stdout.strip()
 
     def start(self) -> BenchBox:
+        if self.postgres:
+            self.db_name = f"box_bench_{os.getpid()}"
+            subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {self.db_name}"], check=True)
+            self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{self.db_name}"
+        if self.redis:
+            self._claim_redis()
         self.manage("migrate", "--no-input")
         self.manage("createowner", "bench", env={"BOX_OWNER_PASSWORD": "bench-password"})
         self.token = self.manage("createtoken").splitlines()[-1]
@@ -93,16 +115,45 @@ class BenchBox:
         mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
         for mount in sorted((m for m in mounts if m.startswith(str(self.data))), reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        self._remove_task_users()
         if self.db_name:
             subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)"], check=False)
-        if "REDIS_URL" in self.env:
-            subprocess.run(["redis-cli", "-n", "7", "FLUSHDB"], check=False, capture_output=True)
+        if self.redis_db is not None:
+            subprocess.run(["redis-cli", "-n", self.redis_db, "FLUSHDB"], check=False, capture_output=True)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+    def _remove_task_users(self) -> None:
+        # The box marks each task user with a digest of its data directory (tasks.sandbox.users).
+        digest = hashlib.sha256(str(self.data.resolve()).encode()).hexdigest()[:16]
+        for entry in pwd.getpwall():
+            if entry.pw_name.startswith("box-") and entry.pw_gecos == f"box task user {digest}":
+                subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
+                subprocess.run(["groupdel", entry.pw_name], check=False, capture_output=True)
 
     def __enter__(self) -> BenchBox:
-        return self.start()
+        stop_on_signals()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def redis_url(number: str | None = None) -> str:
+    return f"redis://127.0.0.1:6379/{number if number is not None else os.environ.get('BOX_BENCH_REDIS_DB', '7')}"
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every ``with BenchBox``, which cleans up
+
+
+def stop_on_signals() -> None:
+    """A bench killed by a timeout (SIGTERM/SIGHUP) still stops its box and removes what it made."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
 
 
 def percentile(values: list[float], p: float) -> float:

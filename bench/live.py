@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import BenchBox, percentile  # noqa: E402
+from harness import BenchBox, percentile, stop_on_signals  # noqa: E402
 
 POLL_S = 0.1  # BOX_LIVE_POLL_SECONDS, the embedded default
 
@@ -151,10 +151,10 @@ def measure(box: BenchBox, n: int) -> tuple[list[float], list[float]]:
     return latencies, writes
 
 
-def redis_floor(n: int) -> list[float]:
+def redis_floor(url: str, n: int) -> list[float]:
     import redis
 
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/7")
+    client = redis.Redis.from_url(url)
     pubsub = client.pubsub()
     pubsub.subscribe("box-bench-floor")
     pubsub.get_message(timeout=1)
@@ -181,13 +181,30 @@ def run_one(transport: str, n: int) -> None:
     with BenchBox(extra_env={"BOX_LIVE_POLL_SECONDS": str(POLL_S)}, **options) as box:  # type: ignore[arg-type]
         use_box_database(box)
         values, writes = measure(box, n)
-    floor = [POLL_S * 500] if transport == "polling" else redis_floor(n)
+        floor = [POLL_S * 500] if transport == "polling" else redis_floor(box.env["REDIS_URL"], n)
     print(json.dumps({"values": values, "writes": writes, "floor": floor}))
 
 
-def main() -> None:
+def measure_in_child(transport: str, n: int) -> str:
+    """Run one transport in a child process; if this bench is stopped, the child is asked to stop
+    too (SIGTERM, which it turns into a clean shutdown of its box) rather than killed."""
     import subprocess
 
+    stop_on_signals()
+    child = subprocess.Popen([sys.executable, __file__, "--transport", transport, "--events", str(n)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = child.communicate()
+    except BaseException:
+        child.terminate()
+        child.wait()
+        raise
+    if child.returncode != 0:
+        raise RuntimeError(f"the {transport} measurement failed ({child.returncode})")
+    return out
+
+
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--transport", choices=sorted(TRANSPORTS))
@@ -199,9 +216,7 @@ def main() -> None:
     print("measured from the event's commit to the frame arriving; 'write' is record_event's own transaction\n")
     print(f"{'transport':<28} {'p50 ms':>8} {'p95 ms':>8} {'target p50':>11} {'write p50':>10}  nearest floor (same run)")
     for transport, (name, _, target) in TRANSPORTS.items():
-        out = subprocess.run([sys.executable, __file__, "--transport", transport, "--events", str(args.events)],
-                             check=True, capture_output=True, text=True)
-        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result = json.loads(measure_in_child(transport, args.events).strip().splitlines()[-1])
         values, floor = result["values"], result["floor"]
         floor_text = f"poll interval / 2 = {floor[0]:.0f} ms" if transport == "polling" else \
             f"bare Redis PUBLISH->SUBSCRIBE p50 {percentile(floor, 50):.2f} ms"

@@ -1,10 +1,12 @@
 """The per-task broker socket: a Unix stream socket speaking JSON lines (``protocol``).
 
 Started by ``tasks.jobs.execute_run`` before the worker's process starts, closed when the run
-ends. Only the box's own user and the task's Linux user may connect: each connection's peer
-credentials are checked, and the socket lives in the task's private runtime directory. Each
-connection is served by one of a few long-lived threads, each with its own database connection;
-every write goes through the run's step recorder, so a run that lost its lease writes nothing.
+ends. Its accept loop waits on the listening socket and a wake-up pipe together, so closing takes
+no poll interval: the close writes one byte to the pipe and the loop returns at once. Only the
+box's own user and the task's Linux user may connect: each connection's peer credentials are
+checked, and the socket lives in the task's private runtime directory. Each connection is served
+by one of a few long-lived threads, each with its own database connection; every write goes
+through the run's step recorder, so a run that lost its lease writes nothing.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import logging
 import os
 import pwd
 import queue
+import selectors
 import socket
 import socketserver
 import struct
@@ -53,6 +56,29 @@ class _SocketServer(socketserver.UnixStreamServer):
     def stop_pool(self) -> None:
         for _ in self._pool:
             self._queue.put(None)
+
+    def accept_until_woken(self, wake_fd: int) -> None:
+        """Accept connections until ``wake_fd`` becomes readable (``BrokerServer.close``)."""
+        self.socket.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(wake_fd, selectors.EVENT_READ)
+            while True:
+                ready = selector.select()
+                if any(key.fd == wake_fd for key, _ in ready):
+                    return
+                self._accept_one()
+
+    def _accept_one(self) -> None:
+        try:
+            request, client_address = self.get_request()
+        except OSError:
+            return  # the client gave up before we accepted it
+        request.setblocking(True)
+        if self.verify_request(request, client_address):
+            self.process_request(request, client_address)
+        else:
+            self.shutdown_request(request)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self._queue.put((request, client_address))
@@ -120,6 +146,7 @@ class BrokerServer:
         self.limit_reached: LimitReached | None = None
         self._server: _SocketServer | None = None
         self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None  # (read end, write end) of the accept loop's wake-up pipe
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
 
@@ -144,7 +171,8 @@ class BrokerServer:
             os.close(dir_fd)
         self._server = server
         server.start_pool(POOL_SIZE)
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+        self._wake = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=server.accept_until_woken, args=(self._wake[0],),
                                         name=f"broker-{self.ctx.task.pk}", daemon=True)
         self._thread.start()
         return self.path
@@ -174,8 +202,13 @@ class BrokerServer:
     def close(self) -> None:
         """Stop serving: held calls give up, open connections are cut, the socket file goes."""
         self.closing.set()
+        if self._wake is not None and self._thread is not None:
+            os.write(self._wake[1], b"x")
+            self._thread.join()
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
         if self._server is not None:
-            self._server.shutdown()
             self._server.server_close()
             self._server.stop_pool()
         with self._open_lock:
