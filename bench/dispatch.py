@@ -59,17 +59,15 @@ def main() -> None:
     parser.add_argument("--latency", type=int, default=30)
     parser.add_argument("--throughput", type=int, default=200)
     args = parser.parse_args()
-    rows = []
+    print(f"\n{'configuration':40} {'p50 ms':>8} {'p95 ms':>8} {'target p50':>11} {'done p50':>9} {'tasks/s':>8} {'target':>7}")
     for label, pg, redis, target in (("embedded (SQLite, ORM queue, polling)", False, False, 300),
                                      ("PostgreSQL + Redis", True, True, 100)):
         with BenchBox(postgres=pg, redis=redis) as box:
             box.request("PATCH", "/api/settings", {"maxActiveTasks": args.throughput + 10})
             lat, done = first_step_latency(box, args.latency)
             rate = throughput(box, args.throughput)
-        rows.append((label, percentile(lat, 50), percentile(lat, 95), target, percentile(done, 50), rate))
-    print(f"\n{'configuration':40} {'p50 ms':>8} {'p95 ms':>8} {'target p50':>11} {'done p50':>9} {'tasks/s':>8} {'target':>7}")
-    for label, p50, p95, target, done_p50, rate in rows:
-        print(f"{label:40} {p50:8.0f} {p95:8.0f} {'<= ' + str(target):>11} {done_p50:9.0f} {rate:8.1f} {'>= 20':>7}")
+        p50, p95, done_p50 = percentile(lat, 50), percentile(lat, 95), percentile(done, 50)
+        print(f"{label:40} {p50:8.0f} {p95:8.0f} {'<= ' + str(target):>11} {done_p50:9.0f} {rate:8.1f} {'>= 20':>7}", flush=True)
     print(f"\n({args.latency} sequential tasks for latency; {args.throughput} trivial flow tasks posted at once for throughput)")
 
 

@@ -2,14 +2,19 @@
 
 ``record_event`` is the only code that creates ``TaskEvent`` rows and the only caller of the
 redaction function on the write path. ``publish_*`` run after commit and only notify: the
-database stays the source of truth, and consumers re-read from it.
+database stays the source of truth, and consumers re-read from it. Notifications go out through
+one long-lived event loop per process (``_Publisher``), so the channel layer's Redis connection
+is made once, not once per event.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
+from collections.abc import Coroutine
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.db.models import F
 
@@ -19,6 +24,40 @@ from tasks.models import Task, TaskEvent
 log = logging.getLogger(__name__)
 
 MAX_SUMMARY = 2000
+PUBLISH_TIMEOUT_S = 5.0  # a notification Redis cannot take in this long is dropped (clients catch up)
+
+
+class _Publisher:
+    """This process's one event loop for live notifications, run on its own daemon thread.
+
+    The channel layer keeps a Redis connection pool per event loop; ``async_to_sync`` made a fresh
+    loop (and so a fresh connection) per call. A forked child (a django-q2 worker) does not have
+    its parent's thread, so it starts its own loop on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="box-publisher", daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def run(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` on the publisher's loop and wait for it (so errors reach the caller)."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
+        try:
+            future.result(timeout=PUBLISH_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+
+_publisher = _Publisher()
 
 
 def task_group(task_id: str) -> str:
@@ -71,8 +110,12 @@ def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: st
     if layer is None:
         return
     message = {"type": "event.new", "task": task_id, "id": event_id, "seq": seq, "kind": kind}
+
+    async def send_both() -> None:
+        await layer.group_send(task_group(task_id), message)
+        await layer.group_send(owner_group(owner_id), {**message, "type": "task.changed"})
+
     try:
-        async_to_sync(layer.group_send)(task_group(task_id), message)
-        async_to_sync(layer.group_send)(owner_group(owner_id), {**message, "type": "task.changed"})
+        _publisher.run(send_both())
     except Exception:  # noqa: BLE001 - a lost notification is recovered by the client's seq cursor
         log.warning("live notification for %s seq %s failed; clients catch up from the log", task_id, seq, exc_info=True)

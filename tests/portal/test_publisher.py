@@ -1,0 +1,58 @@
+"""Live notifications over Redis go out through one long-lived connection per process, and still
+arrive: a fresh event loop and Redis connection per event cost 10-20 ms each."""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from tasks.events import publish_event, task_group
+
+
+@pytest.fixture
+def redis_layer(settings: Any) -> Any:
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("set REDIS_URL to run the publisher over channels_redis")
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [url], "prefix": f"box-test-publisher-{uuid.uuid4().hex[:8]}"},
+        }
+    }
+    return get_channel_layer()
+
+
+def _layer_connections(client: redis.Redis) -> set[int]:
+    """Ids of the Redis connections open on the test's database, other than ``client`` itself."""
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    own = client.client_id()
+    return {int(c["id"]) for c in client.client_list() if int(c["db"]) == db and int(c["id"]) != own}
+
+
+def test_events_are_published_through_one_connection_that_stays_open(redis_layer: Any) -> None:
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    channel = async_to_sync(redis_layer.new_channel)()
+    async_to_sync(redis_layer.group_add)(task_group("pubtest"), channel)
+    before = _layer_connections(client)
+
+    publish_event("pubtest", 1, 1, 1, "note")
+    first = _layer_connections(client) - before
+    for seq in range(2, 12):
+        publish_event("pubtest", 1, seq, seq, "note")
+    after = _layer_connections(client) - before
+
+    assert len(first) == 1, "the first publish opens the process's one publisher connection"
+    assert after == first, "later publishes reuse it rather than opening their own"
+    received = async_to_sync(_receive)(redis_layer, channel, 11)
+    async_to_sync(redis_layer.group_discard)(task_group("pubtest"), channel)
+    assert received == list(range(1, 12)), "every event arrives, in order"
+
+
+async def _receive(layer: Any, channel: str, count: int) -> list[int]:
+    return [(await layer.receive(channel))["seq"] for _ in range(count)]
