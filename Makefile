@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite test-postgres typecheck migrate bench bench-layers-model clean
+.PHONY: run test test-sqlite test-postgres lint typecheck migrate bench bench-layers-model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,13 @@ migrate: $(STAMP)
 run: migrate
 	$(PY) manage.py runbox
 
-# Types first (fast), then the suite twice: on the embedded default (SQLite) and on PostgreSQL.
-test: typecheck test-sqlite test-postgres
+# Lint and types first (fast), then the suite twice: on the embedded default (SQLite) and on
+# PostgreSQL. The suite includes the import-cycle check (tests/test_import_graph.py).
+test: lint typecheck test-sqlite test-postgres
+
+# Import order, imports only at the top of a module, unused code (ruff.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
 	$(PY) -m mypy boxsite tasks approvals schedules

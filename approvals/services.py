@@ -29,9 +29,13 @@ from approvals.models import (
 )
 from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
 from boxsite.validation import check_fields
+from tasks import runs
+from tasks.budget import raise_budget
 from tasks.events import record_event
 from tasks.facts import Facts, Redactor, guess_kind, redactor_for
+from tasks.flows import missing_names
 from tasks.models import EventKind, RunKind, Task
+from tasks.services import get_task_for, transition
 from tasks.states import ACTIVE, State, WaitingFor
 
 if TYPE_CHECKING:
@@ -250,7 +254,6 @@ def continue_task(principal: Principal, task_id: str, body: Any) -> Task:
     ``human``: any continue re-runs from the step that hit the wall (``answer`` is kept for the
     person's own notes). A non-continuable checkpoint is final-like: only cancel releases it.
     """
-    from tasks.services import get_task_for
 
     fields = _parse_body(body, CONTINUE_FIELDS)
     try:
@@ -312,14 +315,10 @@ def _decide_locked(principal: Principal, task: Task, approval: Approval, approve
         state=wanted, decided_by=principal.user, decided_via=via, decided_at=timezone.now())
     data = {"approval": approval.pk, "decision": wanted, "via": via, "kind": approval.kind}
     if not approve:
-        from tasks.services import transition
-
         record_event(task, EventKind.APPROVAL, f"denied ({via}): {approval.summary}", data)
         transition(task, State.CANCELLED, summary=f"cancelled: the owner denied '{approval.summary}'", data={"by": via})
         return
     if approval.kind == ApprovalKind.SPENDING and approval.amount_cents:
-        from tasks.budget import raise_budget
-
         raise_budget(task.pk, int(approval.guard.get("budget_cents", task.budget_cents)), approval.amount_cents)
     _bump(task, EventKind.APPROVAL, f"approved ({via}): {approval.summary}", data)
     _resume_if_clear(task)
@@ -369,7 +368,6 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
 def still_missing(task: Task, facts: Facts, asked: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The input fields nothing supplies yet: what was asked and is still empty, then every
     ``${name}`` of the flow that no fact, var or earlier step supplies."""
-    from tasks.flows import missing_names
 
     values = {**(task.records or {}), **facts.values}
     have = {name for name, value in values.items() if value not in ("", None)}
@@ -419,7 +417,6 @@ def _bump(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor
 
 def _resume_if_clear(task: Task) -> Run | None:
     """Queue the run that goes on from the pause, once nothing blocks and nothing holds it."""
-    from tasks import runs
 
     if task.state != State.WAITING or has_blockers(task):
         return None

@@ -61,7 +61,7 @@ def run_driver(driver: str, workspace: object, owner: object, repeats: int) -> d
 
     from tasks import layers, services
     from tasks.layers import diff
-    from tasks.layers.task_view import changes_of
+    from tasks.layers.roots import changes_of
     from tasks.models import Layer, Task
     from tasks.states import State
 

@@ -104,9 +104,7 @@ def use_box_database(box: BenchBox) -> None:
 
 
 def measure(box: BenchBox, n: int) -> tuple[list[float], list[float]]:
-    from django.db import close_old_connections
-
-    from django.db import transaction
+    from django.db import close_old_connections, transaction
 
     from tasks.events import record_event
     from tasks.models import Task

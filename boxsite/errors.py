@@ -11,6 +11,8 @@ from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
+from boxsite.cards import mask_cards
+
 
 class BoxError(Exception):
     code = "INVALID_REQUEST"
@@ -25,9 +27,7 @@ class BoxError(Exception):
         self.extra = extra
 
     def as_dict(self) -> dict[str, Any]:
-        from tasks.facts import redact_text
-
-        body: dict[str, Any] = {"code": self.code, "message": redact_text(self.message), "field": self.field}
+        body: dict[str, Any] = {"code": self.code, "message": mask_cards(self.message), "field": self.field}
         body.update(self.extra)
         return body
 

@@ -6,18 +6,27 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model, login
-from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import LoginView
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from boxsite import services, signin
+from boxsite.account_views import set_device_cookie
 from boxsite.auth import DEVICE_COOKIE, device_for
 from boxsite.errors import BoxError, NotFound
+from boxsite.models import BoxSettings
 from boxsite.principal import Principal
+from tasks.consumers import TaskListConsumer
+from tasks.models import Task, Workspace
+from tasks.presenters import present_task
+from tasks.services import get_task_for
+from tasks.spec import BUILTIN_WORKERS
+from tasks.tools import all_tools
+from tasks.workers.presets import all_presets
 
 
 def owner_exists() -> bool:
@@ -120,11 +129,6 @@ def _owner(request: HttpRequest) -> Any:
 
 def task_form_choices() -> dict[str, Any]:
     """What the New task form (and a schedule's or trigger's task template) offers."""
-    from boxsite.models import BoxSettings
-    from tasks.models import Workspace
-    from tasks.spec import BUILTIN_WORKERS
-    from tasks.tools import all_tools
-    from tasks.workers.presets import all_presets
 
     defaults = BoxSettings.current()
     return {
@@ -138,9 +142,6 @@ def task_form_choices() -> dict[str, Any]:
 
 @login_required
 def tasks(request: HttpRequest) -> HttpResponse:
-    from tasks.models import Task
-    from tasks.presenters import present_task
-
     cursor = live_cursor()  # read first: anything after it reaches the page through the stream
     rows = Task.objects.filter(owner=_owner(request)).select_related("workspace").order_by("-created_at", "-pk")[:50]
     return render(request, "portal/tasks.html", {
@@ -151,15 +152,12 @@ def tasks(request: HttpRequest) -> HttpResponse:
 
 def live_cursor() -> int:
     """The list stream's cursor as of now (the newest event id)."""
-    from tasks.consumers import TaskListConsumer
 
     return TaskListConsumer.newest_event_id()
 
 
 @login_required
 def task_window(request: HttpRequest, task_id: str) -> HttpResponse:
-    from tasks.services import get_task_for
-
     try:
         task = get_task_for(Principal(request.user, "session"), task_id)
     except NotFound as exc:
@@ -174,8 +172,6 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def settings_page(request: HttpRequest) -> HttpResponse:
-    from boxsite.models import BoxSettings
-
     return render(request, "portal/settings.html", {"active": "settings", "box": BoxSettings.current()})
 
 
@@ -212,8 +208,6 @@ def pair(request: HttpRequest) -> HttpResponse:
         except BoxError as exc:
             errors[exc.field or "code"] = exc.message
         else:
-            from boxsite.account_views import set_device_cookie
-
             response = HttpResponseRedirect("/ask")
             set_device_cookie(response, request, key)
             del device

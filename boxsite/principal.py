@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from boxsite.models import ApiToken, Device
+
 
 @dataclass(frozen=True)
 class Principal:
@@ -27,8 +29,6 @@ class Principal:
 
     @classmethod
     def of(cls, request: Any) -> Principal:
-        from boxsite.models import ApiToken, Device
-
         auth = getattr(request, "auth", None)
         if isinstance(auth, ApiToken):
             return cls(request.user, "token", token=auth)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import qrcode
 import qrcode.image.svg
+from django.utils.html import escape
 
 
 def qr_svg(text: str, label: str = "QR code") -> str:
@@ -15,6 +16,5 @@ def qr_svg(text: str, label: str = "QR code") -> str:
     # Drop the XML declaration so the document can be inlined into a page.
     svg = svg[svg.index("<svg"):]
     # A screen reader announces the image by its label instead of reading path data.
-    from django.utils.html import escape
 
     return svg.replace("<svg ", f'<svg role="img" aria-label="{escape(label)}" class="qr" ', 1)

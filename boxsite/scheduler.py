@@ -8,34 +8,15 @@ from collections.abc import Callable
 
 from django.db import close_old_connections
 
+from schedules.files import scan_all
+from schedules.tick import fire_due
+from tasks.lifecycle import reconcile
+from tasks.reaper import reap_expired, resume_after_restart
+from tasks.retention import prune_expired
+from tasks.runs import dispatch_due, resend_unclaimed
+
 log = logging.getLogger("box.scheduler")
 
-
-def _reap() -> None:
-    from tasks.runs import reap_expired
-
-    reap_expired()
-
-
-def _dispatch() -> None:
-    from tasks.runs import dispatch_due
-
-    dispatch_due()
-
-
-def _fire_schedules() -> None:
-    from schedules.tick import fire_due
-
-    fire_due()
-
-
-def _scan_files() -> None:
-    from schedules.files import scan_all
-
-    scan_all()
-
-
-# Order matters: retries publish before schedules fire (a recovered run is older work).
 RETENTION_EVERY_S = 3600.0
 _last_retention = 0.0
 
@@ -47,16 +28,15 @@ def _prune() -> None:
     if _last_retention and now - _last_retention < RETENTION_EVERY_S:
         return
     _last_retention = now
-    from tasks.retention import prune_expired
-
     prune_expired()
 
 
-PHASES: list[tuple[str, Callable[[], None]]] = [
-    ("reap expired leases", _reap),
-    ("dispatch due runs", _dispatch),
-    ("fire due schedules", _fire_schedules),
-    ("scan file-arrival folders", _scan_files),
+# Order matters: retries publish before schedules fire (a recovered run is older work).
+PHASES: list[tuple[str, Callable[[], object]]] = [
+    ("reap expired leases", reap_expired),
+    ("dispatch due runs", dispatch_due),
+    ("fire due schedules", fire_due),
+    ("scan file-arrival folders", scan_all),
     ("prune past retention", _prune),
 ]
 
@@ -72,9 +52,6 @@ def tick() -> None:
 
 def on_start() -> None:
     """Reconcile what a crash of the box may have left behind."""
-    from tasks.lifecycle import reconcile
-    from tasks.runs import resend_unclaimed, resume_after_restart
-
     reconcile()
     resend_unclaimed()
     resume_after_restart()  # after the re-send: the retries it queues are sent once, by their commit

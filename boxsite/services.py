@@ -28,6 +28,7 @@ from boxsite.models import (
 from boxsite.principal import Principal
 from boxsite.schema import TokenBody
 from boxsite.validation import check_fields, fields_of
+from tasks.spec import valid_host
 
 PAIRING_TTL = timedelta(minutes=10)
 # Crockford's base32 without the letters people misread (I, L, O, U): 8 characters = 40 bits,
@@ -114,7 +115,6 @@ def _whole(value: Any, key: str, *, minimum: int, maximum: int) -> int:
 @transaction.atomic
 def update_settings(principal: Principal, body: Any) -> BoxSettings:
     """Change some of the owner's defaults; the whole body is checked before anything is saved."""
-    from tasks.spec import valid_host
 
     require_settings_right(principal)
     check_fields(body, SETTINGS_FIELDS, what="settings")

@@ -197,9 +197,6 @@ BOX_WEBHOOK_MAX_BYTES = env_int("BOX_WEBHOOK_MAX_BYTES", 256 * 1024, minimum=102
 # The largest API request body (a task spec with its flow); larger is 413 before it is read.
 BOX_API_MAX_BYTES = env_int("BOX_API_MAX_BYTES", 1024 * 1024, minimum=1024)
 BOX_LIVE_POLL_SECONDS = env_float("BOX_LIVE_POLL_SECONDS", 0.1)
-# Run jobs in the calling process right after commit instead of through django-q2.
-# Only for tests that are not about the worker; never in production.
-BOX_RUN_INLINE = env_bool("BOX_RUN_INLINE", False)
 BOX_PRESETS_FILE = env_str("BOX_PRESETS_FILE")
 BOX_TOOLS_FILE = env_str("BOX_TOOLS_FILE")
 BOX_LAYER_DRIVER = env_str("BOX_LAYER_DRIVER", "auto")

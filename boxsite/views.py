@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from drf_spectacular.utils import extend_schema
@@ -17,6 +18,7 @@ from rest_framework.response import Response
 
 from boxsite import schema
 from boxsite.middleware import is_api_path
+from tasks.isolation import describe_isolation
 
 log = logging.getLogger("boxsite.errors")
 
@@ -26,11 +28,9 @@ log = logging.getLogger("boxsite.errors")
 @permission_classes([AllowAny])
 def health(request: Request) -> Response:
     """Liveness and what isolation is in force (never pretends)."""
-    from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
-    from tasks.isolation import describe_isolation
 
     return Response({
         "ok": True,

@@ -5,13 +5,17 @@ stream authenticates exactly like the pages do: the session cookie, or the devic
 """
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.http.cookie import parse_cookie
 
 from boxsite.auth import DEVICE_COOKIE, device_for
+from boxsite.models import Device
 from boxsite.principal import Principal
 
 
@@ -50,12 +54,6 @@ def still_signed_in(principal: Principal, session_key: str | None) -> bool:
     A revoked device, a deactivated user or a session that was signed out elsewhere ends the
     stream at the next check instead of streaming on with what was true at connect time.
     """
-    from importlib import import_module
-
-    from django.conf import settings
-    from django.contrib.auth import get_user_model
-
-    from boxsite.models import Device
 
     if not get_user_model().objects.filter(pk=principal.user.pk, is_active=True).exists():
         return False

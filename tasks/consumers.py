@@ -31,7 +31,10 @@ from boxsite.errors import NotFound
 from boxsite.principal import Principal
 from boxsite.ws_auth import principal_of_scope, still_signed_in
 from tasks.events import owner_group, task_group
+from tasks.facts import redactor_for
 from tasks.models import Task, TaskEvent
+from tasks.presenters import present_event, present_task
+from tasks.services import get_task_for
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +167,6 @@ class TaskEventsConsumer(LiveConsumer):
         return True
 
     def may_see(self) -> bool:
-        from tasks.services import get_task_for
-
         try:
             get_task_for(self.principal, self.task_id)
         except NotFound:
@@ -177,10 +178,6 @@ class TaskEventsConsumer(LiveConsumer):
         await self.pump(check=False)
 
     def read(self, check: bool) -> tuple[list[dict[str, Any]], bool]:
-        from tasks.facts import redactor_for
-        from tasks.presenters import present_event, present_task
-        from tasks.services import get_task_for
-
         last = Task.objects.filter(pk=self.task_id).values_list("event_seq", flat=True).first()
         if last is None:
             raise _Denied  # the task was deleted (retention) under the stream
@@ -241,8 +238,6 @@ class TaskListConsumer(LiveConsumer):
         return list(qs)
 
     def read(self, check: bool) -> tuple[list[dict[str, Any]], bool]:
-        from tasks.presenters import present_task
-
         now = time.monotonic()
         self.holes = {i: t for i, t in self.holes.items() if now - t < HOLE_TTL_S}
         query = Q(id__gt=self.cursor)

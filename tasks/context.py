@@ -9,6 +9,7 @@ from typing import Any
 
 from tasks.facts import Facts
 from tasks.models import Run, Task
+from tasks.net import http_request
 from tasks.recorder import StepRecorder
 
 
@@ -53,6 +54,4 @@ class RunContext:
         self.recorder.note(summary, data)
 
     def http(self, method: str, url: str, *, headers: dict[str, str], body: Any = None) -> dict[str, Any]:
-        from tasks.net import http_request
-
         return http_request(self, method, url, headers=headers, body=body)

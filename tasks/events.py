@@ -15,6 +15,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import F
 
@@ -104,7 +105,6 @@ def record_event(
 def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: str) -> None:
     """Tell live consumers that ``task_id`` has a new event. A no-op without a channel layer
     (embedded mode, where consumers poll the event table)."""
-    from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
     if layer is None:

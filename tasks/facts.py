@@ -25,7 +25,9 @@ from urllib.parse import quote
 
 from django.db.models import Count, Max
 
+from boxsite.cards import looks_like_card, mask_cards
 from tasks import crypto
+from tasks.crypto import decrypt, encrypt, encrypted_with_first_key, reencrypt
 from tasks.models import VaultSecret
 
 # Names that always mean "secret", as whole words of the name (``cardNumber`` -> "card number").
@@ -45,26 +47,6 @@ SENSITIVE_PHRASES = (
 SENSITIVE_FRAGMENTS = ("password", "passwd", "passcode", "passport", "secret", "token", "apikey",
                        "privatekey", "cardnumber", "credential", "aadhaar", "cvv")
 
-# A run of 13-19 digits, optionally split by single spaces or dashes, that is not part of a
-# longer number or word: nothing alphanumeric right before or after it, and no digit one
-# separator away (``1 2999 8629 9985 0`` is a list of numbers, ``3.4111...`` a decimal).
-_CARD_RUN = re.compile(r"(?<!\w)(?<!\d[ .,-])\d(?:[ -]?\d){12,18}(?!\w)(?![ .,-]\d)")
-# How card numbers are printed: all together, or in these groups (Visa/Mastercard/Discover/JCB
-# 4-4-4-4, 19 digits 4-4-4-4-3, Amex 4-6-5, Diners 4-6-4).
-_CARD_GROUPS = {(4, 4, 4, 4), (4, 4, 4, 4, 3), (4, 6, 5), (4, 6, 4)}
-# Issuer prefixes with the lengths they issue (Visa, Mastercard, Amex, Discover, Diners, JCB,
-# UnionPay): a Luhn-valid run with none of them is a card only when the text says "card" near it.
-_CARD_ISSUERS: tuple[tuple[re.Pattern[str], tuple[int, ...]], ...] = (
-    (re.compile(r"4"), (13, 16, 19)),
-    (re.compile(r"5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720)"), (16,)),
-    (re.compile(r"3[47]"), (15,)),
-    (re.compile(r"6(?:011|5|4[4-9])"), (16, 17, 18, 19)),
-    (re.compile(r"3(?:0[0-5]|[689])"), (14, 15, 16, 17, 18, 19)),
-    (re.compile(r"35(?:2[89]|[3-8]\d)"), (16, 17, 18, 19)),
-    (re.compile(r"62"), (16, 17, 18, 19)),
-)
-_CARD_CONTEXT = re.compile(r"card|visa|master|amex|credit|debit|\bcc\b|\bpan\b|payment", re.IGNORECASE)
-_CARD_CONTEXT_WINDOW = 32  # characters before a number that may say it is a card
 _NAME_RE = re.compile(r"\$\{([^}]+)\}")
 _MIN_SECRET_LEN = 3  # shorter values would mask ordinary text
 _MIN_ENCODED_LEN = 8  # a shorter slice of an encoding matches too much ordinary text
@@ -88,46 +70,6 @@ def is_sensitive_name(name: str) -> bool:
         return True
     squashed = "".join(parts)
     return any(fragment in squashed for fragment in SENSITIVE_FRAGMENTS)
-
-
-def luhn_valid(digits: str) -> bool:
-    total = 0
-    for index, char in enumerate(reversed(digits)):
-        value = int(char)
-        if index % 2 == 1:
-            value *= 2
-            if value > 9:
-                value -= 9
-        total += value
-    return total % 10 == 0
-
-
-def _is_card_digits(run: str, before: str = "") -> bool:
-    """``run`` (a ``_CARD_RUN`` match) is printed like a card, passes Luhn, and has a known
-    issuer's prefix and length, or ``before`` (the text just ahead of it) mentions a card."""
-    separators = set(re.sub(r"\d", "", run))
-    if len(separators) > 1:
-        return False
-    groups = tuple(len(g) for g in re.split(r"[ -]", run)) if separators else (len(run),)
-    if len(groups) > 1 and groups not in _CARD_GROUPS:
-        return False
-    digits = re.sub(r"\D", "", run)
-    if not (13 <= len(digits) <= 19 and luhn_valid(digits)):
-        return False
-    if any(prefix.match(digits) and len(digits) in lengths for prefix, lengths in _CARD_ISSUERS):
-        return True
-    return bool(_CARD_CONTEXT.search(before[-_CARD_CONTEXT_WINDOW:]))
-
-
-def looks_like_card(value: str) -> bool:
-    """A number printed like a card (all together or in card groups), Luhn-valid, with a known
-    issuer's prefix and length or the word card (visa, credit, ...) just before it; never a run
-    inside a longer number or a list of numbers."""
-    return any(_is_card_digits(m.group(), value[:m.start()]) for m in _CARD_RUN.finditer(value))
-
-
-def mask_cards(text: str) -> str:
-    return _CARD_RUN.sub(lambda m: "${card}" if _is_card_digits(m.group(), text[:m.start()]) else m.group(), text)
 
 
 def names_in(text: str) -> list[str]:
@@ -248,25 +190,17 @@ def vault_values() -> dict[str, str]:
     return values
 
 
-def redact_text(text: str) -> str:
-    """Redaction without a task's secrets: card-like numbers only."""
-    return mask_cards(text)
-
-
 def _is_sealed(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {_SEALED}
 
 
 def _open(value: Any) -> str:
-    from tasks.crypto import decrypt
-
     return decrypt(value[_SEALED].encode())
 
 
 def resealed(values: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     """``values`` with every sealed secret re-encrypted under the vault's first key, and how many
     were (vault key rotation: ``tasks.vault.rotate``)."""
-    from tasks.crypto import reencrypt
 
     out: dict[str, Any] = {}
     count = 0
@@ -280,7 +214,6 @@ def resealed(values: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
 
 def sealed_on_old_keys(values: Mapping[str, Any]) -> bool:
     """True when a sealed secret in ``values`` is not yet under the vault's first key."""
-    from tasks.crypto import encrypted_with_first_key
 
     return any(_is_sealed(v) and not encrypted_with_first_key(v[_SEALED].encode()) for v in values.values())
 
@@ -323,7 +256,6 @@ class Facts:
 
     def sealed(self) -> dict[str, Any]:
         """The form ``Task.facts`` stores: shared values as given, secret values encrypted."""
-        from tasks.crypto import encrypt
 
         return {
             name: ({_SEALED: encrypt(str(value)).decode()} if name in self.secret_names and value not in (None, "") else value)

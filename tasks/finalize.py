@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from approvals.services import open_blockers_for_pause
 from tasks import runs, services
-from tasks.models import EventKind, Run, RunState, Task
 from tasks.facts import Redactor
+from tasks.isolation import record_isolation
+from tasks.models import EventKind, Run, RunKind, RunState, Task
 from tasks.recorder import StepRecorder
 from tasks.states import State
-from tasks.models import RunKind
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
 
@@ -27,7 +28,6 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
             return False
         if task.state == State.QUEUED:
             services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
-            from tasks.isolation import record_isolation
 
             record_isolation(task)  # the task's first words after it starts: what confines it
         elif task.state == State.WAITING:
@@ -80,7 +80,6 @@ def _add_elapsed(task: Task, elapsed_ms: int) -> dict[str, Any]:
 
 def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor) -> None:
     """Move the task to waiting with what the pause asks for, then open its blockers."""
-    from approvals.services import open_blockers_for_pause
 
     message = redact.text(outcome.message)
     pause: dict[str, Any] = {"message": message}

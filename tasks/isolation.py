@@ -9,6 +9,8 @@ from typing import Any
 
 from django.conf import settings
 
+from tasks.events import record_event
+from tasks.layers.base import driver_name
 from tasks.models import EventKind, Task
 from tasks.sandbox import cgroups
 from tasks.sandbox.launcher import MAX_PROCESSES
@@ -17,7 +19,6 @@ from tasks.sandbox.support import missing_reason, syscall_filter_dir
 
 def layer_driver() -> str:
     """The layer driver new tasks get (overlay when root and the kernel allow it, else copy)."""
-    from tasks.layers.base import driver_name
 
     return driver_name()
 
@@ -70,7 +71,6 @@ def describe_isolation() -> dict[str, Any]:
 
 def record_isolation(task: Task) -> None:
     """Store and log what confines ``task``. Call inside the transaction that started it."""
-    from tasks.events import record_event
 
     described = describe_isolation()
     if described["sandbox"]:

@@ -14,10 +14,13 @@ from django.db import (
     connection,
 )
 
-from tasks import runs
+from tasks import lifecycle, reaper, runs
+from tasks.broker.server import serving as broker_serving
 from tasks.context import RunContext
 from tasks.facts import Facts
+from tasks.finalize import begin_run, finish_run
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
+from tasks.workers import worker_for
 from tasks.workers.base import Failed, Outcome
 
 log = logging.getLogger(__name__)
@@ -64,10 +67,6 @@ class Heartbeat(threading.Thread):
 
 def execute_run(run_id: int) -> None:
     """Claim run ``run_id`` and execute it. A second delivery finds it claimed and returns."""
-    from tasks import lifecycle
-    from tasks.broker.server import serving as broker_serving
-    from tasks.finalize import begin_run, finish_run
-    from tasks.workers import worker_for
 
     global _current_stop
     if handing_back.is_set():
@@ -141,7 +140,7 @@ def _hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool) ->
     while True:
         connection.close()  # the fault may have broken this connection: start a fresh one
         try:
-            runs.hand_back(run_id, token, why, counts_as_attempt=counts_as_attempt)
+            reaper.hand_back(run_id, token, why, counts_as_attempt=counts_as_attempt)
             return
         except TRANSIENT_DB_ERRORS:
             if time.monotonic() > deadline:

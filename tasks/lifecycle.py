@@ -13,6 +13,7 @@ from django.conf import settings
 
 from tasks import layers, sandbox
 from tasks.models import Task
+from tasks.states import ACTIVE, FINAL
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ def release(task_id: str) -> bool:
 
 def reconcile() -> None:
     """At start-up: release every ended task whose resources a crash may have left behind."""
-    from tasks.states import FINAL
 
     for name, step in (("sandbox", sandbox.reconcile), ("layers", layers.reconcile)):
         # users and runtime dirs of ended or unknown tasks; mounts whose task is no longer active
@@ -60,7 +60,6 @@ def release_host() -> None:
     """When the box stops, after its processes have: leave nothing on the host. Ended or unknown
     tasks are released (finishing a release the stop cut short); active tasks give up their
     processes, user and mounts, which their next run makes again."""
-    from tasks.states import ACTIVE
 
     for name, step in (("sandbox", sandbox.reconcile), ("layers", layers.reconcile)):
         try:

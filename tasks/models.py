@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import models
 
 from tasks.ids import new_task_id
+from tasks.limits import default_limit
 from tasks.states import FINAL, State, WaitingFor
 
 
@@ -100,8 +101,6 @@ class Task(models.Model):
 
     def limit(self, name: str) -> int | None:
         """The task's limit for ``name`` (its own, else the default); None means unbounded."""
-        from tasks.spec import default_limit
-
         value: Any = self.limits.get(name, default_limit(name))
         return None if value is None else int(value)
 

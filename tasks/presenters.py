@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.facts import Facts
+from tasks.limits import DEFAULT_LIMITS
 from tasks.models import Task, TaskEvent
-from tasks.spec import DEFAULT_LIMITS
 from tasks.states import State
 
 

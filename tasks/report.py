@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from approvals.presenters import present_approval, present_question
 from tasks.facts import redactor_for
 from tasks.flows import step_kind
 from tasks.models import EventKind, Run, Task, TaskEvent
@@ -18,8 +19,6 @@ MAX_STEP_EVENTS = 5000
 
 
 def build_report(task: Task) -> dict[str, Any]:
-    from approvals.presenters import present_approval, present_question
-
     redact = redactor_for(task)
     step_events: list[dict[str, Any]] = [
         dict(row) for row in TaskEvent.objects.filter(task=task, kind__in=(EventKind.STEP, EventKind.STEP_RESULT))

@@ -8,15 +8,22 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from boxsite.errors import Conflict, InvalidRequest, NotFound, TooManyTasks
+from approvals.models import Approval, ApprovalState, Question, QuestionState
+from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
+from boxsite.models import BoxSettings
 from boxsite.principal import Principal
-from tasks import runs
+from tasks import layers, lifecycle, runs
 from tasks.events import record_event
 from tasks.facts import Facts, seal_facts
-from tasks.models import EventKind, RunKind, Task
+from tasks.layers import review
+from tasks.layers.locks import layer_lock
+from tasks.layers.paths import show
+from tasks.layers.roots import changes_of
+from tasks.layers.task_view import seal_layer
+from tasks.models import EventKind, Layer, LayerState, RunKind, Task
 from tasks.presenters import is_final_view
 from tasks.spec import TaskSpec, parse_spec
-from tasks.states import ACTIVE, FINAL, State, can_move
+from tasks.states import ACTIVE, FINAL, Review, State, can_move
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +98,6 @@ def transition(
             detail.update(data)
         record_event(task, EventKind.STATUS, summary or _status_summary(task, old_state), detail)
         if new_state in FINAL:
-            from tasks import layers
-
             layers.on_final_move(task, new_state)  # the layer joins, stays apart or leaves, in this transaction
         if new_state in FINAL and old_state in ACTIVE:
             _close_blockers(task)
@@ -112,7 +117,6 @@ def _status_summary(task: Task, old_state: str) -> str:
 
 def _close_blockers(task: Task) -> None:
     """A task that ends denies its pending approvals, cancels open questions and open runs."""
-    from approvals.models import Approval, ApprovalState, Question, QuestionState
 
     now = timezone.now()
     Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(
@@ -126,7 +130,6 @@ def _close_blockers(task: Task) -> None:
 
 def release_task(task_id: str) -> None:
     """After a task ended: free what it held (processes, sockets, mounts, its user)."""
-    from tasks import lifecycle
 
     lifecycle.release(task_id)
 
@@ -134,7 +137,6 @@ def release_task(task_id: str) -> None:
 @transaction.atomic
 def create_task(body: Any, principal: Principal, *, source: str | None = None) -> Task:
     """The one way tasks are born: API, phone, schedules and triggers all call this."""
-    from boxsite.models import BoxSettings
 
     # At capacity the answer is 429 before the spec is even read: a refusal costs one count.
     _refuse_at_capacity(BoxSettings.current().max_active_tasks)
@@ -228,10 +230,53 @@ def undo_task(principal: Principal, task_id: str) -> Task:
     task = get_task_for(principal, task_id)
     extra: dict[str, Any] = {}
     if task.folders:
-        if task.review == "kept":
+        if task.review == Review.KEPT:
             raise Conflict("its changes were kept in your folder; the box does not take them back", field="review")
-        extra["review"] = "undone"  # the layer is discarded; the real folder was never touched
+        extra["review"] = Review.UNDONE  # the layer is discarded; the real folder was never touched
     return transition(task, State.UNDONE, summary=f"undone by the owner ({principal.via})", data={"by": principal.via}, **extra)
+
+
+def _set_review(task: Task, review: Review, summary: str, data: dict[str, Any]) -> Task:
+    with transaction.atomic():
+        moved = Task.objects.filter(pk=task.pk, version=task.version, state=State.DONE).update(
+            review=review, version=F("version") + 1, updated_at=timezone.now())
+        if moved != 1:
+            raise Conflict("the task changed meanwhile; reload and try again", field="version")
+        task.review, task.version = review, task.version + 1
+        record_event(task, EventKind.NOTE, summary, {"review": review, **data})
+        if review == Review.KEPT:
+            Layer.objects.filter(task=task).update(state=LayerState.APPLIED, applied_at=timezone.now())
+    return task
+
+
+def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
+    """Apply a finished folder task's changes to the real folders, or report the conflicts."""
+    task = get_task_for(principal, task_id)
+    if not task.folders:
+        raise Conflict("only folder tasks wait for Keep; a workspace task joined its workspace when it finished",
+                       field="review")
+    if not principal.can_use_folders:
+        raise Forbidden("only the owner can keep changes to folders", field="review")
+    if task.state != State.DONE or task.review not in (Review.PENDING, Review.CONFLICT):
+        raise Conflict(f"a {task.state} task with review '{task.review or 'none'}' cannot be kept",
+                       field="review", state=task.state)
+    seal_layer(task.pk)
+    with layer_lock(task.pk):
+        layer = Layer.objects.get(task=task)
+        changes = changes_of(task, layer)
+        make, remove = review.directory_moves(task)
+        found = review.find_conflicts(task, changes, make)
+        if found:
+            conflicts = [show(p) for p in sorted(found)]
+            reasons = [found[p] for p in sorted(found)]
+            shown = "; ".join(reasons[:5]) + (" …" if len(reasons) > 5 else "")
+            task = _set_review(task, Review.CONFLICT, f"not kept: {shown}; nothing was applied",
+                               {"conflicts": conflicts, "reasons": reasons})
+            return task, conflicts
+        review.apply_changes(task, changes, make, remove)
+        task = _set_review(task, Review.KEPT, f"kept: {len(changes)} change(s) applied to your folder",
+                           {"applied": [show(c.path) for c in changes[:500]]})
+    return task, []
 
 
 def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "") -> Task:

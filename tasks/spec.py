@@ -12,24 +12,19 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-
 from boxsite.errors import Forbidden, InvalidSpec, NotAvailable, OriginsRequired
+from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from boxsite.schema import TaskSpecBody
 from boxsite.validation import check_fields, existing_dir, fields_of
 from tasks.flows import validate_flow
+from tasks.limits import DEFAULT_LIMITS, RESOURCE_DEFAULTS
+from tasks.models import Workspace
 from tasks.sandbox import cgroups
 from tasks.sandbox.support import missing_reason
+from tasks.tools import get_tool
+from tasks.workers.presets import all_presets
 
-DEFAULT_LIMITS: dict[str, int | None] = {
-    "max_actions": 120,
-    "max_elapsed_ms": None,
-    "memory_mb": None,  # defaults from settings (RESOURCE_DEFAULTS)
-    "cpu_percent": None,
-}
-# Resource limits whose default is a setting (env), read when asked so a changed setting counts.
-RESOURCE_DEFAULTS = {"memory_mb": "BOX_TASK_MEMORY_MB", "cpu_percent": "BOX_TASK_CPU_PERCENT"}
 MIN_MEMORY_MB = 16
 # Spec fields and limits the box will take once what they promise exists; until then a spec that
 # sets them is refused (never stored and ignored). Each says why.
@@ -53,13 +48,6 @@ CONSTRAINTS_NOT_AVAILABLE_YET = {
 def resource_limits_unavailable() -> str | None:
     """Why this box cannot hold a task to its memory and CPU limits, or None when it can."""
     return missing_reason() or cgroups.unavailable()
-
-
-def default_limit(name: str) -> int | None:
-    """The limit a task gets when its spec does not set ``name``."""
-    if name in RESOURCE_DEFAULTS:
-        return int(getattr(settings, RESOURCE_DEFAULTS[name]))
-    return DEFAULT_LIMITS.get(name)
 
 
 MAX_WHOLE = 2**31 - 1  # the largest number an integer column holds on every database
@@ -167,10 +155,6 @@ def host_list(hosts: list[str]) -> list[str]:
 
 def parse_spec(body: Any, principal: Principal, *, source: str | None = None) -> TaskSpec:
     """Check a whole spec. ``source`` is set by the box's own channels (schedules, the phone)."""
-    from boxsite.models import BoxSettings
-    from tasks.models import Workspace
-    from tasks.tools import get_tool
-    from tasks.workers.presets import all_presets
 
     if not isinstance(body, dict):
         raise InvalidSpec("a task spec is a JSON object")

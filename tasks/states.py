@@ -25,6 +25,15 @@ class WaitingFor(models.TextChoices):
     PLAN = "plan"
 
 
+class Review(models.TextChoices):
+    """Where a finished folder task stands with its owner: Keep or Undo."""
+
+    PENDING = "pending"
+    KEPT = "kept"
+    CONFLICT = "conflict"
+    UNDONE = "undone"
+
+
 ALLOWED: dict[str, frozenset[str]] = {
     State.QUEUED: frozenset({State.RUNNING, State.FAILED, State.CANCELLED, State.UNDONE}),
     State.RUNNING: frozenset({State.WAITING, State.DONE, State.FAILED, State.CANCELLED, State.UNDONE}),

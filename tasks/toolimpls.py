@@ -23,7 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from tasks.tools import NAME_RE, Tool, register
+from tasks.tool_types import NAME_RE, Tool
+from tasks.vault import read_secret
 
 MAX_RESULT = 256 * 1024
 
@@ -39,7 +40,8 @@ def _notify_owner(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return {"delivered": True}
 
 
-register(Tool(
+BUILTIN_TOOLS = (
+    Tool(
     name="http.request",
     description="An HTTP request to a host the task lists (its network policy applies).",
     schema={
@@ -54,14 +56,15 @@ register(Tool(
         "additionalProperties": False,
     },
     impl=_http_request,
-))
-register(Tool(
+    ),
+    Tool(
     name="notify.owner",
     description="Leave a message for the owner in the task's log.",
     schema={"type": "object", "properties": {"message": {"type": "string", "minLength": 1}}, "required": ["message"],
             "additionalProperties": False},
     impl=_notify_owner,
-))
+    ),
+)
 
 
 def _entry_error(name: str, problem: str) -> ImproperlyConfigured:
@@ -96,8 +99,6 @@ def command_tool(entry: Any) -> Tool:
         raise _entry_error(name, "'timeout_s' must be a positive number of seconds")
 
     def impl(ctx: Any, args: dict[str, Any]) -> Any:
-        from tasks.vault import read_secret
-
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "C.UTF-8",

@@ -14,9 +14,6 @@ done), count it against ``max_actions``, record ``tool_call``/``cost``/``tool_re
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,25 +21,15 @@ import jsonschema
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from tasks import budget
 from tasks.broker.protocol import InvalidArgs, ToolFailed, ToolRefused
 from tasks.models import EventKind
+from tasks.recorder import LeaseLost, LimitReached
+from tasks.tool_types import NAME_RE, Tool
+from tasks.toolimpls import BUILTIN_TOOLS, command_tool
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
-
-NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)*$")
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str
-    schema: dict[str, Any]
-    impl: Callable[[Any, dict[str, Any]], Any]
-    cost_cents: int = 0
-    irreversible: bool = False
-    provider: str = "box"  # "box" for built-ins, "owner" for BOX_TOOLS_FILE entries
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class NeedsApproval(Exception):
@@ -71,6 +58,10 @@ def register(tool: Tool) -> Tool:
     return tool
 
 
+for _tool in BUILTIN_TOOLS:
+    register(_tool)
+
+
 def _load_owner_tools() -> dict[str, Tool]:
     """The owner's command tools, re-read when BOX_TOOLS_FILE changes (path or contents)."""
     global _owner_tools, _owner_source
@@ -90,8 +81,6 @@ def _load_owner_tools() -> dict[str, Tool]:
         raise ImproperlyConfigured(f"BOX_TOOLS_FILE {path!r} is not a JSON list of tools: {exc}") from exc
     if not isinstance(entries, list):
         raise ImproperlyConfigured(f"BOX_TOOLS_FILE {path!r} must hold a JSON list of tools")
-    from tasks.toolimpls import command_tool
-
     loaded: dict[str, Tool] = {}
     for entry in entries:
         tool = command_tool(entry)
@@ -103,18 +92,11 @@ def _load_owner_tools() -> dict[str, Tool]:
 
 
 def get_tool(name: str) -> Tool | None:
-    _ensure_builtins()
     return _BUILTIN.get(name) or _load_owner_tools().get(name)
 
 
 def all_tools() -> list[Tool]:
-    _ensure_builtins()
     return sorted({**_load_owner_tools(), **_BUILTIN}.values(), key=lambda t: t.name)
-
-
-def _ensure_builtins() -> None:
-    # Importing the module registers the built-in tools exactly once.
-    import tasks.toolimpls  # noqa: F401
 
 
 def check_call(task: Any, name: str, args: Any) -> Tool:
@@ -144,9 +126,6 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[str] = fr
     missing, ``ToolRefused``/``InvalidArgs`` for calls the task may not make (recorded),
     ``ToolFailed`` when the tool ran and failed (recorded), ``LimitReached`` past max_actions.
     """
-    from tasks import budget
-    from tasks.recorder import LeaseLost, LimitReached
-
     recorder = ctx.recorder
     try:
         tool = check_call(ctx.task, name, args)

@@ -11,7 +11,8 @@ from django.db import transaction
 
 from boxsite.errors import InvalidRequest, NotFound
 from tasks import crypto
-from tasks.models import VaultSecret
+from tasks.facts import resealed, sealed_on_old_keys
+from tasks.models import Task, VaultSecret
 
 # Secrets become environment variables of the same name, so names are valid variable names.
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -55,8 +56,6 @@ def rotate() -> int:
     Each row is locked while it is rewritten, so a concurrent write is not overwritten with the
     old value.
     """
-    from tasks.facts import resealed
-    from tasks.models import Task
 
     count = 0
     for secret_id in list(VaultSecret.objects.values_list("pk", flat=True)):
@@ -81,8 +80,6 @@ def rotate() -> int:
 def rows_on_old_keys() -> list[str]:
     """What is not yet encrypted under the first key (must be empty before retiring old keys):
     vault names, and ``task <id>`` for tasks with sealed secret facts."""
-    from tasks.facts import sealed_on_old_keys
-    from tasks.models import Task
 
     stale = [row.name for row in VaultSecret.objects.all() if not crypto.encrypted_with_first_key(bytes(row.ciphertext))]
     stale += [f"task {pk}" for pk, facts in Task.objects.values_list("pk", "facts").iterator() if facts and sealed_on_old_keys(facts)]

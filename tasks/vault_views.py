@@ -14,6 +14,7 @@ from boxsite.principal import Principal
 from boxsite.validation import check_fields, fields_of
 from tasks import vault
 from tasks.models import VaultSecret
+from tasks.tools import all_tools
 
 
 def _require_settings_right(request: Request) -> None:
@@ -52,7 +53,6 @@ def vault_detail(request: Request, name: str) -> Response:
 @api_view(["GET"])
 def tool_list(request: Request) -> Response:
     """The tools a task may list in its spec: built in, from apps, and the owner's command tools."""
-    from tasks.tools import all_tools
 
     return Response({"tools": [
         {"name": t.name, "description": t.description, "schema": t.schema, "costCents": t.cost_cents,

@@ -10,14 +10,17 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from approvals.presenters import present_approval
+from approvals.presenters import present_approval, present_question
+from approvals.services import continue_task
 from boxsite import schema
 from boxsite.errors import InvalidRequest
 from boxsite.pagination import Sort, limit_param, page
 from boxsite.principal import Principal
 from tasks import artifacts, services
+from tasks.facts import redactor_for
 from tasks.models import Task, TaskEvent
 from tasks.presenters import present_event, present_task
+from tasks.report import build_report
 from tasks.states import State
 
 TASK_SORTS = {
@@ -82,7 +85,6 @@ def channel_source(principal: Principal, body: Any) -> str | None:
 
 def _events_after(task: Task, after: int, limit: int, *, upto: int | None = None) -> dict[str, Any]:
     """Events with seq > ``after`` (at most ``limit``; with ``upto``, none past that seq)."""
-    from tasks.facts import redactor_for
 
     redact = redactor_for(task)
     rows = TaskEvent.objects.filter(task=task, seq__gt=after)
@@ -116,7 +118,6 @@ def task_detail(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
     body = present_task(task)
     body["approvals"] = [present_approval(a) for a in task.approvals.order_by("created_at")]
-    from approvals.presenters import present_question
 
     body["questions"] = [present_question(q) for q in task.questions.exclude(state="staged").order_by("created_at")]
     # The log page stops at the task's own lastSeq: the view and its log are one snapshot, so a
@@ -158,7 +159,6 @@ def task_rerun(request: Request, task_id: str) -> Response:
 @api_view(["POST"])
 def task_continue(request: Request, task_id: str) -> Response:
     """Answer what a waiting task asked for: inputs, an approval decision, or a person's OK."""
-    from approvals.services import continue_task
 
     return Response(present_task(continue_task(Principal.of(request), task_id, request.data)))
 
@@ -167,7 +167,6 @@ def task_continue(request: Request, task_id: str) -> Response:
 @api_view(["GET"])
 def task_report(request: Request, task_id: str) -> Response:
     """Everything the task did: its view, flow, steps reached, records and rescues; redacted."""
-    from tasks.report import build_report
 
     return Response(build_report(services.get_task_for(Principal.of(request), task_id)))
 

@@ -9,8 +9,9 @@ from rest_framework.response import Response
 from boxsite import schema
 from boxsite.principal import Principal
 from tasks import services
-from tasks.layers import diff, review, workspaces
-from tasks.layers.task_view import diff_body
+from tasks.facts import redactor_for
+from tasks.layers import diff, workspaces
+from tasks.layers.roots import diff_body
 from tasks.models import Layer, Workspace
 from tasks.presenters import present_task
 from tasks.states import State
@@ -49,7 +50,6 @@ def task_diff(request: Request, task_id: str) -> Response:
     layer = Layer.objects.filter(task=task).first()
     if layer is None or task.state == State.UNDONE:
         return Response({"task": task.pk, **diff.empty()})  # never started, or its changes are gone
-    from tasks.facts import redactor_for
 
     # A task's files may hold what its steps typed (a password, a card): shown only redacted.
     return Response(redactor_for(task).redact({"task": task.pk, **diff_body(task, layer)}))
@@ -58,5 +58,5 @@ def task_diff(request: Request, task_id: str) -> Response:
 @extend_schema(request=None, responses={200: schema.TaskKept})
 @api_view(["POST"])
 def task_keep(request: Request, task_id: str) -> Response:
-    task, conflicts = review.keep_review(Principal.of(request), task_id)
+    task, conflicts = services.keep_review(Principal.of(request), task_id)
     return Response({**present_task(task), "conflicts": conflicts})

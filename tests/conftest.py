@@ -9,8 +9,16 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connection
+from django.dispatch import receiver
+from django.test.signals import setting_changed
+from django_q.conf import Conf
 from rest_framework.test import APIClient
 
+from boxsite.auth import issue_api_token
+from tasks import sandbox
+from tasks.layers import unmount_views
+from tasks.models import Task, Workspace
 from tests.factories import make_owner
 
 
@@ -36,9 +44,24 @@ def _worker_data_dir(worker_id: str) -> None:
     settings.BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 
+@receiver(setting_changed)
+def _queue_follows_q_cluster(setting: str, value: Any, **kwargs: Any) -> None:
+    # django-q2 reads Q_CLUSTER once, at import; tests change it per test.
+    if setting == "Q_CLUSTER":
+        Conf.SYNC = bool((value or {}).get("sync", False))
+
+
 @pytest.fixture(autouse=True)
 def _box_settings(settings: Any) -> None:
-    settings.BOX_RUN_INLINE = True
+    # django-q2's own sync mode: a run enqueued after commit executes right there, in the test's
+    # process, through the same execute_run a qcluster would call.
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": True}
+
+
+def queue_through_the_cluster(settings: Any) -> None:
+    """Runs go onto the real queue (for a qcluster subprocess, or for nobody) instead of
+    executing in the test. Call with pytest-django's ``settings`` fixture."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
 
 
 class Box:
@@ -76,10 +99,6 @@ class Box:
 
 @pytest.fixture
 def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
-    from boxsite.auth import issue_api_token
-    from tasks.layers import unmount_views
-    from tasks.models import Task, Workspace
-
     home = tmp_path / "home"
     home.mkdir()
     Workspace.objects.update_or_create(name="home", defaults={"base_dir": str(home)})
@@ -88,7 +107,6 @@ def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
     yield Box(owner, raw, home)
     # a task the test left queued/running/waiting keeps its overlay mounted; its rows are flushed next
     task_ids = list(Task.objects.values_list("pk", flat=True))
-    from tasks import sandbox
 
     for task_id in task_ids:  # ... and its Linux user (and processes): system uids are few
         sandbox.release(task_id)
@@ -97,7 +115,6 @@ def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
 
 def database_env() -> dict[str, str]:
     """Environment for a subprocess (a real qcluster, the scheduler) that must share the test DB."""
-    from django.db import connection
 
     env = dict(os.environ)
     name = connection.settings_dict["NAME"]

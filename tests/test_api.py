@@ -1,8 +1,11 @@
 """The task API from a caller's side: authentication, listing, the log, errors."""
 from __future__ import annotations
 
+from django.db import transaction
 from rest_framework.test import APIClient
 
+from tasks.events import record_event
+from tasks.models import Task
 from tests.factories import flow, make_owner
 
 WRITE = flow({"write": {"path": "a.txt", "content": "a"}})
@@ -141,13 +144,10 @@ def test_health_and_schema_are_served(box):
 def test_the_task_view_and_its_log_page_are_one_snapshot(box):
     """A client that follows live from ``lastSeq`` must not have seen events newer than the
     state it shows: the log page stops at the view's lastSeq."""
-    from tasks.events import record_event
-    from tasks.models import Task
 
     task = box.create(title="t", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
     box.wait_state(task["id"], "done")
     row = Task.objects.get(pk=task["id"])
-    from django.db import transaction
 
     with transaction.atomic():
         record_event(row, "note", "written after the view was read")

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from rest_framework.test import APIClient
 
+from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
 from tasks.models import Run, Task, TaskEvent
 
@@ -106,10 +108,6 @@ def test_the_deliberate_defaults_give_no_tools_no_hosts_no_budget(box):
 
 
 def test_a_token_without_the_folder_right_cannot_hand_out_folders(box, tmp_path):
-    from rest_framework.test import APIClient
-
-    from boxsite.auth import issue_api_token
-
     _, raw = issue_api_token(box.owner, "no-folders", can_use_folders=False)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

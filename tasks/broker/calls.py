@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tasks import budget, tools
 from tasks.broker.holds import Holds
 from tasks.broker.protocol import CallError, text_arg
 from tasks.context import RunContext
@@ -36,8 +37,6 @@ class Calls:
         return {"recorded": True}
 
     def op_tool(self, message: dict[str, Any]) -> Any:
-        from tasks import tools
-
         name = text_arg(message, "name", max_len=200)
         args = message.get("args", {})
         approved: set[str] = set()
@@ -51,8 +50,6 @@ class Calls:
                 approved.add(need.kind)
 
     def op_spend(self, message: dict[str, Any]) -> Any:
-        from tasks import budget
-
         cents = message.get("cents")
         if isinstance(cents, bool) or not isinstance(cents, int) or not 0 < cents <= MAX_SPEND_CENTS:
             raise CallError(f"'cents' must be a whole number from 1 to {MAX_SPEND_CENTS}", field="cents")

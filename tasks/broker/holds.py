@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from approvals.models import Approval, ApprovalState, Question, QuestionState
+from approvals.services import open_question, request_approval
+from tasks import budget, services
 from tasks.broker.protocol import Denied, TaskEnded
 from tasks.context import RunContext
 from tasks.facts import Facts
@@ -38,8 +40,6 @@ class Holds:
     def approval(self, kind: str, summary: str, *, guard: dict[str, Any], detail: dict[str, Any] | None = None,
                  amount_cents: int = 0) -> None:
         """Return once the owner approved; raise ``Denied`` or ``TaskEnded`` otherwise."""
-        from approvals.services import request_approval
-        from tasks import budget
 
         with self._one_at_a_time:
             def pause(task: Task) -> tuple[int, int]:
@@ -68,7 +68,6 @@ class Holds:
     def question(self, waiting_for: str, question_kind: str, prompt: str, fields: list[dict[str, Any]],
                  *, name: str | None = None) -> dict[str, Any]:
         """Open a question and wait for its answer; ``name``: the fact whose value to return."""
-        from approvals.services import open_question
 
         with self._one_at_a_time:
             def pause(task: Task) -> int:
@@ -113,8 +112,6 @@ class Holds:
         return self.ctx.recorder.guarded(write)
 
     def _move(self, task: Task, new_state: str, summary: str, **fields: Any) -> None:
-        from tasks import services
-
         if task.state == new_state:
             return  # the deciding side already moved it
         data = fields.pop("data", None)

@@ -15,6 +15,8 @@ import shutil
 
 from tasks.layers import mounts, paths
 from tasks.layers.task_view import on_final_move, open_view, release
+from tasks.models import Task
+from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +26,6 @@ __all__ = ["on_final_move", "open_view", "reconcile", "release", "unmount_views"
 def reconcile() -> None:
     """Unmount every view (and lower mount) under the data dir whose task is not active, and
     release that task."""
-    from tasks.models import Task
-    from tasks.states import ACTIVE
 
     task_ids: set[str] = set()
     for root in (paths.data_dir() / "tasks", paths.data_dir() / "mounts"):

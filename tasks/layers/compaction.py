@@ -22,7 +22,8 @@ from pathlib import Path
 from django.conf import settings
 
 from tasks.layers import paths
-from tasks.layers.tree import LayerTree, Meta, Markers, NativeMarkers, PortableMarkers, apply_layer, copy_layer, write_atomically
+from tasks.layers.locks import workspace_lock
+from tasks.layers.tree import LayerTree, Markers, Meta, NativeMarkers, PortableMarkers, apply_layer, copy_layer, write_atomically
 from tasks.models import Workspace
 
 
@@ -59,8 +60,6 @@ def lower_trees(workspace: Workspace, newest_first: list[str], markers: str) -> 
     own, key, inside = split(newest_first, markers)
     trees = [LayerTree.of_layer(paths.layer_dir(task_id)) for task_id in own]
     if key is not None:
-        from tasks.layers.locks import workspace_lock
-
         with workspace_lock(workspace.pk):
             trees.append(LayerTree.of_layer(ensure_flat(workspace, inside, markers)))
     base = workspace.base_path()

@@ -20,8 +20,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.layers.base import Root
+from tasks.layers import paths
 from tasks.layers.diff import ADDED, DELETED, MODIFIED, Change
+from tasks.layers.driver import Root
 from tasks.layers.paths import join, parent_of
 from tasks.layers.stack import DIR, View, same_content, walk_files
 from tasks.layers.tree import LayerTree, Meta, apply_layer, copy_entry, write_atomically
@@ -228,7 +229,6 @@ class CopyDriver:
 def discard(directory: Path) -> None:
     """Delete a working copy without making the task's end wait for it: a rename into the
     trash, then removal in the background (start-up reconcile empties what a crash left)."""
-    from tasks.layers import paths
 
     trash = paths.trash_dir() / f"{directory.parent.name}-{directory.name}-{os.getpid()}-{threading.get_ident()}"
     trash.parent.mkdir(parents=True, exist_ok=True)

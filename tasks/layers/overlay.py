@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 from tasks.layers import mounts
-from tasks.layers.base import Root
 from tasks.layers.diff import Change, layer_changes
+from tasks.layers.driver import Root
 from tasks.layers.paths import join
 from tasks.layers.stack import DIR, Stack, same_content
 from tasks.layers.tree import (
@@ -26,6 +26,7 @@ from tasks.layers.tree import (
     has_opaque_xattr,
     mark_may_hold_whiteouts,
 )
+from tasks.sandbox.idmap import userns_mapping
 
 
 class OverlayDriver:
@@ -113,7 +114,6 @@ def drop_unchanged_copies(tree: LayerTree, lower: Stack) -> None:
 def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[Path]:
     """Each lower layer mounted again, id-mapped so its owner's files appear as the task user's
     (overlayfs itself cannot be id-mapped, its layers can). Unmounted with the view."""
-    from tasks.sandbox.idmap import userns_mapping
 
     namespaces: dict[tuple[int, int], int] = {}
     mapped: list[Path] = []

@@ -20,6 +20,9 @@ Nothing on the way is followed: every path is reached from the folder's director
 with ``O_NOFOLLOW`` (``nofollow``), so a link where a directory was is a conflict, never a way
 out of the folder. Special files (FIFO, socket, device) are never kept, opened or replaced: a
 task's special file, or one in the owner's folder where the task wrote, is a conflict.
+
+This module is the files' side of Keep; the review moves themselves are task actions
+(``tasks.services.keep_review``).
 """
 from __future__ import annotations
 
@@ -29,25 +32,15 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
-from django.db.models import F
-from django.utils import timezone
-
-from boxsite.errors import Conflict, Forbidden
-from boxsite.principal import Principal
-from tasks.events import record_event
 from tasks.layers import nofollow, paths
-from tasks.layers.base import Root
 from tasks.layers.copy import snapshot, stat_entry
 from tasks.layers.diff import DELETED, Change, special_of
-from tasks.layers.locks import layer_lock
+from tasks.layers.driver import Root
 from tasks.layers.paths import show
+from tasks.layers.roots import changes_of, folder_names, roots_for, tree_for
 from tasks.layers.stack import DIR, Stack
 from tasks.layers.tree import WHITEOUT, Meta, write_atomically
-from tasks.models import EventKind, Layer, LayerState, Task
-from tasks.states import State
-
-PENDING, KEPT, CONFLICT, UNDONE = "pending", "kept", "conflict", "undone"
+from tasks.models import Layer, Task
 
 
 def _start_file(task_id: str) -> Path:
@@ -78,8 +71,6 @@ def _split(task: Task, path: str) -> tuple[str, str]:
 def locate(task: Task, path: str) -> tuple[Path, str]:
     """(the real folder, the path inside it) for a path of the task's view. Everything below the
     folder is reached without following links (``nofollow``)."""
-    from tasks.layers.task_view import folder_names
-
     name, rest = _split(task, path)
     folders = dict(folder_names(task.folders))
     return (Path(task.folders[0]) if not name else folders[name]), rest
@@ -93,8 +84,6 @@ def _stat_entry(folder: Path, rel: str) -> list[Any] | None:
 def record_touched(task: Task, roots: list[Root]) -> None:
     """When the task's layer is sealed: for every path it touched that is provably unchanged
     since the start (same inode, same ctime), its fingerprint (content hash) now."""
-    from tasks.layers.task_view import changes_of
-
     try:
         start: dict[str, dict[str, list[Any]]] = json.loads(_start_file(task.pk).read_text())
     except FileNotFoundError:
@@ -173,26 +162,22 @@ def find_conflicts(task: Task, changes: list[Change], dirs: list[tuple[Path, str
 def _task_views(task: Task) -> dict[str, Stack]:
     """Each folder as the task left it (its layer over the folder), to tell which directories
     it deleted."""
-    from tasks.layers.task_view import _tree_for, roots_for
-
     layer = Layer.objects.get(task=task)
     meta = Meta.load(paths.layer_dir(task.pk))
-    return {root.name: Stack([_tree_for(paths.layer_dir(task.pk), meta, root.name), *root.lowers])
+    return {root.name: Stack([tree_for(paths.layer_dir(task.pk), meta, root.name), *root.lowers])
             for root in roots_for(task, layer, for_mount=False)}
 
 
-def _directory_moves(task: Task) -> tuple[list[tuple[Path, str, str]], list[tuple[Path, str]]]:
+def directory_moves(task: Task) -> tuple[list[tuple[Path, str, str]], list[tuple[Path, str]]]:
     """The directories the task's layer makes (parents first) and the ones it removes, even
     empty ones: a folder ends as the task's view, not only its files."""
-    from tasks.layers.task_view import _tree_for, folder_names
-
     meta = Meta.load(paths.layer_dir(task.pk))
     named = folder_names(task.folders)
     roots = [("", Path(task.folders[0]))] if len(named) == 1 else named
     make: list[tuple[Path, str, str]] = []
     remove: list[tuple[Path, str]] = []
     for name, folder in roots:
-        tree = _tree_for(paths.layer_dir(task.pk), meta, name)
+        tree = tree_for(paths.layer_dir(task.pk), meta, name)
         for rel, entry in tree.walk():
             if entry.kind == DIR:
                 make.append((folder, rel, paths.join(name, rel) if name else rel))
@@ -212,7 +197,7 @@ def _real_dirs(folder: Path, rel: str) -> list[str]:
         return []
 
 
-def _apply(task: Task, changes: list[Change], make: list[tuple[Path, str, str]],
+def apply_changes(task: Task, changes: list[Change], make: list[tuple[Path, str, str]],
            remove: list[tuple[Path, str]]) -> None:
     views = _task_views(task)
     deletions = [c for c in changes if c.kind == DELETED]
@@ -244,49 +229,3 @@ def _prune_parents(task: Task, path: str, views: dict[str, Stack]) -> None:
         if not nofollow.remove_empty_tree_at(folder, rel):
             return  # something the owner keeps is in it
         parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
-
-
-def _set_review(task: Task, review: str, summary: str, data: dict[str, Any]) -> Task:
-    with transaction.atomic():
-        moved = Task.objects.filter(pk=task.pk, version=task.version, state=State.DONE).update(
-            review=review, version=F("version") + 1, updated_at=timezone.now())
-        if moved != 1:
-            raise Conflict("the task changed meanwhile; reload and try again", field="version")
-        task.review, task.version = review, task.version + 1
-        record_event(task, EventKind.NOTE, summary, {"review": review, **data})
-        if review == KEPT:
-            Layer.objects.filter(task=task).update(state=LayerState.APPLIED, applied_at=timezone.now())
-    return task
-
-
-def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
-    """Apply a finished folder task's changes to the real folders, or report the conflicts."""
-    from tasks.layers.task_view import changes_of, seal_layer
-    from tasks.services import get_task_for
-
-    task = get_task_for(principal, task_id)
-    if not task.folders:
-        raise Conflict("only folder tasks wait for Keep; a workspace task joined its workspace when it finished",
-                       field="review")
-    if not principal.can_use_folders:
-        raise Forbidden("only the owner can keep changes to folders", field="review")
-    if task.state != State.DONE or task.review not in (PENDING, CONFLICT):
-        raise Conflict(f"a {task.state} task with review '{task.review or 'none'}' cannot be kept",
-                       field="review", state=task.state)
-    seal_layer(task.pk)
-    with layer_lock(task.pk):
-        layer = Layer.objects.get(task=task)
-        changes = changes_of(task, layer)
-        make, remove = _directory_moves(task)
-        found = find_conflicts(task, changes, make)
-        if found:
-            conflicts = [show(p) for p in sorted(found)]
-            reasons = [found[p] for p in sorted(found)]
-            shown = "; ".join(reasons[:5]) + (" …" if len(reasons) > 5 else "")
-            task = _set_review(task, CONFLICT, f"not kept: {shown}; nothing was applied",
-                               {"conflicts": conflicts, "reasons": reasons})
-            return task, conflicts
-        _apply(task, changes, make, remove)
-        task = _set_review(task, KEPT, f"kept: {len(changes)} change(s) applied to your folder",
-                           {"applied": [show(c.path) for c in changes[:500]]})
-    return task, []

@@ -15,32 +15,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from boxsite.errors import Conflict
+from tasks import sandbox
 from tasks.events import record_event
-from tasks.layers import compaction, diff, mounts, paths
-from tasks.layers.base import Root, driver_name, get_driver
-from tasks.layers.diff import Change, layer_changes
+from tasks.layers import compaction, mounts, paths, review
+from tasks.layers.base import driver_name, get_driver
+from tasks.layers.diff import Change
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
-from tasks.layers.tree import DIR, LayerTree, Meta
+from tasks.layers.roots import changes_of, roots_for
+from tasks.layers.tree import DIR, LayerTree, Meta, NativeMarkers
 from tasks.models import EventKind, Layer, LayerState, Task, Workspace
+from tasks.sandbox import users
 from tasks.states import ACTIVE, State
 
 log = logging.getLogger(__name__)
-
-
-def folder_names(folders: list[str]) -> list[tuple[str, Path]]:
-    """Each folder's directory name inside a multi-folder view: its basename, with ``-2``,
-    ``-3`` … when two folders share one."""
-    named: list[tuple[str, Path]] = []
-    used: set[str] = set()
-    for folder in folders:
-        base = os.path.basename(folder.rstrip("/")) or "root"
-        name, n = base, 1
-        while name in used:
-            n += 1
-            name = f"{base}-{n}"
-        used.add(name)
-        named.append((name, Path(folder)))
-    return named
 
 
 def current_stack(workspace: Workspace) -> list[str]:
@@ -49,37 +36,6 @@ def current_stack(workspace: Workspace) -> list[str]:
         Layer.objects.filter(workspace=workspace, state=LayerState.APPLIED)
         .order_by("-applied_at", "-pk").values_list("task_id", flat=True)
     )
-
-
-def _tree_for(layer_root: Path, meta: Meta, name: str) -> LayerTree:
-    """The layer of one root; a multi-folder layer keeps portable markers prefixed by name."""
-    if not name:
-        return LayerTree(layer_root / "upper", meta)
-    prefix = name + "/"
-    sub = Meta(format=meta.format, deleted={p[len(prefix):] for p in meta.deleted if p.startswith(prefix)},
-               opaque={p[len(prefix):] for p in meta.opaque if p.startswith(prefix)})
-    return LayerTree(layer_root / "upper" / name, sub)
-
-
-def roots_for(task: Task, layer: Layer, *, for_mount: bool) -> list[Root]:
-    """The writable views of ``task``. ``for_mount`` bounds the stack's depth with a flat (the
-    flat must then be buildable: its layers sealed); otherwise every layer is listed."""
-    ldir, vdir = paths.layer_dir(task.pk), paths.view_dir(task.pk)
-    lower_dir = paths.lower_mounts_dir(task.pk)
-    if task.folders:
-        named = folder_names(task.folders)
-        if len(named) == 1:
-            return [Root("", [LayerTree(named[0][1], plain=True)], ldir / "upper", ldir / "ovl-work",
-                         vdir, ldir / "manifest.json", lower_dir / "_")]
-        return [Root(name, [LayerTree(folder, plain=True)], ldir / "upper" / name, ldir / "ovl-work" / name,
-                     vdir / name, ldir / f"manifest-{name}.json", lower_dir / name) for name, folder in named]
-    markers = get_driver(layer.driver).markers
-    if for_mount:
-        lowers = compaction.lower_trees(task.workspace, list(task.layers), markers)
-    else:
-        lowers = [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
-        lowers.append(LayerTree(task.workspace.base_path(), plain=True))
-    return [Root("", lowers, ldir / "upper", ldir / "ovl-work", vdir, ldir / "manifest.json", lower_dir / "_")]
 
 
 # --- opening ---------------------------------------------------------------------------------
@@ -121,8 +77,6 @@ def open_view(task: Task) -> Path:
             raise Conflict(f"the task is {state}; its view is not opened again", field="state")
         paths.private_dir(paths.layer_dir(task.pk))
         if task.folders:
-            from tasks.layers import review
-
             review.record_start(task, roots)
         if any(root.name for root in roots):  # several folders side by side in one view
             paths.view_dir(task.pk).mkdir(parents=True, exist_ok=True)
@@ -138,11 +92,9 @@ def open_view(task: Task) -> Path:
 
 def _sandbox_owner(task: Task) -> tuple[int, int] | None:
     """The task's own user when it runs sandboxed (``lifecycle.prepare`` created it first)."""
-    from tasks import sandbox
 
     if not sandbox.available():
         return None
-    from tasks.sandbox import users
 
     ident = users.find_user(task.pk)
     return (ident.uid, ident.gid) if ident is not None else None
@@ -152,7 +104,6 @@ def _sandbox_owner(task: Task) -> tuple[int, int] | None:
 
 def _to_native(directory: Path, meta: Meta) -> None:
     """Rewrite a portable layer's markers as whiteouts and xattrs so overlayfs can stack it."""
-    from tasks.layers.tree import NativeMarkers
 
     writer = NativeMarkers()
     upper = directory / "upper"
@@ -188,8 +139,6 @@ def seal_layer(task_id: str, *, native: bool = False) -> None:
             summary = summarise(changes_of(task, layer, roots, meta))
             Layer.objects.filter(pk=layer.pk).update(manifest=summary)
             if task.folders:
-                from tasks.layers import review
-
                 review.record_touched(task, roots)
             else:
                 note_overrides(task, layer, LayerTree.of_layer(directory))
@@ -242,45 +191,6 @@ def summarise(changes: list[Change], limit: int = 500) -> dict[str, Any]:
         "paths": [{"path": paths.show(c.path), "kind": c.kind} for c in changes[:limit]],
         "more": max(0, len(changes) - limit),
     }
-
-
-def changes_of(task: Task, layer: Layer, roots: list[Root] | None = None, meta: Meta | None = None) -> list[Change]:
-    """The task's change set: live while it runs, from its sealed layer after."""
-    roots = roots or roots_for(task, layer, for_mount=False)
-    directory = paths.layer_dir(task.pk)
-    meta = meta or Meta.load(directory)
-    changes: list[Change] = []
-    if not meta.sealed:
-        # The copy driver's seal moves files out of the working copy before the layer is marked
-        # sealed: read under the layer lock, so a reader sees the working copy or the sealed
-        # layer, never the half-moved space between them. (Callers that hold the lock pass a
-        # sealed ``meta``: flock is not re-entrant.)
-        with layer_lock(task.pk):
-            meta = Meta.load(directory)
-            if not meta.sealed:
-                return _live_changes(layer, roots)
-    for root in roots:
-        changes += layer_changes(_tree_for(directory, meta, root.name), root.lower, prefix=root.name)
-    return sorted(changes, key=lambda c: c.path)
-
-
-def _live_changes(layer: Layer, roots: list[Root]) -> list[Change]:
-    driver = get_driver(layer.driver)
-    changes: list[Change] = []
-    for root in roots:
-        changes += driver.changes(root)
-    return sorted(changes, key=lambda c: c.path)
-
-
-def diff_body(task: Task, layer: Layer) -> dict[str, Any]:
-    """The task's diff as the API shows it. While the layer is not sealed, the change set is
-    listed and its files read under the layer lock: a copy-driver seal moves those files."""
-    directory = paths.layer_dir(task.pk)
-    if not Meta.load(directory).sealed:
-        with layer_lock(task.pk):
-            if not Meta.load(directory).sealed:
-                return diff.render(_live_changes(layer, roots_for(task, layer, for_mount=False)))
-    return diff.render(changes_of(task, layer))
 
 
 def _unmount(task_id: str) -> None:

@@ -8,6 +8,7 @@ task's view mounted for its user), ``launcher`` (the one place task processes st
 """
 from __future__ import annotations
 
+from tasks.sandbox import paths, users
 from tasks.sandbox.cleanup import reconcile, release, stop_leftovers
 from tasks.sandbox.paths import runtime_dir
 from tasks.sandbox.support import available
@@ -18,7 +19,6 @@ def prepare(task_id: str) -> None:
     process a lost earlier run left behind. A no-op without the sandbox."""
     if not available():
         return
-    from tasks.sandbox import paths, users
 
     ident = users.ensure_user(task_id)
     stop_leftovers(task_id)

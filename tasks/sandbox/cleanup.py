@@ -15,7 +15,9 @@ from pathlib import Path
 
 from django.conf import settings
 
+from tasks.models import Task
 from tasks.sandbox import cgroups, egress, paths, users
+from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +92,6 @@ def _disown(path: str, st: os.stat_result, ident: users.Identity) -> None:
 def reconcile() -> list[str]:
     """At start-up: release every user of this box whose task has ended or no longer exists,
     and every runtime directory left by such a task. Returns the task ids it cleaned."""
-    from tasks.models import Task
-    from tasks.states import ACTIVE
 
     candidates = {task_id for task_id, _ in users.box_users()} if os.geteuid() == 0 else set()
     runtime_root = paths.runtime_root()

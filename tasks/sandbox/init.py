@@ -265,7 +265,7 @@ def install_syscall_filter(module_dir: str) -> None:
     sys.path.append(module_dir)
     # reason: the system's libseccomp binding lives outside the isolated interpreter's path,
     # and only the sandbox's init (not the box) imports it.
-    import seccomp
+    import seccomp  # noqa: PLC0415
 
     denied = seccomp.ERRNO(errno.EPERM)
     flt = seccomp.SyscallFilter(seccomp.ALLOW)

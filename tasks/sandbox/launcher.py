@@ -22,8 +22,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks.recorder import LimitReached
+from django.db import connection
+
+from tasks.models import EventKind, Task
+from tasks.recorder import LeaseLost, LimitReached
 from tasks.sandbox import cgroups, egress, idmap, paths, support, users
+from tasks.sandbox.cleanup import release
+from tasks.states import FINAL
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
@@ -148,7 +153,6 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         # The task ended while this process was starting (a cancel from another process): its
         # release may have run before the user existed again, so undo what this start made.
         kill(proc)
-        from tasks.sandbox.cleanup import release
 
         release(task.pk)
     return proc
@@ -191,9 +195,6 @@ def _script_file(script: str) -> int:
 
 
 def _has_ended(task_id: str) -> bool:
-    from tasks.models import Task
-    from tasks.states import FINAL
-
     return Task.objects.filter(pk=task_id, state__in=FINAL).exists()
 
 
@@ -247,10 +248,6 @@ def _proxy_env(url: str) -> dict[str, str]:
 
 def _on_blocked(ctx: RunContext) -> egress.OnBlocked:
     def record(host: str, port: int, reason: str) -> None:
-        from django.db import connection
-
-        from tasks.models import EventKind
-        from tasks.recorder import LeaseLost
 
         try:
             ctx.recorder.event(EventKind.BLOCKED_CONNECTION, f"blocked {host}:{port}: {reason}",

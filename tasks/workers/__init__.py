@@ -1,15 +1,14 @@
 """Workers are plugins behind one interface: ``run(ctx) -> Outcome``."""
 from __future__ import annotations
 
+from tasks.workers.agent import AgentWorker
 from tasks.workers.base import Worker
+from tasks.workers.command import CommandWorker
+from tasks.workers.flow import FlowWorker
+from tasks.workers.presets import all_presets
 
 
 def worker_for(name: str) -> Worker:
-    from tasks.workers.agent import AgentWorker
-    from tasks.workers.command import CommandWorker
-    from tasks.workers.flow import FlowWorker
-    from tasks.workers.presets import all_presets
-
     if name == "flow":
         return FlowWorker()
     if name == "agent":

@@ -12,6 +12,7 @@ from django.utils import timezone
 from tasks.context import RunContext
 from tasks.models import EventKind
 from tasks.recorder import LeaseLost
+from tasks.vault import read_secret
 from tasks.workers import process
 from tasks.workers.base import Done, Failed, Outcome
 from tasks.workers.flow import record_result
@@ -29,7 +30,6 @@ class CommandWorker:
             argv = list(task.command or [])
         else:
             preset = all_presets()[task.worker]
-            from tasks.vault import read_secret
 
             for key in preset.keys:
                 value = read_secret(key)

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from tasks.broker.protocol import CallError
 from tasks.context import RunContext
 from tasks.evidence import Evidence, bounded
 from tasks.facts import guess_kind
@@ -26,7 +27,7 @@ from tasks.human import looks_like_human_wall
 from tasks.models import EventKind, TaskEvent
 from tasks.net import Blocked
 from tasks.recorder import LeaseLost, LimitReached
-from tasks.tools import NeedsApproval
+from tasks.tools import NeedsApproval, call
 from tasks.workers import process
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
@@ -432,8 +433,6 @@ def result_words(kind: str, data: dict[str, Any]) -> str:
 def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False) -> Any:
     """A flow ``tool`` step: the one tool-call path (``tasks.tools.call``), its refusals and
     failures turned into the step's failure. ``NeedsApproval`` goes up to pause the flow."""
-    from tasks.broker.protocol import CallError
-    from tasks.tools import call
 
     try:
         return call(ctx, name, args, approved=frozenset({"irreversible"}) if approved else frozenset())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from tasks import artifacts
+from tasks.broker.paths import process_env
 from tasks.evidence import Evidence, tail
 from tasks.sandbox import launcher
 
@@ -51,7 +52,6 @@ def base_env(ctx: RunContext) -> dict[str, str]:
         "BOX_TASK_ID": ctx.task.pk,
         "BOX_RUN": str(ctx.run.number),
     }
-    from tasks.broker.paths import process_env
 
     broker = process_env(ctx.task.pk)  # the run's broker socket, and the `box` client on PATH
     env["BOX_BROKER_SOCKET"] = broker["BOX_BROKER_SOCKET"]

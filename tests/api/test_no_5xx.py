@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from tests.conftest import Box
+from tests.conftest import Box, queue_through_the_cluster
 from tests.factories import flow
 
 SEED = int(os.environ.get("BOX_FUZZ_SEED") or random.randrange(2**32))
@@ -82,7 +82,7 @@ bodies = st.one_of(mutated, mutated, st.sampled_from(VALID), st.dictionaries(st.
 
 @pytest.fixture
 def fuzz_client(box: Box, settings: Any) -> tuple[APIClient, dict[str, list[str]]]:
-    settings.BOX_RUN_INLINE = False  # created tasks only need to exist
+    queue_through_the_cluster(settings)  # created tasks only need to exist
     task = box.create(title="t", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
     schedule = box.api.post("/api/schedules", {"name": "s", "intervalSeconds": 60,
                                                "template": {"title": "t", "prompt": "p"}}).json()

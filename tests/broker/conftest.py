@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.cluster import running_box
+from tests.conftest import queue_through_the_cluster, wait_for
 
 
 class Marks:
@@ -69,11 +70,9 @@ def marks(tools_file: tuple[Path, Path], owner_tools: Path) -> Marks:
 def _module_cluster(django_db_setup: Any, django_db_blocker: Any, tools_file: tuple[Path, Path],
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     # One cluster per module: starting and stopping qcluster costs seconds, a test need not.
-    from tests.cluster import running_box
 
     with django_db_blocker.unblock():
-        with running_box(tmp_path_factory.mktemp("cluster"), scheduler=False, BOX_TOOLS_FILE=str(tools_file[0]),
-                         BOX_RUN_INLINE="0", BOX_WORKERS="2"):
+        with running_box(tmp_path_factory.mktemp("cluster"), scheduler=False, BOX_TOOLS_FILE=str(tools_file[0]), BOX_WORKERS="2"):
             yield
 
 
@@ -81,7 +80,7 @@ def _module_cluster(django_db_setup: Any, django_db_blocker: Any, tools_file: tu
 def cluster(_module_cluster: None, settings: Any, owner_tools: Path, transactional_db: Any) -> None:
     """A real `manage.py qcluster` on the test database: runs execute in it, not in the test,
     so the test can decide while a task's process waits on the owner."""
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def events_of(box: Any, task_id: str, kind: str | None = None) -> list[dict[str, Any]]:

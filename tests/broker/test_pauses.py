@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from tasks.broker.paths import socket_path
+from tasks.isolation import describe_isolation
+from tasks.models import Run
 from tests.broker.conftest import Marks, events_of
 from tests.conftest import wait_for
 
@@ -65,8 +68,6 @@ def test_denying_a_paid_call_over_the_budget_cancels_the_task_and_the_call_never
     assert view["state"] == "cancelled"
 
     def run_closed() -> bool:
-        from tasks.models import Run
-
         return not Run.objects.filter(task_id=task["id"], state__in=["queued", "running"]).exists()
 
     wait_for(run_closed, what="the held run to close")
@@ -132,15 +133,11 @@ def test_box_need_human_waits_until_a_person_continues(box: Any) -> None:
     view = box.wait_state(task["id"], "done", "failed", "cancelled")
     assert view["state"] == "done", view["error"]
     assert any(e["summary"] == "past-the-wall" for e in events_of(box, task["id"], "step"))
-    from tasks.models import Run
 
     assert Run.objects.filter(task_id=task["id"]).count() == 1  # the same process went on: no re-run
 
 
 def test_another_task_cannot_use_a_held_tasks_broker(box: Any) -> None:
-    from tasks.broker.paths import socket_path
-    from tasks.isolation import describe_isolation
-
     if not describe_isolation()["sandbox"]:
         pytest.skip("without the sandbox every task runs as the box's own user")
     held = box.create(title="holder", worker="command", prompt="p", command=sh("box approve 'wait here'"))

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from playwright.sync_api import expect, sync_playwright
 
+from tasks.models import Workspace
 from tests.cluster import spawn, stop
 from tests.conftest import database_env, wait_for
 
@@ -50,7 +52,6 @@ class LiveBox:
 @pytest.fixture
 def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     """The web process and a worker, as `runbox` starts them, sharing the test database."""
-    from tasks.models import Workspace
 
     home = tmp_path / "home"
     home.mkdir()
@@ -59,7 +60,6 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     port = _free_port()
     env = database_env()
     env.update({
-        "BOX_RUN_INLINE": "0",
         "BOX_QUEUE_POLL_S": "0.05",
         "BOX_WORKERS": "1",
         "BOX_LIVE_POLL_SECONDS": "0.1",
@@ -94,7 +94,6 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
 def browser() -> Iterator[Any]:
     """One Chromium per test module: sync Playwright keeps an event loop running in this thread
     while it is open, so it must close before a later module's asyncio tests run on this worker."""
-    from playwright.sync_api import expect, sync_playwright
 
     # The machine is shared by parallel suites; a live update may take a few seconds under load.
     expect.set_options(timeout=15_000)

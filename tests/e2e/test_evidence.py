@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import PASSWORD, PHONE, create_owner, screenshot
+from tests.e2e.test_phone import pairing_code
 from tests.e2e.test_portal import new_task, task_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,8 +125,6 @@ def test_run_again_opens_the_form_filled_in_and_starts_an_edited_copy(page: Any)
 
 
 def test_the_phone_says_why_an_ask_waits_offers_cancel_and_links_nowhere_it_cannot_go(page: Any, browser: Any, live_box: Any) -> None:
-    from tests.e2e.test_phone import pairing_code
-
     create_owner(page)
     code = pairing_code(page)
     expect(page.get_by_role("alert").filter(has_text="a phone cannot reach it")).to_contain_text("BOX_PUBLIC_URL")

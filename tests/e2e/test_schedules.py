@@ -21,6 +21,7 @@ from django.conf import settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from schedules.models import Schedule
 from tests.conftest import database_env
 from tests.e2e.conftest import PHONE, create_owner, screenshot
 
@@ -121,8 +122,6 @@ def test_a_schedule_made_from_the_form_pauses_resumes_and_shows_its_catch_up_fir
     form.get_by_role("button", name="Create schedule").click()
     hourly = row(page, "Schedules", "hourly-sweep")
     expect(hourly).to_contain_text("every hour")
-
-    from schedules.models import Schedule
 
     # Moving the clock is the one thing a browser test cannot do: the cursor goes back instead.
     Schedule.objects.filter(name="hourly-sweep").update(next_run_at=timezone.now() - timedelta(hours=2, minutes=5))
@@ -270,7 +269,6 @@ def test_the_list_pages_by_the_apis_cursor_and_says_why_a_schedule_was_disabled(
             "name": f"job-{n:02d}", "intervalSeconds": 3600 + n * 60,
             "template": {"title": f"Job {n}", "prompt": "do it"}})
         assert made.status == 201, made.text()
-    from schedules.models import Schedule
 
     # Five failed firings in a row is the tick's business (tests/schedules); here only how the
     # page shows the outcome matters, so the outcome is written as the tick writes it.

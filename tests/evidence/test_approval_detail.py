@@ -2,6 +2,7 @@
 an approve gate lets go ahead, the tool and its arguments; redacted."""
 from __future__ import annotations
 
+from tasks.tools import Tool, register
 from tests.factories import flow
 from tests.pauses.helpers import pending_approval
 
@@ -39,8 +40,6 @@ def test_an_approve_gate_shows_the_step_it_lets_go_ahead(box):
 
 
 def test_an_irreversible_tool_step_shows_the_tool_and_its_arguments(box):
-    from tasks.tools import Tool, register
-
     register(Tool(name="test.fire", description="acts for real", schema={"type": "object"},
                   impl=lambda ctx, args: {"fired": True}, irreversible=True))
     view = paused(box, flow({"tool": "test.fire", "args": {"target": "${where}"}}, where="moon"), tools=["test.fire"])

@@ -11,7 +11,7 @@ import pytest
 from tasks.layers import paths
 from tasks.models import Run, RunState, Task
 from tests.cluster import running_box
-from tests.conftest import wait_for
+from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 FIRST_TRY_HANGS = flow(
@@ -22,7 +22,7 @@ FIRST_TRY_HANGS = flow(
 
 @pytest.fixture
 def cluster_mode(settings):
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def _killed(pid: int) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tasks.layers import mounts
 from tests.conftest import Box
 
 DRIVERS = ["overlay", "copy"]
@@ -18,8 +19,6 @@ DRIVERS = ["overlay", "copy"]
 
 @pytest.fixture(params=DRIVERS)
 def driver(request: Any, settings: Any, tmp_path: Path) -> Iterator[str]:
-    from tasks.layers import mounts
-
     if request.param == "overlay" and os.geteuid() != 0:
         pytest.skip("the overlay driver needs root")
     # short: the broker's Unix socket lives under the data dir (108-byte limit)

@@ -4,6 +4,7 @@ diff, the files API, a later task or a write step hang or break."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import threading
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tasks.layers.tree import copy_entry
 from tests.factories import flow
 from tests.layers.conftest import diff_of
 
@@ -162,9 +164,6 @@ def test_a_write_step_onto_a_fifo_fails_at_once_with_a_clear_error(lbox):
 
 @pytest.mark.parametrize("kind", ["fifo", "socket"])
 def test_the_copy_of_a_special_file_is_a_new_node_never_opened(tmp_path, kind):
-    import socket
-
-    from tasks.layers.tree import copy_entry
 
     source = tmp_path / "node"
     if kind == "fifo":

@@ -6,26 +6,31 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import settings
 
-from tests.conftest import wait_for
+from tasks import lifecycle
+from tasks.layers import mounts, paths
+from tasks.models import Task
+from tests.cluster import running_box
+from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 BLOCK = flow({"run": "echo partial > part.txt; i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"})
 
 
 def _views(task_id: str) -> list[Path]:
-    from tasks.layers import mounts, paths
-
     return [p for root in paths.mount_roots(task_id) for p in mounts.mounts_under(root)]
 
 
-def _running_in_a_killed_cluster(lbox: Any, tmp_path: Path, driver: str) -> dict[str, Any]:
-    from tests.cluster import running_box
+@pytest.fixture(autouse=True)
+def _cluster_mode(settings: Any) -> None:
+    queue_through_the_cluster(settings)
 
-    settings.BOX_RUN_INLINE = False
+
+def _running_in_a_killed_cluster(lbox: Any, tmp_path: Path, driver: str) -> dict[str, Any]:
     # the data dir is per test here, so the signing key (kept in the data dir by default) is passed on
-    with running_box(tmp_path, scheduler=False, BOX_RUN_INLINE="0", BOX_LAYER_DRIVER=driver,
+    with running_box(tmp_path, scheduler=False, BOX_LAYER_DRIVER=driver,
                      DJANGO_SECRET_KEY=settings.SECRET_KEY) as procs:
         task = lbox.create(title="blocked", flow=BLOCK)
         view = settings.BOX_DATA_DIR / "tasks" / task["id"] / "view"
@@ -47,9 +52,6 @@ def test_cancelling_a_task_whose_worker_was_killed_unmounts_and_keeps_its_diff(l
 
 
 def test_start_up_reconcile_unmounts_what_a_crash_left_behind(lbox, driver, tmp_path):
-    from tasks import lifecycle
-    from tasks.models import Task
-
     task = _running_in_a_killed_cluster(lbox, tmp_path, driver)
     # the box died after the task's final move committed, before its cleanup ran
     Task.objects.filter(pk=task["id"]).update(state="failed", error="the box stopped")

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from rest_framework.test import APIClient
 
+from boxsite.auth import issue_api_token
 from tests.factories import flow
 from tests.layers.conftest import diff_of, undo
 
@@ -116,9 +118,6 @@ def test_several_folders_each_appear_under_their_name(lbox, tmp_path):
 
 
 def test_a_token_without_the_folders_right_cannot_hand_out_or_keep_a_folder(lbox, folder):
-    from boxsite.auth import issue_api_token
-    from rest_framework.test import APIClient
-
     task = finished(lbox, EDITS, folder=str(folder))
     _, raw = issue_api_token(lbox.owner, "no folders", can_use_folders=False)
     client = APIClient()

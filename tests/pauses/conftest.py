@@ -4,6 +4,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import transaction
+
+from approvals.services import stage_question
+from boxsite.errors import BoxError, Conflict
+from tasks import lifecycle, services
+from tasks.models import Task
+from tasks.states import ACTIVE, State
+from tasks.tools import Tool, register
+from tests.conftest import wait_for
 
 SEEN_DURING_RUN: list[Any] = []
 
@@ -17,11 +26,6 @@ def _release_what_tests_leave_waiting(request: pytest.FixtureRequest) -> Any:
         return
     request.getfixturevalue("box")  # set up first, so it is torn down after this cleanup
     yield
-    from boxsite.errors import BoxError, Conflict
-    from tasks import lifecycle, services
-    from tasks.models import Task
-    from tasks.states import ACTIVE, State
-    from tests.conftest import wait_for
 
     for task_id in Task.objects.filter(state__in=ACTIVE).values_list("pk", flat=True):
         for _ in range(5):  # a worker may move it meanwhile; try again from where it is
@@ -49,12 +53,8 @@ def _release_what_tests_leave_waiting(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def staging_tool(box):
     """A tool standing in for the broker's `box ask`: it stages a question during the run."""
-    from approvals.services import stage_question
-    from tasks.tools import Tool, register
 
     def ask(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-        from django.db import transaction
-
         with transaction.atomic():
             stage_question(ctx.task, ctx.run, "text", args["prompt"])
         SEEN_DURING_RUN.append(box.api.get("/api/inbox").json())

@@ -6,9 +6,14 @@ import threading
 
 import pytest
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
+from rest_framework.test import APIClient
 
-from tests.factories import flow
+from approvals.models import Approval
+from approvals.services import request_approval
+from tasks.models import Task
+from tasks.tools import Tool, register
+from tests.factories import flow, make_owner
 from tests.pauses.helpers import cont, pending_approval, post, report
 
 GUARDED = flow(
@@ -118,15 +123,10 @@ def test_deciding_with_a_version_the_task_has_left_is_a_stale_approval(box):
 
 
 def test_an_approval_left_behind_by_a_moved_task_turns_stale(box):
-    from approvals.services import request_approval
-    from django.db import transaction
-    from tasks.models import Task
-
     view = _paused(box)
     task = Task.objects.get(pk=view["id"])
     with transaction.atomic():  # an approval asked at an older version (a run that is long gone)
         old = request_approval(task, "irreversible", "an old question", guard={"step": 0})
-    from approvals.models import Approval
 
     Approval.objects.filter(pk=old.pk).update(task_version=task.version - 1)
     response = post(box, f"/api/approvals/{old.pk}/approve")
@@ -164,8 +164,6 @@ def test_an_approve_step_pauses_and_goes_on_when_approved(box):
 
 
 def test_an_irreversible_tool_call_pauses_for_approval(box):
-    from tasks.tools import Tool, register
-
     calls: list[dict] = []
     register(Tool(name="test.launch", description="acts for real", schema={"type": "object"},
                   impl=lambda ctx, args: calls.append(args) or {"launched": True}, irreversible=True))
@@ -189,10 +187,6 @@ def test_continue_on_an_approval_needs_a_decision(box):
 
 
 def test_only_the_owner_sees_and_decides_an_approval(box):
-    from rest_framework.test import APIClient
-
-    from tests.factories import make_owner
-
     view = _paused(box)
     approval = pending_approval(box, view["id"])
     other = APIClient()
@@ -204,8 +198,6 @@ def test_only_the_owner_sees_and_decides_an_approval(box):
 
 
 def test_a_decision_from_the_portal_is_recorded_as_such(box):
-    from rest_framework.test import APIClient
-
     view = _paused(box)
     approval = pending_approval(box, view["id"])
     portal = APIClient()
@@ -217,8 +209,6 @@ def test_a_decision_from_the_portal_is_recorded_as_such(box):
 
 @pytest.mark.skipif(not settings.DB_IS_POSTGRES, reason="concurrent deciders need PostgreSQL row locks")
 def test_two_concurrent_approvals_resume_once(box):
-    from rest_framework.test import APIClient
-
     view = _paused(box)
     approval = pending_approval(box, view["id"])
     barrier = threading.Barrier(2)
@@ -245,8 +235,6 @@ def test_two_concurrent_approvals_resume_once(box):
 
 
 def test_a_paid_tool_step_over_the_budget_waits_and_approving_raises_the_budget(box):
-    from tasks.tools import Tool, register
-
     calls: list[dict] = []
     register(Tool(name="test.paid", description="costs a quarter", schema={"type": "object"},
                   impl=lambda ctx, args: calls.append(args) or {"ok": True}, cost_cents=25))

@@ -10,8 +10,10 @@ import logging
 import secrets
 from typing import Any
 
+from approvals.models import Approval, Question
+from tasks.models import Run, Task, TaskEvent
 from tests.factories import flow
-from tests.pauses.helpers import cont, pending_approval, post
+from tests.pauses.helpers import pending_approval
 
 CARD = "4111 1111 1111 1111"
 OTHER_CARD = "5555555555554444"  # a card nobody declared: masked as ${card} anyway
@@ -101,8 +103,6 @@ def test_no_canary_escapes_anywhere(box, caplog):
         _hunt(where, body, needles)
 
     # What the box stored: the action log, blockers, runs, and the task row's own fields.
-    from approvals.models import Approval, Question
-    from tasks.models import Run, Task, TaskEvent
 
     for event in TaskEvent.objects.filter(task_id=task_id):
         _hunt(f"event {event.seq}", event.summary + json.dumps(event.data) + json.dumps(event.artifacts), needles)
@@ -132,7 +132,6 @@ def test_a_command_worker_echoing_secrets_is_masked_too(box, caplog):
     assert "logged in with ${password}" in bodies[1]
     for body in bodies:
         _hunt("a response", body, [password, CARD.replace(" ", "")])
-    from tasks.models import TaskEvent
 
     for event in TaskEvent.objects.filter(task_id=task["id"]):
         _hunt("an event", event.summary + json.dumps(event.data), [password, CARD.replace(" ", "")])

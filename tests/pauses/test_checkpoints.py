@@ -3,6 +3,7 @@ go on. stop_at_payment (the default) stops at a payment as a non-continuable che
 only cancel releases; fill_then_approve needs constraints.origins and pauses as an approval."""
 from __future__ import annotations
 
+from tasks.models import Task
 from tests.factories import flow
 from tests.pauses.helpers import cont, pending_approval, post, report
 
@@ -67,7 +68,6 @@ def test_fill_then_approve_needs_origins(box):
                                            "constraints": {"payment": "fill_then_approve"}}, format="json")
     assert response.status_code == 400
     assert response.json()["code"] == "ORIGINS_REQUIRED" and response.json()["field"] == "constraints.origins"
-    from tasks.models import Task
 
     assert not Task.objects.exists()
 

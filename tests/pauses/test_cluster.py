@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.cluster import running_box
+from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 from tests.pauses.helpers import cont, open_questions, pending_approval, post, report
 
@@ -24,16 +25,15 @@ def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def _module_cluster(django_db_setup: Any, django_db_blocker: Any, cluster_dir: Path) -> Iterator[None]:
     # One cluster for the module: starting qcluster costs seconds, a test need not.
-    from tests.cluster import running_box
 
     with django_db_blocker.unblock():
-        with running_box(cluster_dir, scheduler=False, BOX_RUN_INLINE="0", BOX_WORKERS="2"):
+        with running_box(cluster_dir, scheduler=False, BOX_WORKERS="2"):
             yield
 
 
 @pytest.fixture
 def cluster(_module_cluster: None, settings: Any, transactional_db: Any) -> None:
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def waiting(box: Any, task_id: str, kind: str) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 questions; more than max_active_tasks unfinished tasks is 429 TOO_MANY_TASKS."""
 from __future__ import annotations
 
+from boxsite.models import BoxSettings
+from tasks.models import Task
 from tests.factories import flow
 from tests.pauses.helpers import post
 
@@ -30,9 +32,6 @@ def test_undoing_a_waiting_task_closes_its_blockers_too(box):
 
 
 def test_more_unfinished_tasks_than_allowed_is_429_and_nothing_is_dropped(box):
-    from boxsite.models import BoxSettings
-    from tasks.models import Task
-
     BoxSettings.objects.update_or_create(pk=1, defaults={"max_active_tasks": 2})
     waiting = [box.create(title=f"w{i}", flow=flow({"run": "true", "stop_before": "ok?"})) for i in range(2)]
     for task in waiting:

@@ -9,6 +9,7 @@ from tests.factories import flow
 from tests.pauses.conftest import SEEN_DURING_RUN
 from tests.pauses.helpers import open_questions, pending_approval, post, report
 
+
 def _two_blockers(box, tool: str) -> dict[str, Any]:
     spec = flow({"tool": tool, "args": {"prompt": "which branch?"}},
                 {"run": "echo shipped >> log.txt", "stop_before": "ship it"},

@@ -2,7 +2,9 @@
 approvals, questions and rescues; all redacted."""
 from __future__ import annotations
 
-from tests.factories import flow
+from rest_framework.test import APIClient
+
+from tests.factories import flow, make_owner
 from tests.pauses.helpers import cont, report
 
 
@@ -55,10 +57,6 @@ def test_a_command_task_reports_the_steps_it_logged(box):
 
 
 def test_another_owners_report_is_not_found(box):
-    from rest_framework.test import APIClient
-
-    from tests.factories import make_owner
-
     task = box.create(title="mine", flow=flow({"run": "true"}))
     other = APIClient()
     other.force_login(make_owner())

@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -140,7 +141,6 @@ def test_the_setup_page_creates_one_owner_and_then_closes(transactional_db: Any)
     assert made.status_code == 302 and made.url == "/tasks"
     late = Client().post("/setup", {"username": "intruder", "password": "long enough pass", "password2": "long enough pass"})
     assert late.status_code == 302 and late.url == "/login"
-    from django.contrib.auth import get_user_model
 
     assert list(get_user_model().objects.values_list("username", flat=True)) == ["me"]
 

@@ -9,8 +9,13 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.contrib.sessions.models import Session
+from django.db import connection, connections
+from rest_framework.test import APIClient
 
+from boxsite.auth import DEVICE_COOKIE
 from tasks.models import Task
+from tasks.services import note
 from tests.factories import flow, make_owner
 from tests.portal.conftest import pair_device, session_cookie, ws
 
@@ -24,7 +29,6 @@ async def _close_worker_thread_connections() -> Any:
     """database_sync_to_async keeps a connection open in its thread; close it so the test
     database can be flushed and dropped."""
     yield
-    from django.db import connections
 
     await database_sync_to_async(connections.close_all)()
 
@@ -35,7 +39,6 @@ def sync(fn: Any) -> Any:
 
 def record_notes(task_id: str, count: int, prefix: str = "note") -> None:
     """Append events through the action log's one writer, as a worker's recorder does."""
-    from tasks.services import note
 
     task = Task.objects.get(pk=task_id)
     for i in range(count):
@@ -96,8 +99,6 @@ async def test_a_client_connecting_while_events_are_written_gets_each_seq_once_i
     session = await sync(session_cookie)(box.owner)
     first = (await sync(box.events)(task_id))[-1]["seq"]
     def burst() -> None:
-        from django.db import connection
-
         try:
             record_notes(task_id, 120, "burst")
         finally:
@@ -175,9 +176,6 @@ async def test_a_device_never_streams_a_folder_task(box: Any, tmp_path: Any) -> 
 
 async def test_a_revoked_device_is_cut_off_before_the_next_event(box: Any, transport: str) -> None:
     device = await sync(pair_device)(box.api)
-    from rest_framework.test import APIClient
-
-    from boxsite.auth import DEVICE_COOKIE
 
     phone = APIClient()
     phone.cookies[DEVICE_COOKIE] = device
@@ -197,8 +195,6 @@ async def test_a_revoked_device_is_cut_off_before_the_next_event(box: Any, trans
 
 
 async def test_a_signed_out_session_stops_streaming(box: Any, transport: str) -> None:
-    from django.contrib.sessions.models import Session
-
     task_id = await waiting_task(box)
     session = await sync(session_cookie)(box.owner)
     client = ws(f"/ws/tasks/{task_id}/", session=session)
@@ -232,10 +228,6 @@ async def test_the_list_stream_shows_new_tasks_and_their_state_changes(box: Any,
 
 
 async def test_a_device_list_stream_shows_only_that_devices_tasks(box: Any, transport: str) -> None:
-    from rest_framework.test import APIClient
-
-    from boxsite.auth import DEVICE_COOKIE
-
     device = await sync(pair_device)(box.api)
     client = ws("/ws/tasks/", device=device)
     assert (await client.connect())[0]

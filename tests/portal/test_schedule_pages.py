@@ -14,6 +14,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from boxsite.auth import DEVICE_COOKIE, issue_api_token
+from tests.conftest import queue_through_the_cluster
 from tests.factories import make_owner
 from tests.portal.conftest import pair_device
 
@@ -99,7 +100,7 @@ def _signed(secret: str, body: bytes) -> str:
 
 
 def test_a_webhooks_recent_deliveries_list_the_tasks_they_started_and_only_to_its_owner(box: Any, settings: Any) -> None:
-    settings.BOX_RUN_INLINE = False  # the started tasks only need to exist
+    queue_through_the_cluster(settings)  # the started tasks only need to exist
     made = box.api.post("/api/triggers", {"name": "issues", "kind": "webhook",
                                           "template": {"title": "triage ${payload.action}", "prompt": "look"}}, format="json")
     assert made.status_code == 201, made.json()

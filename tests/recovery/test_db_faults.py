@@ -15,7 +15,7 @@ from django.db import connection
 
 from tasks.models import Run, Task
 from tests.cluster import running_box
-from tests.conftest import wait_for
+from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 pytestmark = pytest.mark.usefixtures("cluster_mode")
@@ -27,7 +27,7 @@ STEPS = flow(*[{"run": "sleep 0.4"} for _ in range(4)])
 
 @pytest.fixture
 def cluster_mode(settings):
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def _terminate_other_backends() -> int:

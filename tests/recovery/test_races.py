@@ -5,7 +5,7 @@ import pytest
 
 from tasks.models import Run, Task
 from tests.cluster import running_box
-from tests.conftest import wait_for
+from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 pytestmark = pytest.mark.usefixtures("cluster_mode")
@@ -16,7 +16,7 @@ STEPS = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt"},
 
 @pytest.fixture
 def cluster_mode(settings):
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def test_create_then_cancel_at_once_hundreds_of_times_every_cancel_holds(box, tmp_path):

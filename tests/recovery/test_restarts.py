@@ -11,7 +11,7 @@ from django_q.brokers import get_broker
 
 from tasks.models import Run, Task
 from tests.cluster import MANAGE, running_box, spawn, stop
-from tests.conftest import database_env, wait_for
+from tests.conftest import database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 pytestmark = pytest.mark.usefixtures("cluster_mode")
@@ -21,7 +21,7 @@ QUICK = flow({"run": "echo quick"})
 
 @pytest.fixture
 def cluster_mode(settings):
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def _crash(procs) -> None:

@@ -11,7 +11,7 @@ import pytest
 from tasks.models import Run, Task
 from tasks.sandbox import users
 from tests.cluster import running_box
-from tests.conftest import wait_for
+from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 pytestmark = pytest.mark.usefixtures("cluster_mode")
@@ -27,7 +27,7 @@ SLOW_EFFECT = flow(
 
 @pytest.fixture
 def cluster_mode(settings):
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
     settings.BOX_MAX_RUN_ATTEMPTS = 3
 
 

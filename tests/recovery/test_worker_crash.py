@@ -6,11 +6,12 @@ import signal
 
 import pytest
 from django.conf import settings
+from django_q.models import OrmQ
 from django_q.tasks import async_task
 
 from tasks.models import Run, Task
 from tests.cluster import running_box
-from tests.conftest import wait_for
+from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 pytestmark = pytest.mark.usefixtures("cluster_mode")
@@ -23,7 +24,7 @@ ALWAYS_BLOCK = flow({"run": "sleep 20", "name": "hangs"})
 
 @pytest.fixture
 def cluster_mode(settings):
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
     settings.BOX_MAX_RUN_ATTEMPTS = 3
 
 
@@ -85,8 +86,6 @@ def test_the_same_run_delivered_twice_executes_once(box, tmp_path):
     # The create already enqueued it once; deliver it a second time before any worker runs.
     async_task("tasks.jobs.execute_run", run.pk)
     if not settings.REDIS_URL:
-        from django_q.models import OrmQ
-
         assert OrmQ.objects.count() == 2
     with running_box(tmp_path, scheduler=False):
         view = box.wait_state(task["id"], "done", "failed", timeout=60)
@@ -98,8 +97,6 @@ def test_the_same_run_delivered_twice_executes_once(box, tmp_path):
 
 
 def _queue_empty() -> bool:
-    from django_q.models import OrmQ
-
     if settings.REDIS_URL:
         return True
     return not OrmQ.objects.exists()

@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 
+from tasks.models import Task
+from tasks.sandbox import cleanup, users
+from tasks.sandbox.support import missing_reason
+from tasks.states import ACTIVE
 from tests.conftest import Box
 
 
 def sandbox_missing() -> str | None:
-    from tasks.sandbox.support import missing_reason
-
     return missing_reason()
 
 
@@ -38,8 +40,6 @@ def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.Monke
     if reason is not None:
         pytest.skip(f"no sandbox here: {reason}")
     yield box
-    from tasks.models import Task
-    from tasks.sandbox import cleanup, users
 
     leftovers = []
     for task_id in Task.objects.values_list("pk", flat=True):
@@ -50,9 +50,6 @@ def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.Monke
 
 
 def _was_active(task_id: str) -> bool:
-    from tasks.models import Task
-    from tasks.states import ACTIVE
-
     return Task.objects.filter(pk=task_id, state__in=ACTIVE).exists()
 
 

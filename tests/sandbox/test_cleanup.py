@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 
+from tasks.models import Task
+from tasks.sandbox import paths, users
+from tasks.sandbox.cleanup import release
+from tasks.sandbox.paths import runtime_dir
+from tasks.sandbox.users import processes_of
 from tests.cluster import running_box
-from tests.conftest import database_env, wait_for
+from tests.conftest import database_env, queue_through_the_cluster, wait_for
+from tests.factories import flow
 from tests.sandbox.conftest import needs_sandbox, outputs, uid_of
 
 pytestmark = needs_sandbox
@@ -23,12 +29,10 @@ DAEMON = "sh -c 'setsid sleep 1001 </dev/null >/dev/null 2>&1 &'; echo started; 
 
 @pytest.fixture
 def cluster_mode(settings):
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def _processes(uid: int) -> list[int]:
-    from tasks.sandbox.users import processes_of
-
     return processes_of(uid)
 
 
@@ -41,8 +45,6 @@ def _started(box, task_id: str) -> int:
 
 
 def _gone(task_id: str, uid: int) -> bool:
-    from tasks.sandbox.paths import runtime_dir
-
     return not _processes(uid) and uid_of(task_id) is None and not runtime_dir(task_id).exists()
 
 
@@ -70,10 +72,6 @@ def test_a_killed_worker_leaves_nothing_once_its_task_is_given_up(sandboxed, clu
 
 
 def test_start_up_reconciles_users_of_ended_and_unknown_tasks_and_spares_active_ones(sandboxed, tmp_path):
-    from tasks.models import Task
-    from tasks.sandbox import paths, users
-    from tests.factories import flow
-
     ended = sandboxed.create(title="ended", flow=flow({"run": "true"}))
     assert sandboxed.wait_state(ended["id"], "done")["state"] == "done"
     active = sandboxed.create(title="active", flow=flow({"ask": "name"}))  # waits for input: still active
@@ -103,6 +101,5 @@ def test_start_up_reconciles_users_of_ended_and_unknown_tasks_and_spares_active_
         for sleeper in sleepers:
             sleeper.kill()
             sleeper.wait()
-        from tasks.sandbox.cleanup import release
 
         release(unknown_id)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.crypto import fernet
+from tasks.sandbox.paths import runtime_dir
 from tests.factories import flow
 from tests.sandbox.conftest import needs_sandbox, results, run_script
 
@@ -190,9 +192,6 @@ def test_no_keystroke_injection_and_no_way_to_root(sandboxed, tmp_path):
 
 
 def test_the_box_data_and_other_tasks_are_unreadable(sandboxed, settings, tmp_path):
-    from tasks.crypto import fernet
-    from tasks.sandbox.paths import runtime_dir
-
     # A data directory where a real box keeps it (not under /tmp, which the sandbox hides anyway).
     data = Path("/var/lib/box-sandbox-test") / f"data-{os.getpid()}"
     data.mkdir(parents=True, exist_ok=True)

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tests.conftest import Box, database_env
+from tests.conftest import Box, database_env, queue_through_the_cluster
 
 
 @pytest.fixture(autouse=True)
 def _queued_only(settings: Any) -> None:
     # Fired tasks only need to exist here; running them is the worker's business.
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
 
 
 def make_schedule(box: Box, **body: Any) -> dict[str, Any]:

@@ -8,11 +8,14 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from boxsite.errors import Forbidden
+from boxsite.principal import Principal
 from schedules import services
 from schedules.models import Schedule
 from schedules.tick import fire_due
 from tasks.models import Task
 from tests.conftest import Box
+from tests.factories import make_owner
 from tests.schedules.conftest import at, get_schedule, make_schedule
 
 
@@ -51,8 +54,6 @@ def test_a_schedule_records_who_made_it_and_names_must_be_unique(box: Box) -> No
 
 
 def test_a_schedule_made_by_a_task_records_the_task_and_cannot_touch_system_schedules(box: Box) -> None:
-    from boxsite.principal import Principal
-
     task = Task.objects.get(pk=box.create(title="planner", prompt="plan")["id"])
     principal = Principal.system(box.owner, via="task")
     made = services.create_schedule(principal, {"name": "from-task", "intervalSeconds": 600,
@@ -62,7 +63,6 @@ def test_a_schedule_made_by_a_task_records_the_task_and_cannot_touch_system_sche
 
     system = services.ensure_system_schedule(box.owner, "retention", interval_seconds=86400,
                                              template={"title": "prune", "prompt": "prune"})
-    from boxsite.errors import Forbidden
 
     for verb in (services.pause_schedule, services.delete_schedule):
         with pytest.raises(Forbidden):
@@ -99,8 +99,6 @@ def test_delete_removes_the_schedule_and_keeps_its_tasks(box: Box) -> None:
 
 
 def test_another_owners_schedule_is_not_found(box: Box) -> None:
-    from tests.factories import make_owner
-
     other = make_owner()
     mine = make_schedule(box, name="mine", intervalSeconds=3600)
     theirs = Schedule.objects.create(owner=other, name="theirs", interval_seconds=3600,

@@ -4,6 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rest_framework.test import APIClient
+
+from boxsite.auth import issue_api_token
 from schedules.files import scan_all
 from tests.conftest import Box
 from tests.schedules.conftest import run_scheduler_once, tasks_from
@@ -84,9 +87,6 @@ def test_a_paused_file_trigger_starts_nothing(box: Box, tmp_path: Path) -> None:
 
 
 def test_only_the_owner_may_watch_a_folder(box: Box, tmp_path: Path) -> None:
-    from boxsite.auth import issue_api_token
-    from rest_framework.test import APIClient
-
     _, raw = issue_api_token(box.owner, "no folders", can_use_folders=False)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

@@ -13,6 +13,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from boxsite.models import BoxSettings
 from schedules import services
 from schedules.models import Schedule
 from schedules.tick import fire_due
@@ -194,8 +195,6 @@ def test_a_paused_schedule_does_not_fire_and_resuming_owes_nothing_for_the_pause
 
 
 def test_a_full_box_defers_a_firing_without_counting_it_as_a_failure(box: Box, settings: Any) -> None:
-    from boxsite.models import BoxSettings
-
     settings.BOX_SCHEDULE_BACKOFF_SECONDS = 30.0
     schedule = make_schedule(box, name="busy", intervalSeconds=HOURLY)
     BoxSettings.objects.update_or_create(pk=1, defaults={"max_active_tasks": 0})

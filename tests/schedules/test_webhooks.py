@@ -11,6 +11,7 @@ import pytest
 from django.db import connections
 from django.test import Client
 
+from schedules.models import Trigger
 from schedules.signatures import github_header, timestamped_header
 from tasks.models import Task
 from tests.conftest import Box
@@ -216,8 +217,6 @@ def test_an_unknown_address_a_paused_hook_and_a_get_start_nothing(box: Box) -> N
 
 
 def test_the_secret_is_stored_encrypted_not_in_the_clear(box: Box) -> None:
-    from schedules.models import Trigger
-
     hook = make_hook(box)
     row = Trigger.objects.get(pk=hook["id"])
     assert hook["secret"].encode() not in bytes(row.secret_ciphertext)

@@ -22,7 +22,10 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from tests.conftest import Box
+from approvals.models import Question
+from tasks.models import Run, Task, TaskEvent
+from tests.cluster import running_box
+from tests.conftest import Box, queue_through_the_cluster
 from tests.portal.conftest import session_cookie, ws
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -59,10 +62,8 @@ def owner_files() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def worker_log(django_db_setup: Any, django_db_blocker: Any, owner_files: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    from tests.cluster import running_box
-
     logs = tmp_path_factory.mktemp("cluster")
-    with django_db_blocker.unblock(), running_box(logs, scheduler=False, BOX_RUN_INLINE="0",
+    with django_db_blocker.unblock(), running_box(logs, scheduler=False,
                                                   BOX_PRESETS_FILE=str(owner_files / "presets.json"),
                                                   BOX_TOOLS_FILE=str(owner_files / "tools.json")):
         yield logs / "qcluster.log"
@@ -70,7 +71,7 @@ def worker_log(django_db_setup: Any, django_db_blocker: Any, owner_files: Path,
 
 @pytest.fixture
 def keys(box: Box, settings: Any, owner_files: Path, worker_log: Path) -> dict[str, str]:
-    settings.BOX_RUN_INLINE = False
+    queue_through_the_cluster(settings)
     settings.BOX_PRESETS_FILE = str(owner_files / "presets.json")
     settings.BOX_TOOLS_FILE = str(owner_files / "tools.json")
     values = {"MY_API_KEY": f"sk-preset-{secrets.token_hex(12)}", "TOOL_KEY": f"tk-tool-{secrets.token_hex(12)}"}
@@ -132,8 +133,6 @@ async def test_no_vault_key_a_process_or_tool_prints_reaches_the_log(box: Box, k
             f"/api/tasks/{task_id}", "/api/tasks", f"/api/tasks/{task_id}/report", f"/api/tasks/{task_id}/events?limit=1000")}
         for url, body in bodies.items():
             _hunt(f"GET {url}", body, needles)
-        from approvals.models import Question
-        from tasks.models import Run, Task, TaskEvent
 
         for event in TaskEvent.objects.filter(task_id=task_id):
             _hunt(f"event {event.seq}", event.summary + json.dumps(event.data) + json.dumps(event.artifacts), needles)

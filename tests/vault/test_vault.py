@@ -11,14 +11,19 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet, InvalidToken
 from django.core.management import call_command
+from django.db import connection
 from rest_framework.test import APIClient
+
+from boxsite.models import Device, hash_key
+from tasks import crypto
+from tasks.facts import Facts
+from tasks.models import Task
+from tasks.vault import read_secret
 
 SECRET = "sk-live-4f9a1c0ffee-DO-NOT-SHOW"
 
 
 def raw_ciphertext(name: str) -> bytes:
-    from django.db import connection
-
     with connection.cursor() as cursor:  # the row as it sits in the database, no model code
         cursor.execute("SELECT ciphertext FROM boxsite_vaultsecret WHERE name = %s", [name])
         return bytes(cursor.fetchone()[0])
@@ -57,8 +62,6 @@ def test_bad_names_and_values_are_refused(box: Any, keys: Any) -> None:
 
 
 def test_a_paired_phone_cannot_read_or_change_the_vault(box: Any, keys: Any) -> None:
-    from boxsite.models import Device, hash_key
-
     Device.objects.create(user=box.owner, name="phone", key_hash=hash_key("device-raw-key"))
     phone = APIClient()
     phone.cookies["box_device"] = "device-raw-key"
@@ -75,8 +78,6 @@ def test_values_are_encrypted_at_rest(box: Any, keys: tuple[bytes, bytes]) -> No
 
 def test_rotation_reencrypts_every_row_and_the_old_key_decrypts_until_then(box: Any, keys: tuple[bytes, bytes],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.vault import read_secret
-
     old, new = keys
     for name in ("ONE", "TWO", "THREE"):
         box.api.post("/api/vault", {"name": name, "value": f"{SECRET}-{name}"}, format="json")
@@ -98,9 +99,6 @@ def test_rotation_reencrypts_every_row_and_the_old_key_decrypts_until_then(box: 
 
 def test_a_generated_key_file_is_private_and_rotates_in_place(box: Any, settings: Any, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks import crypto
-    from tasks.vault import read_secret
-
     monkeypatch.delenv("BOX_SECRET_KEY", raising=False)
     monkeypatch.delenv("BOX_SECRET_KEY_FILE", raising=False)
     settings.BOX_DATA_DIR = tmp_path
@@ -120,8 +118,6 @@ def test_a_generated_key_file_is_private_and_rotates_in_place(box: Any, settings
 
 def test_retiring_keys_from_the_environment_is_left_to_the_owner(box: Any, keys: tuple[bytes, bytes],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    import io
-
     box.api.post("/api/vault", {"name": "ONE", "value": SECRET}, format="json")
     monkeypatch.setenv("BOX_SECRET_KEY", f"{keys[1].decode()},{keys[0].decode()}")
     out = io.StringIO()
@@ -141,9 +137,6 @@ def test_keys_can_come_from_a_file(box: Any, tmp_path: Path, monkeypatch: pytest
 
 def test_rotation_also_reencrypts_secret_facts_sealed_in_tasks(box: Any, keys: tuple[bytes, bytes],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.facts import Facts
-    from tasks.models import Task
-
     old, new = keys
     task = box.create(title="login", prompt="log in", facts={"password": "hunter2-very-secret", "city": "Oslo"})
     stored = Task.objects.get(pk=task["id"]).facts

@@ -1,0 +1,158 @@
+"""The reaper and hand-backs: a run that ends without finishing becomes a retry, or fails its task.
+
+``reap_expired`` runs in the scheduler process; ``hand_back`` in a worker that stops before its
+run ends (the box is stopping, or a database fault). A lost run becomes ``lost`` (conditional on
+its lease token), and a ``retry`` run is created with exponential backoff
+(``BOX_RETRY_BACKOFF_SECONDS * 2^(attempt-1)``), up to ``BOX_MAX_RUN_ATTEMPTS``; then the task
+fails with a clear error, ``recoverable`` and a ``hint``. It sits above ``tasks.services`` (it
+moves tasks) and ``tasks.runs`` (it creates runs); neither imports it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from tasks import runs, services
+from tasks.models import EventKind, Run, RunKind, RunState, Task, TaskEvent
+from tasks.states import ACTIVE
+
+
+def backoff_seconds(attempt: int) -> float:
+    return float(settings.BOX_RETRY_BACKOFF_SECONDS * (2 ** max(0, attempt - 1)))
+
+
+def reap_expired(now: Any = None) -> int:
+    """Mark runs whose lease expired as lost; retry them or fail their task. Returns how many."""
+    now = now or timezone.now()
+    reaped = 0
+    expired = list(
+        Run.objects.filter(state=RunState.RUNNING, lease_expires_at__lt=now).values_list("pk", "lease_token")
+    )
+    for run_id, token in expired:
+        with transaction.atomic():
+            runs.lock_task(Run.objects.values_list("task_id", flat=True).get(pk=run_id))
+            lost = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+                state=RunState.LOST, lease_token="", finished_at=now, outcome="lost",
+                error="the worker stopped heartbeating; its lease expired",
+            )
+            if lost != 1:
+                continue
+            reaped += 1
+            run = Run.objects.select_related("task").get(pk=run_id)
+            task = run.task
+            if task.state not in ACTIVE:
+                continue
+            if run.attempt >= settings.BOX_MAX_RUN_ATTEMPTS:
+                services.fail_task(
+                    task,
+                    f"the worker was lost {run.attempt} times (its lease expired each time); gave up after {run.attempt} attempts",
+                    recoverable=True,
+                    hint="check the worker logs; continue or start the task again once the cause is fixed",
+                )
+                continue
+            mark_interrupted_step(task, "the worker was lost")
+            delay = backoff_seconds(run.attempt)
+            services.note(task, f"worker lost (lease expired); retrying in {delay:g}s, attempt {run.attempt + 1} of {settings.BOX_MAX_RUN_ATTEMPTS}",
+                          {"run": run.number, "attempt": run.attempt + 1})
+            runs.create_run(task, RunKind.RETRY, resume=task.resume, delay_s=delay, attempt=run.attempt + 1)
+    return reaped
+
+
+def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = False) -> bool:
+    """The worker stops before the run ends: close the run and queue another, which resumes where
+    the task saved its progress. A stopping box's hand-back is free; a run that hit a database
+    fault counts as an attempt (with backoff) and the task fails once attempts run out. False
+    when the run no longer held its lease (the reaper or a cancel has it then)."""
+    with transaction.atomic():
+        runs.lock_task(Run.objects.values_list("task_id", flat=True).get(pk=run_id))
+        run = Run.objects.select_related("task").get(pk=run_id)
+        task = run.task
+        closed = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+            state=RunState.LOST, lease_token="", finished_at=timezone.now(), outcome="handed back", error=why[:5000],
+        )
+        if closed != 1:
+            return False
+        if task.state not in ACTIVE:
+            return True
+        mark_interrupted_step(task, why)
+        attempt = run.attempt + 1 if counts_as_attempt else run.attempt
+        if attempt > settings.BOX_MAX_RUN_ATTEMPTS:
+            services.fail_task(task, f"{why}; gave up after {run.attempt} attempts", recoverable=True,
+                               hint="check the database and the box's log; continue the task once it is fixed")
+            return True
+        delay = backoff_seconds(run.attempt) if counts_as_attempt else 0.0
+        services.note(task, f"run {run.number} handed back ({why}); {'retrying' if counts_as_attempt else 'it resumes'}"
+                            f"{f' in {delay:g}s' if delay else ''}, attempt {attempt} of {settings.BOX_MAX_RUN_ATTEMPTS}",
+                      {"run": run.number, "handed_back": True, "attempt": attempt})
+        runs.create_run(task, RunKind.RETRY, resume=task.resume, delay_s=delay, attempt=attempt)
+    return True
+
+
+def resume_after_restart(now: Any = None) -> int:
+    """At start-up: runs this machine was working on whose worker process is gone were cut off by
+    a restart of the box. Say so at once ("the box restarted; resuming step N") and queue their
+    retry now, instead of showing "running" until the lease expires. A worker pid that is alive
+    (reused, or a worker that outlived the restart) is left to its lease. Returns how many."""
+    now = now or timezone.now()
+    host = socket.gethostname()[:255]
+    resumed = 0
+    rows = list(Run.objects.filter(state=RunState.RUNNING, worker_host=host).values_list("pk", "lease_token", "worker_pid"))
+    for run_id, token, pid in rows:
+        if pid is None or _process_alive(pid):
+            continue
+        with transaction.atomic():
+            runs.lock_task(Run.objects.values_list("task_id", flat=True).get(pk=run_id))
+            lost = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
+                state=RunState.LOST, lease_token="", finished_at=now, outcome="lost",
+                error="the box restarted while this run was working",
+            )
+            if lost != 1:
+                continue
+            run = Run.objects.select_related("task").get(pk=run_id)
+            task = run.task
+            if task.state not in ACTIVE:
+                continue
+            resumed += 1
+            if run.attempt >= settings.BOX_MAX_RUN_ATTEMPTS:
+                services.fail_task(task, f"the box restarted during attempt {run.attempt} of {run.attempt}; gave up",
+                                   recoverable=True, hint="continue or start the task again")
+                continue
+            mark_interrupted_step(task, "the box restarted")
+            where = f"resuming step {int((task.resume or {}).get('step', 0)) + 1}" if task.flow else "starting its worker again"
+            words = f"the box restarted; {where}"
+            Task.objects.filter(pk=task.pk).update(step=words)
+            services.note(task, words, {"restart": True, "run": run.number, "attempt": run.attempt + 1})
+            runs.create_run(task, RunKind.RETRY, resume=task.resume, attempt=run.attempt + 1)
+    return resumed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_interrupted_step(task: Task, why: str) -> None:
+    """Say in the log that the step a lost run was in the middle of did not finish.
+
+    A step that finished saved its resume point past itself, so the last step event names an
+    unfinished step exactly when its index is still where the task resumes. The retry runs it
+    again from its start."""
+    last = TaskEvent.objects.filter(task=task, kind=EventKind.STEP).order_by("-seq").values_list("summary", "data").first()
+    if last is None:
+        return
+    summary, data = last
+    # Step events number steps from 1 (as their summaries do); the resume point is the 0-based index.
+    if not isinstance(data, dict) or data.get("step") != int((task.resume or {}).get("step", 0)) + 1:
+        return
+    services.note(task, f"interrupted: {summary} ({why}); it runs again from its start",
+                  {"interrupted": True, "step": data.get("step")})
