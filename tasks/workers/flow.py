@@ -177,7 +177,7 @@ class FlowWorker:
                 if gate is not None:
                     return gate
                 began, clock = timezone.now(), time.monotonic()
-                ctx.recorder.step(describe(step, index, total), self._start_data(ctx, index, total, kind, start),
+                ctx.recorder.step(describe(substitute(step, known), index, total), self._start_data(ctx, index, total, kind, start),
                                   progress=(index + 1) / total)
                 record_result(ctx, index, total, kind, began, clock, Evidence({"passed": True}))
                 ctx.recorder.save_progress(resume={"step": index + 1})
@@ -192,7 +192,8 @@ class FlowWorker:
                 ctx.recorder.count("actions", "max_actions")
             began, clock = timezone.now(), time.monotonic()
             started = self._start_data(ctx, index, total, kind, start)
-            ctx.recorder.step(describe(step, index, total) + (" (retry)" if started.get("retry") else ""), started,
+            # The summary shows values, not ${names} (a secret value is masked back to its name).
+            ctx.recorder.step(describe(substitute(step, known), index, total) + (" (retry)" if started.get("retry") else ""), started,
                               progress=index / total)
             resolved = step[kind] if kind == "run" else substitute(step[kind], known)
             try:

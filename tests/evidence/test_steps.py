@@ -154,3 +154,11 @@ def test_artifacts_are_served_only_under_the_tasks_access_rule(box):
         assert response.status_code == 404 and response.json()["code"] == "NOT_FOUND", bad
     served = box.api.get(url)
     assert served["X-Content-Type-Options"] == "nosniff" and served["Content-Type"].startswith("text/plain")
+
+
+def test_a_step_summary_shows_values_not_names_and_secrets_stay_masked(box):
+    task = box.create(title="names", flow=flow({"run": "echo ${who} ${token}"}, who="Ada"),
+                      facts={"token": SECRET}, secretFacts=["token"])
+    box.wait_state(task["id"], "done")
+    (start,) = [e for e in box.events(task["id"]) if e["kind"] == "step"]
+    assert start["summary"] == "step 1/1 run: echo Ada ${token}"
