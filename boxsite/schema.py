@@ -314,6 +314,8 @@ class Delivery(s.Serializer):
     delivery = Str()
     receivedAt = Str(allow_null=True)
     task = Str(allow_null=True)
+    taskTitle = Str(allow_null=True)
+    taskState = Str(allow_null=True)
 
 
 class DeliveryList(s.Serializer):

@@ -69,7 +69,9 @@ def present_schedule(schedule: Schedule, *, last_firing: Firing | None = None) -
 def present_delivery(delivery: Delivery) -> dict[str, Any]:
     # A delivery id is the sender's (X-GitHub-Delivery) or, for a timestamped request without
     # one, "sig:<signature>": a hash of the body, not a secret.
-    return {"delivery": delivery.delivery_id, "receivedAt": _iso(delivery.received_at), "task": delivery.task_id}
+    task = delivery.task
+    return {"delivery": delivery.delivery_id, "receivedAt": _iso(delivery.received_at), "task": delivery.task_id,
+            "taskTitle": task.title if task is not None else None, "taskState": task.state if task is not None else None}
 
 
 def webhook_path(trigger: Trigger) -> str:

@@ -244,7 +244,7 @@ def trigger_deliveries(request: Request, trigger_id: str) -> Response:
     """The webhook's recent deliveries, newest first (those with a delivery id; see webhooks)."""
     trigger = triggers.get_trigger_for(Principal.of(request), trigger_id)
     limit = limit_param(request.query_params.get("limit"), 50, 200)
-    rows = trigger.deliveries.order_by("-received_at", "-id")[:limit]
+    rows = trigger.deliveries.select_related("task").order_by("-received_at", "-id")[:limit]
     return Response({"results": [present_delivery(d) for d in rows]})
 
 

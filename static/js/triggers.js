@@ -111,7 +111,8 @@ async function loadDeliveries(t, target) {
       ? rows.map((d) => el("li", {},
           el("time", { datetime: d.receivedAt }, when(d.receivedAt)), " ",
           el("code", { class: "delivery-id", title: d.delivery }, d.delivery.length > 40 ? `${d.delivery.slice(0, 40)}…` : d.delivery), " ",
-          d.task ? taskLink(d.task, `task ${d.task}`) : el("span", { class: "hint" }, "no task")))
+          d.task ? taskLink(d.task, d.taskTitle ?? `task ${d.task}`) : el("span", { class: "hint" }, "no task"),
+          d.taskState ? el("span", { class: `badge state-${d.taskState}` }, d.taskState) : null))
       : [el("li", { class: "empty" }, "No deliveries yet.")]));
   } catch (err) {
     put(target, el("li", { class: "error" }, err.message));

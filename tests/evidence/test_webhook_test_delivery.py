@@ -27,6 +27,8 @@ def test_a_test_delivery_starts_a_task_through_the_real_path(box):
     assert box.task(default["task"])["title"] == "hook test" and default["task"] != sent["task"]
     deliveries = box.api.get(f"/api/triggers/{hook['id']}/deliveries").json()["results"]
     assert len(deliveries) == 2
+    assert {d["taskTitle"] for d in deliveries} == {"hook opened", "hook test"}  # titles, not only ids
+    assert all(d["taskState"] for d in deliveries)
 
 
 def test_a_test_delivery_is_refused_where_a_real_one_would_be(box, tmp_path):
