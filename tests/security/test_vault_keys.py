@@ -63,7 +63,7 @@ def owner_files() -> Iterator[Path]:
 def worker_log(django_db_setup: Any, django_db_blocker: Any, owner_files: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     logs = tmp_path_factory.mktemp("cluster")
-    with django_db_blocker.unblock(), running_box(logs, scheduler=False,
+    with django_db_blocker.unblock(), running_box(logs, scheduler=False, BOX_WORKERS="2",
                                                   BOX_PRESETS_FILE=str(owner_files / "presets.json"),
                                                   BOX_TOOLS_FILE=str(owner_files / "tools.json")):
         yield logs / "qcluster.log"
@@ -107,7 +107,12 @@ async def test_no_vault_key_a_process_or_tool_prints_reaches_the_log(box: Box, k
             left = deadline - asyncio.get_running_loop().time()
             assert left > 0, f"timed out; frames: {frames[-5:]}"
             # One wait for the next frame: a receive that times out ends the consumer.
-            frames.append(await client.receive_json_from(timeout=left))
+            try:
+                frames.append(await client.receive_json_from(timeout=left))
+            except asyncio.TimeoutError:
+                summary = [(f["type"], f["event"]["summary"] if f["type"] == "event" else
+                            f["task"]["state"] if f["type"] == "task" else "") for f in frames]
+                raise AssertionError(f"no frame in time; got {summary}") from None
 
     def state() -> str:
         return [f["task"]["state"] for f in frames if f["type"] == "task"][-1:][0] if any(f["type"] == "task" for f in frames) else ""
