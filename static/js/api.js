@@ -73,7 +73,7 @@ export function showError(form, err) {
     target = form.querySelector(`[data-error-for="${CSS.escape(name)}"]`);
     if (target) break;
   }
-  const message = err.message || "that did not work";
+  const message = forPeople(form, err.message || "that did not work");
   if (target) {
     target.textContent = message;
     target.hidden = false;
@@ -85,6 +85,17 @@ export function showError(form, err) {
     input.focus();
   }
   if (!target) say(message);
+}
+
+// API messages name a field the way the API spells it ("'title' must not be empty"); a person
+// reads the label they see on the form ("Title must not be empty").
+function forPeople(form, message) {
+  const named = message.replace(/'([A-Za-z_][\w.]*)'/g, (whole, name) => {
+    const input = form.querySelector(`[name="${CSS.escape(name)}"]`) ?? form.querySelector(`[name="${CSS.escape(name.split(".")[0])}"]`);
+    const label = input?.labels?.[0]?.textContent?.trim();
+    return label || name.replaceAll(".", " ").replaceAll("_", " ");
+  });
+  return named.charAt(0).toUpperCase() + named.slice(1);
 }
 
 export function say(message) {

@@ -36,6 +36,15 @@ def test_a_live_update_keeps_keyboard_focus_and_the_list_asks_for_the_inbox_coun
     expect(page.locator("#task-step")).to_have_text("—")
 
 
+def test_a_refused_field_is_explained_in_the_forms_words(page: Any) -> None:
+    create_owner(page)
+    new_task(page, "   ", [{"run": "true"}])
+    form = page.get_by_role("region", name="New task")
+    error = form.locator('[data-error-for="title"]')
+    expect(error).to_have_text("Title must not be empty")
+    expect(form.get_by_label("Title")).to_have_attribute("aria-invalid", "true")
+
+
 def test_revoke_asks_first_and_a_revoked_token_is_not_offered_for_copying(page: Any) -> None:
     create_owner(page)
     page.goto("/settings")
