@@ -25,7 +25,7 @@ from channels.db import database_sync_to_async
 from approvals.models import Question
 from tasks.models import Run, Task, TaskEvent
 from tests.cluster import running_box
-from tests.conftest import Box, queue_through_the_cluster
+from tests.conftest import Box, queue_through_the_cluster, wait_for
 from tests.portal.conftest import session_cookie, ws
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -66,7 +66,11 @@ def worker_log(django_db_setup: Any, django_db_blocker: Any, owner_files: Path,
     with django_db_blocker.unblock(), running_box(logs, scheduler=False, BOX_WORKERS="2",
                                                   BOX_PRESETS_FILE=str(owner_files / "presets.json"),
                                                   BOX_TOOLS_FILE=str(owner_files / "tools.json")):
-        yield logs / "qcluster.log"
+        log = logs / "qcluster.log"
+        # A job sent while the cluster still forks its processes can meet a connection they share.
+        wait_for(lambda: log.exists() and "running." in log.read_text(errors="replace"), timeout=60,
+                 what="the cluster to be running")
+        yield log
 
 
 @pytest.fixture
