@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.models import (
@@ -35,7 +35,7 @@ from tasks.events import record_event
 from tasks.facts import Facts, Redactor, guess_kind, redactor_for
 from tasks.flows import missing_names
 from tasks.models import EventKind, RunKind, Task
-from tasks.services import get_task_for, transition
+from tasks.services import bump_version, get_task_for, transition
 from tasks.states import ACTIVE, State, WaitingFor
 
 if TYPE_CHECKING:
@@ -395,22 +395,10 @@ def _lock(task_id: str) -> Task:
 
 
 def _bump(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None, **fields: Any) -> None:
-    """Bump ``task.version`` (and write ``fields``) if the task is still where the caller saw it.
-
-    Not a move: ``state`` is untouched. Blockers still open belong to the same pause, so they are
-    bound to the new version with it.
-    """
-    now = timezone.now()
-    moved = Task.objects.filter(pk=task.pk, state=task.state, version=task.version).update(
-        version=F("version") + 1, updated_at=now, **fields)
-    if moved != 1:
-        raise Conflict("the task moved on meanwhile; reload and try again", field="version")
+    """Bump ``task.version`` (and write ``fields``): ``tasks.services.bump_version``. Blockers
+    still open belong to the same pause, so they are bound to the new version with it."""
     old = task.version
-    task.version += 1
-    task.updated_at = now
-    for key, value in fields.items():
-        setattr(task, key, value)
-    record_event(task, kind, summary, {**data, "version": task.version}, redactor=redactor)
+    bump_version(task, kind, summary, data, redactor=redactor, **fields)
     Approval.objects.filter(task=task, state=ApprovalState.PENDING, task_version=old).update(task_version=task.version)
     Question.objects.filter(task=task, state=QuestionState.OPEN, task_version=old).update(task_version=task.version)
 

@@ -9,7 +9,7 @@ from tasks.facts import Redactor
 from tasks.isolation import record_isolation
 from tasks.models import EventKind, Run, RunKind, RunState, Task
 from tasks.recorder import StepRecorder
-from tasks.states import State
+from tasks.states import Review, State
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
 
@@ -28,7 +28,6 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
             return False
         if task.state == State.QUEUED:
             services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
-
             record_isolation(task)  # the task's first words after it starts: what confines it
         elif task.state == State.WAITING:
             services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
@@ -51,7 +50,7 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
         # The run is closed before the task moves: a final move closes every open run.
         if isinstance(outcome, Done):
             runs.finish(run.pk, token, "done")
-            review: dict[str, Any] = {"review": "pending"} if task.folders else {}  # a folder task waits for Keep/Undo
+            review: dict[str, Any] = {"review": Review.PENDING} if task.folders else {}  # a folder task waits for Keep/Undo
             services.transition(task, State.DONE, summary=outcome.summary, progress=1.0, **review)
         elif isinstance(outcome, Failed):
             # An error often quotes what a step printed; it is stored and shown only redacted.

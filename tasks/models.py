@@ -8,7 +8,7 @@ from django.db import models
 
 from tasks.ids import new_task_id
 from tasks.limits import default_limit
-from tasks.states import FINAL, State, WaitingFor
+from tasks.states import FINAL, Review, State, WaitingFor
 
 
 def _empty_spent() -> dict[str, int]:
@@ -75,7 +75,7 @@ class Task(models.Model):
     error = models.TextField(blank=True)
     recoverable = models.BooleanField(null=True, blank=True)
     hint = models.TextField(blank=True)
-    review = models.CharField(max_length=16, blank=True)
+    review = models.CharField(max_length=16, blank=True, choices=Review.choices)  # moves: states.REVIEW_MOVES
     isolation = models.CharField(max_length=200, blank=True)
     event_seq = models.PositiveIntegerField(default=0)  # the last seq handed out; gapless
 

@@ -6,7 +6,7 @@ from typing import Any
 from tasks.facts import Facts
 from tasks.limits import DEFAULT_LIMITS
 from tasks.models import Task, TaskEvent
-from tasks.states import State
+from tasks.states import Review, State
 
 
 def is_final_view(task: Task) -> bool:
@@ -25,11 +25,11 @@ def next_calls(task: Task) -> list[str]:
             calls.append("continue")
         elif task.waiting_for == "approval" or (task.waiting_for == "checkpoint" and task.continuable):
             calls += ["continue", "approve", "deny"]
-    if task.review == "pending" or task.review == "conflict":
+    if task.review in (Review.PENDING, Review.CONFLICT):
         calls.append("keep")
     if task.state in (State.QUEUED, State.RUNNING, State.WAITING):
         calls.append("cancel")
-    if task.state != State.UNDONE and task.review != "kept":
+    if task.state != State.UNDONE and task.review != Review.KEPT:
         calls.append("undo")
     calls += ["diff", "report"]
     if is_final_view(task):

@@ -14,7 +14,7 @@ from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from tasks import layers, lifecycle, runs
 from tasks.events import record_event
-from tasks.facts import Facts, seal_facts
+from tasks.facts import Facts, Redactor, seal_facts
 from tasks.layers import review
 from tasks.layers.locks import layer_lock
 from tasks.layers.paths import show
@@ -23,7 +23,7 @@ from tasks.layers.task_view import seal_layer
 from tasks.models import EventKind, Layer, LayerState, RunKind, Task
 from tasks.presenters import is_final_view
 from tasks.spec import TaskSpec, parse_spec
-from tasks.states import ACTIVE, FINAL, Review, State, can_move
+from tasks.states import ACTIVE, FINAL, Review, State, can_move, can_move_review
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,33 @@ def get_task_for(principal: Principal, task_id: str, *, for_update: bool = False
     return task
 
 
+def _write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None,
+                **fields: Any) -> None:
+    """The one write that changes where a task stands: state moves, version bumps, review moves.
+
+    A conditional update on the (state, version) the caller saw: 0 rows means someone else moved
+    first, and the caller gets ``Conflict``, never an overwrite. Writes ``fields``, bumps
+    ``version``, updates ``task`` in memory and appends one event (published after commit).
+    A ``review`` in ``fields`` must be an allowed review move (``tasks.states.REVIEW_MOVES``).
+    """
+    if "review" in fields and fields["review"] != task.review and not can_move_review(task.review, fields["review"]):
+        raise Conflict(f"a task with review '{task.review or 'none'}' cannot become '{fields['review']}'",
+                       field="review", state=task.state)
+    now = timezone.now()
+    with transaction.atomic():
+        moved = Task.objects.filter(pk=task.pk, state=task.state, version=task.version).update(
+            version=F("version") + 1, updated_at=now, **fields)
+        if moved != 1:
+            current = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
+            raise Conflict(f"the task moved on (it is {current or 'gone'}); reload and try again",
+                           field="version", state=current)
+        task.version += 1
+        task.updated_at = now
+        for key, value in fields.items():
+            setattr(task, key, value)
+        record_event(task, kind, summary, {**data, "version": task.version}, redactor=redactor)
+
+
 def transition(
     task: Task,
     new_state: str,
@@ -49,15 +76,14 @@ def transition(
     data: dict[str, Any] | None = None,
     **fields: Any,
 ) -> Task:
-    """Move ``task`` to ``new_state`` if it is still where the caller saw it.
+    """Move ``task`` to ``new_state`` if it is still where the caller saw it (``_write_task``).
+
+    The move must be in the table (``tasks.states.ALLOWED``). Appends a ``status`` event and runs
+    the final-state cleanup when the task ends.
 
     Lock order, everywhere: the task row first, then its run rows. This update takes the task
     row before the final-state cleanup closes the runs; a worker's lease-guarded writes, the
     reaper and hand-backs lock the task row (``runs.lock_task``) before touching a run.
-
-    A conditional update on (state, version): 0 rows means someone else moved first, and the
-    caller gets ``Conflict``, never an overwrite. Bumps ``version``, appends a ``status`` event
-    and publishes after commit. Runs the final-state cleanup when the task ends.
     """
     old_state = task.state
     if not can_move(old_state, new_state):
@@ -75,28 +101,13 @@ def transition(
         fields.setdefault("step", "")  # nothing is being done any more: "Doing now" must not say otherwise
     if new_state == State.UNDONE:
         fields.setdefault("progress", 0.0)  # its changes are gone
+    detail: dict[str, Any] = {"from": old_state, "to": new_state}
+    if fields["waiting_for"]:
+        detail["waiting_for"] = fields["waiting_for"]
+    detail.update(data or {})
+    summary = summary or _status_summary(new_state, fields["waiting_for"], fields.get("error", task.error))
     with transaction.atomic():
-        moved = Task.objects.filter(pk=task.pk, state=old_state, version=task.version).update(
-            state=new_state, version=F("version") + 1, updated_at=now, **fields
-        )
-        if moved != 1:
-            current = Task.objects.filter(pk=task.pk).values_list("state", "version").first()
-            raise Conflict(
-                f"the task moved on (it is {current[0] if current else 'gone'}); reload and try again",
-                field="version",
-                state=current[0] if current else None,
-            )
-        task.state = new_state
-        task.version += 1
-        task.updated_at = now
-        for key, value in fields.items():
-            setattr(task, key, value)
-        detail = {"from": old_state, "to": new_state, "version": task.version}
-        if task.waiting_for:
-            detail["waiting_for"] = task.waiting_for
-        if data:
-            detail.update(data)
-        record_event(task, EventKind.STATUS, summary or _status_summary(task, old_state), detail)
+        _write_task(task, EventKind.STATUS, summary, detail, state=new_state, **fields)
         if new_state in FINAL:
             layers.on_final_move(task, new_state)  # the layer joins, stays apart or leaves, in this transaction
         if new_state in FINAL and old_state in ACTIVE:
@@ -107,12 +118,19 @@ def transition(
     return task
 
 
-def _status_summary(task: Task, old_state: str) -> str:
-    if task.state == State.WAITING:
-        return f"waiting for {task.waiting_for}"
-    if task.state == State.FAILED and task.error:
-        return f"failed: {task.error}"
-    return task.state
+def bump_version(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None,
+                 **fields: Any) -> None:
+    """Not a move: the task stays where it is, its version goes up (an answer, a decision) and
+    ``fields`` are written with it. ``Conflict`` when the task moved meanwhile."""
+    _write_task(task, kind, summary, data, redactor=redactor, **fields)
+
+
+def _status_summary(state: str, waiting_for: str, error: str) -> str:
+    if state == State.WAITING:
+        return f"waiting for {waiting_for}"
+    if state == State.FAILED and error:
+        return f"failed: {error}"
+    return state
 
 
 def _close_blockers(task: Task) -> None:
@@ -236,14 +254,9 @@ def undo_task(principal: Principal, task_id: str) -> Task:
     return transition(task, State.UNDONE, summary=f"undone by the owner ({principal.via})", data={"by": principal.via}, **extra)
 
 
-def _set_review(task: Task, review: Review, summary: str, data: dict[str, Any]) -> Task:
+def _move_review(task: Task, review: Review, summary: str, data: dict[str, Any]) -> Task:
     with transaction.atomic():
-        moved = Task.objects.filter(pk=task.pk, version=task.version, state=State.DONE).update(
-            review=review, version=F("version") + 1, updated_at=timezone.now())
-        if moved != 1:
-            raise Conflict("the task changed meanwhile; reload and try again", field="version")
-        task.review, task.version = review, task.version + 1
-        record_event(task, EventKind.NOTE, summary, {"review": review, **data})
+        _write_task(task, EventKind.NOTE, summary, {"review": review, **data}, review=review)
         if review == Review.KEPT:
             Layer.objects.filter(task=task).update(state=LayerState.APPLIED, applied_at=timezone.now())
     return task
@@ -270,11 +283,11 @@ def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
             conflicts = [show(p) for p in sorted(found)]
             reasons = [found[p] for p in sorted(found)]
             shown = "; ".join(reasons[:5]) + (" …" if len(reasons) > 5 else "")
-            task = _set_review(task, Review.CONFLICT, f"not kept: {shown}; nothing was applied",
+            task = _move_review(task, Review.CONFLICT, f"not kept: {shown}; nothing was applied",
                                {"conflicts": conflicts, "reasons": reasons})
             return task, conflicts
         review.apply_changes(task, changes, make, remove)
-        task = _set_review(task, Review.KEPT, f"kept: {len(changes)} change(s) applied to your folder",
+        task = _move_review(task, Review.KEPT, f"kept: {len(changes)} change(s) applied to your folder",
                            {"applied": [show(c.path) for c in changes[:500]]})
     return task, []
 

@@ -1,6 +1,7 @@
-"""Task states, pause kinds, and the one table of allowed moves.
+"""Task states, pause kinds, review states, and the tables of allowed moves.
 
-Nothing outside ``tasks.services.transition`` writes ``Task.state``.
+Nothing outside ``tasks.services`` writes ``Task.state`` or ``Task.review``: both change only
+through its one conditional write (``_write_task``), which checks these tables.
 """
 from __future__ import annotations
 
@@ -44,12 +45,27 @@ ALLOWED: dict[str, frozenset[str]] = {
     State.UNDONE: frozenset(),
 }
 
+# A folder task's review: "" until it ends. Done, it waits for the owner (pending); Keep applies
+# it (kept) or finds the owner changed the same paths (conflict, and Keep may be tried again);
+# Undo discards it (undone). Kept changes are in the owner's folder: the box never takes them back.
+REVIEW_MOVES: dict[str, frozenset[str]] = {
+    "": frozenset({Review.PENDING, Review.UNDONE}),
+    Review.PENDING: frozenset({Review.KEPT, Review.CONFLICT, Review.UNDONE}),
+    Review.CONFLICT: frozenset({Review.KEPT, Review.CONFLICT, Review.UNDONE}),
+    Review.KEPT: frozenset(),
+    Review.UNDONE: frozenset(),
+}
+
 FINAL = frozenset({State.DONE, State.FAILED, State.CANCELLED, State.UNDONE})
 ACTIVE = frozenset({State.QUEUED, State.RUNNING, State.WAITING})
 
 
 def can_move(old: str, new: str) -> bool:
     return new in ALLOWED.get(old, frozenset())
+
+
+def can_move_review(old: str, new: str) -> bool:
+    return new in REVIEW_MOVES.get(old, frozenset())
 
 
 def is_final(state: str) -> bool:

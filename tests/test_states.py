@@ -10,7 +10,7 @@ from django.db import close_old_connections, connection
 from boxsite.errors import Conflict
 from tasks import services
 from tasks.models import Task, TaskEvent
-from tasks.states import ALLOWED, State
+from tasks.states import ALLOWED, REVIEW_MOVES, Review, State
 
 ALL = list(State)
 MOVES = [(old, new) for old in ALL for new in ALL]
@@ -42,6 +42,27 @@ def test_each_move_is_allowed_exactly_when_the_table_says(box, old, new):
         task.refresh_from_db()
         assert task.state == old and task.version == version
         assert task.event_seq == seq
+
+
+REVIEWS = ["", *Review]
+REVIEW_PAIRS = [(old, new) for old in REVIEWS for new in Review if old != new]
+
+
+@pytest.mark.parametrize(("old", "new"), REVIEW_PAIRS, ids=[f"{o or 'none'}->{n}" for o, n in REVIEW_PAIRS])
+def test_each_review_move_is_allowed_exactly_when_its_table_says(box, old, new):
+    task = _task_in(box, State.DONE)
+    Task.objects.filter(pk=task.pk).update(review=old)
+    task.refresh_from_db()
+    version = task.version
+    if new in REVIEW_MOVES[old]:
+        services.bump_version(task, "note", f"review {new}", {}, review=new)
+        task.refresh_from_db()
+        assert task.review == new and task.version == version + 1
+    else:
+        with pytest.raises(Conflict):
+            services.bump_version(task, "note", f"review {new}", {}, review=new)
+        task.refresh_from_db()
+        assert task.review == old and task.version == version
 
 
 def test_a_stale_version_is_a_conflict_not_an_overwrite(box):
