@@ -1,47 +1,37 @@
-"""Approvals and human-inbox questions: opening them when a task pauses, and answering them.
+"""The owner's side of a pause: the inbox, deciding approvals, answering questions, continue.
 
-A waiting task's **blockers** are its pending approvals and open questions. Each answer removes
-exactly one blocker (or, for ``continue``, the blockers of the pause's kind), bumps the task's
-version with a conditional update, and queues a fresh run only when no blocker remains and no
-run of the task is still alive (a live process may hold the pause; see ``request_approval``).
+Each answer removes exactly one blocker (or, for ``continue``, the blockers of the pause's kind),
+bumps the task's version with a conditional update, and lets ``approvals.blockers`` queue a
+fresh run only when no blocker remains and no run of the task is still alive (a live process
+may hold the pause; see ``approvals.blockers.request_approval``). Every write of an approval or
+question row is ``approvals.blockers``'s.
 
 The task's ``state`` is still written only by ``tasks.services.transition``: a decision that ends
-the task (deny) goes through it; the others only bump ``version`` (a conditional update on
-state and version, the same guard a move uses) and leave the move back to running to
-``tasks.finalize.begin_run`` when the new run starts.
+the task (deny) goes through it; the others only bump ``version`` (``tasks.services.bump_version``)
+and leave the move back to running to ``tasks.finalize.begin_run`` when the new run starts.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from approvals.models import (
-    Approval,
-    ApprovalKind,
-    ApprovalState,
-    Question,
-    QuestionKind,
-    QuestionState,
-)
+from approvals import blockers
+from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
 from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
 from boxsite.validation import check_fields
-from tasks import runs
 from tasks.budget import raise_budget
 from tasks.events import record_event
-from tasks.facts import Facts, Redactor, guess_kind, redactor_for
+from tasks.facts import Facts, Redactor, guess_kind
 from tasks.flows import missing_names
-from tasks.models import EventKind, RunKind, Task
+from tasks.models import EventKind, Task
 from tasks.services import bump_version, get_task_for, transition
 from tasks.states import ACTIVE, State, WaitingFor
 
 if TYPE_CHECKING:
     from boxsite.principal import Principal
-    from tasks.models import Run
-    from tasks.workers.base import Paused
 
 # How a decision arrived, by who asked: the portal (a browser session), the phone, or a program.
 VIA = {"session": "portal", "device": "phone", "token": "api"}
@@ -53,112 +43,7 @@ def decided_via(principal: Principal) -> str:
     return VIA.get(principal.via, principal.via)
 
 
-# --- opening blockers -------------------------------------------------------------------------
-
-def request_approval(
-    task: Task,
-    kind: str,
-    summary: str,
-    detail: dict[str, Any] | None = None,
-    guard: dict[str, Any] | None = None,
-    amount_cents: int = 0,
-) -> Approval:
-    """Open a pending approval for ``task`` and log it. For the broker and for pauses.
-
-    Call inside the transaction that moved ``task`` to waiting/approval (or, for a run that will
-    end waiting, inside any of its writes: ``open_blockers_for_pause`` binds it to the waiting
-    version when the run ends). ``kind`` is an ``ApprovalKind`` (irreversible, spending, action,
-    payment, checkpoint). ``guard`` names exactly what the OK allows; ``guard["held_run"]`` means
-    a live process waits on the decision in that run's broker, so deciding never queues a new
-    run while that run is alive (the broker sees the decision and goes on). ``amount_cents`` is,
-    for spending approvals, how much more budget the call asks for; approving raises the budget
-    to ``guard["budget_cents"]`` (the budget when asked; else the current one) plus that amount.
-    ``summary``, ``detail`` and the text in ``guard`` are redacted with the task's secrets before
-    they are stored (a guarded tool call's arguments may carry them).
-    """
-    redact = redactor_for(task)
-    approval = Approval.objects.create(
-        task=task, kind=kind, summary=redact.text(summary)[:500], detail=redact.redact(detail or {}),
-        guard=redact.redact(guard or {}), amount_cents=amount_cents, task_version=task.version,
-    )
-    record_event(task, EventKind.APPROVAL, f"approval needed: {approval.summary}",
-                 {"approval": approval.pk, "kind": kind, "amount_cents": amount_cents}, redactor=redact)
-    return approval
-
-
-def stage_question(task: Task, run: Run | None, kind: str, prompt: str, fields: list[dict[str, Any]] | None = None) -> Question:
-    """Stage a question during a run. It stays out of the inbox until the run ends waiting
-    (``open_blockers_for_pause``); a run that ends otherwise cancels it with the task's cleanup."""
-    redact = redactor_for(task)
-    return Question.objects.create(
-        task=task, run=run, kind=kind, prompt=redact.text(prompt)[:500], fields=_clean_fields(fields or []),
-        state=QuestionState.STAGED,
-    )
-
-
-def open_question(task: Task, run: Run | None, kind: str, prompt: str, fields: list[dict[str, Any]] | None = None) -> Question:
-    """Open a human-inbox question at once (not staged) and log it.
-
-    Call inside the transaction that moved ``task`` to waiting, for a pause a live process waits on.
-    """
-    redact = redactor_for(task)
-    question = Question.objects.create(
-        task=task, run=run, kind=kind, prompt=redact.text(prompt)[:500], fields=_clean_fields(fields or []),
-        state=QuestionState.OPEN, task_version=task.version,
-    )
-    record_event(task, EventKind.QUESTION, f"question: {question.prompt}",
-                 {"question": question.pk, "kind": kind, "fields": question.fields}, redactor=redact)
-    return question
-
-
-def open_blockers_for_pause(task: Task, run: Run, outcome: Paused) -> None:
-    """Call inside the transaction that moved ``task`` to waiting.
-
-    Creates the approval the pause asks for, turns missing inputs and a person's wall into
-    questions, opens every question the run staged, and binds all of them (and approvals asked
-    for during the run) to the task's new version.
-    """
-    redact = redactor_for(task)
-    if outcome.approval is not None:
-        spec = outcome.approval
-        request_approval(task, spec["kind"], spec["summary"], spec.get("detail"), spec.get("guard"),
-                         int(spec.get("amount_cents", 0)))
-    if outcome.fields:
-        stage_question(task, run, QuestionKind.INPUT, outcome.message, outcome.fields)
-    if outcome.waiting_for == WaitingFor.HUMAN:
-        stage_question(task, run, QuestionKind.HUMAN, outcome.message)
-    staged = list(Question.objects.filter(task=task, state=QuestionState.STAGED).order_by("pk"))
-    for question in staged:
-        record_event(task, EventKind.QUESTION, f"question: {question.prompt}",
-                     {"question": question.pk, "kind": question.kind, "fields": question.fields}, redactor=redact)
-    Question.objects.filter(pk__in=[q.pk for q in staged]).update(
-        state=QuestionState.OPEN, task_version=task.version, created_at=timezone.now())
-    Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(task_version=task.version)
-
-
-def _clean_fields(fields: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input fields in one shape: name, why, kind (guessed from the name), options."""
-    out = []
-    for f in fields:
-        name = str(f["name"])
-        out.append({"name": name, "why": str(f.get("why") or f"the task needs {name}"),
-                    "kind": str(f.get("kind") or guess_kind(name)), "options": list(f.get("options") or [])})
-    return out
-
-
-# --- reading blockers -------------------------------------------------------------------------
-
-def pending_approvals(task: Task) -> QuerySet[Approval]:
-    return Approval.objects.filter(task=task, state=ApprovalState.PENDING).order_by("pk")
-
-
-def open_questions(task: Task) -> QuerySet[Question]:
-    return Question.objects.filter(task=task, state=QuestionState.OPEN).order_by("pk")
-
-
-def has_blockers(task: Task) -> bool:
-    return pending_approvals(task).exists() or open_questions(task).exists()
-
+# --- who may see which blockers ---------------------------------------------------------------
 
 def _visible_tasks(principal: Principal) -> QuerySet[Task]:
     qs = Task.objects.filter(owner=principal.user)
@@ -221,7 +106,7 @@ def decide_approval(principal: Principal, approval_id: int | str, *, approve: bo
             approval.refresh_from_db()
             _decide_locked(principal, task, approval, approve, expected_version)
     except _MarkStale as stale:
-        Approval.objects.filter(pk=stale.approval_id, state=ApprovalState.PENDING).update(state=ApprovalState.STALE)
+        blockers.mark_stale(stale.approval_id)
         raise StaleApproval(stale.message, field="approval") from None
     approval.refresh_from_db()
     return approval
@@ -261,7 +146,7 @@ def continue_task(principal: Principal, task_id: str, body: Any) -> Task:
             task = get_task_for(principal, task_id, for_update=True)  # locked: blockers are read, then changed
             _continue_locked(principal, task, fields)
     except _MarkStale as stale:
-        Approval.objects.filter(pk=stale.approval_id, state=ApprovalState.PENDING).update(state=ApprovalState.STALE)
+        blockers.mark_stale(stale.approval_id)
         raise StaleApproval(stale.message, field="approve") from None
     return Task.objects.select_related("workspace").get(pk=task_id)
 
@@ -278,7 +163,7 @@ def _continue_locked(principal: Principal, task: Task, fields: dict[str, Any]) -
     if waiting_for in (WaitingFor.APPROVAL, WaitingFor.CHECKPOINT):
         if not isinstance(fields.get("approve"), bool):
             raise InvalidRequest("this task waits for approval: send {\"approve\": true} or {\"approve\": false}", field="approve")
-        pending = list(pending_approvals(task))
+        pending = list(blockers.pending_approvals(task))
         if not pending:
             raise Conflict("this task has no pending approval", field="approve")
         if len(pending) > 1:
@@ -289,9 +174,9 @@ def _continue_locked(principal: Principal, task: Task, fields: dict[str, Any]) -
     if waiting_for == WaitingFor.INPUT:
         if "inputs" not in fields:
             raise InvalidRequest("this task waits for values: send {\"inputs\": {name: value}}", field="inputs")
-        questions = [q for q in open_questions(task) if q.kind == QuestionKind.INPUT]
+        questions = [q for q in blockers.open_questions(task) if q.kind == QuestionKind.INPUT]
     else:
-        questions = [q for q in open_questions(task) if q.kind == QuestionKind.HUMAN]
+        questions = [q for q in blockers.open_questions(task) if q.kind == QuestionKind.HUMAN]
     _answer(principal, task, questions, fields.get("inputs"), fields.get("answer"), fields.get("secretFacts", []))
 
 
@@ -311,8 +196,7 @@ def _decide_locked(principal: Principal, task: Task, approval: Approval, approve
         raise _MarkStale(approval.pk, f"the task moved on since this approval was asked (version {approval.task_version}, "
                                       f"now {task.version}); nothing was decided")
     via = decided_via(principal)
-    Approval.objects.filter(pk=approval.pk, state=ApprovalState.PENDING).update(
-        state=wanted, decided_by=principal.user, decided_via=via, decided_at=timezone.now())
+    blockers.record_decision(approval, wanted, principal.user, via)
     data = {"approval": approval.pk, "decision": wanted, "via": via, "kind": approval.kind}
     if not approve:
         record_event(task, EventKind.APPROVAL, f"denied ({via}): {approval.summary}", data)
@@ -321,7 +205,7 @@ def _decide_locked(principal: Principal, task: Task, approval: Approval, approve
     if approval.kind == ApprovalKind.SPENDING and approval.amount_cents:
         raise_budget(task.pk, int(approval.guard.get("budget_cents", task.budget_cents)), approval.amount_cents)
     _bump(task, EventKind.APPROVAL, f"approved ({via}): {approval.summary}", data)
-    _resume_if_clear(task)
+    blockers.resume_if_clear(task)
 
 
 def _answer(principal: Principal, task: Task, questions: list[Question], inputs: Any, answer: Any,
@@ -345,9 +229,7 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
         stored: dict[str, Any] = {"inputs": {k: v for k, v in (inputs or {}).items() if k in {f["name"] for f in question.fields}}}
         if answer is not None:
             stored["answer"] = answer[:2000]
-        Question.objects.filter(pk=question.pk, state=QuestionState.OPEN).update(
-            state=QuestionState.ANSWERED, answer=redact.redact(stored), answered_by=principal.user,
-            answered_via=via, answered_at=now)
+        blockers.record_answer(question, redact.redact(stored), principal.user, via, now)
     missing = still_missing(task, facts, asked) if task.waiting_for == WaitingFor.INPUT or asked else []
     updates: dict[str, Any] = {}
     if inputs is not None or declared:
@@ -360,9 +242,9 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
     _bump(task, EventKind.QUESTION, summary, {"questions": [q.pk for q in questions], "names": names, "via": via},
           redactor=redact, **updates)
     if missing:
-        open_question(task, None, QuestionKind.INPUT, "the task still needs values", missing)
+        blockers.open_question(task, None, QuestionKind.INPUT, "the task still needs values", missing)
         return
-    _resume_if_clear(task)
+    blockers.resume_if_clear(task)
 
 
 def still_missing(task: Task, facts: Facts, asked: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -399,19 +281,7 @@ def _bump(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor
     still open belong to the same pause, so they are bound to the new version with it."""
     old = task.version
     bump_version(task, kind, summary, data, redactor=redactor, **fields)
-    Approval.objects.filter(task=task, state=ApprovalState.PENDING, task_version=old).update(task_version=task.version)
-    Question.objects.filter(task=task, state=QuestionState.OPEN, task_version=old).update(task_version=task.version)
-
-
-def _resume_if_clear(task: Task) -> Run | None:
-    """Queue the run that goes on from the pause, once nothing blocks and nothing holds it."""
-
-    if task.state != State.WAITING or has_blockers(task):
-        return None
-    if runs.active_run(task) is not None:
-        return None  # a live process holds this pause (broker), or the next run is already queued
-    kind = RunKind.RETRY if task.waiting_for == WaitingFor.HUMAN else RunKind.RESUME
-    return runs.create_run(task, kind, resume=task.resume)
+    blockers.bind_to_version(task, old)
 
 
 def _check_version(task: Task, expected: Any) -> None:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from approvals.services import open_blockers_for_pause
+from approvals.blockers import open_blockers_for_pause
 from tasks import runs, services
 from tasks.facts import Redactor
 from tasks.isolation import record_isolation
 from tasks.models import EventKind, Run, RunKind, RunState, Task
 from tasks.recorder import StepRecorder
-from tasks.states import Review, State
+from tasks.states import Review, State, WaitingFor
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
 
@@ -84,7 +84,7 @@ def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor) 
     pause: dict[str, Any] = {"message": message}
     if outcome.fields:
         pause["fields"] = redact.redact(outcome.fields)
-    if outcome.waiting_for == "checkpoint":
+    if outcome.waiting_for == WaitingFor.CHECKPOINT:
         pause["continuable"] = outcome.continuable
     services.transition(
         task, State.WAITING, summary=f"waiting for {outcome.waiting_for}: {message}",

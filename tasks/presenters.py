@@ -6,24 +6,24 @@ from typing import Any
 from tasks.facts import Facts
 from tasks.limits import DEFAULT_LIMITS
 from tasks.models import Task, TaskEvent
-from tasks.states import Review, State
+from tasks.states import Review, State, WaitingFor
 
 
 def is_final_view(task: Task) -> bool:
     """Final for a caller: a final state, or a checkpoint that cannot be continued (a payment
     page: a person finishes it outside the box, and only cancel or undo releases what the task holds)."""
-    return task.is_final() or (task.state == State.WAITING and task.waiting_for == "checkpoint" and not task.continuable)
+    return task.is_final() or (task.state == State.WAITING and task.waiting_for == WaitingFor.CHECKPOINT and not task.continuable)
 
 
 def next_calls(task: Task) -> list[str]:
     """The calls that make sense now, so clients never hardcode the state machine."""
     calls: list[str] = []
-    if task.state == State.WAITING and task.waiting_for == "checkpoint" and not task.continuable:
+    if task.state == State.WAITING and task.waiting_for == WaitingFor.CHECKPOINT and not task.continuable:
         return ["cancel", "undo", "diff", "report"]
     if task.state == State.WAITING:
-        if task.waiting_for in ("input", "human"):
+        if task.waiting_for in (WaitingFor.INPUT, WaitingFor.HUMAN):
             calls.append("continue")
-        elif task.waiting_for == "approval" or (task.waiting_for == "checkpoint" and task.continuable):
+        elif task.waiting_for == WaitingFor.APPROVAL or (task.waiting_for == WaitingFor.CHECKPOINT and task.continuable):
             calls += ["continue", "approve", "deny"]
     if task.review in (Review.PENDING, Review.CONFLICT):
         calls.append("keep")
@@ -69,7 +69,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "parent": task.parent_id,
         "state": task.state,
         "waitingFor": task.waiting_for or None,
-        "continuable": task.continuable if task.waiting_for == "checkpoint" else None,
+        "continuable": task.continuable if task.waiting_for == WaitingFor.CHECKPOINT else None,
         "final": is_final_view(task),
         "pause": task.pause or None,
         "version": task.version,

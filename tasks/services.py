@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals.models import Approval, ApprovalState, Question, QuestionState
+from approvals import blockers
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
@@ -134,15 +134,8 @@ def _status_summary(state: str, waiting_for: str, error: str) -> str:
 
 
 def _close_blockers(task: Task) -> None:
-    """A task that ends denies its pending approvals, cancels open questions and open runs."""
-
-    now = timezone.now()
-    Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(
-        state=ApprovalState.DENIED, decided_via="task-ended", decided_at=now
-    )
-    Question.objects.filter(task=task, state__in=[QuestionState.STAGED, QuestionState.OPEN]).update(
-        state=QuestionState.CANCELLED
-    )
+    """A task that ends closes its blockers (``approvals.blockers``) and its open runs."""
+    blockers.close_for_final_move(task)
     runs.cancel_open_runs(task)
 
 

@@ -21,6 +21,7 @@ import jsonschema
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from approvals.models import ApprovalKind
 from tasks import budget
 from tasks.broker.protocol import InvalidArgs, ToolFailed, ToolRefused
 from tasks.models import EventKind
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 class NeedsApproval(Exception):
     """The call may not go ahead without the owner's OK. Nothing has been done or charged."""
 
-    def __init__(self, kind: str, summary: str, *, guard: dict[str, Any], detail: dict[str, Any] | None = None,
+    def __init__(self, kind: ApprovalKind, summary: str, *, guard: dict[str, Any], detail: dict[str, Any] | None = None,
                  amount_cents: int = 0) -> None:
         super().__init__(summary)
         self.kind = kind
@@ -118,7 +119,7 @@ def check_call(task: Any, name: str, args: Any) -> Tool:
     return tool
 
 
-def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[str] = frozenset()) -> Any:
+def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalKind] = frozenset()) -> Any:
     """Call tool ``name`` for the task in ``ctx``; returns the tool's result.
 
     ``approved`` holds the approval kinds the owner already gave for exactly this call
@@ -134,8 +135,8 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[str] = fr
                        {"tool": name, "args": args if isinstance(args, dict) else {}, "refused": exc.message})
         raise
     guard = {"tool": name, "args": args}
-    if tool.irreversible and not ctx.task.constraints.get("allow_destructive") and "irreversible" not in approved:
-        raise NeedsApproval("irreversible", f"call {name}, which acts irreversibly", guard=guard,
+    if tool.irreversible and not ctx.task.constraints.get("allow_destructive") and ApprovalKind.IRREVERSIBLE not in approved:
+        raise NeedsApproval(ApprovalKind.IRREVERSIBLE, f"call {name}, which acts irreversibly", guard=guard,
                             detail={"tool": name, "args": args})
 
     def record_call() -> None:
@@ -146,7 +147,7 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[str] = fr
         budget.admit(recorder, tool.cost_cents, f"{name}: {tool.cost_cents}¢", {"tool": name},
                      counter=("actions", "max_actions"), before_cost=record_call)
     except budget.OverBudget as exc:
-        raise NeedsApproval("spending", f"{name} costs {exc.cents}¢ and would cross the {exc.budget_cents}¢ budget; "
+        raise NeedsApproval(ApprovalKind.SPENDING, f"{name} costs {exc.cents}¢ and would cross the {exc.budget_cents}¢ budget; "
                             f"allow {exc.needed_cents}¢ more", guard=guard, amount_cents=exc.needed_cents,
                             detail={"tool": name, "cost_cents": exc.cents, "spent_cents": exc.spent_cents,
                                     "budget_cents": exc.budget_cents}) from exc

@@ -4,12 +4,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from approvals.models import ApprovalKind, QuestionKind
 from tasks import budget, tools
 from tasks.broker.holds import Holds
 from tasks.broker.protocol import CallError, text_arg
 from tasks.context import RunContext
 from tasks.facts import guess_kind
 from tasks.models import EventKind
+from tasks.states import WaitingFor
 
 FACT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
 MAX_SPEND_CENTS = 10_000_000  # a sanity bound: a typo should not ask the owner for $100k
@@ -39,7 +41,7 @@ class Calls:
     def op_tool(self, message: dict[str, Any]) -> Any:
         name = text_arg(message, "name", max_len=200)
         args = message.get("args", {})
-        approved: set[str] = set()
+        approved: set[ApprovalKind] = set()
         while True:
             try:
                 return tools.call(self.ctx, name, args, approved=frozenset(approved))
@@ -59,7 +61,7 @@ class Calls:
                 budget.admit(self.ctx.recorder, cents, f"spend {cents}¢: {reason}", {"reason": reason, "via": "box"})
             except budget.OverBudget as exc:
                 self.holds.approval(
-                    "spending", f"spend {cents}¢ ({reason}), which would cross the {exc.budget_cents}¢ budget; allow {exc.needed_cents}¢ more",
+                    ApprovalKind.SPENDING, f"spend {cents}¢ ({reason}), which would cross the {exc.budget_cents}¢ budget; allow {exc.needed_cents}¢ more",
                     guard={"spend": cents, "reason": reason}, amount_cents=exc.needed_cents,
                     detail={"cents": cents, "reason": reason, "spent_cents": exc.spent_cents, "budget_cents": exc.budget_cents},
                 )
@@ -68,7 +70,7 @@ class Calls:
 
     def op_approve(self, message: dict[str, Any]) -> Any:
         text = text_arg(message, "text", max_len=500)
-        self.holds.approval("irreversible", text, guard={"approve": text}, detail={"via": "box"})
+        self.holds.approval(ApprovalKind.IRREVERSIBLE, text, guard={"approve": text}, detail={"via": "box"})
         return {"approved": True}
 
     def op_ask(self, message: dict[str, Any]) -> Any:
@@ -83,10 +85,10 @@ class Calls:
         if kind not in ("text", "email", "phone", "date", "number"):
             raise CallError("'kind' must be text, email, phone, date or number", field="kind")
         field: dict[str, Any] = {"name": name, "why": why, "kind": kind, "options": []}
-        return self.holds.question("input", "input", f"the task asks for {name}: {why}", [field], name=name)
+        return self.holds.question(WaitingFor.INPUT, QuestionKind.INPUT, f"the task asks for {name}: {why}", [field], name=name)
 
     def op_need_human(self, message: dict[str, Any]) -> Any:
         text = text_arg(message, "text", max_len=500)
         self.ctx.recorder.event(EventKind.NOTE, f"a person is needed: {text}", {"via": "box"})
-        result = self.holds.question("human", "human", text, [])
+        result = self.holds.question(WaitingFor.HUMAN, QuestionKind.HUMAN, text, [])
         return {"continued": True, **result}

@@ -16,14 +16,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from approvals.models import Approval, ApprovalState, Question, QuestionState
-from approvals.services import open_question, request_approval
+from approvals.blockers import open_question, request_approval
+from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
 from tasks import budget, services
 from tasks.broker.protocol import Denied, TaskEnded
 from tasks.context import RunContext
 from tasks.facts import Facts
 from tasks.models import Task
-from tasks.states import FINAL, State
+from tasks.states import FINAL, State, WaitingFor
 
 POLL_SECONDS = 0.1
 T = TypeVar("T")
@@ -37,13 +37,13 @@ class Holds:
         self.closing = closing
         self._one_at_a_time = threading.Lock()
 
-    def approval(self, kind: str, summary: str, *, guard: dict[str, Any], detail: dict[str, Any] | None = None,
+    def approval(self, kind: ApprovalKind, summary: str, *, guard: dict[str, Any], detail: dict[str, Any] | None = None,
                  amount_cents: int = 0) -> None:
         """Return once the owner approved; raise ``Denied`` or ``TaskEnded`` otherwise."""
 
         with self._one_at_a_time:
             def pause(task: Task) -> tuple[int, int]:
-                self._move(task, State.WAITING, f"waiting for approval: {summary}", waiting_for="approval",
+                self._move(task, State.WAITING, f"waiting for approval: {summary}", waiting_for=WaitingFor.APPROVAL,
                            pause={"message": summary, "held": True, "amount_cents": amount_cents})
                 # budget_cents: the budget when asked, so approving raises it exactly once by the amount.
                 held = {**guard, "held_run": self.ctx.run.pk, "budget_cents": task.budget_cents}
@@ -59,13 +59,13 @@ class Holds:
                              else "the task ended while waiting for approval")
 
             def resume(task: Task) -> None:
-                if kind == "spending":
+                if kind == ApprovalKind.SPENDING:
                     budget.raise_budget(task.pk, budget_before, amount_cents)
                 self._move(task, State.RUNNING, f"approved: {summary}", data={"approval": approval_id})
 
             self._write(resume)
 
-    def question(self, waiting_for: str, question_kind: str, prompt: str, fields: list[dict[str, Any]],
+    def question(self, waiting_for: WaitingFor, question_kind: QuestionKind, prompt: str, fields: list[dict[str, Any]],
                  *, name: str | None = None) -> dict[str, Any]:
         """Open a question and wait for its answer; ``name``: the fact whose value to return."""
 

@@ -3,6 +3,7 @@ a plan instead of being dropped."""
 from __future__ import annotations
 
 from tasks.context import RunContext
+from tasks.states import WaitingFor
 from tasks.workers.base import Outcome, Paused
 
 NO_MODEL = ("no model is configured, so this plain-language task cannot be planned; "
@@ -11,4 +12,4 @@ NO_MODEL = ("no model is configured, so this plain-language task cannot be plann
 
 class AgentWorker:
     def run(self, ctx: RunContext) -> Outcome:
-        return Paused("plan", NO_MODEL, resume={})
+        return Paused(WaitingFor.PLAN, NO_MODEL, resume={})

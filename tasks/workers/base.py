@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from approvals.models import ApprovalKind
+from tasks.states import WaitingFor
+
 if TYPE_CHECKING:
     from tasks.context import RunContext
 
@@ -23,15 +26,27 @@ class Failed:
     hint: str = ""
 
 
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """The approval a pause asks for. ``guard`` names exactly what the OK allows;
+    ``amount_cents``: for spending, how much more budget it asks for."""
+
+    kind: ApprovalKind
+    summary: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    guard: dict[str, Any] = field(default_factory=dict)
+    amount_cents: int = 0
+
+
 @dataclass
 class Paused:
     """Stop the run and wait. ``resume`` says where the next run picks up."""
 
-    waiting_for: str
+    waiting_for: WaitingFor
     message: str
     resume: dict[str, Any] = field(default_factory=dict)
     fields: list[dict[str, Any]] = field(default_factory=list)  # for input pauses
-    approval: dict[str, Any] | None = None  # {kind, summary, detail, guard, amount_cents}
+    approval: ApprovalRequest | None = None
     continuable: bool = True
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from approvals.models import ApprovalKind
 from tasks.broker.protocol import CallError
 from tasks.context import RunContext
 from tasks.evidence import Evidence, bounded
@@ -27,9 +28,10 @@ from tasks.human import looks_like_human_wall
 from tasks.models import EventKind, TaskEvent
 from tasks.net import Blocked
 from tasks.recorder import LeaseLost, LimitReached
+from tasks.states import WaitingFor
 from tasks.tools import NeedsApproval, call
 from tasks.workers import process
-from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
+from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused
 
 GATES = ("approve", "checkpoint", "ask")
 
@@ -159,7 +161,7 @@ class FlowWorker:
         missing = missing_names(flow, {**ctx.facts.values, **records})
         if missing:
             fields = [{"name": n, "why": f"the flow uses ${{{n}}} and no fact supplies it", "kind": guess_kind(n), "options": []} for n in missing]
-            return Paused("input", "the task needs values before it can start", resume=ctx.resume, fields=fields)
+            return Paused(WaitingFor.INPUT, "the task needs values before it can start", resume=ctx.resume, fields=fields)
         resume = ctx.resume
         start = int(resume.get("step", 0))
         approved = resume.get("approved_step")
@@ -186,7 +188,7 @@ class FlowWorker:
                 return Failed(f"step {index + 1}: '{kind}' steps are not available in this box yet", recoverable=False,
                               hint="remove the step or run the task on a box with browser/model support")
             if "stop_before" in step and not allow_destructive and not is_approved:
-                return self._ask_approval(index, "irreversible", step["stop_before"], guard,
+                return self._ask_approval(index, ApprovalKind.IRREVERSIBLE, step["stop_before"], guard,
                                           detail=planned_action(ctx, kind, substitute(step[kind], known), step, known))
             if STEP_KINDS[kind].acts and kind != "tool":  # a tool call counts itself (tasks.tools.call)
                 ctx.recorder.count("actions", "max_actions")
@@ -210,7 +212,7 @@ class FlowWorker:
                     retry: dict[str, Any] = {"step": index}
                     if is_approved:
                         retry.update(approved_step=index, only=only)
-                    return Paused("human", f"step {index + 1} hit {wall}; a person must get past it, then continue",
+                    return Paused(WaitingFor.HUMAN, f"step {index + 1} hit {wall}; a person must get past it, then continue",
                                   resume=retry)
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
                               hint="fix the cause and run the task again")
@@ -246,7 +248,7 @@ class FlowWorker:
             detail: dict[str, Any] = {}
             if after is not None and step_kind(after) in EXECUTABLE_KINDS and step_kind(after) not in GATES:
                 detail = {"then": index + 2, **planned_action(ctx, step_kind(after), substitute(after[step_kind(after)], known), after, known)}
-            return self._ask_approval(index, "checkpoint", reason, guard, detail=detail)
+            return self._ask_approval(index, ApprovalKind.CHECKPOINT, reason, guard, detail=detail)
         if kind == "checkpoint":
             return self._checkpoint(ctx, value, index, approved, guard)
         spec = value if isinstance(value, dict) else {"name": value}
@@ -255,15 +257,14 @@ class FlowWorker:
             return None
         field = {"name": name, "why": spec.get("why", f"step {index + 1} asks for it"),
                  "kind": spec.get("kind", guess_kind(name)), "options": spec.get("options", [])}
-        return Paused("input", spec.get("why") or f"step {index + 1} asks for {name}", resume={"step": index}, fields=[field])
+        return Paused(WaitingFor.INPUT, spec.get("why") or f"step {index + 1} asks for {name}", resume={"step": index}, fields=[field])
 
-    def _ask_approval(self, index: int, kind: str, reason: str, guard: dict[str, Any], *,
+    def _ask_approval(self, index: int, kind: ApprovalKind, reason: str, guard: dict[str, Any], *,
                       detail: dict[str, Any] | None = None, amount_cents: int = 0) -> Paused:
         """Pause before step ``index``; approving runs exactly that step once, then the rest anew."""
         return Paused(
-            "approval", reason, resume={"step": index, "approved_step": index, "only": True},
-            approval={"kind": kind, "summary": reason, "detail": {"step": index + 1, **(detail or {})}, "guard": guard,
-                      "amount_cents": amount_cents},
+            WaitingFor.APPROVAL, reason, resume={"step": index, "approved_step": index, "only": True},
+            approval=ApprovalRequest(kind, reason, {"step": index + 1, **(detail or {})}, guard, amount_cents),
         )
 
     def _checkpoint(self, ctx: RunContext, value: Any, index: int, approved: bool, guard: dict[str, Any]) -> Outcome | None:
@@ -272,16 +273,16 @@ class FlowWorker:
         if spec.get("payment"):
             if ctx.task.constraints.get("payment", "stop_at_payment") == "stop_at_payment":
                 # Paying is never automatic: a person pays, and only cancel releases the task.
-                return Paused("checkpoint", f"{reason}: paying is for a person; this task stops here",
+                return Paused(WaitingFor.CHECKPOINT, f"{reason}: paying is for a person; this task stops here",
                               resume={"step": index}, continuable=False)
             if approved:
                 return None  # fill_then_approve: the owner's OK presses the control that pays
-            return self._ask_approval(index, "payment", reason, guard)
+            return self._ask_approval(index, ApprovalKind.PAYMENT, reason, guard)
         if approved:
             return None
         continuable = bool(spec.get("continuable", True))
-        return Paused("checkpoint", reason, resume={"step": index, "approved_step": index}, continuable=continuable,
-                      approval={"kind": "checkpoint", "summary": reason, "detail": {"step": index + 1}, "guard": guard}
+        return Paused(WaitingFor.CHECKPOINT, reason, resume={"step": index, "approved_step": index}, continuable=continuable,
+                      approval=ApprovalRequest(ApprovalKind.CHECKPOINT, reason, {"step": index + 1}, guard)
                       if continuable else None)
 
     def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *,
@@ -436,7 +437,7 @@ def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False) 
     failures turned into the step's failure. ``NeedsApproval`` goes up to pause the flow."""
 
     try:
-        return call(ctx, name, args, approved=frozenset({"irreversible"}) if approved else frozenset())
+        return call(ctx, name, args, approved=frozenset({ApprovalKind.IRREVERSIBLE}) if approved else frozenset())
     except CallError as exc:
         raise StepFailed(exc.message) from exc
 

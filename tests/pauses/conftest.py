@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from approvals.services import stage_question
+from approvals.blockers import stage_question
+from approvals.models import QuestionKind
 from boxsite.errors import BoxError, Conflict
 from tasks import lifecycle, services
 from tasks.models import Task
@@ -56,7 +57,7 @@ def staging_tool(box):
 
     def ask(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         with transaction.atomic():
-            stage_question(ctx.task, ctx.run, "text", args["prompt"])
+            stage_question(ctx.task, ctx.run, QuestionKind.TEXT, args["prompt"])
         SEEN_DURING_RUN.append(box.api.get("/api/inbox").json())
         return {"staged": True}
 

@@ -9,8 +9,8 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from rest_framework.test import APIClient
 
-from approvals.models import Approval
-from approvals.services import request_approval
+from approvals.blockers import request_approval
+from approvals.models import Approval, ApprovalKind
 from tasks.models import Task
 from tasks.tools import Tool, register
 from tests.factories import flow, make_owner
@@ -126,7 +126,7 @@ def test_an_approval_left_behind_by_a_moved_task_turns_stale(box):
     view = _paused(box)
     task = Task.objects.get(pk=view["id"])
     with transaction.atomic():  # an approval asked at an older version (a run that is long gone)
-        old = request_approval(task, "irreversible", "an old question", guard={"step": 0})
+        old = request_approval(task, ApprovalKind.IRREVERSIBLE, "an old question", guard={"step": 0})
 
     Approval.objects.filter(pk=old.pk).update(task_version=task.version - 1)
     response = post(box, f"/api/approvals/{old.pk}/approve")
