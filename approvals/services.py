@@ -12,15 +12,15 @@ and leave the move back to running to ``tasks.finalize.begin_run`` when the new 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals import blockers
 from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
 from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
+from boxsite.principal import Principal, Via
 from boxsite.validation import check_fields
 from tasks.budget import raise_budget
 from tasks.events import record_event
@@ -30,11 +30,8 @@ from tasks.models import EventKind, Task
 from tasks.services import bump_version, get_task_for, transition
 from tasks.states import ACTIVE, State, WaitingFor
 
-if TYPE_CHECKING:
-    from boxsite.principal import Principal
-
 # How a decision arrived, by who asked: the portal (a browser session), the phone, or a program.
-VIA = {"session": "portal", "device": "phone", "token": "api"}
+VIA = {Via.SESSION: "portal", Via.DEVICE: "phone", Via.TOKEN: "api"}
 CONTINUE_FIELDS = frozenset({"inputs", "approve", "answer", "secretFacts", "version"})
 MAX_INPUTS = 100
 
@@ -45,22 +42,15 @@ def decided_via(principal: Principal) -> str:
 
 # --- who may see which blockers ---------------------------------------------------------------
 
-def _visible_tasks(principal: Principal) -> QuerySet[Task]:
-    qs = Task.objects.filter(owner=principal.user)
-    if principal.via == "device":
-        qs = qs.filter(folders=[])  # a device never sees folder tasks
-    return qs
-
-
 def get_approval_for(principal: Principal, approval_id: int | str) -> Approval:
-    approval = Approval.objects.filter(pk=_int_id(approval_id), task__in=_visible_tasks(principal)).select_related("task").first()
+    approval = Approval.objects.filter(pk=_int_id(approval_id), task__in=Task.objects.inbox_of(principal)).select_related("task").first()
     if approval is None:
         raise NotFound(f"no approval '{approval_id}'")
     return approval
 
 
 def get_question_for(principal: Principal, question_id: int | str) -> Question:
-    question = Question.objects.filter(pk=_int_id(question_id), task__in=_visible_tasks(principal)).exclude(
+    question = Question.objects.filter(pk=_int_id(question_id), task__in=Task.objects.inbox_of(principal)).exclude(
         state=QuestionState.STAGED).select_related("task").first()
     if question is None:
         raise NotFound(f"no question '{question_id}'")
@@ -69,7 +59,7 @@ def get_question_for(principal: Principal, question_id: int | str) -> Question:
 
 def inbox_for(principal: Principal) -> tuple[list[Approval], list[Question]]:
     """Every pending approval and open question across the tasks ``principal`` may see."""
-    tasks = _visible_tasks(principal)
+    tasks = Task.objects.inbox_of(principal)
     approvals = Approval.objects.filter(task__in=tasks, state=ApprovalState.PENDING).select_related("task", "decided_by")
     questions = Question.objects.filter(task__in=tasks, state=QuestionState.OPEN).select_related("task")
     return list(approvals.order_by("created_at", "pk")[:500]), list(questions.order_by("created_at", "pk")[:500])

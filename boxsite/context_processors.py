@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.http import HttpRequest
 
 from approvals.models import Approval, ApprovalState, Question, QuestionState
+from boxsite.principal import Principal
+from tasks.models import Task
 
 
 def inbox_count(request: HttpRequest) -> dict[str, int]:
@@ -12,6 +14,7 @@ def inbox_count(request: HttpRequest) -> dict[str, int]:
     user = request.user
     if not user.is_authenticated:
         return {}
-    approvals = Approval.objects.filter(task__owner=user, state=ApprovalState.PENDING).count()
-    questions = Question.objects.filter(task__owner=user, state=QuestionState.OPEN).count()
+    tasks = Task.objects.inbox_of(Principal.session(user))
+    approvals = Approval.objects.filter(task__in=tasks, state=ApprovalState.PENDING).count()
+    questions = Question.objects.filter(task__in=tasks, state=QuestionState.OPEN).count()
     return {"inbox_count": approvals + questions}

@@ -143,7 +143,7 @@ def task_form_choices() -> dict[str, Any]:
 @login_required
 def tasks(request: HttpRequest) -> HttpResponse:
     cursor = live_cursor()  # read first: anything after it reaches the page through the stream
-    rows = Task.objects.filter(owner=_owner(request)).select_related("workspace").order_by("-created_at", "-pk")[:50]
+    rows = Task.objects.listed_for(Principal.session(_owner(request))).select_related("workspace").order_by("-created_at", "-pk")[:50]
     return render(request, "portal/tasks.html", {
         "active": "tasks", **task_form_choices(),
         "initial": {"tasks": [present_task(t) for t in rows], "cursor": cursor},
@@ -159,7 +159,7 @@ def live_cursor() -> int:
 @login_required
 def task_window(request: HttpRequest, task_id: str) -> HttpResponse:
     try:
-        task = get_task_for(Principal(request.user, "session"), task_id)
+        task = get_task_for(Principal.session(_owner(request)), task_id)
     except NotFound as exc:
         raise Http404(exc.message) from exc
     return render(request, "portal/task.html", {"active": "tasks", "task": task})
@@ -179,9 +179,9 @@ def _phone_principal(request: HttpRequest) -> Principal | None:
     raw = request.COOKIES.get(DEVICE_COOKIE)
     device = device_for(raw) if raw else None
     if device is not None:
-        return Principal(device.user, "device", device=device)
+        return Principal.phone(device)
     if request.user.is_authenticated:
-        return Principal(request.user, "session")
+        return Principal.session(request.user)
     return None
 
 

@@ -41,10 +41,10 @@ def principal_of_scope(scope: dict[str, Any]) -> Principal | None:
     """The principal a connection speaks for, or None when nobody signed in."""
     device = scope.get("device")
     if device is not None:
-        return Principal(device.user, "device", device=device)
+        return Principal.phone(device)
     user = scope.get("user")
     if user is not None and user.is_authenticated:
-        return Principal(user, "session")
+        return Principal.session(user)
     return None
 
 
@@ -57,7 +57,7 @@ def still_signed_in(principal: Principal, session_key: str | None) -> bool:
 
     if not get_user_model().objects.filter(pk=principal.user.pk, is_active=True).exists():
         return False
-    if principal.via == "device":
+    if principal.device is not None:
         return Device.objects.filter(pk=principal.device.pk, revoked_at__isnull=True).exists()
     if not session_key:
         return False

@@ -25,6 +25,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from boxsite.errors import BoxError
+from boxsite.principal import Via
 from schedules.models import SeenFile, SeenState, Trigger, TriggerKind
 from schedules.specs import fill, firing_principal
 from tasks import services as task_services
@@ -106,7 +107,7 @@ def _start(trigger: Trigger, seen_id: int, path: str, size: int, mtime_ns: int) 
             if claimed != 1:
                 return 0  # another scanner started it
             task = task_services.create_task(
-                fill(trigger.template, facts), firing_principal(trigger.owner, "file"), source=trigger.source
+                fill(trigger.template, facts), firing_principal(trigger.owner, Via.FILE), source=trigger.source
             )
             SeenFile.objects.filter(pk=seen_id).update(task=task)
             Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=timezone.now(), last_task=task)

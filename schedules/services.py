@@ -13,7 +13,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from boxsite.principal import Principal
+from boxsite.principal import Principal, Via
 from boxsite.validation import check_fields
 from schedules.cadence import Cadence
 from schedules.models import Firing, Origin, Schedule
@@ -27,9 +27,9 @@ SCHEDULE_FIELDS = {"name", "cron", "timezone", "intervalSeconds", "template", "p
 def origin_of(principal: Principal, by_task: Any = None) -> str:
     if by_task is not None:
         return Origin.TASK
-    if principal.via == "device":
+    if principal.via == Via.DEVICE:
         return Origin.DEVICE
-    if principal.via in ("session", "token"):
+    if principal.via in (Via.SESSION, Via.TOKEN):
         return Origin.OWNER
     return Origin.SYSTEM
 
@@ -60,7 +60,7 @@ def _may_change(principal: Principal, schedule: Schedule, by_task: Any) -> None:
     """System schedules are read-only to tasks; a device changes only what a device made."""
     if by_task is not None and schedule.system:
         raise Forbidden("a system schedule is read-only to tasks", field="id")
-    if principal.via == "device" and schedule.created_via != Origin.DEVICE:
+    if principal.via == Via.DEVICE and schedule.created_via != Origin.DEVICE:
         raise Forbidden("a paired device may change only the schedules it created", field="id")
 
 
@@ -68,7 +68,7 @@ def create_schedule(principal: Principal, body: Any, *, by_task: Any = None) -> 
     body = check_fields(body, SCHEDULE_FIELDS)
     name = check_name(body.get("name"))
     cadence = Cadence.parse(body.get("cron"), body.get("timezone"), body.get("intervalSeconds"))
-    template = check_template(body.get("template"), principal.user, via="schedule", source=f"schedule:{name}")
+    template = check_template(body.get("template"), principal.user, via=Via.SCHEDULE, source=f"schedule:{name}")
     paused = body.get("paused", False)
     if not isinstance(paused, bool):
         raise InvalidRequest("'paused' must be true or false", field="paused")
@@ -116,7 +116,7 @@ def update_schedule(principal: Principal, schedule_id: Any, body: Any, *, by_tas
                 schedule.next_run_at = cadence.first_after(timezone.now())
         template = body.get("template", schedule.template)
         if "template" in body or "name" in body:
-            template = check_template(template, schedule.owner, via="schedule", source=f"schedule:{name}")
+            template = check_template(template, schedule.owner, via=Via.SCHEDULE, source=f"schedule:{name}")
         schedule.name = name
         schedule.template = template
         schedule.version = F("version") + 1
@@ -164,7 +164,7 @@ def run_schedule_now(principal: Principal, schedule_id: Any) -> Any:
     schedule = get_schedule_for(principal, schedule_id)
     now = timezone.now()
     with transaction.atomic():
-        task = task_services.create_task(fill(schedule.template, {}), firing_principal(schedule.owner, "schedule"),
+        task = task_services.create_task(fill(schedule.template, {}), firing_principal(schedule.owner, Via.SCHEDULE),
                                          source=schedule.source)
         task_services.note(task, f"started by hand from schedule '{schedule.name}' (Run now)",
                            {"schedule": schedule.name, "scheduleId": schedule.pk, "byHand": True})
@@ -187,7 +187,7 @@ def ensure_system_schedule(owner: Any, name: str, *, cron: str | None = None, ti
     replaced; a missing cursor is restored unless the owner paused it."""
     check_name(name)
     cadence = Cadence.parse(cron, timezone_name if cron else None, interval_seconds)
-    check_template(template, owner, via="schedule", source=f"schedule:{name}")
+    check_template(template, owner, via=Via.SCHEDULE, source=f"schedule:{name}")
     with transaction.atomic():
         schedule, created = Schedule.objects.select_for_update().get_or_create(
             owner=owner, name=name,

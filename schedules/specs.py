@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from boxsite.errors import BoxError, InvalidSpec
-from boxsite.principal import Principal
+from boxsite.principal import Principal, Via
 from tasks.facts import Facts
 from tasks.spec import parse_spec
 
@@ -21,13 +21,13 @@ _NAME = re.compile(r"\$\{([^}]+)\}")
 TITLE_MAX = 200
 
 
-def firing_principal(owner: Any, via: str) -> Principal:
+def firing_principal(owner: Any, via: Via) -> Principal:
     """Who a schedule or trigger acts as when it fires: the box, on the owner's behalf. It may
     not hand out folders (only the owner in person can), so templates cannot either."""
     return Principal.system(owner, via=via)
 
 
-def check_template(template: Any, owner: Any, *, via: str, source: str) -> dict[str, Any]:
+def check_template(template: Any, owner: Any, *, via: Via, source: str) -> dict[str, Any]:
     """The template if it would create a task now, else the spec error with ``template.`` in
     front of its field. Creates nothing."""
     if not isinstance(template, dict):

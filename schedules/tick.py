@@ -21,6 +21,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from boxsite.errors import BoxError, TooManyTasks
+from boxsite.principal import Via
 from schedules.models import Firing, Schedule
 from schedules.specs import fill, firing_principal
 from tasks import services as task_services
@@ -84,7 +85,7 @@ def fire_one(schedule_id: int, now: datetime) -> Firing | None:
             # A savepoint: a firing that fails leaves no task, only the failure record.
             with transaction.atomic():
                 task = task_services.create_task(
-                    fill(schedule.template, {}), firing_principal(schedule.owner, "schedule"), source=schedule.source
+                    fill(schedule.template, {}), firing_principal(schedule.owner, Via.SCHEDULE), source=schedule.source
                 )
                 task_services.note(task, _summary(schedule, catchup.skipped, catchup.capped), {
                     "schedule": schedule.name,

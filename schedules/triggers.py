@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from boxsite.principal import Principal
+from boxsite.principal import Principal, Via
 from boxsite.validation import check_fields, existing_dir
 from schedules.models import Origin, Trigger, TriggerKind
 from schedules.services import check_name, origin_of
@@ -69,7 +69,7 @@ def get_trigger_for(principal: Principal, trigger_id: Any, *, for_update: bool =
 
 
 def _may_change(principal: Principal, trigger: Trigger) -> None:
-    if principal.via == "device" and trigger.created_via != Origin.DEVICE:
+    if principal.via == Via.DEVICE and trigger.created_via != Origin.DEVICE:
         raise Forbidden("a paired device may change only the triggers it created", field="id")
 
 
@@ -99,7 +99,7 @@ def create_trigger(principal: Principal, body: Any, *, by_task: Any = None) -> t
         fields["folder"] = _folder(principal, body.get("folder"))
         if "settleSeconds" in body:
             fields["settle_seconds"] = _settle(body["settleSeconds"])
-    template = check_template(body.get("template"), principal.user, via=kind, source=f"{kind}:{name}")
+    template = check_template(body.get("template"), principal.user, via=Via(kind), source=f"{kind}:{name}")
     try:
         with transaction.atomic():
             trigger = Trigger.objects.create(
@@ -126,7 +126,7 @@ def update_trigger(principal: Principal, trigger_id: Any, body: Any) -> Trigger:
             trigger.settle_seconds = _settle(body["settleSeconds"])
         if "template" in body or "name" in body:
             trigger.template = check_template(body.get("template", trigger.template), trigger.owner,
-                                              via=trigger.kind, source=f"{trigger.kind}:{name}")
+                                              via=Via(trigger.kind), source=f"{trigger.kind}:{name}")
         trigger.name = name
         try:
             with transaction.atomic():

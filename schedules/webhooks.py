@@ -39,7 +39,7 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from boxsite.principal import Principal
+from boxsite.principal import Principal, Via
 from schedules.models import Delivery, Trigger, TriggerKind
 from schedules.signatures import GITHUB_HEADER, SignatureError, Verified, github_header, verify
 from schedules.specs import fill, firing_principal
@@ -159,7 +159,7 @@ def receive(token: str, headers: Mapping[str, str], body: bytes, content_type: s
                 seen = Delivery.objects.filter(trigger=trigger, delivery_id=delivery_id).first()
                 return Received(seen.task_id if seen else None, delivery_id, duplicate=True)
         task: Task = task_services.create_task(
-            fill(trigger.template, facts), firing_principal(trigger.owner, "webhook"), source=trigger.source
+            fill(trigger.template, facts), firing_principal(trigger.owner, Via.WEBHOOK), source=trigger.source
         )
         if delivery is not None:
             Delivery.objects.filter(pk=delivery.pk).update(task=task)

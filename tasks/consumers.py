@@ -232,10 +232,7 @@ class TaskListConsumer(LiveConsumer):
         await self.pump(check=False)
 
     def visible_tasks(self, ids: set[str]) -> list[Task]:
-        qs = Task.objects.filter(pk__in=ids, owner=self.principal.user).select_related("workspace")
-        if self.principal.via == "device":
-            qs = qs.filter(device=self.principal.device, folders=[])  # as the task list API shows a device
-        return list(qs)
+        return list(Task.objects.listed_for(self.principal).filter(pk__in=ids).select_related("workspace"))
 
     def read(self, check: bool) -> tuple[list[dict[str, Any]], bool]:
         now = time.monotonic()

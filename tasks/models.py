@@ -6,6 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from boxsite.principal import Principal, Via
 from tasks.ids import new_task_id
 from tasks.limits import default_limit
 from tasks.states import FINAL, Review, State, WaitingFor
@@ -29,6 +30,35 @@ class Workspace(models.Model):
         if not path.is_absolute():
             path = Path(settings.BOX_DATA_DIR) / "workspaces" / path
         return path
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    """The one access rule (docs/decisions.md, "Who may see and act on a task").
+
+    The owner, signed in or with an API token, reaches every task of theirs; so does the box
+    acting for them (schedules, triggers). A paired phone reaches the tasks it started, never a
+    folder task; beyond those it answers the approvals and questions of its inbox.
+    """
+
+    def reachable_by(self, principal: Principal) -> TaskQuerySet:
+        """The tasks ``principal`` may open, follow and act on (cancel, undo, continue, report)."""
+        mine = self.filter(owner=principal.user)
+        if principal.via == Via.DEVICE:
+            return mine.filter(device=principal.device, folders=[])
+        return mine
+
+    def listed_for(self, principal: Principal) -> TaskQuerySet:
+        """The tasks in ``principal``'s lists (the list API, the list stream, the pages): exactly
+        those it may reach, so a list never shows what opening would refuse."""
+        return self.reachable_by(principal)
+
+    def inbox_of(self, principal: Principal) -> TaskQuerySet:
+        """The tasks whose pending approvals and open questions ``principal`` may see and answer:
+        the owner's; a paired phone's inbox leaves out folder tasks."""
+        mine = self.filter(owner=principal.user)
+        if principal.via == Via.DEVICE:
+            return mine.filter(folders=[])
+        return mine
 
 
 class Task(models.Model):
@@ -85,6 +115,8 @@ class Task(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # set when retention removed a done task's history (log, runs, files); its layer stays
     history_pruned_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TaskQuerySet.as_manager()
 
     class Meta:
         indexes = [

@@ -30,9 +30,7 @@ log = logging.getLogger(__name__)
 
 def get_task_for(principal: Principal, task_id: str, *, for_update: bool = False) -> Task:
     """The task if ``principal`` may see it, else ``NotFound`` (never reveal another's task)."""
-    qs = Task.objects.filter(pk=task_id, owner=principal.user)
-    if principal.via == "device":
-        qs = qs.filter(folders=[])  # a device never sees folder tasks
+    qs = Task.objects.reachable_by(principal).filter(pk=task_id)
     if for_update:
         qs = qs.select_for_update()
     task = qs.first()

@@ -50,9 +50,7 @@ def task_list(request: Request) -> Response:
     if request.method == "POST":
         task = services.create_task(request.data, principal, source=channel_source(principal, request.data))
         return Response(present_task(task), status=201)
-    qs = Task.objects.filter(owner=principal.user).select_related("workspace")
-    if principal.via == "device":
-        qs = qs.filter(device=principal.device)
+    qs = Task.objects.listed_for(principal).select_related("workspace")
     state = request.query_params.get("state")
     if state:
         states = state.split(",")
@@ -76,9 +74,9 @@ def task_list(request: Request) -> Response:
 def channel_source(principal: Principal, body: Any) -> str | None:
     """``source`` for a task made through the box's own pages: the phone, or the portal (a signed-in
     session that names no source of its own). None lets the spec's ``source`` (or "api") stand."""
-    if principal.via == "device":
+    if principal.via == Via.DEVICE:
         return "phone"
-    if principal.via == "session" and not (isinstance(body, dict) and "source" in body):
+    if principal.via == Via.SESSION and not (isinstance(body, dict) and "source" in body):
         return "portal"
     return None
 
