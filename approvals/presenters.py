@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from approvals.models import Approval, Question
+from approvals.models import Approval, ApprovalState, Question, QuestionState
 from tasks.facts import Redactor, redactor_for
 
 
@@ -32,7 +32,7 @@ def present_approval(approval: Approval, redact: Redactor | None = None, *, with
         "decidedVia": approval.decided_via or None,
         "decidedAt": approval.decided_at.isoformat() if approval.decided_at else None,
         "createdAt": approval.created_at.isoformat(),
-        "next": ["approve", "deny"] if approval.state == "pending" else [],
+        "next": ["approve", "deny"] if approval.state == ApprovalState.PENDING else [],
     }
     if with_task:
         body["taskView"] = _task_summary(approval.task)
@@ -54,7 +54,7 @@ def present_question(question: Question, redact: Redactor | None = None, *, with
         "answeredVia": question.answered_via or None,
         "answeredAt": question.answered_at.isoformat() if question.answered_at else None,
         "createdAt": question.created_at.isoformat(),
-        "next": ["answer"] if question.state == "open" else [],
+        "next": ["answer"] if question.state == QuestionState.OPEN else [],
     }
     if with_task:
         body["taskView"] = _task_summary(question.task)
