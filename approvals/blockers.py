@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
     from tasks.workers.base import Paused
 
+# How an approval the task's end closed says it was decided.
+ENDED_WITH_TASK = "task-ended"
+
 
 # --- opening ----------------------------------------------------------------------------------
 
@@ -170,7 +173,7 @@ def close_for_final_move(task: Task) -> None:
     """Call inside the transaction that ends ``task``: pending approvals are denied, open and
     staged questions cancelled."""
     Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(
-        state=ApprovalState.DENIED, decided_via="task-ended", decided_at=timezone.now())
+        state=ApprovalState.DENIED, decided_via=ENDED_WITH_TASK, decided_at=timezone.now())
     Question.objects.filter(task=task, state__in=[QuestionState.STAGED, QuestionState.OPEN]).update(
         state=QuestionState.CANCELLED)
 

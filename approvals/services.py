@@ -175,7 +175,7 @@ def _decide_locked(principal: Principal, task: Task, approval: Approval, approve
     if approval.state != ApprovalState.PENDING:
         if approval.state == wanted:
             return  # deciding twice decides once: no second resume
-        if approval.state == ApprovalState.STALE or approval.decided_via == "task-ended":
+        if approval.state == ApprovalState.STALE or approval.decided_via == blockers.ENDED_WITH_TASK:
             raise StaleApproval(f"the task moved on since this approval was asked (it is {task.state} now); "
                                 "nothing was decided", field="approval")
         raise Conflict(f"this approval was already {approval.state}", field="approval", state=approval.state)
