@@ -15,7 +15,7 @@ from approvals.services import continue_task
 from boxsite import schema
 from boxsite.errors import InvalidRequest
 from boxsite.pagination import Sort, limit_param, page
-from boxsite.principal import Principal
+from boxsite.principal import Principal, Via
 from tasks import artifacts, services
 from tasks.facts import redactor_for
 from tasks.models import Task, TaskEvent
