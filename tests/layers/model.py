@@ -23,7 +23,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.layers.base import Root, get_driver
+from tasks.layers.base import get_driver
+from tasks.layers.driver import Root
 from tasks.layers.stack import DIR, Stack
 from tasks.layers.tree import LINK, LayerTree, Meta
 
