@@ -116,7 +116,9 @@ def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
 def database_env() -> dict[str, str]:
     """Environment for a subprocess (a real qcluster, the scheduler) that must share the test DB."""
 
-    env = dict(os.environ)
+    # Importing boxsite.asgi (the stream tests do) marks this process as the web process, whose
+    # PostgreSQL connections come from a pool; a forking worker cluster must never inherit that.
+    env = {key: value for key, value in os.environ.items() if key != "BOX_WEB_PROCESS"}
     name = connection.settings_dict["NAME"]
     if settings.DB_IS_POSTGRES:
         env["BOX_DATABASE_NAME"] = str(name)

@@ -57,7 +57,7 @@ def _alive(pids: set[int]) -> set[int]:
 
 @pytest.fixture(params=["embedded", "postgres+redis"])
 def box_env(request, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME", "BOX_WEB_PROCESS")}
     env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_HOST": "127.0.0.1",
                 "BOX_QUEUE_NAME": f"runbox-{os.getpid()}-{request.param}", "BOX_QUEUE_POLL_S": "0.05"})
     database = None
@@ -134,7 +134,7 @@ def test_runbox_serves_runs_a_task_and_stops_all_three_on_ctrl_c(box_env, tmp_pa
 
 
 def test_a_killed_supervisor_takes_web_worker_and_scheduler_with_it(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME", "BOX_WEB_PROCESS")}
     env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_QUEUE_NAME": f"runbox-kill-{os.getpid()}"})
     _manage(env, "migrate", "--no-input")
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "runbox"], env=env, cwd=ROOT,
