@@ -3,8 +3,11 @@ the others. Healthy ticks with nothing to do write nothing and log nothing."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 
 from django.db import close_old_connections
 
@@ -50,8 +53,16 @@ def tick() -> None:
             log.exception("scheduler phase %r failed", name)
 
 
+def process_started_at() -> datetime:
+    """When this process started (from /proc), not when Django finished loading in it."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+    return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), tz=UTC)
+
+
 def on_start() -> None:
     """Reconcile what a crash of the box may have left behind."""
     reconcile()
     resend_unclaimed()
-    resume_after_restart()  # after the re-send: the retries it queues are sent once, by their commit
+    # After the re-send: the retries it queues are sent once, by their commit.
+    resume_after_restart(started_before=process_started_at())

@@ -93,15 +93,21 @@ def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = Fa
     return True
 
 
-def resume_after_restart(now: Any = None) -> int:
+def resume_after_restart(now: Any = None, *, started_before: Any = None) -> int:
     """At start-up: runs this machine was working on whose worker process is gone were cut off by
     a restart of the box. Say so at once ("the box restarted; resuming step N") and queue their
     retry now, instead of showing "running" until the lease expires. A worker pid that is alive
-    (reused, or a worker that outlived the restart) is left to its lease. Returns how many."""
+    (reused, or a worker that outlived the restart) is left to its lease. Only runs that started
+    before ``started_before`` (this process's start) count: a run the new cluster started while
+    this process was still starting, and whose worker then died, was not cut off by the restart;
+    the reaper retries it as a lost worker. Returns how many."""
     now = now or timezone.now()
     host = socket.gethostname()[:255]
     resumed = 0
-    rows = list(Run.objects.filter(state=RunState.RUNNING, worker_host=host).values_list("pk", "lease_token", "worker_pid"))
+    rows_query = Run.objects.filter(state=RunState.RUNNING, worker_host=host)
+    if started_before is not None:
+        rows_query = rows_query.filter(started_at__lt=started_before)
+    rows = list(rows_query.values_list("pk", "lease_token", "worker_pid"))
     for run_id, token, pid in rows:
         if pid is None or _process_alive(pid):
             continue
