@@ -14,6 +14,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from boxsite.env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
+from boxsite.keyfiles import read_or_create
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BOX_DATA_DIR = env_path("BOX_DATA_DIR", str(BASE_DIR / "var"))
@@ -30,11 +31,9 @@ def _secret_key() -> str:
         return configured
     if BOX_PRODUCTION:
         raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when BOX_PRODUCTION=1")
-    key_file = BOX_DATA_DIR / "django-secret-key"
-    if not key_file.exists():
-        key_file.touch(mode=0o600)
-        key_file.write_text(secrets.token_urlsafe(50))
-    return key_file.read_text().strip()
+    # Processes starting together on a fresh data dir all end with the first one's key.
+    generated = secrets.token_urlsafe(50).encode()
+    return read_or_create(BOX_DATA_DIR / "django-secret-key", generated).decode().strip()
 
 
 SECRET_KEY = _secret_key()

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from boxsite.env import env_str
+from boxsite.keyfiles import create_once
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,10 @@ def _write_beside(path: Path, key_lines: list[bytes]) -> Path:
 
 
 def _generate_key_file(path: Path) -> None:
-    """Write a fresh key, atomically: a concurrent reader never sees an empty file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = _write_beside(path, [Fernet.generate_key()])
-    try:
-        os.link(partial, path)  # fails if another process won the race; theirs is kept
+    """Write a fresh key, atomically: a concurrent reader never sees an empty file, and of two
+    processes generating at once the first one's key is kept."""
+    if create_once(path, Fernet.generate_key() + b"\n"):
         log.info("generated a new vault key in %s", path)
-    except FileExistsError:
-        pass
-    finally:
-        partial.unlink()
 
 
 def keys() -> list[bytes]:
