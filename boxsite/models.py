@@ -62,6 +62,12 @@ class BoxSettings(models.Model):
     # (BOX_TASK_MEMORY_MB, BOX_TASK_CPU_PERCENT).
     task_memory_mb = models.PositiveIntegerField(null=True, blank=True)
     task_cpu_percent = models.PositiveIntegerField(null=True, blank=True)
+    # The model (tasks.model.current_config); null/blank: the environment's BOX_MODEL_* value.
+    model_base_url = models.CharField(max_length=500, blank=True)
+    model_name = models.CharField(max_length=200, blank=True)
+    model_key_name = models.CharField(max_length=128, null=True, blank=True)  # "" = no key
+    model_input_cents_per_million = models.FloatField(null=True, blank=True)
+    model_output_cents_per_million = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     @classmethod

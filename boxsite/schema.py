@@ -514,3 +514,34 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any, pu
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
             }
     return result
+
+
+# --- the model ---------------------------------------------------------------------------
+class ModelSettings(s.Serializer):
+    configured = Bool(help_text="a base URL and a model name are set (here or in the environment)")
+    baseUrl = Str(allow_blank=True)
+    model = Str(allow_blank=True)
+    keyName = Str(allow_blank=True, help_text="the vault secret holding the API key; empty: the endpoint takes none")
+    keySet = Bool(help_text="the vault holds keyName")
+    inputCentsPerMillion = s.FloatField()
+    outputCentsPerMillion = s.FloatField()
+    fromEnvironment = _strs(help_text="fields whose value comes from a BOX_MODEL_* variable, not from these settings")
+
+
+class ModelSettingsBody(s.Serializer):
+    baseUrl = Str(required=False, allow_blank=True)
+    model = Str(required=False, allow_blank=True)
+    keyName = Str(required=False, allow_blank=True)
+    key = Str(required=False, help_text="stored in the vault under keyName; never returned")
+    inputCentsPerMillion = s.FloatField(required=False, allow_null=True)
+    outputCentsPerMillion = s.FloatField(required=False, allow_null=True)
+
+
+class ModelTest(s.Serializer):
+    ok = Bool()
+    answer = Str(required=False)
+    error = Str(required=False)
+    kind = Str(required=False, help_text="what went wrong: key, unreachable, timeout, status, garbage, config")
+    usage = Obj(required=False)
+    latencyMs = Int(required=False)
+    costCents = s.FloatField(required=False)

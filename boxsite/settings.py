@@ -209,8 +209,16 @@ if BOX_SANDBOX not in ("auto", "off"):
 # a CPU cap in percent of one core. Enforced with cgroups; /api/health says when they cannot be.
 BOX_TASK_MEMORY_MB = env_int("BOX_TASK_MEMORY_MB", 2048, minimum=16)
 BOX_TASK_CPU_PERCENT = env_int("BOX_TASK_CPU_PERCENT", 100, minimum=1)
-BOX_MODEL_BASE_URL = env_str("BOX_MODEL_BASE_URL")
-BOX_MODEL_NAME = env_str("BOX_MODEL_NAME")
+# The model (tasks.model): an OpenAI-compatible chat-completions endpoint. Settings → Model
+# overrides each of these; the API key is the vault secret named BOX_MODEL_KEY_NAME (empty: the
+# endpoint takes no key, as local servers often do). Prices are cents per million tokens.
+BOX_MODEL_BASE_URL = env_str("BOX_MODEL_BASE_URL") or ""
+BOX_MODEL_NAME = env_str("BOX_MODEL_NAME") or ""
+BOX_MODEL_KEY_NAME = env_str("BOX_MODEL_KEY_NAME", "MODEL_API_KEY") or ""
+BOX_MODEL_INPUT_CENTS_PER_MILLION = env_float("BOX_MODEL_INPUT_CENTS_PER_MILLION", 0.0)
+BOX_MODEL_OUTPUT_CENTS_PER_MILLION = env_float("BOX_MODEL_OUTPUT_CENTS_PER_MILLION", 0.0)
+BOX_MODEL_TIMEOUT_S = env_float("BOX_MODEL_TIMEOUT_S", 120.0)
+BOX_MODEL_MAX_OUTPUT_TOKENS = env_int("BOX_MODEL_MAX_OUTPUT_TOKENS", 2048, minimum=16)
 
 # --- API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {

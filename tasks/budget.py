@@ -7,6 +7,7 @@ owner's OK and the paid call is never made unapproved.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -69,3 +70,37 @@ def raise_budget(task_id: str, base_cents: int, amount_cents: int) -> None:
     Call inside the transaction that records the decision.
     """
     Task.objects.filter(pk=task_id).update(budget_cents=Greatest(F("budget_cents"), Value(base_cents + amount_cents)))
+
+
+def admit_model_call(recorder: StepRecorder, estimate_cents: int) -> None:
+    """Before a model call: ``OverBudget`` when its estimated cost would cross the budget
+    (nothing written), else count it against ``max_model_calls`` (``LimitReached`` past it)."""
+
+    def write() -> None:
+        task = Task.objects.select_for_update().only("cost_cents", "budget_cents").get(pk=recorder.task.pk)
+        if estimate_cents > 0 and task.cost_cents + estimate_cents > task.budget_cents:
+            raise OverBudget(estimate_cents, task.cost_cents, task.budget_cents)
+        recorder.count("model_calls", "max_model_calls")
+
+    recorder.guarded(write)
+
+
+def charge_model(recorder: StepRecorder, cents: float, summary: str, data: dict[str, Any] | None = None) -> int:
+    """After a model call: add what it cost. Fractions of a cent are carried in
+    ``spent.model_millicents`` and charged whole as they add up; returns the cents charged now."""
+    millicents = max(0, round(cents * 1000))
+
+    def write() -> int:
+        task = Task.objects.select_for_update().only("spent").get(pk=recorder.task.pk)
+        spent = dict(task.spent)
+        before = int(spent.get("model_millicents", 0))
+        after = before + millicents
+        whole = math.ceil(after / 1000) - math.ceil(before / 1000)
+        spent["model_millicents"] = after
+        Task.objects.filter(pk=task.pk).update(spent=spent)
+        recorder.task.spent = spent
+        if whole > 0:
+            recorder.event(EventKind.COST, summary, {**(data or {}), "cents": whole}, cost_cents=whole)
+        return whole
+
+    return recorder.guarded(write)

@@ -34,7 +34,6 @@ NOT_AVAILABLE_YET = {
     "output": "no worker shapes its answer to an output yet",
 }
 LIMITS_NOT_AVAILABLE_YET = {
-    "max_model_calls": "no worker calls a model yet",
     "max_rescues": "no worker rescues a stuck step yet",
     "disk_mb": "the box cannot yet bound what a task writes to its layer (see /api/health, isolation.limits)",
 }

@@ -1,9 +1,11 @@
 from django.urls import path
 
-from tasks import vault_views
+from tasks import model_views, vault_views
 
 urlpatterns = [
     path("vault", vault_views.vault_list, name="vault-list"),
     path("vault/<str:name>", vault_views.vault_detail, name="vault-detail"),
     path("tools", vault_views.tool_list, name="tool-list"),
+    path("settings/model", model_views.model_settings, name="model-settings"),
+    path("settings/model/test", model_views.model_test, name="model-test"),
 ]

@@ -1,15 +1,349 @@
-"""The built-in model-driven worker. Until a model is configured, a task that needs it waits for
-a plan instead of being dropped."""
+"""The agent worker: a plain-language task run by the configured model in a tool-calling loop.
+
+The model is given the task, the box's rules (budget, approvals, the payment rule) and tools:
+run a command, list/read/write files, an HTTP request through the task's host policy, the broker
+tools the task lists, ask the owner, request approval, finish. Each tool call executes in the
+worker as the task's user inside its sandbox and copy, through the same code as the flow's
+steps (``tasks.workers.flow``).
+
+Every model turn is a step in the log: the messages sent since the last turn (redacted), the
+model's decision, its usage and cost, then each tool call and its result. The conversation is
+saved as the resume point after every turn, so a pause (an approval, a question, the budget)
+holds no worker and the next run goes on from there.
+
+Secrets reach the model only as ``${name}``: shared facts are given by value, secret facts and
+vault values by name; tool arguments get their values only when they execute, and every result
+is masked before it goes back (``Redactor``). With no model configured the task waits for a
+plan (``NO_MODEL``).
+"""
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from approvals.models import ApprovalKind
+from tasks import budget
 from tasks.context import RunContext
+from tasks.evidence import Evidence, bounded
+from tasks.facts import guess_kind
+from tasks.model import Decision, KeyMissing, ModelConfig, ModelError, NoModel, ToolCall, call_model, current_config, read_key
+from tasks.models import EventKind
 from tasks.states import WaitingFor
-from tasks.workers.base import Outcome, Paused
+from tasks.tools import NeedsApproval, get_tool
+from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused
+from tasks.workers.flow import FlowWorker, StepFailed, check_time, inside, substitute
 
 NO_MODEL = ("no model is configured, so this plain-language task cannot be planned; "
-            "configure a model, or start the task again with a 'flow' or a command worker")
+            "configure a model in Settings → Model, or start the task again with a 'flow' or a command worker")
+RESULT_CHARS = 8000  # the most of one tool result the model is shown
+READ_CHARS = 20000
+LIST_ENTRIES = 500
+PAYMENT_RULES = {
+    "stop_at_payment": "Never pay: stop in front of the control that pays and ask for approval.",
+    "fill_then_approve": "Fill the payment form from the secrets, then stop in front of the control that pays and ask for approval.",
+}
+
+_OBJECT = {"type": "object", "additionalProperties": False}
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description,
+                                             "parameters": {**_OBJECT, "properties": properties, "required": required}}}
+
+
+BUILTIN_FUNCTIONS = [
+    _fn("run_command", "Run a shell command in the task's working directory (its own copy of the files). "
+        "Write ${name} where a secret value goes; the box puts the value in when the command runs.",
+        {"command": {"type": "string"}, "timeout_s": {"type": "integer", "minimum": 1}}, ["command"]),
+    _fn("list_files", "List the entries of a directory of the task's files ('.' is the top).",
+        {"path": {"type": "string"}}, []),
+    _fn("read_file", "Read a text file of the task's files.", {"path": {"type": "string"}}, ["path"]),
+    _fn("write_file", "Write (create or replace) a text file of the task's files.",
+        {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
+    _fn("http_request", "Make an HTTP request; only the hosts the task lists are reachable.",
+        {"method": {"type": "string"}, "url": {"type": "string"}, "headers": {"type": "object"}, "body": {}}, ["url"]),
+    _fn("ask_owner", "Ask the owner for a value you need and cannot find; the task waits for the answer.",
+        {"name": {"type": "string", "description": "a short name for the value, e.g. 'delivery address'"},
+         "question": {"type": "string"}}, ["name", "question"]),
+    _fn("request_approval", "Ask the owner's OK before an irreversible action (deleting, sending, publishing, paying); "
+        "the task waits for the decision.",
+        {"action": {"type": "string", "description": "exactly what you will do once approved"}}, ["action"]),
+    _fn("finish", "Finish the task with your answer for the owner.", {"answer": {"type": "string"}}, ["answer"]),
+]
+
+
+def tool_function_name(tool: str) -> str:
+    return "tool_" + tool.replace(".", "__")
+
+
+@dataclass
+class Turn:
+    """What one tool call gave back: the text the model sees, or the outcome that ends the run."""
+
+    content: str = ""
+    outcome: Outcome | None = None
 
 
 class AgentWorker:
     def run(self, ctx: RunContext) -> Outcome:
-        return Paused(WaitingFor.PLAN, NO_MODEL, resume={})
+        try:
+            config = current_config()
+        except NoModel:
+            return Paused(WaitingFor.PLAN, NO_MODEL, resume={})
+        try:
+            key = read_key(config)
+        except KeyMissing as exc:
+            return Failed(str(exc), recoverable=True, hint=f"set {exc.key_name} in Settings → Vault, then run the task again")
+        ctx.refresh_redactor()
+        state = dict(ctx.resume.get("agent") or {})
+        if not state:
+            state = {"messages": self._opening(ctx), "turn": 0, "logged": 0, "pending": [], "approved": None}
+        tools = self._functions(ctx)
+        loop = AgentLoop(ctx, config, key, tools, state)
+        return loop.go()
+
+    def _opening(self, ctx: RunContext) -> list[dict[str, Any]]:
+        task = ctx.task
+        rules = [
+            "You are the box's agent. You do the owner's task with the tools you are given, then call finish with your answer.",
+            f"Budget: {task.budget_cents} cents in all; spending more waits for the owner's OK.",
+            "Irreversible actions (deleting, sending, publishing, paying) need the owner's OK first: call request_approval.",
+            PAYMENT_RULES.get(str(task.constraints.get("payment", "stop_at_payment")), PAYMENT_RULES["stop_at_payment"]),
+            "Secret values are shown to you only as ${name}; write ${name} where one is needed and the box substitutes it.",
+            "Do not guess values you were not given: ask the owner.",
+        ]
+        facts = ctx.facts.shown()
+        user = task.prompt
+        if facts:
+            user += "\n\nFacts you may use:\n" + "\n".join(f"- {name}: {value}" for name, value in facts.items())
+        hosts = ", ".join(task.hosts) if task.hosts else "none"
+        user += f"\n\nHosts this task may reach: {hosts}."
+        return ctx.recorder.redactor.redact([{"role": "system", "content": "\n".join(rules)}, {"role": "user", "content": user}])
+
+    def _functions(self, ctx: RunContext) -> list[dict[str, Any]]:
+        functions = list(BUILTIN_FUNCTIONS)
+        for name in ctx.task.tools or []:
+            tool = get_tool(name)
+            if tool is None:
+                continue
+            schema = tool.schema if tool.schema.get("type") == "object" else {"type": "object"}
+            functions.append({"type": "function", "function": {
+                "name": tool_function_name(name),
+                "description": f"The box tool {name}: {tool.description}" + (" (acts irreversibly: the owner's OK is asked first)" if tool.irreversible else ""),
+                "parameters": schema}})
+        return functions
+
+
+class AgentLoop:
+    def __init__(self, ctx: RunContext, config: ModelConfig, key: str, tools: list[dict[str, Any]], state: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.key = key
+        self.tools = tools
+        self.state = state
+        self.by_function = {tool_function_name(n): n for n in ctx.task.tools or []}
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = self.state["messages"]
+        return messages
+
+    def go(self) -> Outcome:
+        ended = self._pending()
+        if ended is not None:
+            return ended
+        while True:
+            check_time(self.ctx)
+            try:
+                budget.admit_model_call(self.ctx.recorder, self.config.estimate_cents(self.messages, self.tools))
+            except budget.OverBudget as exc:
+                return self._pause_spending(exc)
+            self.state["turn"] += 1
+            turn = self.state["turn"]
+            began, clock = timezone.now(), time.monotonic()
+            sent = self.messages[self.state["logged"]:]
+            self.ctx.recorder.step(f"turn {turn}: asking the model", {
+                "step": turn, "kind": "model", "model": self.config.model, "messageCount": len(self.messages),
+                "sent": [bounded(m, chars=4000) for m in sent]})
+            self.state["logged"] = len(self.messages)
+            try:
+                decision = call_model(self.config, self.ctx.recorder.redactor.redact(self.messages), tools=self.tools, key=self.key)
+            except ModelError as exc:
+                self._result(turn, began, clock, {"error": exc.message, "errorKind": exc.kind}, ok=False,
+                             summary=f"turn {turn}: the model failed: {exc.message}")
+                return Failed(f"the model failed: {exc.message}", recoverable=True,
+                              hint="check Settings → Model (Test connection), then run the task again")
+            charged = budget.charge_model(self.ctx.recorder, decision.cost_cents, f"model turn {turn}",
+                                          {"step": turn, **decision.usage.shown()})
+            self._result(turn, began, clock, {"decision": decision.shown(), "usage": decision.usage.shown(),
+                                              "costCents": round(decision.cost_cents, 4), "chargedCents": charged},
+                         ok=True, summary=f"turn {turn}: {self._words(decision)}")
+            self.messages.append(self.ctx.recorder.redactor.redact(decision.message()))
+            if not decision.tool_calls:
+                return self._finish(decision.content or "(the model gave no answer)")
+            self.state["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in decision.tool_calls]
+            ended = self._pending()
+            if ended is not None:
+                return ended
+
+    def _pending(self) -> Outcome | None:
+        """Execute the tool calls of the last turn not yet answered; an outcome when one ends the run."""
+        while self.state["pending"]:
+            raw = self.state["pending"][0]
+            call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["arguments"])
+            approved = self.state.get("approved") == call.id
+            turn = self.execute(call, approved=approved)
+            if turn.outcome is not None:
+                if isinstance(turn.outcome, Paused):
+                    # Approving runs exactly this call (a denial ends the task instead).
+                    self.state["approved"] = call.id if turn.outcome.waiting_for == WaitingFor.APPROVAL else None
+                    turn.outcome.resume = {"agent": self.ctx.recorder.redactor.redact(self.state)}
+                return turn.outcome
+            self.state["pending"].pop(0)
+            self.state["approved"] = None
+            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": turn.content})
+            self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
+        self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
+        return None
+
+    # --- the tools ------------------------------------------------------------------------
+
+    def execute(self, call: ToolCall, *, approved: bool) -> Turn:
+        ctx = self.ctx
+        args = call.arguments
+        if call.name == "finish":
+            return Turn(outcome=self._finish(str(args.get("answer", ""))))
+        if call.name == "ask_owner":
+            return self._ask(call)
+        if call.name == "request_approval":
+            action = str(args.get("action", "an irreversible action"))
+            if approved:
+                self._log_call(call, {"approved": True})
+                return Turn(content=f"The owner approved: {action}. Go ahead.")
+            return Turn(outcome=Paused(
+                WaitingFor.APPROVAL, f"the agent asks: {action}", approval=ApprovalRequest(
+                    ApprovalKind.IRREVERSIBLE, action[:300], {"action": action}, {"tool_call": call.id})))
+        step, kind = self._as_step(call)
+        if step is None:
+            self._log_call(call, {"error": kind})
+            return Turn(content=json.dumps({"error": kind}))
+        known = dict(ctx.facts.values)
+        ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(args)}", {"call": call.id, "tool": call.name, "args": bounded(args)},
+                           doing_now=True)
+        if kind in ("run", "write", "http"):
+            ctx.recorder.count("actions", "max_actions")
+        try:
+            result, evidence = self._run(kind, step, known, approved=approved)
+        except NeedsApproval as need:
+            return Turn(outcome=Paused(
+                WaitingFor.APPROVAL, need.summary, approval=ApprovalRequest(
+                    need.kind, need.summary, {**need.detail, "call": call.id}, {**need.guard, "tool_call": call.id}, need.amount_cents)))
+        except StepFailed as exc:
+            data = {"call": call.id, "tool": call.name, "ok": False, "error": exc.message, **exc.evidence.data}
+            ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} failed: {exc.message}"[:300], data, artifacts=exc.evidence.artifacts)
+            return Turn(content=self._shown({"error": exc.message, **exc.evidence.data}))
+        ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} ok", {"call": call.id, "tool": call.name, "ok": True, **evidence.data},
+                           artifacts=evidence.artifacts)
+        return Turn(content=self._shown(result if kind in ("list", "read", "tool") else {"result": result, **evidence.data}))
+
+    def _as_step(self, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
+        args = call.arguments
+        if call.name == "run_command" and isinstance(args.get("command"), str):
+            step: dict[str, Any] = {"run": args["command"]}
+            if isinstance(args.get("timeout_s"), int):
+                step["timeout_s"] = args["timeout_s"]
+            return step, "run"
+        if call.name == "list_files":
+            return {"list": str(args.get("path") or ".")}, "list"
+        if call.name == "read_file" and isinstance(args.get("path"), str):
+            return {"read": args["path"]}, "read"
+        if call.name == "write_file" and isinstance(args.get("path"), str) and isinstance(args.get("content"), str):
+            return {"write": {"path": args["path"], "content": args["content"]}}, "write"
+        if call.name == "http_request" and isinstance(args.get("url"), str):
+            spec = {k: args[k] for k in ("method", "url", "headers", "body") if k in args}
+            return {"http": spec}, "http"
+        if call.name in self.by_function:
+            return {"tool": self.by_function[call.name], "args": args}, "tool"
+        return None, f"there is no tool '{call.name}' with those arguments; use the tools you were given"
+
+    def _run(self, kind: str, step: dict[str, Any], known: dict[str, Any], *, approved: bool) -> tuple[Any, Evidence]:
+        ctx = self.ctx
+        if kind == "list":
+            relative = step["list"]
+            target = ctx.workdir if relative in (".", "", "./") else inside(ctx.workdir, relative)
+            if not target.is_dir():
+                raise StepFailed(f"'{relative}' is not a directory")
+            entries = sorted(target.iterdir(), key=lambda p: p.name)[:LIST_ENTRIES]
+            listed = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries]
+            return {"path": relative, "entries": listed}, Evidence({"path": relative, "entries": len(listed)})
+        if kind == "read":
+            target = inside(ctx.workdir, step["read"])
+            if not target.is_file():
+                raise StepFailed(f"'{step['read']}' is not a file")
+            text = target.read_bytes()[:READ_CHARS * 4].decode("utf-8", "replace")[:READ_CHARS]
+            return {"path": step["read"], "content": text}, Evidence({"path": step["read"], "bytes": target.stat().st_size})
+        value = step[kind]
+        if kind != "run":
+            value = substitute(value, known)
+        return FlowWorker()._execute(ctx, kind, value, step, known=known, approved=approved, index=self.state["turn"] - 1)
+
+    def _ask(self, call: ToolCall) -> Turn:
+        name = str(call.arguments.get("name", "")).strip()[:100] or "answer"
+        question = str(call.arguments.get("question", "")).strip()[:400] or f"the agent needs {name}"
+        value = self.ctx.facts.values.get(name)
+        if value not in (None, ""):
+            shown = "${" + name + "}" if name in self.ctx.facts.secret_names else value
+            self._log_call(call, {"answered": True})
+            return Turn(content=json.dumps({"name": name, "value": shown}))
+        field = {"name": name, "why": question, "kind": guess_kind(name), "options": []}
+        return Turn(outcome=Paused(WaitingFor.INPUT, question, fields=[field]))
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _finish(self, answer: str) -> Outcome:
+        answer = self.ctx.recorder.redactor.text(answer)
+        self.ctx.recorder.output(f"answer: {answer[:400]}", {"answer": bounded(answer, chars=20000)})
+        records = {**(self.ctx.task.records or {}), "answer": bounded(answer, chars=20000)}
+        self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)}, records=records)
+        return Done(answer[:500] or "finished")
+
+    def _pause_spending(self, exc: budget.OverBudget) -> Paused:
+        summary = (f"the next model call may cost up to {exc.cents}¢ and would cross the {exc.budget_cents}¢ budget; "
+                   f"allow {exc.needed_cents}¢ more")
+        return Paused(WaitingFor.APPROVAL, summary, resume={"agent": self.ctx.recorder.redactor.redact(self.state)},
+                      approval=ApprovalRequest(ApprovalKind.SPENDING, summary,
+                                               {"model": self.config.model, "cost_cents": exc.cents, "spent_cents": exc.spent_cents,
+                                                "budget_cents": exc.budget_cents},
+                                               {"model_call": self.state["turn"] + 1, "budget_cents": exc.budget_cents},
+                                               exc.needed_cents))
+
+    def _result(self, turn: int, began: Any, clock: float, data: dict[str, Any], *, ok: bool, summary: str) -> None:
+        self.ctx.recorder.event(EventKind.STEP_RESULT, summary[:300], {
+            "step": turn, "kind": "model", "ok": ok, "startedAt": began.isoformat(),
+            "durationMs": int((time.monotonic() - clock) * 1000), **data})
+
+    def _log_call(self, call: ToolCall, result: dict[str, Any]) -> None:
+        self.ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(call.arguments)}",
+                                {"call": call.id, "tool": call.name, "args": bounded(call.arguments), **result})
+
+    def _shown(self, value: Any) -> str:
+        """A result as the model sees it: masked, then bounded."""
+        text = json.dumps(self.ctx.recorder.redactor.redact(value), default=str)
+        return text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + f"… ({len(text) - RESULT_CHARS} more characters)"
+
+    @staticmethod
+    def _brief(args: dict[str, Any]) -> str:
+        for key in ("command", "path", "url", "name", "action"):
+            if isinstance(args.get(key), str):
+                return args[key][:200]
+        return json.dumps(args)[:200]
+
+    @staticmethod
+    def _words(decision: Decision) -> str:
+        if decision.tool_calls:
+            return "the model calls " + ", ".join(c.name for c in decision.tool_calls)
+        return "the model answers: " + decision.content[:200]

@@ -142,6 +142,9 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("POST", "/api/vault", {"name": "KEY", "value": "v"}), 201)
     ok(api.call("GET", "/api/vault"))
     ok(api.call("DELETE", "/api/vault/KEY"), 204)
+    ok(api.call("GET", "/api/settings/model"))
+    ok(api.call("PATCH", "/api/settings/model", {"baseUrl": "http://127.0.0.1:9/v1", "model": "m", "keyName": ""}))
+    ok(api.call("POST", "/api/settings/model/test"))  # nothing listens there: the answer says so
 
     template = {"title": "t", "prompt": "p"}
     sched = api.call("POST", "/api/schedules", {"name": "s", "intervalSeconds": 3600, "template": template}).json()

@@ -1,0 +1,40 @@
+"""Settings → Model over the API: read and change the model configuration, test the connection."""
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from boxsite import schema
+from boxsite.errors import Forbidden
+from boxsite.principal import Principal
+from boxsite.validation import check_fields, fields_of
+from tasks import model
+
+
+def _require_settings_right(request: Request) -> None:
+    if not Principal.of(request).can_change_settings:
+        raise Forbidden("only the owner (browser or API token) configures the model")
+
+
+@extend_schema(methods=["GET"], responses={200: schema.ModelSettings})
+@extend_schema(methods=["PATCH"], request=schema.ModelSettingsBody, responses={200: schema.ModelSettings})
+@api_view(["GET", "PATCH"])
+def model_settings(request: Request) -> Response:
+    _require_settings_right(request)
+    if request.method == "PATCH":
+        model.update_settings(check_fields(request.data, fields_of(schema.ModelSettingsBody), what="model settings"))
+    return Response(model.present_settings())
+
+
+@extend_schema(request=None, responses={200: schema.ModelTest})
+@api_view(["POST"])
+def model_test(request: Request) -> Response:
+    """One short call to the configured model; what it answered (or why it could not)."""
+    _require_settings_right(request)
+    try:
+        config = model.current_config()
+    except model.NoModel as exc:
+        return Response({"ok": False, "error": str(exc), "kind": "config"})
+    return Response(model.check_connection(config))

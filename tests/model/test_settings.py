@@ -1,0 +1,50 @@
+"""Settings → Model: one place for the endpoint, the key (a vault secret) and prices, and a
+Test connection that says what the endpoint answered."""
+from __future__ import annotations
+
+from typing import Any
+
+from tests.fakemodel import Answer, FakeModel, say
+from tests.model.conftest import KEY
+
+
+def test_the_model_is_configured_in_one_place_and_the_key_is_never_shown(box: Any, fake_model: FakeModel) -> None:
+    before = box.api.get("/api/settings/model").json()
+    assert before["configured"] is False
+    response = box.api.patch("/api/settings/model", {"baseUrl": fake_model.base_url, "model": "m1", "key": KEY,
+                                                     "inputCentsPerMillion": 300}, format="json")
+    assert response.status_code == 200, response.json()
+    shown = response.json()
+    assert shown["configured"] is True and shown["model"] == "m1" and shown["keySet"] is True
+    assert shown["inputCentsPerMillion"] == 300 and shown["keyName"] == "MODEL_API_KEY"
+    assert KEY not in response.content.decode()
+    names = [s["name"] for s in box.api.get("/api/vault").json()["secrets"]]
+    assert "MODEL_API_KEY" in names
+
+
+def test_bad_model_settings_are_refused_naming_the_field(box: Any) -> None:
+    for body, field in (({"baseUrl": "ftp://x"}, "baseUrl"), ({"inputCentsPerMillion": -1}, "inputCentsPerMillion"),
+                        ({"keyName": "not a name"}, "name"), ({"temperature": 1}, "temperature")):
+        response = box.api.patch("/api/settings/model", body, format="json")
+        assert response.status_code == 400, body
+        assert response.json()["field"] == field, response.json()
+
+
+def test_test_connection_reports_what_the_endpoint_answered(box: Any, model: FakeModel) -> None:
+    model.answer(say("ready"))
+    result = box.api.post("/api/settings/model/test").json()
+    assert result["ok"] is True and result["answer"] == "ready"
+    assert model.received[-1].headers.get("authorization") == f"Bearer {KEY}"
+
+    model.answer(Answer(status=401, error="invalid api key"))
+    result = box.api.post("/api/settings/model/test").json()
+    assert result == {"ok": False, "error": "the model's endpoint answered HTTP 401: invalid api key", "kind": "status"}
+
+    model.answer(Answer(raw=b"<html>not an API</html>"))
+    result = box.api.post("/api/settings/model/test").json()
+    assert result["ok"] is False and result["kind"] == "garbage"
+
+
+def test_test_connection_without_a_model_says_what_to_configure(box: Any) -> None:
+    result = box.api.post("/api/settings/model/test").json()
+    assert result["ok"] is False and result["kind"] == "config" and "Settings → Model" in result["error"]
