@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
 from boxsite.errors import InvalidFlow
 from tasks.facts import names_in
 
@@ -44,7 +47,7 @@ STEP_KINDS: dict[str, StepKind] = {
 COMMON_KEYS = {"name", "save", "stop_before", "timeout_s"}
 EXTRA_KEYS = {"tool": {"args"}}  # keys beside the kind key that belong to that kind
 # Kinds the flow worker executes now; the rest validate but are refused at run time.
-EXECUTABLE_KINDS = {"run", "write", "delete", "http", "tool", "ask", "approve", "checkpoint"}
+EXECUTABLE_KINDS = {"run", "write", "delete", "http", "tool", "model", "ask", "approve", "checkpoint"}
 
 _SHAPE_TYPES = {"str": str, "object": dict, "bool": bool}
 
@@ -95,6 +98,8 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
         if extra:
             raise InvalidFlow(f"{where}: unknown key '{extra[0]}'", field=f"{where}.{extra[0]}")
         _check_shape(kind, step[kind.name], where)
+        if kind.name == "model":
+            _check_model_step(step["model"], where)
         if "args" in step and not isinstance(step["args"], dict):
             raise InvalidFlow(f"{where}: 'args' must be an object", field=f"{where}.args")
         if "stop_before" in step:
@@ -110,6 +115,40 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
                 raise InvalidFlow(f"{where}: 'timeout_s' must be a positive number", field=f"{where}.timeout_s")
     return flow
+
+
+MODEL_KEYS = {"prompt", "schema", "system"}
+
+
+def _check_model_step(value: Any, where: str) -> None:
+    """A ``model`` step: a prompt, or ``{prompt, schema?, system?}`` where ``schema`` is a JSON
+    Schema its answer must satisfy."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidFlow(f"{where}: 'model' needs a prompt", field=f"{where}.model")
+        return
+    extra = sorted(set(value) - MODEL_KEYS)
+    if extra:
+        raise InvalidFlow(f"{where}: unknown key '{extra[0]}' in 'model' (it takes prompt, schema, system)",
+                          field=f"{where}.model.{extra[0]}")
+    for key in ("prompt", "system"):
+        if key in value and (not isinstance(value[key], str) or (key == "prompt" and not value[key].strip())):
+            raise InvalidFlow(f"{where}: 'model.{key}' must be a non-empty string", field=f"{where}.model.{key}")
+    if "schema" in value:
+        problem = schema_problem(value["schema"])
+        if problem:
+            raise InvalidFlow(f"{where}: 'model.schema' is not a usable JSON Schema: {problem}", field=f"{where}.model.schema")
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` is not a JSON Schema the box can check an answer against, or None."""
+    if not isinstance(schema, dict):
+        return "a schema is an object"
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return exc.message
+    return None
 
 
 def _strings(value: Any) -> list[str]:

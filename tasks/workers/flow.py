@@ -25,12 +25,14 @@ from tasks.evidence import Evidence, bounded
 from tasks.facts import guess_kind
 from tasks.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
 from tasks.human import looks_like_human_wall
+from tasks.model import KeyMissing, ModelError, NoModel
 from tasks.models import EventKind, TaskEvent
 from tasks.net import Blocked
 from tasks.recorder import LeaseLost, LimitReached
 from tasks.states import WaitingFor
 from tasks.tools import NeedsApproval, call
 from tasks.workers import process
+from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused
 
 GATES = ("approve", "checkpoint", "ask")
@@ -197,7 +199,7 @@ class FlowWorker:
             # The summary shows values, not ${names} (a secret value is masked back to its name).
             ctx.recorder.step(describe(substitute(step, known), index, total) + (" (retry)" if started.get("retry") else ""), started,
                               progress=index / total)
-            resolved = step[kind] if kind == "run" else substitute(step[kind], known)
+            resolved = step[kind] if kind == "run" else substitute(step[kind], self._for_model(ctx, known) if kind == "model" else known)
             try:
                 result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index)
             except NeedsApproval as need:
@@ -224,6 +226,11 @@ class FlowWorker:
             if only and is_approved and index + 1 < total:
                 return Continue(resume={"step": index + 1})
         return Done(f"finished all {total} steps")
+
+    @staticmethod
+    def _for_model(ctx: RunContext, known: dict[str, Any]) -> dict[str, Any]:
+        """The values a model may see by value: a secret stays ``${name}``."""
+        return {k: v for k, v in known.items() if k not in ctx.facts.secret_names}
 
     def _start_data(self, ctx: RunContext, index: int, total: int, kind: str, start: int) -> dict[str, Any]:
         """The start event's fields; ``retry`` when an earlier run already began this step
@@ -368,7 +375,27 @@ class FlowWorker:
                 exc.evidence = Evidence({"tool": value, "args": bounded(args), "error": exc.message})
                 raise
             return result, Evidence({"tool": value, "args": bounded(args), "result": bounded(result)})
+        if kind == "model":
+            return model_step(ctx, value)
         raise StepFailed(f"'{kind}' is not executable")
+
+
+def model_step(ctx: RunContext, value: Any) -> tuple[Any, Evidence]:
+    """A ``model`` step: one call (its prompt already carries values, secrets as ``${name}``);
+    the answer is text, or JSON checked against the step's ``schema``."""
+    spec: dict[str, Any] = {"prompt": value} if isinstance(value, str) else value
+    messages = ([{"role": "system", "content": spec["system"]}] if spec.get("system") else []) + [
+        {"role": "user", "content": spec["prompt"]}]
+    asked = {"prompt": bounded(ctx.recorder.redactor.text(spec["prompt"]))}
+    try:
+        decision, answer = ask_model(ctx, messages, purpose="model step", schema=spec.get("schema"))
+    except NoModel as exc:
+        raise StepFailed(f"{exc}", evidence=Evidence(asked)) from exc
+    except (KeyMissing, ModelError) as exc:
+        raise StepFailed(str(exc), evidence=Evidence(asked)) from exc
+    return answer, Evidence({**asked, "decision": decision.shown(),
+                             "answer": bounded(answer), "usage": decision.usage.shown(),
+                             "costCents": round(decision.cost_cents, 4)})
 
 
 def planned_action(ctx: RunContext, kind: str, value: Any, step: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
@@ -429,6 +456,8 @@ def result_words(kind: str, data: dict[str, Any]) -> str:
         return f"{data['method']} {data['url'][:200]} → {data['status']}{took}"
     if kind == "tool":
         return f"{data['tool']} {'failed' if 'error' in data else 'returned'}{took}"
+    if kind == "model":
+        return f"answered: {str(data.get('answer', ''))[:120]}{took}"
     return f"passed{took}"
 
 
