@@ -50,6 +50,14 @@ class NotAvailable(BoxError):
     code = "NOT_AVAILABLE"
 
 
+class InvalidOutput(BoxError):
+    code = "INVALID_OUTPUT"
+
+
+class OutputUnavailable(BoxError):
+    code = "OUTPUT_UNAVAILABLE"
+
+
 class OriginsRequired(BoxError):
     code = "ORIGINS_REQUIRED"
 

@@ -43,6 +43,7 @@ class TaskView(s.Serializer):
     constraints = Obj()
     limits = s.DictField(child=Int(allow_null=True), help_text="every limit in force; null is unbounded")
     output = Obj()
+    result = Obj(allow_null=True, help_text="with output: the answer shaped to output.schema from the task's records")
     folders = _strs()
     dependsOn = _strs()
     parent = Str(allow_null=True)  # type: ignore[assignment]  # a body field, not Field.parent
@@ -392,7 +393,8 @@ class TaskSpecBody(s.Serializer):
     facts = Obj(required=False)
     secretFacts = _strs(required=False)
     constraints = Obj(required=False)
-    limits = s.DictField(child=Int(min_value=1), required=False, help_text="max_actions, max_elapsed_ms")
+    limits = s.DictField(child=Int(min_value=1), required=False, help_text="max_actions, max_model_calls, max_elapsed_ms")
+    output = Obj(required=False, help_text="{\"instructions\": \"...\", \"schema\": {...}}: the answer shaped by the model")
     folder = Str(required=False)
     folders = _strs(required=False)
     externalTaskId = Str(required=False)

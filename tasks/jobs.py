@@ -21,7 +21,8 @@ from tasks.facts import Facts
 from tasks.finalize import begin_run, finish_run
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.workers import worker_for
-from tasks.workers.base import Failed, Outcome
+from tasks.workers.base import Done, Failed, Outcome
+from tasks.workers.shaping import SHAPE_RESUME, shape_output
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,12 @@ def execute_run(run_id: int) -> None:
         ctx = RunContext(task=task, run=run, workdir=workdir, facts=facts, recorder=recorder, deadline=deadline, stop=stop)
         # The task's processes reach the box through this run's broker, open while the worker works.
         with broker_serving(ctx) as broker:
-            outcome = worker_for(task.worker).run(ctx)
+            if SHAPE_RESUME in ctx.resume:  # the work is done; only its output waited for an OK
+                outcome = shape_output(ctx, Done(str(ctx.resume[SHAPE_RESUME])))
+            else:
+                outcome = worker_for(task.worker).run(ctx)
+                if isinstance(outcome, Done) and task.output:
+                    outcome = shape_output(ctx, outcome)
         if broker.limit_reached is not None:  # a broker call ran out of a limit: that ends the task
             outcome = Failed(broker.limit_reached.message, recoverable=True, hint=broker.limit_reached.hint)
     except LeaseLost:

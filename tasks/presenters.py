@@ -64,6 +64,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "constraints": task.constraints,
         "limits": limits_in_force(task),
         "output": task.output,
+        "result": (task.records or {}).get("result") if task.output else None,
         "folders": task.folders,
         "dependsOn": task.depends_on,
         "parent": task.parent_id,

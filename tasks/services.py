@@ -183,6 +183,7 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
         folders=spec.folders,
         external_task_id=spec.external_task_id,
         external_attempt=spec.external_attempt,
+        output=spec.output,
         review="",
     )
     task.user = f"box-{task.pk}"
@@ -208,6 +209,8 @@ def spec_of(task: Task) -> dict[str, Any]:
         spec["command"] = task.command
     if task.flow is not None:
         spec["flow"] = task.flow
+    if task.output is not None:
+        spec["output"] = task.output
     if facts.values:
         spec["facts"] = facts.values
         spec["secretFacts"] = sorted(facts.secret_names)

@@ -12,13 +12,14 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from boxsite.errors import Forbidden, InvalidSpec, NotAvailable, OriginsRequired
+from boxsite.errors import Forbidden, InvalidOutput, InvalidSpec, NotAvailable, OriginsRequired, OutputUnavailable
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from boxsite.schema import TaskSpecBody
 from boxsite.validation import check_fields, existing_dir, fields_of
-from tasks.flows import validate_flow
+from tasks.flows import schema_problem, validate_flow
 from tasks.limits import DEFAULT_LIMITS, RESOURCE_DEFAULTS
+from tasks.model import NoModel, current_config
 from tasks.models import Workspace
 from tasks.sandbox import cgroups
 from tasks.sandbox.support import missing_reason
@@ -31,7 +32,6 @@ MIN_MEMORY_MB = 16
 NOT_AVAILABLE_YET = {
     "dependsOn": "tasks do not wait for other tasks yet",
     "parent": "tasks have no parent-child cascade yet",
-    "output": "no worker shapes its answer to an output yet",
 }
 LIMITS_NOT_AVAILABLE_YET = {
     "max_rescues": "no worker rescues a stuck step yet",
@@ -82,6 +82,7 @@ class TaskSpec:
     folders: list[str] = field(default_factory=list)
     external_task_id: str = ""
     external_attempt: int | None = None
+    output: dict[str, Any] | None = None
 
 
 def _str(body: dict[str, Any], key: str, *, required: bool = False, max_len: int = 100_000) -> str:
@@ -150,6 +151,61 @@ def valid_host(host: str) -> bool:
 def host_list(hosts: list[str]) -> list[str]:
     """Allowlist entries as stored: lower case, each once (case does not make a host new)."""
     return list(dict.fromkeys(h.lower() for h in hosts))
+
+
+# The JSON Schema keywords an output schema may use: enough to describe a result's shape, and
+# all of them checked by ``jsonschema``. Anything else (``$ref``, conditionals) is INVALID_OUTPUT.
+OUTPUT_SCHEMA_KEYWORDS = frozenset({
+    "type", "properties", "required", "items", "enum", "const", "description", "title", "additionalProperties",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "minLength", "maxLength",
+    "pattern", "format", "anyOf", "default", "examples", "$schema",
+})
+
+
+def _unsupported_keyword(schema: Any, where: str) -> str | None:
+    if isinstance(schema, bool):
+        return None
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema object"
+    for key, value in schema.items():
+        if key not in OUTPUT_SCHEMA_KEYWORDS:
+            return f"'{key}' at {where} is outside the supported subset ({', '.join(sorted(OUTPUT_SCHEMA_KEYWORDS))})"
+        if key == "properties" and isinstance(value, dict):
+            for name, inner in value.items():
+                if (problem := _unsupported_keyword(inner, f"{where}.properties.{name}")) is not None:
+                    return problem
+        elif key in ("items", "additionalProperties") and isinstance(value, (dict, bool)):
+            if (problem := _unsupported_keyword(value, f"{where}.{key}")) is not None:
+                return problem
+        elif key == "anyOf" and isinstance(value, list):
+            for i, inner in enumerate(value):
+                if (problem := _unsupported_keyword(inner, f"{where}.anyOf[{i}]")) is not None:
+                    return problem
+    return None
+
+
+def parse_output(value: Any) -> dict[str, Any]:
+    """``output: {instructions, schema?}``: the answer the caller wants, shaped by the model from
+    what the task saved. ``INVALID_OUTPUT`` for a schema outside the supported subset,
+    ``OUTPUT_UNAVAILABLE`` when no model is configured to shape it."""
+    if not isinstance(value, dict):
+        raise InvalidOutput("'output' is an object with 'instructions' and an optional 'schema'", field="output")
+    unknown = sorted(set(value) - {"instructions", "schema"})
+    if unknown:
+        raise InvalidOutput(f"unknown field '{unknown[0]}' in 'output'", field=f"output.{unknown[0]}")
+    instructions = value.get("instructions")
+    if not isinstance(instructions, str) or not instructions.strip() or len(instructions) > 10_000:
+        raise InvalidOutput("'output.instructions' must be a non-empty string (at most 10000 characters)", field="output.instructions")
+    if "schema" in value:
+        schema = value["schema"]
+        problem = schema_problem(schema) or _unsupported_keyword(schema, "schema")
+        if problem:
+            raise InvalidOutput(f"'output.schema' cannot be used: {problem}", field="output.schema")
+    try:
+        current_config()
+    except NoModel as exc:
+        raise OutputUnavailable(f"'output' needs a model to shape the answer: {exc}", field="output") from exc
+    return dict(value)
 
 
 def parse_spec(body: Any, principal: Principal, *, source: str | None = None) -> TaskSpec:
@@ -296,7 +352,10 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     if attempt is not None:
         attempt = _int(attempt, "externalAttempt")
 
+    output = parse_output(body["output"]) if "output" in body else None
+
     return TaskSpec(
+        output=output,
         title=title.strip(), prompt=prompt, workspace=workspace, worker=worker, command=command,
         tools=tools, hosts=hosts, budget_cents=budget, source=source, flow=flow, facts=facts,
         secret_facts=secret_facts, constraints=constraints, limits=limits, folders=folders,

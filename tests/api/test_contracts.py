@@ -27,7 +27,6 @@ def refused(box: Box, **spec: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("spec", "field"), [
     ({"dependsOn": []}, "dependsOn"),
     ({"parent": "tk1"}, "parent"),
-    ({"output": {"instructions": "a summary"}}, "output"),
     ({"limits": {"max_rescues": 0}}, "limits.max_rescues"),
     ({"limits": {"disk_mb": 2048}}, "limits.disk_mb"),
     ({"constraints": {"surfaces": ["browser"]}}, "constraints.surfaces"),
