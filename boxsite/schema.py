@@ -43,7 +43,7 @@ class TaskView(s.Serializer):
     constraints = Obj()
     limits = s.DictField(child=Int(allow_null=True), help_text="every limit in force; null is unbounded")
     output = Obj()
-    result = Obj(allow_null=True, help_text="with output: the answer shaped to output.schema from the task's records")
+    result = Obj(help_text="with output: the answer shaped to output.schema from the task's records (else null)")
     folders = _strs()
     dependsOn = _strs()
     parent = Str(allow_null=True)  # type: ignore[assignment]  # a body field, not Field.parent
