@@ -21,12 +21,13 @@ from boxsite.errors import BoxError, NotFound
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from tasks.consumers import TaskListConsumer
+from tasks.model import present_settings as model_settings
 from tasks.models import Task, Workspace
 from tasks.presenters import present_task
 from tasks.services import get_task_for
 from tasks.spec import BUILTIN_WORKERS
 from tasks.tools import all_tools
-from tasks.workers.presets import all_presets
+from tasks.workers.presets import all_presets, installed_presets
 
 
 def owner_exists() -> bool:
@@ -172,7 +173,8 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def settings_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "portal/settings.html", {"active": "settings", "box": BoxSettings.current()})
+    return render(request, "portal/settings.html", {"active": "settings", "box": BoxSettings.current(),
+                                                    "model": model_settings(), "agents": installed_presets()})
 
 
 def _phone_principal(request: HttpRequest) -> Principal | None:

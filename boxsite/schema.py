@@ -43,6 +43,7 @@ class TaskView(s.Serializer):
     constraints = Obj()
     limits = s.DictField(child=Int(allow_null=True), help_text="every limit in force; null is unbounded")
     output = Obj()
+    answer = Obj(help_text="a plain-language task's answer (the agent's finish), else null")
     result = Obj(help_text="with output: the answer shaped to output.schema from the task's records (else null)")
     folders = _strs()
     dependsOn = _strs()

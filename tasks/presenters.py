@@ -65,6 +65,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "limits": limits_in_force(task),
         "output": task.output,
         "result": (task.records or {}).get("result") if task.output else None,
+        "answer": (task.records or {}).get("answer") if not task.flow else None,
         "folders": task.folders,
         "dependsOn": task.depends_on,
         "parent": task.parent_id,

@@ -30,6 +30,8 @@ def build_report(task: Task) -> dict[str, Any]:
         "flow": task.flow,
         "steps": _flow_steps(task, step_events) if task.flow else _plain_steps(step_events),
         "records": task.records or {},
+        "output": task.output,
+        "result": (task.records or {}).get("result") if task.output else None,
         "runs": [_run(r) for r in Run.objects.filter(task=task).order_by("number")],
         "approvals": [present_approval(a, redact) for a in task.approvals.order_by("pk")],
         "questions": [present_question(q, redact) for q in task.questions.exclude(state="staged").order_by("pk")],

@@ -36,7 +36,8 @@ function phoneDetails(task) {
   const parts = [];
   if (task.state === "waiting" && task.pause?.message) parts.push(el("p", { class: "pause" }, task.pause.message));
   if (task.state === "waiting" && task.waitingFor === "plan") {
-    parts.push(el("p", { class: "hint" }, "The owner can configure a model on the box, or start it again as steps. "
+    parts.push(el("p", { class: "hint" }, "The owner can configure a model on the box (",
+      el("a", { href: "/settings#model-heading" }, "Settings → Model"), "), or start it again as steps. "
       + "While it waits it takes no worker and no task slot; cancel it if it is not wanted."));
   }
   if ((task.next ?? []).includes("cancel")) parts.push(cancelControl(task));
@@ -72,7 +73,7 @@ export function taskRow(task, { href = `/tasks/${task.id}`, phone = false } = {}
     el("div", { class: "task-row-head" },
       href ? el("a", { href, class: "task-title" }, task.title) : el("span", { class: "task-title" }, task.title),
       stateBadge(task)),
-    el("p", { class: "task-step" }, task.error ? `Error: ${task.error}` : (task.step || "\u00a0")),
+    el("p", { class: "task-step" }, task.error ? `Error: ${task.error}` : task.answer ? `Answer: ${task.answer}` : (task.step || "\u00a0")),
     el("div", { class: "task-row-foot" },
       progressBar(task),
       el("span", { class: "cost" }, costText(task)),

@@ -46,6 +46,43 @@ defaults.addEventListener("submit", async (event) => {
   }
 });
 
+// --- the model ------------------------------------------------------------------------------
+const modelForm = $("model-form");
+modelForm.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  clearErrors(modelForm);
+  const f = modelForm.elements;
+  const price = (input) => (input.value === "" ? null : Number(input.value));
+  const body = {
+    baseUrl: f.baseUrl.value.trim(),
+    model: f.model.value.trim(),
+    keyName: f.keyName.value.trim(),
+    inputCentsPerMillion: price(f.inputCentsPerMillion),
+    outputCentsPerMillion: price(f.outputCentsPerMillion),
+  };
+  if (f.key.value) body.key = f.key.value;
+  try {
+    const saved = await api("PATCH", "/api/settings/model", body);
+    f.key.value = "";
+    $("model-state").textContent = saved.configured ? `Configured: ${saved.model}.` : "No model is configured.";
+    say("Model saved");
+    loadVault();
+  } catch (err) {
+    showError(modelForm, err);
+  }
+});
+$("model-test").addEventListener("click", async () => {
+  const out = $("model-test-result");
+  out.hidden = false;
+  out.textContent = "Asking the model…";
+  try {
+    const result = await api("POST", "/api/settings/model/test");
+    out.textContent = result.ok ? `It answered: “${result.answer}” in ${result.latencyMs} ms.` : `It failed: ${result.error}`;
+  } catch (err) {
+    out.textContent = err.message;
+  }
+});
+
 // --- vault ----------------------------------------------------------------------------------
 async function loadVault() {
   const list = $("vault-list");

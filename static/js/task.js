@@ -36,6 +36,11 @@ function renderHeader(t) {
   $("task-worker").textContent = t.worker;
   $("task-target").textContent = t.folders?.length ? t.folders.join(", ") : `workspace ${t.workspace}`;
   $("task-source").textContent = t.source;
+  const answer = $("task-answer");
+  const shown = t.result ?? t.answer;
+  answer.hidden = shown === null || shown === undefined;
+  put(answer, ...(answer.hidden ? [] : [el("strong", {}, t.result != null ? "Result: " : "Answer: "),
+    typeof shown === "string" ? shown : el("pre", { class: "mono" }, JSON.stringify(shown, null, 2))]));
   const error = $("task-error");
   error.hidden = !t.error;
   put(error, ...(t.error ? [el("strong", {}, "Error: "), t.error, t.hint ? el("p", { class: "hint" }, t.hint) : null] : []));
@@ -274,13 +279,13 @@ async function loadReport() {
   try {
     const report = await api("GET", `/api/tasks/${taskId}/report`);
     const records = report.records ?? report.task?.records;
-    const output = report.output ?? null;
+    const output = report.result ?? null;
     const steps = report.steps ?? [];
     put(box,
       steps.length ? el("section", {}, el("h3", {}, "Steps"), el("ol", { class: "report-steps" }, steps.map((step) => el("li", { value: String(step.step) },
         el("p", {}, el("strong", {}, `Step ${step.step}`), step.kind ? ` ${step.kind}` : "", step.outcome ? ` · ${step.outcome}` : "", step.summary ? el("span", { class: "muted" }, ` · ${step.summary}`) : null),
         step.result ? el("details", { class: "result" }, el("summary", {}, step.result.ok === false ? "What it did (failed)" : "What it did"), resultBody(step.result, step.result.artifacts)) : null)))) : null,
-      output !== null && output !== undefined ? el("section", {}, el("h3", {}, "Output"), el("pre", { class: "mono" }, typeof output === "string" ? output : JSON.stringify(output, null, 2))) : null,
+      output !== null && output !== undefined ? el("section", {}, el("h3", {}, "Result (shaped by the model)"), el("pre", { class: "mono" }, typeof output === "string" ? output : JSON.stringify(output, null, 2))) : null,
       records && Object.keys(records).length ? el("section", {}, el("h3", {}, "Records"), el("pre", { class: "mono" }, JSON.stringify(records, null, 2))) : null,
       el("details", {}, el("summary", {}, "The whole report"), el("pre", { class: "mono" }, JSON.stringify(report, null, 2))));
   } catch (err) {

@@ -6,6 +6,7 @@ it needs, handed to the process as environment variables of the same name.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,24 @@ BUILTIN_PRESETS = {
         Preset("codex", ("codex", "exec", "--full-auto", "{prompt}"), ("OPENAI_API_KEY",)),
     )
 }
+
+
+# How to install each built-in agent's real CLI (docs/agents.md): all three are npm packages.
+INSTALL = {
+    "droid": "npm install -g droid",
+    "claude": "npm install -g @anthropic-ai/claude-code",
+    "codex": "npm install -g @openai/codex",
+}
+
+
+def installed_presets() -> list[dict[str, object]]:
+    """Each preset, whether its program is on the box's PATH, where, and how to install it."""
+    out: list[dict[str, object]] = []
+    for preset in all_presets().values():
+        where = shutil.which(preset.argv[0])
+        out.append({"name": preset.name, "program": preset.argv[0], "installed": where is not None, "path": where or "",
+                    "keys": list(preset.keys), "install": INSTALL.get(preset.name, "")})
+    return out
 
 
 def all_presets() -> dict[str, Preset]:
