@@ -29,6 +29,7 @@ from tasks.flows import missing_names
 from tasks.models import EventKind, Task
 from tasks.services import bump_version, get_task_for, transition
 from tasks.states import ACTIVE, State, WaitingFor
+from tasks.vault import VAULT_FIELD, read_secret, set_secret
 
 # How a decision arrived, by who asked: the portal (a browser session), the phone, or a program.
 VIA = {Via.SESSION: "portal", Via.DEVICE: "phone", Via.TOKEN: "api"}
@@ -205,8 +206,17 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
         raise Conflict(f"a {task.state} task is not waiting for an answer", field="state", state=task.state)
     declared = _secret_names(secret_additions)
     facts = Facts.of(task)
+    asked = [f for q in questions for f in q.fields]
     if inputs is not None:
-        facts = facts.merged(_parse_inputs(inputs), declared)
+        inputs = _parse_inputs(inputs)
+        # A missing vault key the task asked for goes straight into the vault: never a fact, never the log.
+        keys = {f["name"] for f in asked if f.get("kind") == VAULT_FIELD} & set(inputs)
+        for name in sorted(keys):
+            if not inputs[name]:
+                raise InvalidRequest(f"'{name}' is a key for the vault and cannot be empty", field=f"inputs.{name}")
+            set_secret(name, inputs[name])
+        inputs = {k: ("${" + k + "}" if k in keys else v) for k, v in inputs.items()}
+        facts = facts.merged({k: v for k, v in inputs.items() if k not in keys}, declared)
     elif declared:
         facts = facts.merged({}, declared)
     if answer is not None and not isinstance(answer, str):
@@ -214,7 +224,6 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
     redact = facts.redactor()
     via = decided_via(principal)
     now = timezone.now()
-    asked = [f for q in questions for f in q.fields]
     for question in questions:
         stored: dict[str, Any] = {"inputs": {k: v for k, v in (inputs or {}).items() if k in {f["name"] for f in question.fields}}}
         if answer is not None:
@@ -243,6 +252,7 @@ def still_missing(task: Task, facts: Facts, asked: list[dict[str, Any]]) -> list
 
     values = {**(task.records or {}), **facts.values}
     have = {name for name, value in values.items() if value not in ("", None)}
+    have |= {f["name"] for f in asked if f.get("kind") == VAULT_FIELD and read_secret(f["name"]) is not None}
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for field in asked:

@@ -17,6 +17,9 @@ from tasks.models import Task, VaultSecret
 # Secrets become environment variables of the same name, so names are valid variable names.
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MAX_VALUE = 64 * 1024
+# The kind of an input field that asks the owner for a missing vault key: its answer is stored
+# in the vault (approvals.services), never in the task's facts or the log.
+VAULT_FIELD = "vault"
 
 
 def validate_name(name: object) -> str:

@@ -159,7 +159,7 @@ export function approvalCard(approval, { version, onDone, showTask = false, big 
     decisionButtons(approval, version ?? task?.version, onDone, big));
 }
 
-const INPUT_TYPES = { email: "email", phone: "tel", date: "date", number: "number", text: "text" };
+const INPUT_TYPES = { email: "email", phone: "tel", date: "date", number: "number", text: "text", vault: "password" };
 
 function fieldInput(question, field) {
   const id = `q${question.id}-${field.name}`;

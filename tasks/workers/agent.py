@@ -34,7 +34,7 @@ from tasks.model import Decision, KeyMissing, ModelConfig, ModelError, NoModel, 
 from tasks.models import EventKind
 from tasks.states import WaitingFor
 from tasks.tools import NeedsApproval, get_tool
-from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused
+from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, needs_key
 from tasks.workers.flow import FlowWorker, StepFailed, check_time, inside, substitute
 
 NO_MODEL = ("no model is configured, so this plain-language task cannot be planned; "
@@ -97,7 +97,7 @@ class AgentWorker:
         try:
             key = read_key(config)
         except KeyMissing as exc:
-            return Failed(str(exc), recoverable=True, hint=f"set {exc.key_name} in Settings → Vault, then run the task again")
+            return needs_key(exc.key_name, "the configured model", ctx.resume)
         ctx.refresh_redactor()
         state = dict(ctx.resume.get("agent") or {})
         if not state:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from approvals.models import ApprovalKind
 from tasks.states import WaitingFor
+from tasks.vault import VAULT_FIELD
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
@@ -50,6 +51,15 @@ class Paused:
     continuable: bool = True
 
 
+
+
+def needs_key(name: str, who: str, resume: dict[str, Any] | None = None) -> Paused:
+    """A pause asking the owner for the vault key ``name`` that ``who`` needs: one inbox question
+    whose answer goes straight into the vault; the task goes on once it is answered. Nothing is
+    run and nothing is spent while it waits."""
+    why = f"the vault has no {name}, which {who} needs; the answer is kept in the vault, never in the log"
+    return Paused(WaitingFor.INPUT, f"the task needs the key {name}", resume=resume or {},
+                  fields=[{"name": name, "why": why, "kind": VAULT_FIELD, "options": []}])
 
 
 class Worker(Protocol):

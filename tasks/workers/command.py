@@ -14,7 +14,7 @@ from tasks.models import EventKind
 from tasks.recorder import LeaseLost
 from tasks.vault import read_secret
 from tasks.workers import process
-from tasks.workers.base import Done, Failed, Outcome
+from tasks.workers.base import Done, Failed, Outcome, needs_key
 from tasks.workers.flow import record_result
 from tasks.workers.presets import all_presets
 
@@ -34,8 +34,7 @@ class CommandWorker:
             for key in preset.keys:
                 value = read_secret(key)
                 if value is None:
-                    return Failed(f"the vault has no {key}, which the {preset.name} worker needs", recoverable=True,
-                                  hint=f"set {key} in Settings → Vault, then run the task again")
+                    return needs_key(key, f"the {preset.name} worker")
                 env[key] = value
             if preset.keys:  # a key the process prints must not reach the log in clear
                 ctx.refresh_redactor()

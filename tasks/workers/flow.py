@@ -33,7 +33,7 @@ from tasks.states import WaitingFor
 from tasks.tools import NeedsApproval, call
 from tasks.workers import process
 from tasks.workers.asking import ask_model
-from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused
+from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused, needs_key
 
 GATES = ("approve", "checkpoint", "ask")
 
@@ -202,6 +202,8 @@ class FlowWorker:
             resolved = step[kind] if kind == "run" else substitute(step[kind], self._for_model(ctx, known) if kind == "model" else known)
             try:
                 result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index)
+            except KeyMissing as no_key:
+                return needs_key(no_key.key_name, "the configured model", {"step": index})
             except NeedsApproval as need:
                 guard = {**guard, **need.guard, "step": index}
                 detail = {**planned_action(ctx, kind, resolved, step, known), **(need.detail or {})}
@@ -391,7 +393,7 @@ def model_step(ctx: RunContext, value: Any) -> tuple[Any, Evidence]:
         decision, answer = ask_model(ctx, messages, purpose="model step", schema=spec.get("schema"))
     except NoModel as exc:
         raise StepFailed(f"{exc}", evidence=Evidence(asked)) from exc
-    except (KeyMissing, ModelError) as exc:
+    except ModelError as exc:
         raise StepFailed(str(exc), evidence=Evidence(asked)) from exc
     return answer, Evidence({**asked, "decision": decision.shown(),
                              "answer": bounded(answer), "usage": decision.usage.shown(),

@@ -19,7 +19,7 @@ from tasks.models import EventKind
 from tasks.states import WaitingFor
 from tasks.tools import NeedsApproval
 from tasks.workers.asking import ask_model
-from tasks.workers.base import ApprovalRequest, Done, Outcome, Paused
+from tasks.workers.base import ApprovalRequest, Done, Outcome, Paused, needs_key
 
 SHAPE_RESUME = "shape"
 
@@ -38,10 +38,12 @@ def shape_output(ctx: RunContext, done: Done) -> Outcome:
     ctx.recorder.step("shaping the output", {"kind": "output", "instructions": output.get("instructions", "")})
     try:
         decision, result = ask_model(ctx, messages, purpose="output", schema=output.get("schema"))
+    except KeyMissing as missing:
+        return needs_key(missing.key_name, "the configured model (to shape the output)", {SHAPE_RESUME: done.summary})
     except NeedsApproval as need:
         return Paused(WaitingFor.APPROVAL, need.summary, resume={SHAPE_RESUME: done.summary},
                       approval=ApprovalRequest(need.kind, need.summary, need.detail, need.guard, need.amount_cents))
-    except (NoModel, KeyMissing, ModelError) as exc:
+    except (NoModel, ModelError) as exc:
         message = str(exc)
         ctx.recorder.event(EventKind.ERROR, f"the output could not be shaped: {message}"[:300], {"kind": "output", "error": message})
         ctx.recorder.save_progress(records={**records, "resultError": message})

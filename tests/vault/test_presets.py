@@ -28,14 +28,23 @@ def preset(box: Any, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPa
     return script
 
 
-def test_a_missing_preset_key_fails_the_task_before_anything_runs(box: Any, preset: Path) -> None:
+def test_a_missing_preset_key_becomes_one_question_whose_answer_goes_to_the_vault(box: Any, preset: Path) -> None:
     task = box.create(title="needs a key", worker="mine", prompt="summarise")
-    view = box.wait_state(task["id"], "done", "failed")
-    assert view["state"] == "failed"
-    assert view["error"] == "the vault has no MY_API_KEY, which the mine worker needs"
-    assert view["recoverable"] is True and "MY_API_KEY" in view["hint"]
+    view = box.wait_state(task["id"], "waiting", "failed")
+    assert view["waitingFor"] == "input", view
     # the agent never started: no "starting" step, not a line of its output
     assert not [e for e in box.events(task["id"]) if e["kind"] in ("step", "output")]
+    [question] = [q for q in box.task(task["id"])["questions"] if q["state"] == "open"]
+    assert [(f["name"], f["kind"]) for f in question["fields"]] == [("MY_API_KEY", "vault")]
+    answered = box.api.post(f"/api/questions/{question['id']}/answer", {"inputs": {"MY_API_KEY": "the-real-key-123"}},
+                            format="json")
+    assert answered.status_code == 200, answered.json()
+    view = box.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "done", view
+    assert "MY_API_KEY" in [s["name"] for s in box.api.get("/api/vault").json()["secrets"]]
+    assert "MY_API_KEY" not in view["facts"]
+    everything = box.api.get(f"/api/tasks/{task['id']}/report").content.decode() + str(box.events(task["id"]))
+    assert "the-real-key-123" not in everything
 
 
 def test_a_preset_gets_its_key_as_an_environment_variable_and_the_log_never_shows_it(box: Any, preset: Path) -> None:
