@@ -5,10 +5,26 @@ out, because a fact may have become secret since (an input that turned out to be
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from approvals.models import Approval, ApprovalState, Question, QuestionState
 from tasks.facts import Redactor, redactor_for
+from tasks.models import EventKind, TaskEvent
+
+SCREENSHOT_LOOKBACK = 20  # step results searched for the page a blocker is about
+
+
+def latest_screenshot(task_id: str, until: datetime) -> str | None:
+    """The URL of the last page image the task stored by ``until`` (the after-image of its
+    latest browser step, or any image it saved): what a person sees on the card before acting."""
+    events = TaskEvent.objects.filter(task_id=task_id, kind=EventKind.STEP_RESULT, created_at__lte=until).order_by("-seq")
+    for artifacts in events.values_list("artifacts", flat=True)[:SCREENSHOT_LOOKBACK]:
+        images = [a for a in artifacts or [] if str(a.get("type", "")).startswith("image/")]
+        if images:
+            after = [a for a in images if str(a.get("name", "")).endswith("-after.png")]
+            return str((after or images)[-1]["url"])
+    return None
 
 
 def _task_summary(task: Any) -> dict[str, Any]:
@@ -33,6 +49,7 @@ def present_approval(approval: Approval, redact: Redactor | None = None, *, with
         "decidedAt": approval.decided_at.isoformat() if approval.decided_at else None,
         "createdAt": approval.created_at.isoformat(),
         "next": ["approve", "deny"] if approval.state == ApprovalState.PENDING else [],
+        "screenshot": latest_screenshot(approval.task_id, approval.created_at),
     }
     if with_task:
         body["taskView"] = _task_summary(approval.task)
@@ -55,6 +72,7 @@ def present_question(question: Question, redact: Redactor | None = None, *, with
         "answeredAt": question.answered_at.isoformat() if question.answered_at else None,
         "createdAt": question.created_at.isoformat(),
         "next": ["answer"] if question.state == QuestionState.OPEN else [],
+        "screenshot": latest_screenshot(question.task_id, question.created_at),
     }
     if with_task:
         body["taskView"] = _task_summary(question.task)

@@ -129,6 +129,7 @@ class ApprovalView(s.Serializer):
     decidedAt = Str(allow_null=True)
     createdAt = Str()
     next = _strs()
+    screenshot = Str(allow_null=True)  # the task's latest page image (an artifact URL), if any
     taskView = TaskSummary(required=False)
 
 
@@ -146,6 +147,7 @@ class QuestionView(s.Serializer):
     answeredAt = Str(allow_null=True)
     createdAt = Str()
     next = _strs()
+    screenshot = Str(allow_null=True)  # the task's latest page image (an artifact URL), if any
     taskView = TaskSummary(required=False)
 
 

@@ -63,6 +63,21 @@ def save_text(task_id: str, name: str, text: str, redactor: Redactor) -> dict[st
     return {"name": name, "type": content_type(name), "size": len(data), "url": artifact_url(task_id, name)}
 
 
+def save_bytes(task_id: str, name: str, data: bytes) -> dict[str, Any]:
+    """Write ``data`` (an image the box already masked) as artifact ``name``; return its listing."""
+    if not _NAME.match(name):
+        raise ValueError(f"not an artifact name: {name!r}")
+    directory = artifact_dir(task_id)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(artifacts_root(), 0o700)
+    target = directory / name
+    partial = directory / f".{name}.partial"
+    partial.write_bytes(data[:MAX_ARTIFACT_BYTES])
+    partial.replace(target)
+    return {"name": name, "type": content_type(name), "size": min(len(data), MAX_ARTIFACT_BYTES),
+            "url": artifact_url(task_id, name)}
+
+
 def read_spool(path: Path) -> str:
     """The text a process wrote to a spool file (at most ``MAX_ARTIFACT_BYTES`` of it)."""
     with path.open("rb") as handle:

@@ -26,6 +26,17 @@ class Evidence:
     artifacts: list[dict[str, Any]] = field(default_factory=list)
 
 
+class StepFailed(Exception):
+    """A step failed: the message, the text the failure showed (a page, a command's output: read
+    for a wall only a person can pass) and what the step did before it failed."""
+
+    def __init__(self, message: str, *, page_text: str = "", evidence: Evidence | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.page_text = page_text
+        self.evidence = evidence or Evidence()
+
+
 def tail(text: str, *, lines: int = TAIL_LINES, chars: int = TAIL_CHARS) -> str:
     """The end of ``text``: at most ``lines`` lines and ``chars`` characters."""
     kept = text.splitlines()[-lines:]

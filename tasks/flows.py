@@ -33,9 +33,9 @@ STEP_KINDS: dict[str, StepKind] = {
         StepKind("http", True, ("str", "object"), ("url",)),
         StepKind("tool", True, ("str",)),
         StepKind("browse", True, ("str", "object"), ("url",)),
-        StepKind("click", True, ("str", "object"), ("selector",)),
-        StepKind("fill", True, ("object",), ("selector", "value")),
-        StepKind("pick", True, ("str", "object"), ("selector",)),
+        StepKind("click", True, ("str", "object")),
+        StepKind("fill", True, ("object",), ("value",)),
+        StepKind("pick", True, ("str", "object")),
         StepKind("extract", False, ("str", "object")),
         StepKind("screenshot", False, ("str", "object", "bool")),
         StepKind("model", False, ("str", "object"), ("prompt",)),
@@ -47,9 +47,13 @@ STEP_KINDS: dict[str, StepKind] = {
 COMMON_KEYS = {"name", "save", "stop_before", "timeout_s"}
 EXTRA_KEYS = {"tool": {"args"}}  # keys beside the kind key that belong to that kind
 # Kinds the flow worker executes now; the rest validate but are refused at run time.
-EXECUTABLE_KINDS = {"run", "write", "delete", "http", "tool", "model", "ask", "approve", "checkpoint"}
+EXECUTABLE_KINDS = {"run", "write", "delete", "http", "tool", "model", "ask", "approve", "checkpoint",
+                    "browse", "click", "fill", "pick", "extract", "screenshot"}
 
 _SHAPE_TYPES = {"str": str, "object": dict, "bool": bool}
+# How a browser step names its element (tasks/browser/steps.py): one of these keys.
+TARGET_KEYS = ("selector", "text", "role", "label", "placeholder")
+TARGETED_KINDS = ("click", "fill", "pick")
 
 
 def step_kind(step: dict[str, Any]) -> str:
@@ -66,6 +70,9 @@ def _check_shape(kind: StepKind, value: Any, where: str) -> None:
         for key in kind.required:
             if key not in value:
                 raise InvalidFlow(f"{where}: '{kind.name}' needs '{key}'", field=f"{where}.{kind.name}.{key}")
+        if kind.name in TARGETED_KINDS and not any(k in value for k in TARGET_KEYS):
+            raise InvalidFlow(f"{where}: '{kind.name}' needs a target: one of {', '.join(TARGET_KEYS)}",
+                              field=f"{where}.{kind.name}")
 
 
 def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
@@ -117,38 +124,11 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
     return flow
 
 
-MODEL_KEYS = {"prompt", "schema", "system"}
+BROWSER_KINDS = ("browse", "click", "fill", "pick", "extract", "screenshot")
 
 
-def _check_model_step(value: Any, where: str) -> None:
-    """A ``model`` step: a prompt, or ``{prompt, schema?, system?}`` where ``schema`` is a JSON
-    Schema its answer must satisfy."""
-    if isinstance(value, str):
-        if not value.strip():
-            raise InvalidFlow(f"{where}: 'model' needs a prompt", field=f"{where}.model")
-        return
-    extra = sorted(set(value) - MODEL_KEYS)
-    if extra:
-        raise InvalidFlow(f"{where}: unknown key '{extra[0]}' in 'model' (it takes prompt, schema, system)",
-                          field=f"{where}.model.{extra[0]}")
-    for key in ("prompt", "system"):
-        if key in value and (not isinstance(value[key], str) or (key == "prompt" and not value[key].strip())):
-            raise InvalidFlow(f"{where}: 'model.{key}' must be a non-empty string", field=f"{where}.model.{key}")
-    if "schema" in value:
-        problem = schema_problem(value["schema"])
-        if problem:
-            raise InvalidFlow(f"{where}: 'model.schema' is not a usable JSON Schema: {problem}", field=f"{where}.model.schema")
-
-
-def schema_problem(schema: Any) -> str | None:
-    """Why ``schema`` is not a JSON Schema the box can check an answer against, or None."""
-    if not isinstance(schema, dict):
-        return "a schema is an object"
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        return exc.message
-    return None
+def uses_browser(flow: dict[str, Any]) -> bool:
+    return any(step_kind(step) in BROWSER_KINDS for step in flow["steps"])
 
 
 def _strings(value: Any) -> list[str]:

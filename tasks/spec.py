@@ -17,7 +17,8 @@ from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from boxsite.schema import TaskSpecBody
 from boxsite.validation import check_fields, existing_dir, fields_of
-from tasks.flows import schema_problem, validate_flow
+from tasks.browser.binary import missing_reason as browser_missing_reason
+from tasks.flows import schema_problem, uses_browser, validate_flow
 from tasks.limits import DEFAULT_LIMITS, RESOURCE_DEFAULTS
 from tasks.model import NoModel, current_config
 from tasks.models import Workspace
@@ -38,9 +39,11 @@ LIMITS_NOT_AVAILABLE_YET = {
     "disk_mb": "the box cannot yet bound what a task writes to its layer (see /api/health, isolation.limits)",
 }
 CONSTRAINTS_NOT_AVAILABLE_YET = {
-    "surfaces": "the box has no browser steps yet",
-    "browser_profile": "the box has no browser steps yet",
-    "headed": "the box has no browser steps yet",
+    "surfaces": "the box has one surface (its browser) and no desktop to choose between",
+    "browser_profile": "a profile kept across tasks would be a folder shared between task users; the box starts every browser with a fresh profile",
+    "headed": "the box has no display: its browser runs headless",
+    "browser_executable": "a task's browser is the box's own Chromium, the one its sandbox is built and tested for",
+    "browser_endpoint": "attaching to a Chrome outside the task's sandbox would bypass its user, network and host list",
 }
 
 
@@ -58,7 +61,8 @@ RESERVED_SOURCES = ("schedule:", "webhook:", "file:", "phone")
 # The spec's fields are those ``boxsite.schema.TaskSpecBody`` declares: adding one is a line
 # there, its check in ``parse_spec`` and the model field.
 SPEC_FIELDS = fields_of(TaskSpecBody)
-CONSTRAINT_FIELDS = {"payment", "origins", "allow_destructive", "surfaces", "browser_profile", "headed"}
+CONSTRAINT_FIELDS = {"payment", "origins", "allow_destructive", "surfaces", "browser_profile", "headed",
+                     "browser_executable", "browser_endpoint"}
 
 _HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:(?P<port>\d{1,5}))?$")
 
@@ -222,6 +226,9 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     flow = body.get("flow")
     if flow is not None:
         validate_flow(flow)
+        browser_missing = browser_missing_reason() if uses_browser(flow) else None
+        if browser_missing is not None:
+            raise NotAvailable(f"browser steps cannot run on this box: {browser_missing}", field="flow")
     prompt = _str(body, "prompt", required=flow is None)
 
     presets = all_presets()

@@ -51,7 +51,7 @@ _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _ETC_FILES = ("hosts", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "localtime", "timezone", "os-release",
               "debian_version", "mime.types", "protocols", "services", "shells", "profile", "bash.bashrc",
               "inputrc", "environment", "gai.conf", "host.conf", "resolv.conf", "locale.alias", "magic", "mailcap")
-_ETC_DIRS = ("ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "python3", "python3.11", "profile.d")
+_ETC_DIRS = ("ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "python3", "python3.11", "profile.d", "fonts")
 _SYS_MOVE_MOUNT, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 429, 0x4, -100
 _PR_SET_NO_NEW_PRIVS = 38
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1

@@ -20,8 +20,10 @@ from django.utils import timezone
 
 from approvals.models import ApprovalKind
 from tasks.broker.protocol import CallError
+from tasks.browser import steps as browser_steps
+from tasks.browser.session import BrowserSession
 from tasks.context import RunContext
-from tasks.evidence import Evidence, bounded
+from tasks.evidence import Evidence, StepFailed, bounded
 from tasks.facts import guess_kind
 from tasks.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
 from tasks.human import looks_like_human_wall
@@ -38,14 +40,6 @@ from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome,
 GATES = ("approve", "checkpoint", "ask")
 
 _NAME = re.compile(r"\$\{([^}]+)\}")
-
-
-class StepFailed(Exception):
-    def __init__(self, message: str, *, page_text: str = "", evidence: Evidence | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.page_text = page_text
-        self.evidence = evidence or Evidence()
 
 
 def substitute(value: Any, values: dict[str, Any]) -> Any:
@@ -153,7 +147,45 @@ def describe(step: dict[str, Any], index: int, total: int) -> str:
 
 
 class FlowWorker:
+    def __init__(self) -> None:
+        self._browser: BrowserSession | None = None
+
     def run(self, ctx: RunContext) -> Outcome:
+        """Run the flow; the run's browser (if a step started one) is released whatever happens."""
+        try:
+            return self._run(ctx)
+        finally:
+            if self._browser is not None:
+                self._browser.close()
+                self._browser = None
+
+    def browser(self, ctx: RunContext, index: int, known: dict[str, Any]) -> BrowserSession:
+        """The run's browser session, started by the first browser step. A run that starts in
+        the middle of the flow (after a pause, a retry) opens a fresh browser, so it first
+        re-opens the page: the steps since the last ``browse`` run again, without evidence."""
+        if self._browser is None:
+            self._browser = BrowserSession(ctx)
+        if self._browser.proc is not None:
+            return self._browser
+        self._browser.start()
+        ctx.recorder.note(f"browser started in {self._browser.started_ms} ms", {"browser": True, "startMs": self._browser.started_ms})
+        steps: list[dict[str, Any]] = (ctx.task.flow or {}).get("steps", [])
+        opened = [i for i in range(index) if step_kind(steps[i]) == "browse"]
+        if step_kind(steps[index]) == "browse" or not opened:
+            return self._browser
+        replay = [i for i in range(opened[-1], index) if step_kind(steps[i]) in browser_steps.ACTING]
+        ctx.recorder.note(f"re-opening the page: steps {', '.join(str(i + 1) for i in replay)} again",
+                          {"browser": True, "replayed": [i + 1 for i in replay]})
+        for i in replay:
+            kind = step_kind(steps[i])
+            try:
+                browser_steps.execute(ctx, self._browser, kind, substitute(steps[i][kind], known), steps[i], index=i,
+                                      approved=False, replay=True)
+            except (StepFailed, browser_steps.PaymentStop, NeedsApproval) as exc:
+                raise StepFailed(f"re-opening the page failed at step {i + 1}: {exc}") from exc
+        return self._browser
+
+    def _run(self, ctx: RunContext) -> Outcome:
         flow = ctx.task.flow or {}
         steps: list[dict[str, Any]] = flow.get("steps", [])
         # Saved values are stored redacted (a secret a step printed is its ${name}); they get
@@ -208,7 +240,13 @@ class FlowWorker:
                 guard = {**guard, **need.guard, "step": index}
                 detail = {**planned_action(ctx, kind, resolved, step, known), **(need.detail or {})}
                 return self._ask_approval(index, need.kind, need.summary, guard, detail=detail, amount_cents=need.amount_cents)
+            except browser_steps.PaymentStop as stop:
+                record_result(ctx, index, total, kind, began, clock, stop.evidence, error=stop.message)
+                # Paying is never automatic: a person pays, and only cancel ends the task.
+                return Paused(WaitingFor.CHECKPOINT, stop.message, resume={"step": index}, continuable=False)
             except StepFailed as exc:
+                if ctx.stop.is_set():
+                    raise LeaseLost("stopped") from exc
                 record_result(ctx, index, total, kind, began, clock, exc.evidence, error=exc.message)
                 wall = looks_like_human_wall(f"{exc.message}\n{exc.page_text}")
                 if wall:
@@ -225,7 +263,9 @@ class FlowWorker:
                 records[step["save"]] = result
                 known[step["save"]] = result
             ctx.recorder.save_progress(resume={"step": index + 1}, records=ctx.recorder.redactor.redact(records))
-            if only and is_approved and index + 1 < total:
+            if only and is_approved and index + 1 < total and kind not in browser_steps.KINDS:
+                # A browser step goes on in this run: a new run's fresh browser would have to
+                # re-open the page by replaying steps, and the approved step must never run twice.
                 return Continue(resume={"step": index + 1})
         return Done(f"finished all {total} steps")
 
@@ -369,6 +409,9 @@ class FlowWorker:
                 return json.loads(body), evidence
             except ValueError:
                 return body, evidence
+        if kind in browser_steps.KINDS:
+            session = self.browser(ctx, index, known)
+            return browser_steps.execute(ctx, session, kind, value, step, index=index, approved=approved)
         if kind == "tool":
             args = substitute(step.get("args", {}), known)
             try:

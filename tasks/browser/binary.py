@@ -1,0 +1,25 @@
+"""Which Chromium the box runs for a task's browser steps, and whether it is there."""
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+
+# Debian's /usr/bin/chromium is a shell wrapper that reads /etc/chromium.d (not in a task's
+# root); the binary it runs is started directly.
+_DEBIAN_BINARY = "/usr/lib/chromium/chromium"
+
+
+def executable() -> str:
+    configured = str(getattr(settings, "BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium"))
+    if configured == "/usr/bin/chromium" and os.path.isfile(_DEBIAN_BINARY):
+        return _DEBIAN_BINARY
+    return configured
+
+
+def missing_reason() -> str | None:
+    """Why this box cannot run browser steps, or None."""
+    path = executable()
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        return f"no browser at {path} (install Debian's chromium package)"
+    return None

@@ -1,0 +1,222 @@
+"""A task's browser: Chromium started as the task's own process, driven by Playwright.
+
+Chromium starts through the one launcher every task process uses (``tasks.sandbox.launcher``):
+with the sandbox it runs as the task's user in its namespaces, reaching only the task's hosts
+through the in-namespace proxy (``--proxy-server``, with loopback not bypassed); without it, it
+runs as the box's user with the same proxy. Its profile lives in a private temporary directory,
+never in the task's files. Playwright connects over CDP (``relay`` explains how the worker reaches
+a port inside the namespace). One session lives across the steps of one run and is closed when
+the run ends, whatever the outcome; ``tasks.sandbox.release`` kills whatever is left of it when
+the task ends.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+
+from tasks.browser import origins
+from tasks.browser.binary import executable, missing_reason
+from tasks.browser.relay import DevtoolsRelay
+from tasks.evidence import StepFailed
+from tasks.sandbox import launcher, support
+
+if TYPE_CHECKING:
+    from tasks.context import RunContext
+
+DEVTOOLS_PORT = 9222  # inside the task's own network namespace
+START_TIMEOUT_S = 30.0
+_LISTENING = re.compile(r"DevTools listening on (ws://[^/\s]+(/devtools/browser/[0-9a-f-]+))")
+WINDOW = (1280, 900)
+# A closed port: without hosts a browser outside the sandbox must not reach anything directly.
+_NOWHERE = "http://127.0.0.1:9"
+
+_SCRIPT = """\
+set -e
+home="$BOX_BROWSER_HOME"
+mkdir -p "$home/profile" "$home/config" "$home/cache"
+export HOME="$home" XDG_CONFIG_HOME="$home/config" XDG_CACHE_HOME="$home/cache"
+exec "$BOX_BROWSER" --headless --no-sandbox --disable-dev-shm-usage --disable-gpu \\
+  --no-first-run --no-default-browser-check --disable-extensions --disable-sync \\
+  --disable-background-networking --disable-component-update --mute-audio \\
+  --disable-default-apps --disable-domain-reliability --disable-client-side-phishing-detection \\
+  --disable-field-trial-config --metrics-recording-only --no-pings --disable-breakpad \\
+  --disable-component-extensions-with-background-pages --no-service-autorun --disable-search-engine-choice-screen \\
+  --disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,NetworkTimeServiceQuerying,LensOverlay,HttpsUpgrades \\
+  --password-store=basic --use-mock-keychain \\
+  --user-data-dir="$home/profile" --window-size={width},{height} \\
+  --proxy-server="${{HTTP_PROXY:-{nowhere}}}" --proxy-bypass-list="<-loopback>" \\
+  --remote-debugging-address=127.0.0.1 --remote-debugging-port={port} about:blank
+"""
+
+
+T = TypeVar("T")
+
+
+class BrowserSession:
+    """Chromium for one run of one task, and the Playwright objects that drive it.
+
+    Playwright's sync API keeps an event loop running in the thread that uses it, where Django
+    refuses database calls; so every Playwright call happens on the session's own thread
+    (``call``), and the worker's thread keeps the database. What the browser thread learns for
+    the log (a page refused by ``origins``) waits in ``blocked`` until the worker records it.
+    """
+
+    def __init__(self, ctx: RunContext) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"box-browser-{ctx.task.pk}")
+        self.blocked: list[dict[str, Any]] = []
+        self.ctx = ctx
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.relay: DevtoolsRelay | None = None
+        self.playwright: Playwright | None = None
+        self.browser: Browser | None = None
+        self.context: BrowserContext | None = None
+        self._page: Page | None = None
+        self._home: str | None = None
+        self._output: deque[str] = deque(maxlen=200)
+        self.secret_fields: list[str] = []  # CSS paths of fields that hold a secret value
+        self.started_ms = 0
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the session's thread (where Playwright lives); its result or exception."""
+        return self._thread.submit(fn).result()
+
+    def take_blocked(self) -> list[dict[str, Any]]:
+        taken, self.blocked = self.blocked, []
+        return taken
+
+    # -- life -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.call(self._start)
+
+    def _start(self) -> None:
+        reason = missing_reason()
+        if reason is not None:
+            raise StepFailed(f"the box cannot run browser steps: {reason}")
+        clock = time.monotonic()
+        sandboxed = support.available()
+        if sandboxed:
+            home = "/tmp/box-browser"  # the task's private /tmp inside its own root
+            port = DEVTOOLS_PORT
+        else:
+            self._home = tempfile.mkdtemp(prefix="box-browser-")
+            home, port = self._home, 0
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home,
+            "BOX_BROWSER_HOME": home, "BOX_BROWSER": executable(), "BOX_TASK_ID": self.ctx.task.pk,
+        }
+        script = _SCRIPT.format(width=WINDOW[0], height=WINDOW[1], nowhere=_NOWHERE, port=port)
+        try:
+            self.proc = launcher.popen(self.ctx, ["/bin/sh"], env=env, cwd=self.ctx.workdir, script=script)
+        except OSError as exc:
+            raise StepFailed(f"the browser did not start: {exc}") from exc
+        try:
+            url, path = self._wait_for_devtools()
+            if sandboxed:
+                self.relay = DevtoolsRelay(self.proc.pid, DEVTOOLS_PORT, path)
+                url = self.relay.url
+            self.playwright = sync_playwright().start()
+            self.browser = self.playwright.chromium.connect_over_cdp(url, timeout=START_TIMEOUT_S * 1000)
+            self.context = self.browser.contexts[0] if self.browser.contexts else self.browser.new_context()
+            self.context.set_default_timeout(15_000)
+            allowed = origins.allowed_list(self.ctx.task.constraints)
+            if allowed:
+                self.context.route("**/*", self._check_origin)
+            self._page = self.context.pages[0] if self.context.pages else self.context.new_page()
+        except BaseException:
+            self._close()
+            raise
+        self.started_ms = int((time.monotonic() - clock) * 1000)
+
+    def _wait_for_devtools(self) -> tuple[str, str]:
+        assert self.proc is not None and self.proc.stderr is not None and self.proc.stdout is not None
+        found: list[tuple[str, str]] = []
+        ready = threading.Event()
+
+        def read(stream: IO[bytes], look: bool) -> None:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip()
+                self._output.append(line)
+                match = _LISTENING.search(line) if look and not found else None
+                if match:
+                    found.append((match.group(1), match.group(2)))
+                    ready.set()
+            ready.set()  # the stream closed: the browser is gone
+            stream.close()
+
+        threading.Thread(target=read, args=(self.proc.stderr, True), daemon=True).start()
+        threading.Thread(target=read, args=(self.proc.stdout, False), daemon=True).start()
+        if not ready.wait(START_TIMEOUT_S) or not found:
+            tail = "; ".join(line for line in list(self._output)[-5:] if line)
+            raise StepFailed(f"the browser did not start{': ' + tail if tail else ''}")
+        return found[0]
+
+    def close(self) -> None:
+        """Release everything; safe to call twice and after a failed start."""
+        try:
+            self.call(self._close)
+        finally:
+            self._kill()
+            self._thread.shutdown(wait=False)
+
+    def _close(self) -> None:
+        for step in (self._close_browser, self._stop_playwright, self._kill):
+            try:
+                step()
+            except Exception:  # noqa: BLE001, S110 - the next step must still run
+                pass
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+
+    def _close_browser(self) -> None:
+        if self.browser is not None:
+            browser, self.browser = self.browser, None
+            browser.close()
+
+    def _stop_playwright(self) -> None:
+        if self.playwright is not None:
+            playwright, self.playwright = self.playwright, None
+            playwright.stop()
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            proc, self.proc = self.proc, None
+            launcher.kill(proc)
+            proc.wait(timeout=10)
+
+    # -- use --------------------------------------------------------------------------------
+    @property
+    def page(self) -> Page:
+        if self._page is None:
+            self.start()
+        assert self._page is not None
+        if self._page.is_closed():
+            assert self.context is not None
+            self._page = self.context.pages[-1] if self.context.pages else self.context.new_page()
+        return self._page
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _check_origin(self, route: Any) -> None:
+        request = route.request
+        if request.resource_type != "document" or origins.allowed(request.url, self.ctx.task.constraints):
+            route.continue_()
+            return
+        self.blocked.append({"url": request.url[:500], "origin": origins.origin_of(request.url),
+                             "reason": "not in constraints.origins", "via": "browser"})
+        route.abort("blockedbyclient")

@@ -1,0 +1,525 @@
+"""The browser steps of a flow: ``browse``, ``click``, ``fill``, ``pick``, ``extract``, ``screenshot``.
+
+A target (``click``, ``fill``, ``pick``, ``extract``) is found by a Playwright selector string
+(CSS, or ``text=…``/``role=…``), or an object with one of ``selector`` (CSS), ``text`` (visible
+text), ``role`` with an optional ``name`` (accessible name), ``label`` or ``placeholder``.
+
+Every acting step (browse, click, fill, pick) stores, before the next step starts: a screenshot
+before and after it acted and the page's accessibility snapshot it acted on (artifacts), plus the
+URL, title and the element it chose (the result event). A field holding a secret fact is
+transparent in every screenshot, and the snapshot passes the task's redactor.
+
+Payment pages are recognised here (a card field, a control that pays): ``PaymentStop`` and
+``tasks.tools.NeedsApproval`` go up to the flow worker, which pauses.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Locator, Page
+
+from approvals.models import ApprovalKind
+from boxsite.cards import looks_like_card
+from tasks import artifacts
+from tasks.browser import origins
+from tasks.browser.session import BrowserSession
+from tasks.evidence import Evidence, StepFailed, bounded
+from tasks.flows import TARGET_KEYS
+from tasks.models import EventKind
+from tasks.tools import NeedsApproval
+
+if TYPE_CHECKING:
+    from tasks.context import RunContext
+
+ACTING = ("browse", "click", "fill", "pick")
+KINDS = (*ACTING, "extract", "screenshot")
+
+DEFAULT_TIMEOUT_S = 15.0
+PAGE_TEXT_CHARS = 20_000
+SECRET_MARK = "data-box-secret"
+# A secret field is drawn empty: its text and caret transparent (the field itself stays).
+_MASK_CSS = f"[{SECRET_MARK}] {{ color: transparent !important; text-shadow: none !important; caret-color: transparent !important; }}"
+_PAYS = re.compile(r"\b(pay( now)?|place (your )?order|purchase|buy now|complete (the )?(purchase|order|payment)|"
+                   r"confirm (and )?pay|submit payment|checkout and pay)\b", re.I)
+_CARD_FIELD = r"card.?num|cc-?num|cardnumber|\bcvv|\bcvc|security.?code|expir|\bexp\b|card.?holder|name.?on.?card"
+
+
+class PaymentStop(Exception):
+    """The flow reached a payment page under ``stop_at_payment``: a person pays, the task stops."""
+
+    def __init__(self, message: str, evidence: Evidence) -> None:
+        super().__init__(message)
+        self.message = message
+        self.evidence = evidence
+
+
+@dataclass
+class Call:
+    """One browser step being executed."""
+
+    ctx: RunContext
+    session: BrowserSession
+    kind: str
+    value: Any
+    index: int
+    timeout_s: float
+    approved: bool
+    replay: bool = False  # re-opening the page in a new run: act, store no evidence
+
+    @property
+    def page(self) -> Page:
+        return self.session.page
+
+    @property
+    def timeout_ms(self) -> float:
+        return self.timeout_s * 1000
+
+    def artifact(self, suffix: str) -> str:
+        return f"step-{self.index + 1}-run-{self.ctx.run.number}-{suffix}"
+
+
+def execute(ctx: RunContext, session: BrowserSession, kind: str, value: Any, step: dict[str, Any], *,
+            index: int, approved: bool, replay: bool = False) -> tuple[Any, Evidence]:
+    """Run browser step ``kind`` with its resolved ``value``; its result and evidence."""
+    call = Call(ctx, session, kind, value, index, float(step.get("timeout_s") or DEFAULT_TIMEOUT_S), approved, replay)
+    try:
+        return session.call(lambda: _execute(call))
+    finally:
+        record_blocked(ctx, session)
+
+
+def _execute(call: Call) -> tuple[Any, Evidence]:
+    """On the session's thread: no database here (``BrowserSession``)."""
+    try:
+        if call.kind in ACTING:
+            return _acting(call)
+        if call.kind == "extract":
+            return _extract(call)
+        return _screenshot(call)
+    except PlaywrightError as exc:
+        raise _failure(call, _playwright_message(exc)) from exc
+
+
+# -- acting steps ------------------------------------------------------------------------------
+def _acting(call: Call) -> tuple[Any, Evidence]:
+    evidence = Evidence()
+    if call.kind == "browse":
+        url = call.value if isinstance(call.value, str) else str(call.value["url"])
+        if not origins.allowed(url, call.ctx.task.constraints):
+            _record_blocked(call, url)
+            raise StepFailed(f"{origins.origin_of(url)} is not in constraints.origins; the page was not opened",
+                             evidence=Evidence({"url": url, "blocked": "not in constraints.origins"}))
+    before = _capture(call, "before", evidence, snapshot=True)
+    result: Any = None
+    element: dict[str, Any] = {}
+    try:
+        if call.kind == "browse":
+            result, element = _browse(call, url), {}
+        elif call.kind == "click":
+            target = _target(call, call.value)
+            element = describe(target)
+            _guard_payment_click(call, target, element, evidence)
+            target.click(timeout=call.timeout_ms)
+            result = element.get("text") or element.get("name") or ""
+        elif call.kind == "fill":
+            result, element = _fill(call, evidence)
+        else:
+            result, element = _pick(call, evidence)
+        _settle(call)
+    except StepFailed as exc:
+        exc.evidence = _merge(evidence, exc.evidence, element)
+        _capture(call, "after", exc.evidence)
+        exc.evidence.data.update(_where(call.page))
+        raise
+    except PlaywrightError as exc:
+        failure = _failure(call, _playwright_message(exc))
+        failure.evidence = _merge(evidence, failure.evidence, element)
+        raise failure from exc
+    _capture(call, "after", evidence)
+    evidence.data.update({**before, **_where(call.page), **({"element": element} if element else {})})
+    return result, evidence
+
+
+def _browse(call: Call, url: str) -> dict[str, Any]:
+    response = call.page.goto(url, wait_until="load", timeout=call.timeout_ms)
+    status = response.status if response is not None else None
+    if status is not None and status >= 400:
+        raise StepFailed(f"HTTP {status} from {url}", page_text=page_text(call.page), evidence=Evidence({"status": status}))
+    return {"url": call.page.url, "title": call.page.title(), **({"status": status} if status is not None else {})}
+
+
+def _fill(call: Call, evidence: Evidence) -> tuple[Any, dict[str, Any]]:
+    if not isinstance(call.value, dict) or "value" not in call.value:
+        raise StepFailed("'fill' needs a target and a 'value'")
+    target = _target(call, call.value)
+    element = describe(target)
+    text = "" if call.value["value"] is None else str(call.value["value"])
+    secret = _holds_secret(call, text)
+    if secret or _is_card_field(element) and text:
+        _guard_payment_fill(call, element, evidence)
+    if secret:
+        target.evaluate(f"e => e.setAttribute('{SECRET_MARK}', '')")
+    if element.get("tag") == "select":
+        target.select_option(label=text, timeout=call.timeout_ms)
+    else:
+        target.fill(text, timeout=call.timeout_ms)
+    shown = {**element, "secret": secret}
+    return (None if secret else text), shown
+
+
+def _pick(call: Call, evidence: Evidence) -> tuple[Any, dict[str, Any]]:
+    spec = call.value if isinstance(call.value, dict) else {"selector": call.value}
+    target = _target(call, spec, first=False)
+    first = target.first
+    first.wait_for(state="attached", timeout=call.timeout_ms)
+    if first.evaluate("e => e.tagName.toLowerCase()") == "select":
+        option = spec.get("option")
+        if option is None:
+            raise StepFailed("'pick' on a list box needs 'option' (its label or value)")
+        try:
+            chosen = first.select_option(label=str(option), timeout=call.timeout_ms)
+        except PlaywrightError:
+            chosen = first.select_option(value=str(option), timeout=call.timeout_ms)
+        return {"value": str(option)}, {**describe(first), "chose": chosen}
+    items = [target.nth(i) for i in range(target.count())]
+    texts = [_visible_text(item) for item in items]
+    where = spec.get("where")
+    candidates = [(i, t) for i, t in enumerate(texts) if not where or str(where).lower() in t.lower()]
+    if not candidates:
+        raise StepFailed(f"no item matches{' ' + repr(where) if where else ''} among {len(items)}", page_text=page_text(call.page))
+    by = str(spec.get("by", "first")).lower()
+    if by in ("cheapest", "lowest", "highest", "dearest"):
+        priced = [(i, t, _price(items[i], t, spec.get("price"))) for i, t in candidates]
+        priced = [p for p in priced if p[2] is not None]
+        if not priced:
+            raise StepFailed("no item shows a price to compare", page_text=page_text(call.page))
+        high = by in ("highest", "dearest")
+        index, text, price = (max if high else min)(priced, key=lambda p: p[2])  # type: ignore[arg-type, return-value]
+    elif by == "last":
+        index, text = candidates[-1]
+        price = None
+    elif by == "first":
+        index, text = candidates[0]
+        price = None
+    else:
+        raise StepFailed(f"'by' is one of first, last, cheapest, highest; not {by!r}")
+    chosen_item = items[index]
+    element = {**describe(chosen_item), "position": index + 1, "of": len(items), **({"price": price} if price is not None else {})}
+    press = spec.get("click", True)
+    if press:
+        control = chosen_item if press is True else _target_in(chosen_item, press)
+        control_element = describe(control)
+        _guard_payment_click(call, control, control_element, evidence)
+        control.click(timeout=call.timeout_ms)
+        if press is not True:
+            element["pressed"] = control_element
+    return {"value": text}, element
+
+
+def _settle(call: Call) -> None:
+    """Let a navigation the action started arrive (a click that submits a form)."""
+    try:
+        call.page.wait_for_load_state("load", timeout=min(call.timeout_ms, 10_000))
+    except PlaywrightError:
+        pass  # still loading: the next step waits for what it needs
+
+
+# -- reading steps -----------------------------------------------------------------------------
+def _extract(call: Call) -> tuple[Any, Evidence]:
+    spec = call.value if isinstance(call.value, dict) else {"selector": call.value}
+    target = _target(call, spec, first=False) if any(k in spec for k in TARGET_KEYS) else call.page.locator("body")
+    target.first.wait_for(state="attached", timeout=call.timeout_ms)
+    fields = spec.get("fields")
+    rows: list[dict[str, Any]] = []
+    for i in range(target.count()):
+        item = target.nth(i)
+        if isinstance(fields, dict):
+            row = {}
+            for name, sub in fields.items():
+                found = _target_in(item, sub)
+                row[str(name)] = _visible_text(found.first) if found.count() else None
+            rows.append(row)
+        elif item.evaluate("e => e.tagName.toLowerCase()") == "table":
+            rows.extend(_table_rows(item))
+        else:
+            rows.append({"value": _visible_text(item)})
+    limit = spec.get("limit")
+    if isinstance(limit, int) and limit > 0:
+        rows = rows[:limit]
+    evidence = Evidence({**_where(call.page), "rows": len(rows), "records": bounded(call.ctx.recorder.redactor.redact(rows))})
+    evidence.artifacts.append(artifacts.save_text(call.ctx.task.pk, call.artifact("rows.json"), json.dumps(rows, indent=1),
+                                                  call.ctx.recorder.redactor))
+    return rows, evidence
+
+
+def _table_rows(table: Locator) -> list[dict[str, Any]]:
+    cells: list[list[str]] = table.evaluate(
+        "t => Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.innerText.trim()))")
+    if not cells:
+        return []
+    header, body = cells[0], cells[1:]
+    names = [h or f"column {n + 1}" for n, h in enumerate(header)]
+    return [{names[n] if n < len(names) else f"column {n + 1}": v for n, v in enumerate(row)} for row in body]
+
+
+def _screenshot(call: Call) -> tuple[Any, Evidence]:
+    spec = call.value if isinstance(call.value, dict) else {}
+    evidence = Evidence(_where(call.page))
+    name = call.artifact("screenshot.png")
+    data = take_screenshot(call, full_page=bool(spec.get("full_page")))
+    evidence.artifacts.append(artifacts.save_bytes(call.ctx.task.pk, name, data))
+    return name, evidence
+
+
+# -- evidence ----------------------------------------------------------------------------------
+def take_screenshot(call: Call, *, full_page: bool = False) -> bytes:
+    """A PNG of the page with every field that holds a secret drawn empty."""
+    _mark_secret_fields(call)
+    data: bytes = call.page.screenshot(type="png", full_page=full_page, style=_MASK_CSS, animations="disabled",
+                                       caret="hide", timeout=call.timeout_ms)
+    return data
+
+
+def _mark_secret_fields(call: Call) -> None:
+    """Mark every field whose value holds a secret (or a card number), wherever it came from."""
+    secrets = [v for v in call.ctx.recorder.redactor.secrets.values() if len(str(v)) >= 4]
+    call.page.evaluate(
+        """([mark, secrets]) => {
+            const card = /(?:\\d[ -]?){13,19}/;
+            for (const e of document.querySelectorAll('input, textarea')) {
+                const v = e.value || '';
+                if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
+            }
+        }""",
+        [SECRET_MARK, [str(s) for s in secrets]],
+    )
+
+
+def _capture(call: Call, moment: str, evidence: Evidence, *, snapshot: bool = False) -> dict[str, Any]:
+    """Store the page as it is now (``before``/``after``): a screenshot, and with ``snapshot``
+    its accessibility tree. Returns the fields for the result event."""
+    shown: dict[str, Any] = {}
+    if call.replay:
+        return shown
+    try:
+        data = take_screenshot(call)
+        evidence.artifacts.append(artifacts.save_bytes(call.ctx.task.pk, call.artifact(f"{moment}.png"), data))
+        if snapshot:
+            tree = call.page.locator("body").aria_snapshot(timeout=call.timeout_ms)
+            saved = artifacts.save_text(call.ctx.task.pk, call.artifact("snapshot.txt"), tree, call.ctx.recorder.redactor)
+            evidence.artifacts.append(saved)
+        if moment == "before":
+            shown = {"before": {"url": call.page.url, "title": call.page.title()}}
+    except PlaywrightError:
+        pass  # a page that cannot be drawn (gone, crashed) must not hide the step's own result
+    return shown
+
+
+def _where(page: Page) -> dict[str, Any]:
+    try:
+        return {"url": page.url, "title": page.title()}
+    except PlaywrightError:
+        return {}
+
+
+def _merge(evidence: Evidence, other: Evidence, element: dict[str, Any]) -> Evidence:
+    merged = Evidence({**evidence.data, **other.data}, [*evidence.artifacts, *other.artifacts])
+    if element:
+        merged.data["element"] = element
+    return merged
+
+
+def _failure(call: Call, message: str) -> StepFailed:
+    text = ""
+    try:
+        text = page_text(call.page)
+    except PlaywrightError:
+        pass
+    return StepFailed(message, page_text=text, evidence=Evidence(_where(call.page)))
+
+
+def page_text(page: Page) -> str:
+    """What a person sees on the page (for walls), plus a sign of a password field."""
+    text: str = page.evaluate("""() => {
+        const body = document.body ? document.body.innerText : '';
+        const password = document.querySelector('input[type=password]') ? '\\n<input type=password>' : '';
+        return body + password;
+    }""")
+    return text[:PAGE_TEXT_CHARS]
+
+
+def _playwright_message(exc: PlaywrightError) -> str:
+    first = (exc.message or str(exc)).strip().splitlines()
+    message = first[0] if first else "the browser failed"
+    return re.sub(r"^(Locator|Page|ElementHandle)\.\w+: ", "", message)[:500]
+
+
+# -- targets -----------------------------------------------------------------------------------
+def _target(call: Call, spec: Any, *, first: bool = True) -> Locator:
+    """The element(s) ``spec`` names on the page; waits up to the step's timeout for the first."""
+    locator = _locate(call.page, spec)
+    if first:
+        locator = locator.first
+        try:
+            locator.wait_for(state="visible", timeout=call.timeout_ms)
+        except PlaywrightError as exc:
+            raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
+    else:
+        try:
+            locator.first.wait_for(state="attached", timeout=call.timeout_ms)
+        except PlaywrightError as exc:
+            raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
+    return locator
+
+
+def _locate(root: Page | Locator, spec: Any) -> Locator:
+    if isinstance(spec, str):
+        return root.locator(spec)
+    if not isinstance(spec, dict):
+        raise StepFailed("a target is a selector string or an object with selector, text, role, label or placeholder")
+    if "selector" in spec:
+        return root.locator(str(spec["selector"]))
+    if "text" in spec:
+        return root.get_by_text(str(spec["text"]), exact=bool(spec.get("exact", False)))
+    if "role" in spec:
+        name = spec.get("name")
+        return root.get_by_role(spec["role"], name=str(name) if name is not None else None, exact=bool(spec.get("exact", False)))
+    if "label" in spec:
+        return root.get_by_label(str(spec["label"]), exact=bool(spec.get("exact", False)))
+    if "placeholder" in spec:
+        return root.get_by_placeholder(str(spec["placeholder"]), exact=bool(spec.get("exact", False)))
+    raise StepFailed("a target needs one of selector, text, role, label or placeholder")
+
+
+def _target_in(item: Locator, spec: Any) -> Locator:
+    return _locate(item, spec if isinstance(spec, dict) else {"selector": spec})
+
+
+def _spec_words(spec: Any) -> str:
+    if isinstance(spec, str):
+        return repr(spec)
+    if isinstance(spec, dict):
+        for key in TARGET_KEYS:
+            if key in spec:
+                extra = f" named {spec['name']!r}" if key == "role" and spec.get("name") else ""
+                return f"{key} {spec[key]!r}{extra}"
+    return "the target"
+
+
+def describe(target: Locator) -> dict[str, Any]:
+    """The element a step chose: tag, role, accessible name, text, and the attributes that
+    identify it (never a field's value)."""
+    info: dict[str, Any] = target.evaluate("""e => {
+        const attr = n => e.getAttribute(n) || undefined;
+        const label = e.labels && e.labels.length ? e.labels[0].innerText.trim() : undefined;
+        return {tag: e.tagName.toLowerCase(), id: e.id || undefined, name: attr('name'), type: attr('type'),
+                role: attr('role'), ariaLabel: attr('aria-label'), label: label,
+                autocomplete: attr('autocomplete'), placeholder: attr('placeholder'),
+                text: (e.innerText || e.value && e.type === 'submit' && e.value || '').trim().slice(0, 200) || undefined};
+    }""")
+    return {k: v for k, v in info.items() if v is not None}
+
+
+def _visible_text(item: Locator) -> str:
+    text: str = item.evaluate("e => (e.innerText || e.textContent || '').trim()")
+    return re.sub(r"[ \t]+", " ", text)
+
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _price(item: Locator, text: str, price_selector: Any) -> float | None:
+    if price_selector:
+        found = _target_in(item, price_selector)
+        text = _visible_text(found.first) if found.count() else ""
+    match = _NUMBER.search(text)
+    if not match:
+        return None
+    try:
+        return float(match.group().replace(",", ""))
+    except ValueError:
+        return None
+
+
+# -- secrets and payment -------------------------------------------------------------------------
+def _holds_secret(call: Call, text: str) -> bool:
+    if not text:
+        return False
+    secrets = [str(v) for v in call.ctx.facts.secrets().values() if str(v)]
+    return any(s in text for s in secrets) or looks_like_card(text)
+
+
+def _is_card_field(element: dict[str, Any]) -> bool:
+    if str(element.get("autocomplete", "")).startswith("cc-"):
+        return True
+    words = " ".join(str(element.get(k, "")) for k in ("id", "name", "label", "ariaLabel", "placeholder"))
+    return re.search(_CARD_FIELD, words, re.I) is not None
+
+
+def is_payment_page(page: Page) -> bool:
+    found: bool = page.evaluate(
+        """(pattern) => {
+            const re = new RegExp(pattern, 'i');
+            return Array.from(document.querySelectorAll('input, select')).some(e => {
+                if ((e.getAttribute('autocomplete') || '').startsWith('cc-')) return true;
+                const label = e.labels && e.labels.length ? e.labels[0].innerText : '';
+                const words = [e.id, e.name, e.getAttribute('placeholder'), e.getAttribute('aria-label'), label].join(' ');
+                return re.test(words);
+            });
+        }""",
+        _CARD_FIELD,
+    )
+    return found
+
+
+def _pays(element: dict[str, Any]) -> bool:
+    words = " ".join(str(element.get(k, "")) for k in ("text", "ariaLabel", "name", "id"))
+    return _PAYS.search(words) is not None
+
+
+def _mode(call: Call) -> str:
+    return str(call.ctx.task.constraints.get("payment", "stop_at_payment"))
+
+
+def _guard_payment_click(call: Call, target: Locator, element: dict[str, Any], evidence: Evidence) -> None:
+    """In front of a control that pays: stop (``stop_at_payment``), or ask the owner and press
+    only with their OK (``fill_then_approve``)."""
+    if not (_pays(element) and is_payment_page(call.page)):
+        return
+    here = origins.origin_of(call.page.url)
+    label = element.get("text") or element.get("ariaLabel") or "the control that pays"
+    if _mode(call) != "fill_then_approve":
+        raise PaymentStop(f"a payment page on {here}: paying is for a person; this task stops in front of '{label}'", evidence)
+    if not origins.named(call.page.url, call.ctx.task.constraints):
+        raise StepFailed(f"{here} is not named in constraints.origins; the box pays only where the caller said")
+    if call.approved:
+        return
+    raise NeedsApproval(ApprovalKind.PAYMENT, f"press '{label}' on {here} to pay",
+                        guard={"kind": "click", "origin": here},
+                        detail={"action": "pay", "origin": here, "url": call.page.url, "control": element})
+
+
+def _guard_payment_fill(call: Call, element: dict[str, Any], evidence: Evidence) -> None:
+    """Card details are typed only in ``fill_then_approve``, and only on an origin the caller named."""
+    here = origins.origin_of(call.page.url)
+    if not (_is_card_field(element) or is_payment_page(call.page)):
+        return  # a secret that is not a card detail (a password) on a page that is not for paying
+    if _mode(call) != "fill_then_approve":
+        raise PaymentStop(f"a payment form on {here}: the box types no card details in stop_at_payment; a person pays", evidence)
+    if not origins.named(call.page.url, call.ctx.task.constraints):
+        raise StepFailed(f"{here} is not named in constraints.origins: card details are typed only on the sites the caller named")
+
+
+def _record_blocked(call: Call, url: str) -> None:
+    call.session.blocked.append({"url": url[:500], "origin": origins.origin_of(url), "reason": "not in constraints.origins",
+                                 "via": "browser"})
+
+
+def record_blocked(ctx: RunContext, session: BrowserSession) -> None:
+    """Log the pages the browser refused since the last call (on the worker's thread)."""
+    for blocked in session.take_blocked():
+        ctx.recorder.event(EventKind.BLOCKED_CONNECTION, f"blocked page {blocked['origin']}: {blocked['reason']}", blocked)

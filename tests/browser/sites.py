@@ -1,0 +1,111 @@
+"""Local test sites the browser tests open through the task's host allowlist: a shop list, a
+form, walls (login, captcha, one-time code), and a payment page. Each counts what it was sent."""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+PAGE = "<!doctype html><html><head><meta charset=utf-8><title>{title}</title></head><body>{body}</body></html>"
+
+SHOP = """<h1>Flights</h1>
+<ul id=offers>
+  <li class=offer><span class=name>Air 07:00</span> <span class=price>₹5,120</span> <button>Select</button></li>
+  <li class=offer><span class=name>Play 09:10</span> <span class=price>₹4,321</span> <button>Select</button></li>
+  <li class=offer><span class=name>Sky 12:30</span> <span class=price>₹6,000</span> <button>Select</button></li>
+</ul>
+<table id=fares><tr><th>Route</th><th>Fare</th></tr><tr><td>DEL-BOM</td><td>4321</td></tr><tr><td>DEL-BLR</td><td>5120</td></tr></table>
+<script src=/shop.js></script>"""
+SHOP_JS = """for (const b of document.querySelectorAll('.offer button')) {
+  b.addEventListener('click', () => { location.href = '/chosen?name=' + encodeURIComponent(b.parentNode.querySelector('.name').innerText); });
+}"""
+
+FORM = """<h1>Passenger details</h1>
+<form method=post action=/form>
+  <label for=name>Full name</label> <input id=name name=name>
+  <label for=title>Title</label> <select id=title name=title><option>Mr</option><option>Ms</option><option>Dr</option></select>
+  <label for=passport>Passport number</label> <input id=passport name=passport>
+  <button type=submit>Continue</button>
+</form>"""
+
+LOGIN = """<h1>Please sign in to continue</h1><form><label>Email <input name=email></label>
+<label>Password <input type=password name=password></label><button>Sign in</button></form>"""
+CAPTCHA = """<h1>Are you a robot?</h1><p>Verify you are human: tick the box below.</p><div class=captcha>[ ] I'm not a robot</div>"""
+OTP = """<h1>Check your phone</h1><p>Enter the code we sent to your phone.</p><label>One-time code <input name=otp></label>"""
+
+PAY = """<h1>Payment</h1>
+<form method=post action=/pay>
+  <label for=cc>Card number</label> <input id=cc name=cardnumber autocomplete=cc-number>
+  <label for=cvv>CVV</label> <input id=cvv name=cvv autocomplete=cc-csc>
+  <button type=submit>Pay now</button>
+</form>"""
+
+
+@dataclass
+class Site:
+    port: int
+    posts: Counter[str] = field(default_factory=Counter)
+    bodies: dict[str, list[dict[str, list[str]]]] = field(default_factory=dict)
+    gets: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
+    pages = {"/shop": ("Shop", SHOP), "/form": ("Form", FORM), "/login": ("Sign in", LOGIN),
+             "/captcha": ("Check", CAPTCHA), "/otp": ("Code", OTP), "/pay": ("Pay", PAY)}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status: int, body: str, kind: str = "text/html; charset=utf-8") -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            path, _, query = self.path.partition("?")
+            site.gets[path] += 1
+            if path == "/shop.js":
+                self._send(200, SHOP_JS, "text/javascript")
+            elif path in pages:
+                title, body = pages[path]
+                self._send(200, PAGE.format(title=title, body=body))
+            elif path == "/chosen":
+                name = parse_qs(query).get("name", [""])[0]
+                self._send(200, PAGE.format(title="Chosen", body=f"<h1>You chose {name}</h1>"))
+            else:
+                self._send(404, PAGE.format(title="Not found", body="<h1>Not found</h1>"))
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            fields = parse_qs(self.rfile.read(length).decode())
+            site.posts[self.path] += 1
+            site.bodies.setdefault(self.path, []).append(fields)
+            self._send(200, PAGE.format(title="Thanks", body=f"<h1>Received {self.path}</h1>"))
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def serve() -> Iterator[Site]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Site(0)))
+    site = Site(server.server_address[1])
+    server.RequestHandlerClass = _handler(site)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield site
+    finally:
+        server.shutdown()
+        server.server_close()
