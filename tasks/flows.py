@@ -124,6 +124,40 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
     return flow
 
 
+MODEL_KEYS = {"prompt", "schema", "system"}
+
+
+def _check_model_step(value: Any, where: str) -> None:
+    """A ``model`` step: a prompt, or ``{prompt, schema?, system?}`` where ``schema`` is a JSON
+    Schema its answer must satisfy."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidFlow(f"{where}: 'model' needs a prompt", field=f"{where}.model")
+        return
+    extra = sorted(set(value) - MODEL_KEYS)
+    if extra:
+        raise InvalidFlow(f"{where}: unknown key '{extra[0]}' in 'model' (it takes prompt, schema, system)",
+                          field=f"{where}.model.{extra[0]}")
+    for key in ("prompt", "system"):
+        if key in value and (not isinstance(value[key], str) or (key == "prompt" and not value[key].strip())):
+            raise InvalidFlow(f"{where}: 'model.{key}' must be a non-empty string", field=f"{where}.model.{key}")
+    if "schema" in value:
+        problem = schema_problem(value["schema"])
+        if problem:
+            raise InvalidFlow(f"{where}: 'model.schema' is not a usable JSON Schema: {problem}", field=f"{where}.model.schema")
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` is not a JSON Schema the box can check an answer against, or None."""
+    if not isinstance(schema, dict):
+        return "a schema is an object"
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return exc.message
+    return None
+
+
 BROWSER_KINDS = ("browse", "click", "fill", "pick", "extract", "screenshot")
 
 
