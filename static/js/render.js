@@ -146,6 +146,39 @@ function approvesWhat(approval) {
   return parts.length ? el("div", { class: "approves" }, ...parts) : null;
 }
 
+// Page images a step stored (before/after screenshots): thumbnails that open large in a dialog.
+const SHOT_LABELS = { before: "Before", after: "After", screenshot: "Screenshot" };
+
+export function isImage(artifact) {
+  return String(artifact?.type ?? "").startsWith("image/") || /\.(png|jpe?g|gif|webp)$/i.test(String(artifact?.name ?? artifact?.url ?? ""));
+}
+
+function shotLabel(name) {
+  const match = /-(before|after|screenshot)\.png$/.exec(String(name ?? ""));
+  return match ? SHOT_LABELS[match[1]] : String(name ?? "Screenshot");
+}
+
+function enlarge(url, label) {
+  const dialog = el("dialog", { class: "shot-large", "aria-label": label },
+    el("form", { method: "dialog" }, el("button", { type: "submit", class: "close" }, "Close")),
+    el("img", { src: url, alt: label }));
+  dialog.addEventListener("close", () => dialog.remove());
+  document.body.append(dialog);
+  dialog.showModal();
+}
+
+export function shotThumb(url, label) {
+  return el("figure", { class: "shot" },
+    el("button", { type: "button", class: "thumb", "aria-label": `${label}: enlarge`, onclick: () => enlarge(url, label) },
+      el("img", { src: url, alt: label, loading: "lazy" })),
+    el("figcaption", {}, label));
+}
+
+export function shotThumbs(artifacts) {
+  const images = (artifacts ?? []).filter(isImage);
+  return images.length ? el("div", { class: "shots" }, images.map((a) => shotThumb(a.url, shotLabel(a.name)))) : null;
+}
+
 export function approvalCard(approval, { version, onDone, showTask = false, big = false } = {}) {
   const task = approval.taskView;
   const rest = Object.fromEntries(Object.entries(approval.detail ?? {}).filter(([key]) => !SHOWN_DETAIL.has(key)));
@@ -154,6 +187,7 @@ export function approvalCard(approval, { version, onDone, showTask = false, big 
     el("h3", { id: `approval-${approval.id}` }, approval.summary),
     // The task window is the owner's; on the phone (big cards) the card names the task instead.
     showTask && task ? el("p", { class: "task-link" }, "Task: ", big ? el("strong", {}, task.title) : el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
+    approval.screenshot ? shotThumb(approval.screenshot, "The page now") : null,
     approvesWhat(approval),
     Object.keys(rest).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(rest, null, 2))) : null,
     decisionButtons(approval, version ?? task?.version, onDone, big));
@@ -225,6 +259,7 @@ export function questionCard(question, { version, onDone, showTask = false, big 
     el("p", { class: "kicker" }, `Question · ${question.kind}`),
     el("h3", { id: `question-${question.id}` }, question.prompt || "The task needs an answer"),
     showTask && task ? el("p", { class: "task-link" }, "Task: ", el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
+    question.screenshot ? shotThumb(question.screenshot, "The page now") : null,
     form);
 }
 

@@ -2,7 +2,7 @@
 // the task's `next` list offers (the page never guesses the state machine).
 import { api, cents, el, refreshInboxCount, say, time, put } from "./api.js";
 import { statusBadge, TaskStream } from "./live.js";
-import { approvalCard, confirmThen, costText, questionCard, stateText } from "./render.js";
+import { approvalCard, confirmThen, costText, isImage, questionCard, shotThumbs, stateText } from "./render.js";
 
 const root = document.getElementById("task-window");
 const taskId = root.dataset.task;
@@ -176,9 +176,10 @@ function artifactNode(artifact) {
 
 // What a step did (a step_result event): its numbers in a line, its output in monospace blocks.
 const RESULT_FACTS = [["exitCode", "Exit code"], ["status", "HTTP status"], ["method", "Method"], ["url", "URL"],
-  ["path", "Path"], ["bytes", "Bytes"], ["linesReported", "Lines reported"], ["durationMs", "Took (ms)"]];
+  ["title", "Page title"], ["rows", "Rows"], ["path", "Path"], ["bytes", "Bytes"], ["linesReported", "Lines reported"], ["durationMs", "Took (ms)"]];
 const RESULT_BLOCKS = [["command", "Command"], ["stdout", "Output (stdout, last lines)"], ["stderr", "Errors (stderr, last lines)"],
-  ["body", "Body"], ["tool", "Tool"], ["args", "Arguments"], ["result", "Result"], ["error", "Error"]];
+  ["body", "Body"], ["tool", "Tool"], ["args", "Arguments"], ["result", "Result"], ["element", "Element chosen"], ["records", "Records"],
+  ["error", "Error"]];
 
 function resultBody(data, artifacts) {
   const facts = RESULT_FACTS.filter(([key]) => data[key] !== undefined && data[key] !== null);
@@ -187,7 +188,8 @@ function resultBody(data, artifacts) {
     facts.length ? el("dl", { class: "result-facts" }, facts.map(([key, label]) => el("div", {}, el("dt", {}, label), el("dd", { class: "mono" }, String(data[key]))))) : null,
     blocks.map(([key, label]) => el("div", { class: "result-block" }, el("h4", {}, label),
       el("pre", { class: "mono output", tabindex: "0", "aria-label": label }, typeof data[key] === "string" ? data[key] : JSON.stringify(data[key], null, 2)))),
-    (artifacts ?? []).length ? el("p", { class: "artifacts" }, "Whole output: ", artifacts.map((a) => el("a", { href: a.url, target: "_blank", rel: "noopener" }, `${a.name} (${a.size} bytes)`))) : null);
+    (artifacts ?? []).filter((a) => !isImage(a)).length ? el("p", { class: "artifacts" }, "Files: ",
+      artifacts.filter((a) => !isImage(a)).map((a) => el("a", { href: a.url, target: "_blank", rel: "noopener" }, `${a.name} (${a.size} bytes)`))) : null);
 }
 
 function resultDetails(event) {
@@ -207,6 +209,7 @@ function appendEvent(event) {
       el("span", { class: "summary" }, event.summary),
       event.costCents ? el("span", { class: "cost" }, cents(event.costCents)) : null),
     // A status line says it all in its summary; other kinds carry details worth opening.
+    event.kind === "step_result" ? shotThumbs(event.artifacts) : null,
     event.kind === "step_result" ? resultDetails(event)
       : event.kind !== "status" && Object.keys(data).length ? el("details", {}, el("summary", {}, "Details"), el("pre", { class: "mono" }, JSON.stringify(data, null, 2))) : null,
     event.kind !== "step_result" && (event.artifacts ?? []).length ? el("div", { class: "artifacts" }, event.artifacts.map(artifactNode)) : null);
@@ -284,6 +287,7 @@ async function loadReport() {
     put(box,
       steps.length ? el("section", {}, el("h3", {}, "Steps"), el("ol", { class: "report-steps" }, steps.map((step) => el("li", { value: String(step.step) },
         el("p", {}, el("strong", {}, `Step ${step.step}`), step.kind ? ` ${step.kind}` : "", step.outcome ? ` · ${step.outcome}` : "", step.summary ? el("span", { class: "muted" }, ` · ${step.summary}`) : null),
+        step.result ? shotThumbs(step.result.artifacts) : null,
         step.result ? el("details", { class: "result" }, el("summary", {}, step.result.ok === false ? "What it did (failed)" : "What it did"), resultBody(step.result, step.result.artifacts)) : null)))) : null,
       output !== null && output !== undefined ? el("section", {}, el("h3", {}, "Result (shaped by the model)"), el("pre", { class: "mono" }, typeof output === "string" ? output : JSON.stringify(output, null, 2))) : null,
       records && Object.keys(records).length ? el("section", {}, el("h3", {}, "Records"), el("pre", { class: "mono" }, JSON.stringify(records, null, 2))) : null,

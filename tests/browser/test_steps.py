@@ -1,7 +1,14 @@
 """Browser steps in the task's own sandboxed Chromium, against local sites."""
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+
+from django.utils import timezone
+
+from boxsite.models import BoxSettings
+from tasks.models import Task
+from tasks.retention import prune_expired
 
 from tests.factories import flow
 
@@ -26,6 +33,15 @@ def test_pick_the_cheapest_offer_and_extract_the_fares(sandboxed, site):
     assert records["cheapest"] == {"value": "Play 09:10 ₹4,321 Select"}
     assert records["heading"] == [{"value": "You chose Play 09:10"}]
     assert site.gets["/chosen"] == 1
+    # Retention prunes the screenshots with the rest of the done task's history.
+    images = [a["url"] for e in results(sandboxed, task["id"]) for a in e["artifacts"] if a["type"] == "image/png"]
+    assert len(images) == 4 and all(sandboxed.api.get(url).status_code == 200 for url in images)
+    settings_row = BoxSettings.current()
+    settings_row.retention_days = 30
+    settings_row.save()
+    Task.objects.filter(pk=task["id"]).update(finished_at=timezone.now() - timedelta(days=40))
+    assert prune_expired().history == [task["id"]]
+    assert all(sandboxed.api.get(url).status_code == 404 for url in images)
 
 
 
