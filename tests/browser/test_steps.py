@@ -9,7 +9,6 @@ from django.utils import timezone
 from boxsite.models import BoxSettings
 from tasks.models import Task
 from tasks.retention import prune_expired
-
 from tests.factories import flow
 
 
