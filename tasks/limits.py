@@ -6,6 +6,7 @@ from django.conf import settings
 DEFAULT_LIMITS: dict[str, int | None] = {
     "max_actions": 120,
     "max_model_calls": 6000,
+    "max_rescues": 5,
     "max_elapsed_ms": None,
     "memory_mb": None,  # defaults from settings (RESOURCE_DEFAULTS)
     "cpu_percent": None,

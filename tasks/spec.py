@@ -28,6 +28,7 @@ from tasks.tools import get_tool
 from tasks.workers.presets import all_presets
 
 MIN_MEMORY_MB = 16
+MAX_RESCUES = 5  # the default is also the most a task may ask for
 # Spec fields and limits the box will take once what they promise exists; until then a spec that
 # sets them is refused (never stored and ignored). Each says why.
 NOT_AVAILABLE_YET = {
@@ -35,7 +36,6 @@ NOT_AVAILABLE_YET = {
     "parent": "tasks have no parent-child cascade yet",
 }
 LIMITS_NOT_AVAILABLE_YET = {
-    "max_rescues": "no worker rescues a stuck step yet",
     "disk_mb": "the box cannot yet bound what a task writes to its layer (see /api/health, isolation.limits)",
 }
 CONSTRAINTS_NOT_AVAILABLE_YET = {
@@ -321,7 +321,8 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
             raise NotAvailable(f"'limits.{key}' is not available yet: {LIMITS_NOT_AVAILABLE_YET[key]}", field=f"limits.{key}")
         if key not in DEFAULT_LIMITS:
             raise InvalidSpec(f"unknown limit '{key}'", field=f"limits.{key}")
-        limits[key] = _int(value, f"limits.{key}", minimum=MIN_MEMORY_MB if key == "memory_mb" else 1)
+        limits[key] = _int(value, f"limits.{key}", minimum=MIN_MEMORY_MB if key == "memory_mb" else 0 if key == "max_rescues" else 1,
+                           maximum=MAX_RESCUES if key == "max_rescues" else MAX_WHOLE)
         if key in RESOURCE_DEFAULTS and (unenforced := resource_limits_unavailable()) is not None:
             raise NotAvailable(f"'limits.{key}' cannot be enforced on this box: {unenforced}", field=f"limits.{key}")
     if resource_limits_unavailable() is None:

@@ -36,6 +36,7 @@ from tasks.tools import NeedsApproval, call
 from tasks.workers import process
 from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused, needs_key
+from tasks.workers.rescuer import rescue
 
 GATES = ("approve", "checkpoint", "ask")
 
@@ -187,7 +188,10 @@ class FlowWorker:
 
     def _run(self, ctx: RunContext) -> Outcome:
         flow = ctx.task.flow or {}
-        steps: list[dict[str, Any]] = flow.get("steps", [])
+        steps: list[dict[str, Any]] = list(flow.get("steps", []))
+        for at, amended in (ctx.resume.get("amended") or {}).items():  # the rescuer's amended steps
+            if 0 <= int(at) < len(steps):
+                steps[int(at)] = amended
         # Saved values are stored redacted (a secret a step printed is its ${name}); they get
         # their secrets back only here, in the worker's memory, for the steps that use them.
         records: dict[str, Any] = {k: substitute(v, ctx.facts.values) for k, v in (ctx.task.records or {}).items()}
@@ -256,6 +260,9 @@ class FlowWorker:
                         retry.update(approved_step=index, only=only)
                     return Paused(WaitingFor.HUMAN, f"step {index + 1} hit {wall}; a person must get past it, then continue",
                                   resume=retry)
+                rescued = rescue(ctx, steps, index, exc.message, exc.evidence.data, resume)
+                if rescued is not None:
+                    return rescued
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
                               hint="fix the cause and run the task again")
             record_result(ctx, index, total, kind, began, clock, evidence)
