@@ -181,6 +181,7 @@ class Report(s.Serializer):
     approvals = ApprovalView(many=True)
     questions = QuestionView(many=True)
     rescues = s.ListField(child=Obj())
+    memory = s.ListField(child=Obj())  # grounding hints learned: {instruction, page, selector}
 
 
 class Inbox(s.Serializer):

@@ -52,7 +52,7 @@ EXECUTABLE_KINDS = {"run", "write", "delete", "http", "tool", "model", "ask", "a
 
 _SHAPE_TYPES = {"str": str, "object": dict, "bool": bool}
 # How a browser step names its element (tasks/browser/steps.py): one of these keys.
-TARGET_KEYS = ("selector", "text", "role", "label", "placeholder")
+TARGET_KEYS = ("selector", "text", "role", "label", "placeholder", "describe")
 TARGETED_KINDS = ("click", "fill", "pick")
 
 
@@ -75,13 +75,26 @@ def _check_shape(kind: StepKind, value: Any, where: str) -> None:
                               field=f"{where}.{kind.name}")
 
 
+def _check_memory(flow: dict[str, Any], field: str) -> None:
+    """``memory``: grounding hints from an earlier run (``{instruction, selector, page?}``);
+    ``trace``: true to record every model exchange whole."""
+    memory = flow.get("memory", [])
+    if not isinstance(memory, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("instruction"), str) and isinstance(m.get("selector"), str)
+            and isinstance(m.get("page", ""), str) and not set(m) - {"instruction", "selector", "page"} for m in memory):
+        raise InvalidFlow("'memory' is a list of {instruction, selector, page}", field=f"{field}.memory")
+    if not isinstance(flow.get("trace", False), bool):
+        raise InvalidFlow("'trace' must be true or false", field=f"{field}.trace")
+
+
 def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
     """Raise ``InvalidFlow`` naming the first problem; return the flow unchanged when valid."""
     if not isinstance(flow, dict):
         raise InvalidFlow("a flow is an object with 'steps'", field=field)
-    unknown = set(flow) - {"vars", "steps"}
+    unknown = set(flow) - {"vars", "steps", "memory", "trace"}
     if unknown:
         raise InvalidFlow(f"unknown flow key '{sorted(unknown)[0]}'", field=f"{field}.{sorted(unknown)[0]}")
+    _check_memory(flow, field)
     vars_ = flow.get("vars", {})
     if not isinstance(vars_, dict):
         raise InvalidFlow("'vars' must be an object", field=f"{field}.vars")

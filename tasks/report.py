@@ -36,8 +36,20 @@ def build_report(task: Task) -> dict[str, Any]:
         "approvals": [present_approval(a, redact) for a in task.approvals.order_by("pk")],
         "questions": [present_question(q, redact) for q in task.questions.exclude(state="staged").order_by("pk")],
         "rescues": [{"seq": e.seq, "summary": e.summary, "data": e.data, "at": e.created_at.isoformat()} for e in rescue_events],
+        "memory": _learned(step_events),
     }
     return redact.redact(report)
+
+
+def _learned(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Grounding hints the task's steps found or confirmed (a later flow's ``memory``)."""
+    hints: dict[tuple[str, str], dict[str, Any]] = {}
+    for event in events:
+        found = (event.get("data") or {}).get("grounding") if event["kind"] == EventKind.STEP_RESULT else None
+        if isinstance(found, dict) and found.get("selector") and (event.get("data") or {}).get("ok"):
+            hints[(found["instruction"], found["page"])] = {"instruction": found["instruction"], "page": found["page"],
+                                                           "selector": found["selector"]}
+    return list(hints.values())
 
 
 def _flow_steps(task: Task, events: list[dict[str, Any]]) -> list[dict[str, Any]]:

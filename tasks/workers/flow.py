@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalKind
 from tasks.broker.protocol import CallError
+from tasks.browser import grounding
 from tasks.browser import steps as browser_steps
 from tasks.browser.session import BrowserSession
 from tasks.context import RunContext
@@ -180,8 +181,8 @@ class FlowWorker:
         for i in replay:
             kind = step_kind(steps[i])
             try:
-                browser_steps.execute(ctx, self._browser, kind, substitute(steps[i][kind], known), steps[i], index=i,
-                                      approved=False, replay=True)
+                value, _ = ground_target(ctx, self._browser, kind, substitute(steps[i][kind], known), steps[i], i)
+                browser_steps.execute(ctx, self._browser, kind, value, steps[i], index=i, approved=False, replay=True)
             except (StepFailed, browser_steps.PaymentStop, NeedsApproval) as exc:
                 raise StepFailed(f"re-opening the page failed at step {i + 1}: {exc}") from exc
         return self._browser
@@ -418,7 +419,16 @@ class FlowWorker:
                 return body, evidence
         if kind in browser_steps.KINDS:
             session = self.browser(ctx, index, known)
-            return browser_steps.execute(ctx, session, kind, value, step, index=index, approved=approved)
+            value, grounding = ground_target(ctx, session, kind, value, step, index)
+            try:
+                result, evidence = browser_steps.execute(ctx, session, kind, value, step, index=index, approved=approved)
+            except StepFailed as exc:
+                if grounding:
+                    exc.evidence.data["grounding"] = grounding
+                raise
+            if grounding:
+                evidence.data["grounding"] = grounding
+            return result, evidence
         if kind == "tool":
             args = substitute(step.get("args", {}), known)
             try:
@@ -430,6 +440,19 @@ class FlowWorker:
         if kind == "model":
             return model_step(ctx, value)
         raise StepFailed(f"'{kind}' is not executable")
+
+
+def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: Any, step: dict[str, Any],
+                  index: int) -> tuple[Any, dict[str, Any] | None]:
+    """A target described in plain words becomes a selector (``tasks.browser.grounding``)."""
+    if not (isinstance(value, dict) and "describe" in value):
+        return value, None
+    if kind not in ("click", "fill"):
+        raise StepFailed(f"'describe' finds the element of a click or fill step, not of a '{kind}' step")
+    timeout_s = float(step.get("timeout_s") or browser_steps.DEFAULT_TIMEOUT_S)
+    found, how = grounding.ground(ctx, session, kind, value, index=index, timeout_s=timeout_s,
+                                  trace=bool((ctx.task.flow or {}).get("trace")))
+    return found, how
 
 
 def model_step(ctx: RunContext, value: Any) -> tuple[Any, Evidence]:
