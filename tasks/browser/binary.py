@@ -11,7 +11,7 @@ _DEBIAN_BINARY = "/usr/lib/chromium/chromium"
 
 
 def executable() -> str:
-    configured = str(getattr(settings, "BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium"))
+    configured = str(settings.BOX_BROWSER_EXECUTABLE)
     if configured == "/usr/bin/chromium" and os.path.isfile(_DEBIAN_BINARY):
         return _DEBIAN_BINARY
     return configured
