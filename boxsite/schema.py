@@ -551,3 +551,11 @@ class ModelTest(s.Serializer):
     usage = Obj(required=False)
     latencyMs = Int(required=False)
     costCents = s.FloatField(required=False)
+
+
+class Describe(s.Serializer):
+    flowLanguage = _strs()
+    commonKeys = Obj()
+    steps = Obj(help_text="per step kind: acts, what, and a JSON Schema of the step")
+    examples = s.ListField(child=Obj())
+    howToStart = Str()

@@ -11,6 +11,7 @@ from boxsite.errors import Forbidden
 from boxsite.principal import Principal
 from boxsite.validation import check_fields, fields_of
 from tasks import model
+from tasks.describe import guide
 
 
 def _require_settings_right(request: Request) -> None:
@@ -26,6 +27,13 @@ def model_settings(request: Request) -> Response:
     if request.method == "PATCH":
         model.update_settings(check_fields(request.data, fields_of(schema.ModelSettingsBody), what="model settings"))
     return Response(model.present_settings())
+
+
+@extend_schema(responses={200: schema.Describe})
+@api_view(["GET"])
+def describe(request: Request) -> Response:
+    """The guide to writing flows: the language, each step kind's schema, worked examples."""
+    return Response(guide())
 
 
 @extend_schema(request=None, responses={200: schema.ModelTest})

@@ -235,8 +235,6 @@ def parse_spec(body: Any, principal: Principal, *, source: str | None = None) ->
     worker = _str(body, "worker") or ("flow" if flow is not None else "agent")
     if worker not in BUILTIN_WORKERS and worker not in presets:
         raise InvalidSpec(f"unknown worker '{worker}'", field="worker")
-    if worker == "flow" and flow is None:
-        raise InvalidSpec("the flow worker needs a 'flow'", field="flow")
     if worker != "flow" and flow is not None:
         raise InvalidSpec(f"'flow' is only for the flow worker, not '{worker}'", field="flow")
     command: list[str] | None = None

@@ -8,4 +8,5 @@ urlpatterns = [
     path("tools", vault_views.tool_list, name="tool-list"),
     path("settings/model", model_views.model_settings, name="model-settings"),
     path("settings/model/test", model_views.model_test, name="model-test"),
+    path("describe", model_views.describe, name="describe"),
 ]

@@ -37,6 +37,7 @@ from tasks.tools import NeedsApproval, call
 from tasks.workers import process
 from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused, needs_key
+from tasks.workers.planner import after_owner, plan, replan
 from tasks.workers.rescuer import rescue
 
 GATES = ("approve", "checkpoint", "ask")
@@ -188,6 +189,16 @@ class FlowWorker:
         return self._browser
 
     def _run(self, ctx: RunContext) -> Outcome:
+        if ctx.task.flow is None:  # a plain-language task: the planner writes its flow first
+            stopped = plan(ctx)
+            if stopped is not None:
+                return stopped
+        if "replan_after" in ctx.resume:  # a replan that waited (for the owner, the budget, a key)
+            steps_now = list((ctx.task.flow or {}).get("steps", []))
+            at, error = int(ctx.resume.get("step", 0)), str(ctx.resume["replan_after"])
+            if ctx.resume.get("ask_owner"):
+                return after_owner(ctx, steps_now, at, error)
+            return replan(ctx, steps_now, at, error) or Failed(f"step {at + 1} failed: {error}", recoverable=True)
         flow = ctx.task.flow or {}
         steps: list[dict[str, Any]] = list(flow.get("steps", []))
         for at, amended in (ctx.resume.get("amended") or {}).items():  # the rescuer's amended steps
@@ -264,6 +275,10 @@ class FlowWorker:
                 rescued = rescue(ctx, steps, index, exc.message, exc.evidence.data, resume)
                 if rescued is not None:
                     return rescued
+                if ctx.task.spent.get("plans"):
+                    replanned = replan(ctx, steps, index, exc.message)
+                    if replanned is not None:
+                        return replanned
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
                               hint="fix the cause and run the task again")
             record_result(ctx, index, total, kind, began, clock, evidence)

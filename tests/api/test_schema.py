@@ -143,6 +143,7 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("GET", "/api/vault"))
     ok(api.call("DELETE", "/api/vault/KEY"), 204)
     ok(api.call("GET", "/api/settings/model"))
+    ok(api.call("GET", "/api/describe"))
     ok(api.call("PATCH", "/api/settings/model", {"baseUrl": "http://127.0.0.1:9/v1", "model": "m", "keyName": ""}))
     ok(api.call("POST", "/api/settings/model/test"))  # nothing listens there: the answer says so
 
