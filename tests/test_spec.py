@@ -32,7 +32,9 @@ BAD_SPECS = [
     ("unknown limit", {"title": "t", "prompt": "p", "limits": {"max_sheep": 3}}, "INVALID_SPEC", "limits.max_sheep"),
     ("unknown constraint", {"title": "t", "prompt": "p", "constraints": {"fly": True}}, "INVALID_SPEC", "constraints.fly"),
     ("payment fill without origins", {"title": "t", "prompt": "p", "constraints": {"payment": "fill_then_approve"}}, "ORIGINS_REQUIRED", "constraints.origins"),
-    ("output, not available yet", {"title": "t", "prompt": "p", "output": {"instructions": "x"}}, "NOT_AVAILABLE", "output"),
+    ("output without a model", {"title": "t", "prompt": "p", "output": {"instructions": "x"}}, "OUTPUT_UNAVAILABLE", "output"),
+    ("output schema outside the subset", {"title": "t", "prompt": "p", "output": {"instructions": "x", "schema": {"$ref": "#"}}},
+     "INVALID_OUTPUT", "output.schema"),
     ("flow not an object", {"title": "t", "flow": []}, "INVALID_FLOW", "flow"),
     ("flow without steps", {"title": "t", "flow": {"steps": []}}, "INVALID_FLOW", "flow.steps"),
     ("unknown step kind", {"title": "t", "flow": {"steps": [{"teleport": "x"}]}}, "INVALID_FLOW", "flow.steps[0]"),
@@ -42,7 +44,7 @@ BAD_SPECS = [
     ("wrong type for run", {"title": "t", "flow": {"steps": [{"run": 5}]}}, "INVALID_FLOW", "flow.steps[0]"),
     ("unknown step key", {"title": "t", "flow": {"steps": [{"run": "ls", "retry": 3}]}}, "INVALID_FLOW", "flow.steps[0].retry"),
     ("bad timeout", {"title": "t", "flow": {"steps": [{"run": "ls", "timeout_s": 0}]}}, "INVALID_FLOW", "flow.steps[0].timeout_s"),
-    ("flow worker without flow", {"title": "t", "prompt": "p", "worker": "flow"}, "INVALID_SPEC", "flow"),
+    ("flow worker without flow or prompt", {"title": "t", "worker": "flow"}, "INVALID_SPEC", "prompt"),
 ]
 
 
