@@ -44,13 +44,23 @@ PHASES: list[tuple[str, Callable[[], object]]] = [
 ]
 
 
-def tick() -> None:
+def run_phases(phases: list[tuple[str, Callable[[], object]]]) -> list[tuple[str, Callable[[], object]]]:
+    """Run each phase on its own; return the ones that failed (each logged). A failed phase
+    may have left its connection broken (a terminated backend): the next phase gets a fresh one."""
+    failed = []
     close_old_connections()
-    for name, phase in PHASES:
+    for name, phase in phases:
         try:
             phase()
         except Exception:  # noqa: BLE001 - logged, and the next phase still runs
             log.exception("scheduler phase %r failed", name)
+            failed.append((name, phase))
+            close_old_connections()
+    return failed
+
+
+def tick() -> None:
+    run_phases(PHASES)
 
 
 def process_started_at() -> datetime:
@@ -60,9 +70,15 @@ def process_started_at() -> datetime:
     return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), tz=UTC)
 
 
-def on_start() -> None:
-    """Reconcile what a crash of the box may have left behind."""
-    reconcile()
-    resend_unclaimed()
-    # After the re-send: the retries it queues are sent once, by their commit.
-    resume_after_restart(started_before=process_started_at())
+def start_phases() -> list[tuple[str, Callable[[], object]]]:
+    """What the scheduler does once at start: reconcile what a crash of the box may have left
+    behind, re-send what the queue may have lost, resume runs a restart cut off. The process
+    retries any of them that failed (a database fault at start) before each tick until it
+    succeeds: a scheduler never exits because its database had a bad moment."""
+    started = process_started_at()
+    return [
+        ("reconcile leftovers", reconcile),
+        ("re-send unclaimed runs", resend_unclaimed),
+        # After the re-send: the retries it queues are sent once, by their commit.
+        ("resume runs a restart cut off", lambda: resume_after_restart(started_before=started)),
+    ]

@@ -8,8 +8,6 @@ import traceback
 
 from django.conf import settings
 from django.db import (
-    InterfaceError,
-    OperationalError,
     close_old_connections,
     connection,
 )
@@ -19,16 +17,13 @@ from tasks.broker.server import serving as broker_serving
 from tasks.context import RunContext
 from tasks.facts import Facts
 from tasks.finalize import begin_run, finish_run
-from tasks.recorder import LeaseLost, LimitReached, StepRecorder
+from tasks.recorder import TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
 from tasks.workers import worker_for
 from tasks.workers.base import Done, Failed, Outcome
 from tasks.workers.shaping import SHAPE_RESUME, shape_output
 
 log = logging.getLogger(__name__)
 
-# Transient database errors: a restarted or busy database, a terminated connection, a deadlock
-# victim. They retry the run (within its attempts); they never fail the task by themselves.
-TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 
 # Set in a worker process when its cluster stops: the run in hand is stopped and handed back.
 handing_back = threading.Event()
@@ -58,6 +53,9 @@ class Heartbeat(threading.Thread):
                     alive = runs.heartbeat(self.run_id, self.token)
                 except Exception:  # noqa: BLE001 - a busy database is retried next beat
                     log.warning("heartbeat for run %s failed; retrying", self.run_id, exc_info=True)
+                    # On a fresh connection: this thread's may be broken for good (a terminated
+                    # backend), and nothing else in a thread ever replaces it.
+                    connection.close()
                     continue
                 if not alive:
                     self.stop_event.set()
@@ -79,7 +77,11 @@ def execute_run(run_id: int) -> None:
         return
     run, token = claimed
     task = run.task
-    facts = Facts.of(task)
+    try:
+        facts = Facts.of(task)
+    except TRANSIENT_DB_ERRORS as exc:
+        _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
+        return
     recorder = StepRecorder(task, run.pk, token, facts.redactor())
     stop = _current_stop = threading.Event()
     if handing_back.is_set():

@@ -5,10 +5,13 @@ only then writes. A worker whose lease was taken over gets ``LeaseLost`` and wri
 """
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import transaction
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 
 from tasks import runs
@@ -17,6 +20,12 @@ from tasks.facts import Redactor
 from tasks.models import EventKind, Task
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# Transient database errors: a restarted or busy database, a terminated connection, a deadlock
+# victim. They retry (a write, or the run within its attempts); they never fail a task by themselves.
+TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
+RETRY_PAUSE_S = 0.2
 
 
 class LeaseLost(Exception):
@@ -39,12 +48,28 @@ class StepRecorder:
         self.redactor = redactor
 
     def guarded(self, write: Callable[[], T]) -> T:
-        """Run ``write`` in a transaction that first proves this run still holds its lease."""
-        with transaction.atomic():
-            runs.lock_task(self.task.pk)  # the one lock order: the task row before its run rows
-            if not runs.holds_lease(self.run_id, self.token):
-                raise LeaseLost(f"run {self.run_id} no longer holds its lease")
-            return write()
+        """Run ``write`` in a transaction that first proves this run still holds its lease.
+
+        A transient database fault (a terminated connection, ``database is locked``) rolls the
+        transaction back; it is tried again on a fresh connection for up to a lease, so a short
+        fault costs a moment, not the run (a hand-back would run the step in hand again, even
+        one that had finished and was only being recorded). Past a lease the run's lease is gone
+        anyway, and the fault goes up to the worker, which hands the run back."""
+        deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
+        while True:
+            try:
+                with transaction.atomic():
+                    runs.lock_task(self.task.pk)  # the one lock order: the task row before its run rows
+                    if not runs.holds_lease(self.run_id, self.token):
+                        raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+                    return write()
+            except TRANSIENT_DB_ERRORS as exc:
+                if connection.in_atomic_block or time.monotonic() > deadline:
+                    raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
+                log.warning("run %s: a database fault while recording (%s); trying again", self.run_id,
+                            (str(exc).strip().splitlines() or [""])[0][:200])
+                connection.close()
+                time.sleep(RETRY_PAUSE_S)
 
     def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
               artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None) -> None:

@@ -6,7 +6,10 @@ SQLite: the test holds the database's write lock longer than the workers' busy t
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -14,8 +17,8 @@ from django.conf import settings
 from django.db import connection
 
 from tasks.models import Run, Task
-from tests.cluster import running_box
-from tests.conftest import queue_through_the_cluster, wait_for
+from tests.cluster import MANAGE, running_box, spawn, stop
+from tests.conftest import database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 pytestmark = pytest.mark.usefixtures("cluster_mode")
@@ -60,11 +63,6 @@ def _all_final(task_ids: list[str]) -> bool:
 
 
 def test_database_faults_under_running_tasks_fail_none_of_them(box, tmp_path):
-    if not settings.DB_IS_POSTGRES:
-        # Known gap (docs/performance.md, recovery): a write lock held past the busy timeout can
-        # stop django-q2's pusher on SQLite; only the supervisor's stuck check restarts the
-        # cluster then, and this test runs the cluster without it. About one run in three hung.
-        pytest.skip("SQLite lock faults need the supervisor's restart; not yet reliable without it")
     env = {"BOX_WORKERS": "2", "BOX_MAX_RUN_ATTEMPTS": "6", "BOX_SQLITE_BUSY_TIMEOUT_S": "0.3"}
     with running_box(tmp_path, **env):
         task_ids = [box.create(title=f"through faults {n}", flow=STEPS)["id"] for n in range(TASKS)]
@@ -84,3 +82,49 @@ def test_database_faults_under_running_tasks_fail_none_of_them(box, tmp_path):
     states = dict(Task.objects.filter(pk__in=task_ids).values_list("pk", "state"))
     errors = dict(Task.objects.filter(pk__in=task_ids).values_list("pk", "error"))
     assert list(states.values()) == ["done"] * TASKS, errors
+
+
+@contextmanager
+def _runs_table_locked() -> Iterator[dict[str, str]]:
+    """Nobody else may write the run table (PostgreSQL: nor read it) while this is open. Yields
+    the environment that makes a box process give up on the lock quickly instead of waiting."""
+    if settings.DB_IS_POSTGRES:
+        name = connection.settings_dict["NAME"]
+        with psycopg.connect(host="127.0.0.1", user="postgres", dbname=name) as locker:
+            locker.execute("LOCK TABLE tasks_run IN ACCESS EXCLUSIVE MODE")
+            yield {"PGOPTIONS": "-c lock_timeout=300"}
+            locker.rollback()
+    else:
+        held = sqlite3.connect(connection.settings_dict["NAME"], timeout=30, isolation_level=None)
+        try:
+            held.execute("BEGIN IMMEDIATE")
+            yield {"BOX_SQLITE_BUSY_TIMEOUT_S": "0.3"}
+            held.execute("ROLLBACK")
+        finally:
+            held.close()
+
+
+def test_a_database_fault_while_the_scheduler_starts_does_not_stop_it(box, tmp_path):
+    """The scheduler is the only process that sends retries after their backoff: if a fault at
+    its start could end it, every later handed-back run would wait for ever."""
+    task = box.create(title="sent, never claimed", flow=STEPS)
+    sent = Run.objects.get(task_id=task["id"]).enqueued_at
+    assert sent is not None
+    env = {**database_env(), "BOX_SCHEDULER_TICK_SECONDS": "0.2", "BOX_QUEUE_NAME": str(settings.Q_CLUSTER["name"])}
+    log = tmp_path / "scheduler.log"
+    with _runs_table_locked() as give_up_fast:
+        scheduler = spawn([sys.executable, MANAGE, "runscheduler"], {**env, **give_up_fast}, log)
+        try:
+            # Its start-up re-send (a write to the run table) meets the fault.
+            wait_for(lambda: "phase 're-send unclaimed runs' failed" in log.read_text() or scheduler.poll() is not None,
+                     timeout=60, what="the scheduler's start-up to meet the fault")
+        except BaseException:
+            stop(scheduler)
+            raise
+    try:
+        # The fault is over: the same process re-sends the run (its start-up, tried again).
+        wait_for(lambda: scheduler.poll() is not None or Run.objects.get(task_id=task["id"]).enqueued_at != sent,
+                 timeout=60, what="the scheduler to re-send the run after the fault")
+        assert scheduler.poll() is None, log.read_text()[-3000:]
+    finally:
+        stop(scheduler)

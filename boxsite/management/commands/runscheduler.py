@@ -20,8 +20,10 @@ class Command(BaseCommand):
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        scheduler.on_start()
+        pending = scheduler.start_phases()
         while True:
+            if pending:  # a start-up phase a database fault failed: again, before the tick
+                pending = scheduler.run_phases(pending)
             scheduler.tick()
             if options["once"] or stop.wait(settings.BOX_SCHEDULER_TICK_SECONDS):
                 break
