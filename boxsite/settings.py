@@ -183,10 +183,11 @@ BOX_MAX_RUN_ATTEMPTS = env_int("BOX_MAX_RUN_ATTEMPTS", 3, minimum=1)
 BOX_RETRY_BACKOFF_SECONDS = env_float("BOX_RETRY_BACKOFF_SECONDS", 2.0)
 BOX_SCHEDULER_TICK_SECONDS = env_float("BOX_SCHEDULER_TICK_SECONDS", 2.0)
 # A queued run not claimed this long after it was sent, while a worker is free, is sent again.
-BOX_RESEND_S = env_float("BOX_RESEND_S", 10.0)
-# Sent runs waiting this long while a worker is free and nothing is claimed: the supervisor
-# restarts the cluster. Longer than BOX_RESEND_S, so a re-send gets its chance first.
-BOX_STUCK_S = env_float("BOX_STUCK_S", 20.0)
+BOX_RESEND_S = env_float("BOX_RESEND_S", 5.0)
+# Sent runs waiting this long while a worker is free and nothing is claimed: the cluster leader
+# restarts its cluster (runcluster's watchdog). Longer than BOX_RESEND_S, so a re-send gets its
+# chance first.
+BOX_STUCK_S = env_float("BOX_STUCK_S", 10.0)
 # How long a stopping box waits for its processes before it kills them.
 BOX_STOP_GRACE_S = env_float("BOX_STOP_GRACE_S", 15.0)
 # Schedules: a failed firing retries after base * 2^(n-1) seconds, never longer than the max.

@@ -123,12 +123,13 @@ def stranded_runs(now: Any) -> list[int]:
     return list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=before).values_list("pk", flat=True))
 
 
-def cluster_stuck(now: Any = None) -> bool:
+def cluster_stuck(now: Any = None, *, for_s: float | None = None) -> bool:
     """Runs wait while the cluster claims nothing: a worker is free, a sent run has been waiting
-    longer than ``BOX_STUCK_S``, and no run was claimed in that time. The supervisor restarts
-    the cluster then (a killed django-q2 worker can leave its queue locked for good)."""
+    longer than ``for_s`` (``BOX_STUCK_S``), and no run was claimed in that time. The cluster
+    leader restarts its cluster then (a killed django-q2 worker can leave its queue locked for
+    good); the supervisor restarts the leader after three times as long."""
     now = now or timezone.now()
-    since = now - timedelta(seconds=settings.BOX_STUCK_S)
+    since = now - timedelta(seconds=settings.BOX_STUCK_S if for_s is None else for_s)
     if free_workers() <= 0:
         return False
     if not Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=False, available_at__lt=since).exists():

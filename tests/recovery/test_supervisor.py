@@ -165,15 +165,21 @@ def test_killed_idle_workers_and_a_frozen_cluster_never_strand_tasks(box_env, tm
         for _ in range(3):  # kill the idle pool, again and again
             for pid in _sentinel_children(leader):
                 if Path(f"/proc/{pid}/stat").exists() and _children(pid) == set():
-                    os.kill(pid, signal.SIGKILL)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass  # gone already (the cluster's watchdog may be restarting it)
             first = box.create("after killed workers", FLOW_QUICK)
             assert box.wait_state(first, "done", "failed", timeout=60) == "done"
         # A frozen cluster (every process stopped): runs wait, nothing claims them.
         for pid in _children(leader):
-            os.kill(pid, signal.SIGSTOP)
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
         stranded = [box.create(f"while frozen {n}", FLOW_QUICK) for n in range(3)]
         for task_id in stranded:
             assert box.wait_state(task_id, "done", "failed", timeout=90) == "done"
-        assert _cluster_leader(box.proc.pid) != leader  # the supervisor restarted the cluster
         _stop(box)
-    assert "restarting it" in (tmp_path / "runbox.log").read_text()
+    # The cluster's own watchdog restarted it (the supervisor steps in only for a wedged leader).
+    assert "while the worker cluster claimed none; restarting it" in (tmp_path / "runbox.log").read_text()

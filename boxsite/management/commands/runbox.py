@@ -3,8 +3,10 @@
 Ctrl-C (or SIGTERM) stops all three gracefully: each gets SIGTERM (the cluster's leader alone,
 which hands running runs back), anything still alive after ``BOX_STOP_GRACE_S`` is killed, and
 then the box releases what its tasks held on the host (processes, task users, mounts). If one
-of the three dies, the others are stopped too, so the box is never half up. A cluster that
-stops claiming runs while runs wait is restarted (see ``tasks.runs.cluster_stuck``).
+of the three dies, the others are stopped too, so the box is never half up. The cluster leader
+restarts a cluster that stops claiming runs while runs wait (``runcluster``'s watchdog); if runs
+still wait three times as long (the leader itself is wedged), the supervisor restarts the worker
+process (see ``tasks.runs.cluster_stuck``).
 """
 from __future__ import annotations
 
@@ -96,7 +98,8 @@ class Command(BaseCommand):
         # A (re)started cluster gets time to come up before it is judged; on a loaded machine
         # that can take long, so each restart doubles it (back to the base once the cluster
         # has gone a while without needing one).
-        base_grace = grace = max(2 * settings.BOX_STUCK_S, 15.0)
+        wedged_s = 3 * settings.BOX_STUCK_S
+        base_grace = grace = max(2 * wedged_s, 15.0)
         while not stopping:
             for name, proc in procs.items():
                 if proc.poll() is not None:
@@ -108,8 +111,8 @@ class Command(BaseCommand):
                 next_watch = now + WATCH_EVERY_S
                 if now - started_worker > grace:
                     if self._cluster_stuck():
-                        self.stderr.write(f"runs have waited {settings.BOX_STUCK_S:g}s while the worker cluster "
-                                          "claimed none; restarting it")
+                        self.stderr.write(f"runs have waited {wedged_s:g}s while the worker cluster claimed none "
+                                          "(its own watchdog did not restart it); restarting the worker process")
                         stop_all([procs["worker"]], grace=min(5.0, settings.BOX_STOP_GRACE_S))
                         procs["worker"] = start(children["worker"])
                         started_worker = time.monotonic()
@@ -129,7 +132,7 @@ class Command(BaseCommand):
     def _cluster_stuck(self) -> bool:
         close_old_connections()
         try:
-            return runs.cluster_stuck()
+            return runs.cluster_stuck(for_s=3 * settings.BOX_STUCK_S)
         except Exception:  # noqa: BLE001 - a database hiccup is no reason to restart anything
             log.warning("could not check whether the worker cluster is stuck", exc_info=True)
             return False
