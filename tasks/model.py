@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,9 +174,9 @@ def call_model(config: ModelConfig, messages: list[dict[str, Any]], *, tools: li
     """One chat-completions call. ``tools``: function tools the model may call; ``schema``: a
     JSON Schema its answer must follow (asked for as a JSON object; the caller validates it).
     Raises ``ModelError`` (never hangs past the timeout) or ``KeyMissing``."""
-    client = openai.OpenAI(base_url=config.base_url, api_key=key if key is not None else read_key(config),
-                           timeout=timeout_s or config.timeout_s, max_retries=0)
-    kwargs: dict[str, Any] = {"model": config.model, "messages": messages, "max_tokens": config.max_output_tokens}
+    client = _client(config.base_url, key if key is not None else read_key(config))
+    kwargs: dict[str, Any] = {"model": config.model, "messages": messages, "max_tokens": config.max_output_tokens,
+                              "timeout": timeout_s or config.timeout_s}
     if tools:
         kwargs["tools"] = tools
     if schema is not None:
@@ -193,6 +194,22 @@ def call_model(config: ModelConfig, messages: list[dict[str, Any]], *, tools: li
         raise ModelError(f"the model's endpoint answered something that is not a chat completion: {exc}", kind="garbage") from exc
     latency_ms = int((time.monotonic() - began) * 1000)
     return _decision(config, response, latency_ms)
+
+
+_clients: dict[tuple[str, str], openai.OpenAI] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(base_url: str, key: str) -> openai.OpenAI:
+    """One client per endpoint and key, kept for the process: making one builds a TLS context,
+    which costs more than a local model's whole answer."""
+    with _clients_lock:
+        client = _clients.get((base_url, key))
+        if client is None:
+            if len(_clients) >= 8:
+                _clients.clear()
+            client = _clients[(base_url, key)] = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        return client
 
 
 def _error_text(exc: openai.APIStatusError) -> str:

@@ -44,6 +44,8 @@ class Received:
     path: str
     headers: dict[str, str]
     raw: bytes
+    at: float = 0.0  # time.monotonic() when the request arrived
+    answered_at: float = 0.0  # ... and when its answer was written
 
     @property
     def body(self) -> dict[str, Any]:
@@ -109,7 +111,8 @@ class FakeModel:
         return item(body) if callable(item) else item
 
     def _handle(self, handler: Any, raw: bytes) -> None:
-        self.received.append(Received(handler.path, {k.lower(): v for k, v in handler.headers.items()}, raw))
+        received = Received(handler.path, {k.lower(): v for k, v in handler.headers.items()}, raw, at=time.monotonic())
+        self.received.append(received)
         try:
             body = json.loads(raw)
         except ValueError:
@@ -130,6 +133,7 @@ class FakeModel:
             handler._send(status, payload)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout test)
+        received.answered_at = time.monotonic()
 
     def _completion(self, body: dict[str, Any], answer: Answer) -> dict[str, Any]:
         with self._lock:

@@ -1,0 +1,79 @@
+"""The agent worker's overhead per model turn, beside the raw round-trip to the same endpoint.
+
+A local chat-completions server (tests/fakemodel.py) answers a task's model turns instantly: each
+asks for one `run_command` (`true`), the last says finish. The box's overhead per turn is the time
+from the endpoint answering to the next request leaving the box: recording the turn (step,
+result, cost), running the command as the task's user in its sandbox, recording the tool call and
+result, saving the conversation. The raw figure is one `openai` client call to the same server.
+Usage: .venv/bin/python bench/model.py [--turns N]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import openai  # noqa: E402
+from harness import BenchBox, stop_on_signals  # noqa: E402
+
+from tests.fakemodel import FakeModel, call  # noqa: E402
+
+
+def raw_round_trips(server: FakeModel, turns: int) -> list[float]:
+    client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
+    server.fallback = call("run_command", command="true")
+    times = []
+    for _ in range(turns):
+        began = time.monotonic()
+        client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "go"}])
+        times.append((time.monotonic() - began) * 1000)
+    return times
+
+
+def box_overheads(box: BenchBox, server: FakeModel, turns: int) -> tuple[list[float], float]:
+    box.request("PATCH", "/api/settings/model", {"baseUrl": server.base_url, "model": "fake", "keyName": ""})
+    server.received.clear()
+    server.script = [call("run_command", command="true") for _ in range(turns)] + [call("finish", answer="done")]
+    began = time.monotonic()
+    task = box.post("/api/tasks", {"title": "model bench", "prompt": "run true a few times",
+                                   "limits": {"max_actions": turns + 10}})
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        view = box.get(f"/api/tasks/{task['id']}")
+        if view["state"] in ("done", "failed", "cancelled"):
+            break
+        time.sleep(0.1)
+    if view["state"] != "done":
+        raise RuntimeError(f"the bench task ended {view['state']}: {view['error']}")
+    total = (time.monotonic() - began) * 1000
+    got = server.received
+    gaps = [(later.at - earlier.answered_at) * 1000 for earlier, later in zip(got, got[1:])]
+    return gaps, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=20)
+    args = parser.parse_args()
+    stop_on_signals()
+    server = FakeModel()
+    try:
+        raw = raw_round_trips(server, args.turns)
+        with BenchBox() as box:
+            gaps, total = box_overheads(box, server, args.turns)
+    finally:
+        server.close()
+    print(f"agent turns against a local chat-completions server (milliseconds; {args.turns} turns)")
+    print(f"{'raw round-trip (openai client)':<52} median {statistics.median(raw):>7.1f}   p90 {sorted(raw)[int(len(raw) * 0.9)]:>7.1f}")
+    print(f"{'box overhead per turn (answer -> next request)':<52} median {statistics.median(gaps):>7.1f}   "
+          f"p90 {sorted(gaps)[int(len(gaps) * 0.9)]:>7.1f}")
+    print(f"{'whole task, created to done':<52} {total:>14.0f}")
+
+
+if __name__ == "__main__":
+    main()
