@@ -21,7 +21,7 @@ from approvals import blockers
 from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
 from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
 from boxsite.principal import Principal, Via
-from boxsite.validation import check_fields
+from boxsite.validation import AnyText, Body, Flag, Names, Obj, Whole
 from tasks.budget import raise_budget
 from tasks.events import record_event
 from tasks.facts import Facts, Redactor, guess_kind
@@ -33,8 +33,31 @@ from tasks.vault import VAULT_FIELD, read_secret, set_secret
 
 # How a decision arrived, by who asked: the portal (a browser session), the phone, or a program.
 VIA = {Via.SESSION: "portal", Via.DEVICE: "phone", Via.TOKEN: "api"}
-CONTINUE_FIELDS = frozenset({"inputs", "approve", "answer", "secretFacts", "version"})
 MAX_INPUTS = 100
+VERSION_SAW = "'version' is the task version you saw (a whole number)"
+
+
+class DecideBody(Body):
+    """``POST /api/approvals/<id>/approve`` and ``/deny``."""
+
+    version = Whole(required=False, invalid=VERSION_SAW, help_text="the task version you saw; another is STALE_APPROVAL")
+
+
+class AnswerBody(Body):
+    """``POST /api/questions/<id>/answer``. ``inputs`` and ``secretFacts`` are checked against
+    the question when it is answered (``_answer``)."""
+
+    inputs = Obj(required=False, help_text="name: value, for a question that asks for values")
+    answer = AnyText(required=False, help_text="text, for a question a person answers")
+    secretFacts = Names(required=False, allow_null=True, invalid="'secretFacts' is a list of fact names",
+                        help_text="names among the inputs whose values are secret")
+    version = Whole(required=False, invalid=VERSION_SAW, help_text="the task version you saw")
+
+
+class ContinueBody(AnswerBody):
+    """``POST /api/tasks/<id>/continue``: what the waiting task asked for."""
+
+    approve = Flag(required=False, help_text="for a task waiting for approval")
 
 
 def decided_via(principal: Principal) -> str:
@@ -106,7 +129,7 @@ def decide_approval(principal: Principal, approval_id: int | str, *, approve: bo
 def answer_question(principal: Principal, question_id: int | str, body: Any) -> Question:
     """Answer one open question: ``{"inputs": {...}}`` for input fields, ``{"answer": "..."}``
     otherwise. Removes exactly that blocker; the task goes on only when none remains."""
-    fields = _parse_body(body, frozenset({"inputs", "answer", "secretFacts", "version"}))
+    fields = AnswerBody.parse({} if body is None else body)
     question = get_question_for(principal, question_id)
     with transaction.atomic():
         task = _lock(question.task_id)
@@ -131,7 +154,7 @@ def continue_task(principal: Principal, task_id: str, body: Any) -> Task:
     person's own notes). A non-continuable checkpoint is final-like: only cancel releases it.
     """
 
-    fields = _parse_body(body, CONTINUE_FIELDS)
+    fields = ContinueBody.parse({} if body is None else body)
     try:
         with transaction.atomic():
             task = get_task_for(principal, task_id, for_update=True)  # locked: blockers are read, then changed
@@ -287,15 +310,6 @@ def _bump(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor
 def _check_version(task: Task, expected: Any) -> None:
     if expected is not None and expected != task.version:
         raise Conflict(f"the task is at version {task.version}, not {expected}; reload it and try again", field="version")
-
-
-def _parse_body(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
-    if body is None:
-        return {}
-    check_fields(body, allowed)
-    if "version" in body and (isinstance(body["version"], bool) or not isinstance(body["version"], int)):
-        raise InvalidRequest("'version' is the task version you saw (a whole number)", field="version")
-    return dict(body)
 
 
 def _parse_inputs(inputs: Any) -> dict[str, str]:

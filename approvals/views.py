@@ -10,10 +10,9 @@ from rest_framework.response import Response
 
 from approvals import services
 from approvals.presenters import present_approval, present_question
+from approvals.services import AnswerBody, DecideBody
 from boxsite import schema
-from boxsite.errors import InvalidRequest
 from boxsite.principal import Principal
-from boxsite.validation import check_fields, fields_of
 from tasks.facts import Redactor, redactor_for
 
 
@@ -42,21 +41,18 @@ def approval_detail(request: Request, approval_id: str) -> Response:
 
 
 def _decide(request: Request, approval_id: str, approve: bool) -> Response:
-    body = check_fields(request.data, fields_of(schema.DecideBody))
-    version = body.get("version")
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-        raise InvalidRequest("'version' is the task version you saw (a whole number)", field="version")
+    version = DecideBody.parse(request.data).get("version")
     approval = services.decide_approval(Principal.of(request), approval_id, approve=approve, expected_version=version)
     return Response(present_approval(approval, with_task=True))
 
 
-@extend_schema(request=schema.DecideBody, responses={200: schema.ApprovalView})
+@extend_schema(request=DecideBody, responses={200: schema.ApprovalView})
 @api_view(["POST"])
 def approval_approve(request: Request, approval_id: str) -> Response:
     return _decide(request, approval_id, True)
 
 
-@extend_schema(request=schema.DecideBody, responses={200: schema.ApprovalView})
+@extend_schema(request=DecideBody, responses={200: schema.ApprovalView})
 @api_view(["POST"])
 def approval_deny(request: Request, approval_id: str) -> Response:
     return _decide(request, approval_id, False)
@@ -68,7 +64,7 @@ def question_detail(request: Request, question_id: str) -> Response:
     return Response(present_question(services.get_question_for(Principal.of(request), question_id), with_task=True))
 
 
-@extend_schema(request=schema.AnswerBody, responses={200: schema.QuestionView})
+@extend_schema(request=AnswerBody, responses={200: schema.QuestionView})
 @api_view(["POST"])
 def question_answer(request: Request, question_id: str) -> Response:
     question = services.answer_question(Principal.of(request), question_id, request.data)

@@ -19,7 +19,6 @@ from boxsite.auth import DEVICE_COOKIE
 from boxsite.models import ApiToken, BoxSettings, Device
 from boxsite.principal import Principal
 from boxsite.qr import qr_svg
-from boxsite.validation import check_fields, fields_of
 
 DEVICE_COOKIE_AGE = 400 * 24 * 3600  # browsers cap cookie lifetimes at about 400 days
 
@@ -65,7 +64,7 @@ def present_device(device: Device) -> dict[str, Any]:
 
 
 @extend_schema(methods=["GET"], responses={200: schema.Settings})
-@extend_schema(methods=["PATCH"], request=schema.SettingsBody, responses={200: schema.Settings})
+@extend_schema(methods=["PATCH"], request=services.SettingsBody, responses={200: schema.Settings})
 @api_view(["GET", "PATCH"])
 def box_settings(request: Request) -> Response:
     principal = Principal.of(request)
@@ -76,7 +75,7 @@ def box_settings(request: Request) -> Response:
 
 
 @extend_schema(methods=["GET"], responses={200: schema.TokenPage})
-@extend_schema(methods=["POST"], request=schema.TokenBody, responses={201: schema.NewToken})
+@extend_schema(methods=["POST"], request=services.TokenBody, responses={201: schema.NewToken})
 @api_view(["GET", "POST"])
 def tokens(request: Request) -> Response:
     principal = Principal.of(request)
@@ -158,13 +157,13 @@ def pairing_start(request: Request) -> Response:
                      "reachWarning": phone_reach_warning(url)}, status=201)
 
 
-@extend_schema(request=schema.PairingClaimBody, responses={201: schema.Device})
+@extend_schema(request=services.PairingClaimBody, responses={201: schema.Device})
 @api_view(["POST"])
 @permission_classes([AllowAny])
 def pairing_claim(request: Request) -> Response:
     """Spend a pairing code: the phone gets its device key as an HttpOnly cookie, never in the body."""
-    body = check_fields(request.data, fields_of(schema.PairingClaimBody))
-    device, key = services.pair_device(body.get("code", ""), body.get("name", "Phone"))
+    body = services.PairingClaimBody.parse(request.data)
+    device, key = services.pair_device(body["code"], body.get("name") or "Phone")
     response = Response(present_device(device), status=201)
     set_device_cookie(response, request, key)
     return response

@@ -1,12 +1,13 @@
 """What the API's bodies look like, declared for ``/api/schema/``.
 
-One serializer per body the API sends or takes. The presenters (``*/presenters.py``) build the
+One serializer per body the API sends. The presenters (``*/presenters.py``) build the
 bodies; these declarations describe them, and ``tests/api/test_schema.py`` holds the two
 together by validating every endpoint's real responses against the served schema. Free-form
 parts (a flow, facts, an event's data) are declared as objects and stay open.
 
-Request bodies are checked field by field by the services (``tasks.spec.parse_spec`` and its
-siblings), which name the first bad field; the request serializers here describe those bodies.
+Request bodies are declared where they are checked, as ``boxsite.validation.Body`` serializers
+beside the code that uses them (the task spec in ``tasks.spec``): one declaration both checks a
+body and describes it here.
 """
 from __future__ import annotations
 
@@ -382,106 +383,6 @@ class Pairing(s.Serializer):
     reachWarning = Str(allow_null=True, help_text="why a phone could not open the link, and the fix; null when it can")
 
 
-# --- request bodies --------------------------------------------------------------------------
-class TaskSpecBody(s.Serializer):
-    title = Str(max_length=200)
-    prompt = Str(required=False, help_text="required unless 'flow' is given")
-    workspace = Str(required=False, default="home")
-    worker = Str(required=False, help_text="agent, flow, command, or a preset")
-    command = Obj(required=False, help_text="a string or a list of strings (command worker)")
-    tools = _strs(required=False)
-    hosts = _strs(required=False)
-    budgetCents = Int(required=False, min_value=0, max_value=2**31 - 1)
-    source = Str(required=False)  # type: ignore[assignment]  # a body field, not Field.source
-    flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")
-    facts = Obj(required=False)
-    secretFacts = _strs(required=False)
-    constraints = Obj(required=False)
-    limits = s.DictField(child=Int(min_value=1), required=False, help_text="max_actions, max_model_calls, max_elapsed_ms")
-    output = Obj(required=False, help_text="{\"instructions\": \"...\", \"schema\": {...}}: the answer shaped by the model")
-    folder = Str(required=False)
-    folders = _strs(required=False)
-    externalTaskId = Str(required=False)
-    externalAttempt = Int(required=False, min_value=0, max_value=2**31 - 1)
-
-
-class RerunBody(TaskSpecBody):
-    title = Str(max_length=200, required=False, help_text="every field optional: it replaces the ended task's")
-
-
-class ContinueBody(s.Serializer):
-    inputs = Obj(required=False)
-    approve = Bool(required=False)
-    answer = Str(required=False)
-    secretFacts = _strs(required=False)
-    version = Int(required=False)
-
-
-class DecideBody(s.Serializer):
-    version = Int(required=False, help_text="the task version you saw; another is STALE_APPROVAL")
-
-
-class AnswerBody(s.Serializer):
-    inputs = Obj(required=False)
-    answer = Str(required=False)
-    secretFacts = _strs(required=False)
-    version = Int(required=False)
-
-
-class ScheduleBody(s.Serializer):
-    name = Str()
-    cron = Str(required=False)
-    timezone = Str(required=False)
-    intervalSeconds = Int(required=False)
-    template = Obj(help_text="a task spec without 'source'")
-    paused = Bool(required=False)
-    version = Int(required=False, help_text="PATCH only: the version you saw")
-
-
-class TriggerBody(s.Serializer):
-    name = Str()
-    kind = s.ChoiceField(choices=["webhook", "file"])
-    template = Obj()
-    secret = Str(required=False)
-    folder = Str(required=False)
-    settleSeconds = s.FloatField(required=False)
-    paused = Bool(required=False)
-
-
-class RotateBody(s.Serializer):
-    secret = Str(required=False)
-    graceSeconds = Int(required=False)
-
-
-class SettingsBody(s.Serializer):
-    defaultBudgetCents = Int(required=False)
-    networkDefault = Str(required=False)
-    defaultHosts = _strs(required=False)
-    retentionDays = Int(required=False)
-    retentionCount = Int(required=False, min_value=1, max_value=1_000_000)
-    maxActiveTasks = Int(required=False)
-
-
-class TokenBody(s.Serializer):
-    name = Str()
-    canUseFolders = Bool(required=False)
-
-
-class PairingClaimBody(s.Serializer):
-    code = Str()
-    name = Str(required=False)
-
-
-class SecretBody(s.Serializer):
-    name = Str()
-    value = Str()
-
-
-class WorkspaceBody(s.Serializer):
-    name = Str()
-    importFrom = Str(required=False, help_text="an absolute directory to copy (owner only)")
-
-
 class BearerAuth(OpenApiAuthenticationExtension):
     target_class = "boxsite.auth.BearerTokenAuthentication"
     name = "bearer"
@@ -532,15 +433,6 @@ class ModelSettings(s.Serializer):
     inputCentsPerMillion = s.FloatField()
     outputCentsPerMillion = s.FloatField()
     fromEnvironment = _strs(help_text="fields whose value comes from a BOX_MODEL_* variable, not from these settings")
-
-
-class ModelSettingsBody(s.Serializer):
-    baseUrl = Str(required=False, allow_blank=True)
-    model = Str(required=False, allow_blank=True)
-    keyName = Str(required=False, allow_blank=True)
-    key = Str(required=False, help_text="stored in the vault under keyName; never returned")
-    inputCentsPerMillion = s.FloatField(required=False, allow_null=True)
-    outputCentsPerMillion = s.FloatField(required=False, allow_null=True)
 
 
 class ModelTest(s.Serializer):

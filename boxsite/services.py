@@ -26,9 +26,8 @@ from boxsite.models import (
     hash_key,
 )
 from boxsite.principal import Principal
-from boxsite.schema import TokenBody
-from boxsite.validation import check_fields, fields_of
-from tasks.spec import valid_host
+from boxsite.validation import MISSING, Body, Choice, Flag, Names, Problem, Text, Whole
+from tasks.spec import host_list, valid_host
 
 PAIRING_TTL = timedelta(minutes=10)
 # Crockford's base32 without the letters people misread (I, L, O, U): 8 characters = 40 bits,
@@ -39,16 +38,46 @@ DEVICE_KEY_PREFIX = "boxdev_"
 
 Revocable = TypeVar("Revocable", ApiToken, Device)
 
-SETTINGS_FIELDS = {
-    "defaultBudgetCents": "default_budget_cents",
-    "networkDefault": "network_default",
-    "defaultHosts": "default_hosts",
-    "retentionDays": "retention_days",
-    "retentionCount": "retention_count",
-    "maxActiveTasks": "max_active_tasks",
-    "taskMemoryMb": "task_memory_mb",
-    "taskCpuPercent": "task_cpu_percent",
-}
+class SettingsBody(Body):
+    """``PATCH /api/settings``: any of the owner's defaults, each named by its model field."""
+
+    what = "settings"
+    defaultBudgetCents = Whole(required=False, between=True, max_value=10_000_000, source="default_budget_cents")
+    networkDefault = Choice(list(NetworkDefault.values), required=False, source="network_default")
+    defaultHosts = Names(required=False, invalid="'defaultHosts' must be a list of host names", source="default_hosts")
+    retentionDays = Whole(required=False, between=True, min_value=1, max_value=36_500, source="retention_days")
+    retentionCount = Whole(required=False, between=True, min_value=1, max_value=1_000_000, source="retention_count",
+                           help_text="ended tasks whose history is kept (newest first)")
+    maxActiveTasks = Whole(required=False, between=True, min_value=1, max_value=10_000, source="max_active_tasks")
+    taskMemoryMb = Whole(required=False, between=True, min_value=16, max_value=16 * 1024 * 1024, source="task_memory_mb")
+    taskCpuPercent = Whole(required=False, min_value=1, source="task_cpu_percent", help_text="100 is one core")
+
+    def check_defaultHosts(self, value: Any, seen: dict[str, Any]) -> Any:
+        for host in [] if value is MISSING else value:
+            if not valid_host(host):
+                raise Problem(f"'{host}' is not a host name, '*.domain' or an IP address")
+        return value if value is MISSING else host_list(value)
+
+    def check_taskCpuPercent(self, value: Any, seen: dict[str, Any]) -> Any:
+        cores = os.cpu_count() or 1
+        if value is not MISSING and value > 100 * cores:
+            raise Problem(f"'taskCpuPercent' must be between 1 and {100 * cores}")
+        return value
+
+
+class TokenBody(Body):
+    """``POST /api/tokens``."""
+
+    what = "a token request"
+    name = Text(max_length=100, invalid="give the token a name, so you know later what uses it")
+    canUseFolders = Flag(required=False, help_text="may hand folders to tasks (only an asker who may)")
+
+
+class PairingClaimBody(Body):
+    """``POST /api/pairing/claim``: a phone spends the code the owner's settings show."""
+
+    code = Text(invalid="type the code shown in the box's settings")
+    name = Text(required=False, max_length=100_000, invalid="'name' must be text", help_text="default Phone")
 
 
 MIN_OWNER_PASSWORD = 10
@@ -117,33 +146,8 @@ def update_settings(principal: Principal, body: Any) -> BoxSettings:
     """Change some of the owner's defaults; the whole body is checked before anything is saved."""
 
     require_settings_right(principal)
-    check_fields(body, SETTINGS_FIELDS, what="settings")
-    changes: dict[str, Any] = {}
-    if "defaultBudgetCents" in body:
-        changes["default_budget_cents"] = _whole(body["defaultBudgetCents"], "defaultBudgetCents", minimum=0, maximum=10_000_000)
-    if "networkDefault" in body:
-        if body["networkDefault"] not in NetworkDefault.values:
-            raise InvalidRequest(f"'networkDefault' must be one of {', '.join(NetworkDefault.values)}", field="networkDefault")
-        changes["network_default"] = body["networkDefault"]
-    if "defaultHosts" in body:
-        hosts = body["defaultHosts"]
-        if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
-            raise InvalidRequest("'defaultHosts' must be a list of host names", field="defaultHosts")
-        for host in hosts:
-            if not valid_host(host):
-                raise InvalidRequest(f"'{host}' is not a host name, '*.domain' or an IP address", field="defaultHosts")
-        changes["default_hosts"] = list(dict.fromkeys(h.lower() for h in hosts))
-    if "retentionDays" in body:
-        changes["retention_days"] = _whole(body["retentionDays"], "retentionDays", minimum=1, maximum=36_500)
-    if "retentionCount" in body:
-        changes["retention_count"] = _whole(body["retentionCount"], "retentionCount", minimum=1, maximum=1_000_000)
-    if "maxActiveTasks" in body:
-        changes["max_active_tasks"] = _whole(body["maxActiveTasks"], "maxActiveTasks", minimum=1, maximum=10_000)
-    if "taskMemoryMb" in body:
-        changes["task_memory_mb"] = _whole(body["taskMemoryMb"], "taskMemoryMb", minimum=16, maximum=16 * 1024 * 1024)
-    if "taskCpuPercent" in body:
-        cores = os.cpu_count() or 1
-        changes["task_cpu_percent"] = _whole(body["taskCpuPercent"], "taskCpuPercent", minimum=1, maximum=100 * cores)
+    declared = SettingsBody()
+    changes = declared.model_values(declared.check_all(body))
     # Lock the single row: two saves at once must not interleave their read-modify-write.
     row = BoxSettings.objects.select_for_update().get_or_create(pk=1)[0]
     for name, value in changes.items():
@@ -156,15 +160,8 @@ def update_settings(principal: Principal, body: Any) -> BoxSettings:
 # --- API tokens ---------------------------------------------------------------------------
 def create_token(principal: Principal, body: Any) -> tuple[ApiToken, str]:
     require_settings_right(principal)
-    check_fields(body, fields_of(TokenBody), what="a token request")
-    name = body.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidRequest("give the token a name, so you know later what uses it", field="name")
-    if len(name) > 100:
-        raise InvalidRequest("'name' is longer than 100 characters", field="name")
-    folders = body.get("canUseFolders", False)
-    if not isinstance(folders, bool):
-        raise InvalidRequest("'canUseFolders' must be true or false", field="canUseFolders")
+    checked = TokenBody.parse(body)
+    name, folders = checked["name"], checked.get("canUseFolders", False)
     if folders and not principal.can_use_folders:
         # A token cannot mint a token with more power than it has.
         raise Forbidden("only the owner (or a token with that right) can give a token the folders right", field="canUseFolders")

@@ -12,16 +12,43 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.errors import Conflict, Forbidden, NotFound
 from boxsite.principal import Principal, Via
-from boxsite.validation import check_fields
+from boxsite.validation import AnyText, AnyWhole, Body, Flag, Obj, Text, Whole
 from schedules.cadence import Cadence
 from schedules.models import Firing, Origin, Schedule
 from schedules.specs import check_template, fill, firing_principal
 from tasks import services as task_services
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
-SCHEDULE_FIELDS = {"name", "cron", "timezone", "intervalSeconds", "template", "paused"}
+NAME_RULE = "'name' must be 1-100 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+
+
+def name_field(**kwargs: Any) -> Text:
+    """A schedule's or trigger's name (it becomes part of its tasks' source)."""
+    return Text(pattern=NAME_RE.pattern, invalid=NAME_RULE, max_length=100, **kwargs)
+
+
+class ScheduleBody(Body):
+    """``POST /api/schedules``. The cadence is checked whole by ``Cadence.parse``, the template
+    as a task spec by ``check_template``."""
+
+    name = name_field()
+    cron = AnyText(required=False, help_text="five fields; or give intervalSeconds")
+    timezone = AnyText(required=False, help_text="an IANA name, for cron (default UTC)")
+    intervalSeconds = AnyWhole(required=False)
+    template = Obj(help_text="a task spec without 'source'")
+    paused = Flag(required=False)
+
+
+class ScheduleChangeBody(ScheduleBody):
+    """``PATCH /api/schedules/<id>``: any of name, cadence and template (pause and resume are
+    their own calls)."""
+
+    name = name_field(required=False)
+    template = Obj(required=False, help_text="a task spec without 'source'")
+    paused = None  # type: ignore[assignment]  # not changed by PATCH
+    version = Whole(required=False, help_text="the version you saw; another is CONFLICT")
 
 
 def origin_of(principal: Principal, by_task: Any = None) -> str:
@@ -32,15 +59,6 @@ def origin_of(principal: Principal, by_task: Any = None) -> str:
     if principal.via in (Via.SESSION, Via.TOKEN):
         return Origin.OWNER
     return Origin.SYSTEM
-
-
-def check_name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
-        raise InvalidRequest(
-            "'name' must be 1-100 lowercase letters, digits, '-' or '_', starting with a letter or digit",
-            field="name",
-        )
-    return value
 
 
 def get_schedule_for(principal: Principal, schedule_id: Any, *, for_update: bool = False) -> Schedule:
@@ -65,13 +83,11 @@ def _may_change(principal: Principal, schedule: Schedule, by_task: Any) -> None:
 
 
 def create_schedule(principal: Principal, body: Any, *, by_task: Any = None) -> Schedule:
-    body = check_fields(body, SCHEDULE_FIELDS)
-    name = check_name(body.get("name"))
+    body = ScheduleBody.parse(body)
+    name = body["name"]
     cadence = Cadence.parse(body.get("cron"), body.get("timezone"), body.get("intervalSeconds"))
     template = check_template(body.get("template"), principal.user, via=Via.SCHEDULE, source=f"schedule:{name}")
     paused = body.get("paused", False)
-    if not isinstance(paused, bool):
-        raise InvalidRequest("'paused' must be true or false", field="paused")
     now = timezone.now()
     try:
         with transaction.atomic():
@@ -94,7 +110,7 @@ def create_schedule(principal: Principal, body: Any, *, by_task: Any = None) -> 
 
 def update_schedule(principal: Principal, schedule_id: Any, body: Any, *, by_task: Any = None) -> Schedule:
     """Edit name, cadence or template. A new cadence restarts the cursor from now."""
-    body = check_fields(body, SCHEDULE_FIELDS - {"paused"} | {"version"})
+    body = ScheduleChangeBody.parse(body)
     with transaction.atomic():
         # Locked: the tick may be firing this schedule; the edit waits for it (read-modify-write).
         schedule = get_schedule_for(principal, schedule_id, for_update=True)
@@ -103,7 +119,7 @@ def update_schedule(principal: Principal, schedule_id: Any, body: Any, *, by_tas
             raise Forbidden("a system schedule's name, cadence and template are built in; pause or resume it", field="id")
         if "version" in body and body["version"] != schedule.version:
             raise Conflict(f"the schedule changed (version {schedule.version}); reload and try again", field="version")
-        name = check_name(body["name"]) if "name" in body else schedule.name
+        name = body.get("name", schedule.name)
         cadence_keys = {"cron", "timezone", "intervalSeconds"} & set(body)
         if cadence_keys:
             if "cron" in body or "intervalSeconds" in body:
@@ -185,7 +201,7 @@ def ensure_system_schedule(owner: Any, name: str, *, cron: str | None = None, ti
                            interval_seconds: int | None = None, template: dict[str, Any]) -> Schedule:
     """Create or repair a built-in schedule (called at start-up). A stale template or cadence is
     replaced; a missing cursor is restored unless the owner paused it."""
-    check_name(name)
+    ScheduleChangeBody.parse({"name": name})
     cadence = Cadence.parse(cron, timezone_name if cron else None, interval_seconds)
     check_template(template, owner, via=Via.SCHEDULE, source=f"schedule:{name}")
     with transaction.atomic():

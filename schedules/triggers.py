@@ -16,17 +16,60 @@ from django.utils import timezone
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.principal import Principal, Via
-from boxsite.validation import check_fields, existing_dir
+from boxsite.validation import Body, Choice, Flag, Number, Obj, Text, Whole, existing_dir
 from schedules.models import Origin, Trigger, TriggerKind
-from schedules.services import check_name, origin_of
+from schedules.services import name_field, origin_of
 from schedules.specs import check_template
 from tasks.crypto import decrypt, encrypt
 
-TRIGGER_FIELDS = {"name", "kind", "template", "secret", "folder", "settleSeconds", "paused"}
 SECRET_MIN_LENGTH = 16
 DEFAULT_GRACE_SECONDS = 24 * 3600
 MAX_GRACE_SECONDS = 30 * 24 * 3600
 MAX_SETTLE_SECONDS = 3600.0
+
+
+def _secret_field() -> Text:
+    return Text(required=False, min_length=SECRET_MIN_LENGTH, max_length=256,
+                invalid=f"'secret' must be {SECRET_MIN_LENGTH} to 256 characters",
+                length_message=f"'secret' must be {SECRET_MIN_LENGTH} to 256 characters",
+                help_text="webhook: the signing secret to use (default: a fresh random one)")
+
+
+def _settle_field() -> Number:
+    return Number(required=False, min_value=0.0, max_value=MAX_SETTLE_SECONDS,
+                  invalid=f"'settleSeconds' must be a number from 0 to {MAX_SETTLE_SECONDS:g}",
+                  help_text="file trigger: how long a file must stay unchanged")
+
+
+class TriggerBody(Body):
+    """``POST /api/triggers``. The folder is checked against the asker in ``_folder``, the
+    template as a task spec by ``check_template``."""
+
+    name = name_field()
+    kind = Choice(list(TriggerKind.values))
+    template = Obj(help_text="a task spec without 'source'")
+    secret = _secret_field()
+    folder = Text(required=False, help_text="file trigger: the absolute folder to watch (owner only)")
+    settleSeconds = _settle_field()
+    paused = Flag(required=False)
+
+
+class TriggerChangeBody(Body):
+    """``PATCH /api/triggers/<id>``."""
+
+    name = name_field(required=False)
+    template = Obj(required=False, help_text="a task spec without 'source'")
+    folder = Text(required=False, help_text="file trigger: the absolute folder to watch (owner only)")
+    settleSeconds = _settle_field()
+
+
+class RotateBody(Body):
+    """``POST /api/triggers/<id>/rotate-secret``."""
+
+    secret = _secret_field()
+    graceSeconds = Whole(required=False, max_value=MAX_GRACE_SECONDS,
+                         invalid=f"'graceSeconds' must be a whole number from 0 to {MAX_GRACE_SECONDS}",
+                         help_text="how long the current secret stays valid (default a day)")
 
 
 def new_secret() -> str:
@@ -35,24 +78,13 @@ def new_secret() -> str:
 
 def _secret(body: dict[str, Any]) -> str:
     """The owner's chosen secret (GitHub asks you to pick one) or a fresh random one."""
-    value = body.get("secret")
-    if value is None:
-        return new_secret()
-    if not isinstance(value, str) or len(value) < SECRET_MIN_LENGTH or len(value) > 256:
-        raise InvalidRequest(f"'secret' must be {SECRET_MIN_LENGTH} to 256 characters", field="secret")
-    return value
+    return str(body.get("secret") or new_secret())
 
 
 def _folder(principal: Principal, value: Any) -> str:
     if not principal.can_use_folders:
         raise Forbidden("only the owner can watch a folder", field="folder")
     return existing_dir(value, "folder")
-
-
-def _settle(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SETTLE_SECONDS:
-        raise InvalidRequest(f"'settleSeconds' must be a number from 0 to {MAX_SETTLE_SECONDS:g}", field="settleSeconds")
-    return float(value)
 
 
 def get_trigger_for(principal: Principal, trigger_id: Any, *, for_update: bool = False) -> Trigger:
@@ -75,14 +107,9 @@ def _may_change(principal: Principal, trigger: Trigger) -> None:
 
 def create_trigger(principal: Principal, body: Any, *, by_task: Any = None) -> tuple[Trigger, str | None]:
     """The trigger, and its secret (webhooks; the only time it is returned)."""
-    body = check_fields(body, TRIGGER_FIELDS)
-    name = check_name(body.get("name"))
-    kind = body.get("kind")
-    if kind not in TriggerKind.values:
-        raise InvalidRequest(f"'kind' must be one of {', '.join(TriggerKind.values)}", field="kind")
+    body = TriggerBody.parse(body)
+    name, kind = body["name"], body["kind"]
     paused = body.get("paused", False)
-    if not isinstance(paused, bool):
-        raise InvalidRequest("'paused' must be true or false", field="paused")
     fields: dict[str, Any] = {}
     secret: str | None = None
     if kind == TriggerKind.WEBHOOK:
@@ -98,7 +125,7 @@ def create_trigger(principal: Principal, body: Any, *, by_task: Any = None) -> t
             raise Forbidden("only the owner can watch a folder", field="folder")
         fields["folder"] = _folder(principal, body.get("folder"))
         if "settleSeconds" in body:
-            fields["settle_seconds"] = _settle(body["settleSeconds"])
+            fields["settle_seconds"] = body["settleSeconds"]
     template = check_template(body.get("template"), principal.user, via=Via(kind), source=f"{kind}:{name}")
     try:
         with transaction.atomic():
@@ -113,17 +140,17 @@ def create_trigger(principal: Principal, body: Any, *, by_task: Any = None) -> t
 
 
 def update_trigger(principal: Principal, trigger_id: Any, body: Any) -> Trigger:
-    body = check_fields(body, {"name", "template", "folder", "settleSeconds"})
+    body = TriggerChangeBody.parse(body)
     with transaction.atomic():
         trigger = get_trigger_for(principal, trigger_id, for_update=True)
         _may_change(principal, trigger)
         if trigger.kind == TriggerKind.WEBHOOK and ({"folder", "settleSeconds"} & set(body)):
             raise InvalidRequest("'folder' and 'settleSeconds' are for file triggers", field="folder")
-        name = check_name(body["name"]) if "name" in body else trigger.name
+        name = body.get("name", trigger.name)
         if "folder" in body:
             trigger.folder = _folder(principal, body["folder"])
         if "settleSeconds" in body:
-            trigger.settle_seconds = _settle(body["settleSeconds"])
+            trigger.settle_seconds = body["settleSeconds"]
         if "template" in body or "name" in body:
             trigger.template = check_template(body.get("template", trigger.template), trigger.owner,
                                               via=Via(trigger.kind), source=f"{trigger.kind}:{name}")
@@ -156,10 +183,8 @@ def delete_trigger(principal: Principal, trigger_id: Any) -> None:
 def rotate_secret(principal: Principal, trigger_id: Any, body: Any) -> tuple[Trigger, str]:
     """A new secret (returned once). The current one stays valid for ``graceSeconds`` or until
     ``finish_rotation``; a rotation still in progress loses its oldest secret."""
-    body = check_fields(body or {}, {"secret", "graceSeconds"})
+    body = RotateBody.parse(body or {})
     grace = body.get("graceSeconds", DEFAULT_GRACE_SECONDS)
-    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_SECONDS:
-        raise InvalidRequest(f"'graceSeconds' must be a whole number from 0 to {MAX_GRACE_SECONDS}", field="graceSeconds")
     with transaction.atomic():
         trigger = get_trigger_for(principal, trigger_id, for_update=True)
         _may_change(principal, trigger)

@@ -99,7 +99,7 @@ def _filtered_schedules(request: Request) -> QuerySet[Schedule]:
     ],
     responses={200: schema.SchedulePage},
 )
-@extend_schema(methods=["POST"], request=schema.ScheduleBody, responses={201: schema.Schedule})
+@extend_schema(methods=["POST"], request=services.ScheduleBody, responses={201: schema.Schedule})
 @api_view(["GET", "POST"])
 def schedule_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -110,7 +110,7 @@ def schedule_list(request: Request) -> Response:
     return Response({"results": [present_schedule(s) for s in rows], "next": next_cursor})
 
 
-@extend_schema(methods=["PATCH"], request=schema.ScheduleBody, responses={200: schema.Schedule})
+@extend_schema(methods=["PATCH"], request=services.ScheduleChangeBody, responses={200: schema.Schedule})
 @extend_schema(methods=["GET", "DELETE"], responses={200: schema.Schedule, 204: None})
 @api_view(["GET", "PATCH", "DELETE"])
 def schedule_detail(request: Request, schedule_id: str) -> Response:
@@ -170,7 +170,7 @@ def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = No
     ],
     responses={200: schema.TriggerPage},
 )
-@extend_schema(methods=["POST"], request=schema.TriggerBody, responses={201: schema.Trigger})
+@extend_schema(methods=["POST"], request=triggers.TriggerBody, responses={201: schema.Trigger})
 @api_view(["GET", "POST"])
 def trigger_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -189,7 +189,7 @@ def trigger_list(request: Request) -> Response:
     return Response({"results": [_trigger_view(request, t) for t in rows], "next": next_cursor})
 
 
-@extend_schema(methods=["PATCH"], request=schema.TriggerBody, responses={200: schema.Trigger})
+@extend_schema(methods=["PATCH"], request=triggers.TriggerChangeBody, responses={200: schema.Trigger})
 @extend_schema(methods=["GET", "DELETE"], responses={200: schema.Trigger, 204: None})
 @api_view(["GET", "PATCH", "DELETE"])
 def trigger_detail(request: Request, trigger_id: str) -> Response:
@@ -225,7 +225,7 @@ def trigger_test(request: Request, trigger_id: str) -> Response:
                     status=202)
 
 
-@extend_schema(request=schema.RotateBody, responses={200: schema.Trigger})
+@extend_schema(request=triggers.RotateBody, responses={200: schema.Trigger})
 @api_view(["POST"])
 def trigger_rotate(request: Request, trigger_id: str) -> Response:
     trigger, secret = triggers.rotate_secret(Principal.of(request), trigger_id, request.data)

@@ -9,9 +9,22 @@ from rest_framework.response import Response
 from boxsite import schema
 from boxsite.errors import Forbidden
 from boxsite.principal import Principal
-from boxsite.validation import check_fields, fields_of
+from boxsite.validation import AnyNumber, AnyText, Body
 from tasks import model
 from tasks.describe import guide
+
+
+class ModelSettingsBody(Body):
+    """``PATCH /api/model``: any of the model settings. ``tasks.model.update_settings`` checks
+    the values."""
+
+    what = "model settings"
+    baseUrl = AnyText(required=False, help_text="the chat-completions endpoint's base URL")
+    model = AnyText(required=False, help_text="the model's name at that endpoint")
+    keyName = AnyText(required=False, help_text="the vault secret holding the API key")
+    key = AnyText(required=False, help_text="stored in the vault under keyName; never returned")
+    inputCentsPerMillion = AnyNumber(required=False)
+    outputCentsPerMillion = AnyNumber(required=False)
 
 
 def _require_settings_right(request: Request) -> None:
@@ -20,12 +33,12 @@ def _require_settings_right(request: Request) -> None:
 
 
 @extend_schema(methods=["GET"], responses={200: schema.ModelSettings})
-@extend_schema(methods=["PATCH"], request=schema.ModelSettingsBody, responses={200: schema.ModelSettings})
+@extend_schema(methods=["PATCH"], request=ModelSettingsBody, responses={200: schema.ModelSettings})
 @api_view(["GET", "PATCH"])
 def model_settings(request: Request) -> Response:
     _require_settings_right(request)
     if request.method == "PATCH":
-        model.update_settings(check_fields(request.data, fields_of(schema.ModelSettingsBody), what="model settings"))
+        model.update_settings(ModelSettingsBody.parse(request.data))
     return Response(model.present_settings())
 
 

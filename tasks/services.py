@@ -163,29 +163,9 @@ def _refuse_at_capacity(limit: int) -> None:
 
 
 def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
-    task = Task.objects.create(
-        owner=principal.user,
-        device=principal.device,
-        title=spec.title,
-        prompt=spec.prompt,
-        workspace=spec.workspace,
-        worker=spec.worker,
-        command=spec.command,
-        tools=spec.tools,
-        hosts=spec.hosts,
-        budget_cents=spec.budget_cents,
-        source=spec.source,
-        flow=spec.flow,
-        facts=seal_facts(spec.facts, spec.secret_facts),  # secret values encrypted at rest
-        secret_facts=spec.secret_facts,
-        constraints=spec.constraints,
-        limits=spec.limits,
-        folders=spec.folders,
-        external_task_id=spec.external_task_id,
-        external_attempt=spec.external_attempt,
-        output=spec.output,
-        review="",
-    )
+    fields = dict(spec.fields)
+    fields["facts"] = seal_facts(fields["facts"], fields["secret_facts"])  # secret values encrypted at rest
+    task = Task.objects.create(owner=principal.user, device=principal.device, review="", **fields)
     task.user = f"box-{task.pk}"
     Task.objects.filter(pk=task.pk).update(user=task.user)
     record_event(task, EventKind.STATUS, "queued", {"to": State.QUEUED, "version": task.version, "source": task.source})

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from boxsite import schema
 from boxsite.errors import Forbidden
 from boxsite.principal import Principal
-from boxsite.validation import check_fields, fields_of
+from boxsite.validation import AnyText, Body
 from tasks import vault
 from tasks.models import VaultSecret
 from tasks.tools import all_tools
@@ -22,19 +22,25 @@ def _require_settings_right(request: Request) -> None:
         raise Forbidden("only the owner (browser or API token) manages the vault")
 
 
+class SecretBody(Body):
+    """``POST /api/vault``: set (or replace) one secret. ``tasks.vault.set_secret`` checks both."""
+
+    name = AnyText(help_text="letters, digits and _ (not starting with a digit), at most 128")
+    value = AnyText(help_text="write-only: never shown again")
+
+
 def present_secret(row: VaultSecret) -> dict[str, Any]:
     # Deliberately no value and no ciphertext: a secret is write-only once set.
     return {"name": row.name, "createdAt": row.created_at.isoformat(), "updatedAt": row.updated_at.isoformat()}
 
 
 @extend_schema(methods=["GET"], responses={200: schema.SecretList})
-@extend_schema(methods=["POST"], request=schema.SecretBody, responses={201: schema.Secret, 200: schema.Secret})
+@extend_schema(methods=["POST"], request=SecretBody, responses={201: schema.Secret, 200: schema.Secret})
 @api_view(["GET", "POST"])
 def vault_list(request: Request) -> Response:
     _require_settings_right(request)
     if request.method == "POST":
-        body = request.data
-        body = check_fields(body, fields_of(schema.SecretBody))
+        body = SecretBody.parse(request.data)
         existed = VaultSecret.objects.filter(name=body.get("name")).exists()
         row = vault.set_secret(body.get("name"), body.get("value"))
         return Response(present_secret(row), status=200 if existed else 201)

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals.presenters import present_approval, present_question
-from approvals.services import continue_task
+from approvals.services import ContinueBody, continue_task
 from boxsite import schema
 from boxsite.errors import InvalidRequest
 from boxsite.pagination import Sort, limit_param, page
@@ -21,6 +21,7 @@ from tasks.facts import redactor_for
 from tasks.models import Task, TaskEvent
 from tasks.presenters import present_event, present_task
 from tasks.report import build_report
+from tasks.spec import RerunBody, TaskSpecBody
 from tasks.states import State
 
 TASK_SORTS = {
@@ -43,7 +44,7 @@ EVENT_PAGE = 200
     ],
     responses={200: schema.TaskPage},
 )
-@extend_schema(methods=["POST"], request=schema.TaskSpecBody, responses={201: schema.TaskView})
+@extend_schema(methods=["POST"], request=TaskSpecBody, responses={201: schema.TaskView})
 @api_view(["GET", "POST"])
 def task_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -144,7 +145,7 @@ def task_undo(request: Request, task_id: str) -> Response:
     return Response(present_task(services.undo_task(Principal.of(request), task_id)))
 
 
-@extend_schema(request=schema.RerunBody, responses={201: schema.TaskView})
+@extend_schema(request=RerunBody, responses={201: schema.TaskView})
 @api_view(["POST"])
 def task_rerun(request: Request, task_id: str) -> Response:
     """A new task from this ended task's spec; the body's fields replace the spec's."""
@@ -153,7 +154,7 @@ def task_rerun(request: Request, task_id: str) -> Response:
     return Response(present_task(task), status=201)
 
 
-@extend_schema(request=schema.ContinueBody, responses={200: schema.TaskView})
+@extend_schema(request=ContinueBody, responses={200: schema.TaskView})
 @api_view(["POST"])
 def task_continue(request: Request, task_id: str) -> Response:
     """Answer what a waiting task asked for: inputs, an approval decision, or a person's OK."""

@@ -12,13 +12,14 @@ from tasks import services
 from tasks.facts import redactor_for
 from tasks.layers import diff, workspaces
 from tasks.layers.roots import diff_body
+from tasks.layers.workspaces import WorkspaceBody
 from tasks.models import Layer, Workspace
 from tasks.presenters import present_task
 from tasks.states import State
 
 
 @extend_schema(methods=["GET"], operation_id="workspaces_list", responses={200: schema.WorkspacePage})
-@extend_schema(methods=["POST"], request=schema.WorkspaceBody, responses={201: schema.Workspace})
+@extend_schema(methods=["POST"], request=WorkspaceBody, responses={201: schema.Workspace})
 @api_view(["GET", "POST"])
 def workspace_list(request: Request) -> Response:
     principal = Principal.of(request)

@@ -12,8 +12,7 @@ from django.db import IntegrityError, transaction
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.principal import Principal
-from boxsite.schema import WorkspaceBody
-from boxsite.validation import check_fields, existing_dir, fields_of
+from boxsite.validation import AnyText, Body, existing_dir
 from tasks.layers import compaction, paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.copy import copy_tree
@@ -24,7 +23,13 @@ from tasks.layers.tree import special_type
 from tasks.models import Workspace
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-FIELDS = fields_of(WorkspaceBody)
+
+
+class WorkspaceBody(Body):
+    """``POST /api/workspaces``. Checked after the asker's right (a phone may not create one)."""
+
+    name = AnyText(help_text="1-64 lowercase letters, digits, '-' or '_'")
+    importFrom = AnyText(required=False, help_text="an absolute directory to copy (owner only)")
 MAX_READ = 1 << 20
 
 
@@ -37,7 +42,7 @@ def get_workspace(name: str) -> Workspace:
 
 def create_workspace(principal: Principal, body: Any) -> Workspace:
     """A new workspace with an empty base, or a copy of ``importFrom`` (an absolute directory)."""
-    check_fields(body, FIELDS)
+    body = WorkspaceBody.parse(body)
     if not principal.can_change_settings:
         raise Forbidden("a paired device cannot create workspaces", field="name")
     name = body.get("name")
