@@ -145,9 +145,10 @@ class LimitsBody(Body):
 
 
 class TaskSpecBody(Body):
-    """A task spec, as ``POST /api/tasks`` takes it. Fields are checked in this order; each
-    ``check_<field>`` below adds what needs the fields before it, the asker or the box."""
+    """A task spec, as ``POST /api/tasks`` takes it."""
 
+    # Fields are checked in this order; each ``check_<field>`` below adds what needs the fields
+    # before it, the asker or the box.
     error = InvalidSpec
     what = "a task spec"
     not_object = "a task spec is a JSON object"
@@ -158,7 +159,7 @@ class TaskSpecBody(Body):
     }
 
     title = Text(max_length=200)
-    flow = Anything(required=False, help_text="{\"steps\": [...]} (flow worker)")
+    flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")
     prompt = Text(required=False, help_text="required unless 'flow' is given")
     worker = Text(required=False, help_text="agent, flow, command, or a preset")
     command = Anything(required=False, help_text="a string or a list of strings (command worker)")

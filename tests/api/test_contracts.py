@@ -9,8 +9,9 @@ from rest_framework.test import APIClient
 
 from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
+from tasks.limits import DEFAULT_LIMITS
 from tasks.models import Task
-from tasks.spec import SPEC_FIELDS
+from tasks.spec import SPEC_FIELDS, LimitsBody
 from tests.conftest import Box
 from tests.factories import flow
 from tests.pauses.helpers import cont, pending_approval, post
@@ -127,3 +128,7 @@ def test_the_spec_takes_exactly_the_fields_its_schema_declares(box: Box) -> None
     declared = set(document["components"]["schemas"]["TaskSpecBodyRequest"]["properties"])
     assert declared == set(SPEC_FIELDS)
     assert refused(box, colour="red")["field"] == "colour"
+
+
+def test_every_limit_the_spec_declares_has_a_default_and_every_default_is_declared() -> None:
+    assert set(LimitsBody.names()) == set(DEFAULT_LIMITS)
