@@ -1,14 +1,16 @@
-"""POST /api/tasks -> first step started (p50/p95) and -> finished (p50), and trivial tasks per second.
+"""POST /api/tasks -> first step started (p50/p95) and -> finished (p50), trivial tasks per second,
+and flow steps per second within one task.
 
 The box runs with its default queue poll, so the figures are what a default box gives.
 
 Runs a real box (daphne + qcluster + scheduler) for the embedded default and for
 PostgreSQL + Redis, and prints the figures beside the targets in docs/performance.md.
-Usage: .venv/bin/python bench/dispatch.py [--latency N] [--throughput N]
+Usage: .venv/bin/python bench/dispatch.py [--latency N] [--throughput N] [--steps N]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import datetime
@@ -54,21 +56,41 @@ def throughput(box: BenchBox, n: int) -> float:
     return n / (time.time() - start)
 
 
+def flow_steps(box: BenchBox, n: int) -> float:
+    """Steps per second within one task: ``n`` write steps, first step started -> last finished."""
+    flow = {"steps": [{"write": {"path": f"s{i}.txt", "content": str(i)}} for i in range(n)]}
+    task = box.post("/api/tasks", {"title": "steps", "flow": flow})
+    while not box.get(f"/api/tasks/{task['id']}")["finishedAt"]:
+        time.sleep(0.05)
+    events, after = [], 0
+    while page := box.get(f"/api/tasks/{task['id']}/events?after={after}&limit=1000")["events"]:
+        events += page
+        after = page[-1]["seq"]
+    steps = [datetime.fromisoformat(e["createdAt"]).timestamp() for e in events if e["kind"] == "step"]
+    return (len(steps) - 1) / (steps[-1] - steps[0]) if len(steps) > 1 else float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latency", type=int, default=30)
     parser.add_argument("--throughput", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
-    print(f"\n{'configuration':40} {'p50 ms':>8} {'p95 ms':>8} {'target p50':>11} {'done p50':>9} {'tasks/s':>8} {'target':>7}")
+    print(f"load average at the start: {os.getloadavg()[0]:.1f}")
+    print(f"\n{'configuration':40} {'p50 ms':>8} {'p95 ms':>8} {'target p50':>11} {'done p50':>9} {'tasks/s':>8} {'target':>7}"
+          f" {'steps/s':>8} {'target':>7} {'load':>5}")
     for label, pg, redis, target in (("embedded (SQLite, ORM queue, polling)", False, False, 300),
                                      ("PostgreSQL + Redis", True, True, 100)):
         with BenchBox(postgres=pg, redis=redis) as box:
             box.request("PATCH", "/api/settings", {"maxActiveTasks": args.throughput + 10})
             lat, done = first_step_latency(box, args.latency)
             rate = throughput(box, args.throughput)
+            steps = flow_steps(box, args.steps)
         p50, p95, done_p50 = percentile(lat, 50), percentile(lat, 95), percentile(done, 50)
-        print(f"{label:40} {p50:8.0f} {p95:8.0f} {'<= ' + str(target):>11} {done_p50:9.0f} {rate:8.1f} {'>= 20':>7}", flush=True)
-    print(f"\n({args.latency} sequential tasks for latency; {args.throughput} trivial flow tasks posted at once for throughput)")
+        print(f"{label:40} {p50:8.0f} {p95:8.0f} {'<= ' + str(target):>11} {done_p50:9.0f} {rate:8.1f} {'>= 20':>7}"
+              f" {steps:8.0f} {'>= 100':>7} {os.getloadavg()[0]:5.1f}", flush=True)
+    print(f"\n({args.latency} sequential tasks for latency; {args.throughput} trivial flow tasks posted at once for throughput;"
+          f" one task of {args.steps} write steps for steps/s; load: the 1-minute load average after each row)")
 
 
 if __name__ == "__main__":

@@ -123,10 +123,10 @@ class BenchBox:
         shutil.rmtree(self.data, ignore_errors=True)
 
     def _remove_task_users(self) -> None:
-        # The box marks each task user with a digest of its data directory (tasks.sandbox.users).
+        # The box marks each of its task users with a digest of its data directory (tasks.sandbox.users).
         digest = hashlib.sha256(str(self.data.resolve()).encode()).hexdigest()[:16]
         for entry in pwd.getpwall():
-            if entry.pw_name.startswith("box-") and entry.pw_gecos == f"box task user {digest}":
+            if entry.pw_name.startswith("box-") and entry.pw_gecos in (f"box task user {digest}", f"box pool user {digest}"):
                 subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
                 subprocess.run(["groupdel", entry.pw_name], check=False, capture_output=True)
 

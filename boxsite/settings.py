@@ -19,6 +19,12 @@ from boxsite.keyfiles import read_or_create
 BASE_DIR = Path(__file__).resolve().parent.parent
 BOX_DATA_DIR = env_path("BOX_DATA_DIR", str(BASE_DIR / "var"))
 BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
+# What belongs to this machine alone when several machines share BOX_DATA_DIR (docs/scaling.md):
+# task views, sandbox runtime directories, id-mapped mounts, the pool of task users. By default
+# the data directory itself (None: follow BOX_DATA_DIR).
+BOX_LOCAL_DIR = env_path("BOX_LOCAL_DIR", "") if env_str("BOX_LOCAL_DIR") else None
+if BOX_LOCAL_DIR is not None:
+    BOX_LOCAL_DIR.mkdir(parents=True, exist_ok=True)
 BOX_PRODUCTION = env_bool("BOX_PRODUCTION", False)
 
 DEBUG = env_bool("BOX_DEBUG", False)
@@ -206,6 +212,9 @@ BOX_LAYER_MAX_DEPTH = env_int("BOX_LAYER_MAX_DEPTH", 16, minimum=2)
 BOX_SANDBOX = env_str("BOX_SANDBOX", "auto")
 if BOX_SANDBOX not in ("auto", "off"):
     raise ImproperlyConfigured(f"BOX_SANDBOX must be auto or off, not {BOX_SANDBOX!r}")
+# Free task users kept ready in the pool (tasks.sandbox.users): made ahead, so no account tool runs
+# on a task's path; 0 makes a user at each task's start and deletes it at its release.
+BOX_USER_POOL = env_int("BOX_USER_POOL", 4, minimum=0)
 # Each sandboxed task's defaults (a task's `limits` may set its own): memory in MB (no swap), and
 # a CPU cap in percent of one core. Enforced with cgroups; /api/health says when they cannot be.
 BOX_TASK_MEMORY_MB = env_int("BOX_TASK_MEMORY_MB", 2048, minimum=16)

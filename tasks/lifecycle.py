@@ -3,23 +3,107 @@
 ``prepare`` gives a run its working directory; ``release`` frees everything a task held, in the
 order docs/architecture.md#states gives ("When a task ends"). Both are idempotent: ``release``
 runs after every final move and again when the box starts, for tasks a crash left behind.
+
+The release after a final move is not on the path of whoever made the move: ``release_soon``
+hands it to the process's **janitor**, a background thread, so a worker takes its next run at
+once. Nothing waits on the janitor for correctness: a task that stacks an ended task's layer
+releases that task itself first if the janitor has not yet (``tasks.layers.seal_layer``), a
+user goes back to the pool only after its release scrubbed it (``tasks.sandbox.cleanup``), and
+what a process leaves undone when it dies is finished by start-up reconcile. The janitor also
+refills the pool of task users after a claim took one.
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing.util
+import os
+import queue
+import threading
+import time
 from pathlib import Path
 
-from django.conf import settings
+from django.db import connection
 
 from tasks import layers, sandbox
 from tasks.models import Task
+from tasks.sandbox import users
 from tasks.states import ACTIVE, FINAL
 
 log = logging.getLogger(__name__)
 
+_REFILL = ""  # a janitor job that is not a task id: make free pool users
+
+
+class Janitor:
+    """One background thread per process: releases ended tasks and refills the user pool."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[str] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def submit(self, job: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child (a django-q2 worker) starts its own thread
+                self._jobs, self._pid = queue.Queue(), os.getpid()
+                self._thread = threading.Thread(target=self._work, args=(self._jobs,), name="box-janitor", daemon=True)
+                self._thread.start()
+                atexit.register(self.drain)  # an ordinary exit (a management command)
+                multiprocessing.util.Finalize(self, self.drain, exitpriority=10)  # a django-q2 worker's exit
+            self._idle.clear()
+            self._jobs.put(job)
+
+    def _work(self, jobs: queue.Queue[str]) -> None:
+        while True:
+            job = jobs.get()
+            try:
+                if job == _REFILL:
+                    if sandbox.available():
+                        users.fill_pool()
+                else:
+                    release(job)
+                    if sandbox.available() and users.refill_wanted():
+                        users.fill_pool()
+            except Exception:  # noqa: BLE001 - the janitor outlives one failure; reconcile retries
+                log.exception("the janitor's job %r failed; start-up reconcile will try again", job)
+            finally:
+                jobs.task_done()
+                if jobs.unfinished_tasks == 0:
+                    connection.close()  # hold no database connection while idle
+                    self._idle.set()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until every job submitted in this process is done (False at the timeout)."""
+        if self._pid != os.getpid():
+            return True
+        deadline = time.monotonic() + timeout
+        while not self._idle.wait(0.05):
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+
+janitor = Janitor()
+
+
+def release_soon(task_id: str) -> None:
+    """After a final move commits: the janitor releases the task (see the module's docstring)."""
+    janitor.submit(task_id)
+
+
+def refill_soon() -> None:
+    """The janitor makes free pool users up to ``BOX_USER_POOL`` (a box's start, after a claim)."""
+    janitor.submit(_REFILL)
+
 
 def prepare(task: Task) -> Path:
     sandbox.prepare(task.pk)  # the task's user first: the view is made for it
+    if sandbox.available() and users.refill_wanted():
+        refill_soon()  # the claim took a free user: make the next one off this path
     return layers.open_view(task)
 
 
@@ -47,13 +131,13 @@ def reconcile() -> None:
         except Exception:  # noqa: BLE001 - one leftover must not keep the box from starting
             log.exception("reconciling %s leftovers failed; the box starts anyway", name)
 
-    root = Path(settings.BOX_DATA_DIR) / "tasks"
-    if not root.is_dir():
-        return
-    ended = set(Task.objects.filter(state__in=FINAL).values_list("pk", flat=True))
-    for entry in root.iterdir():
-        if entry.name in ended:
-            release(entry.name)
+    root = layers.paths.views_root()  # this machine's views
+    if root.is_dir():
+        ended = set(Task.objects.filter(state__in=FINAL).values_list("pk", flat=True))
+        for entry in root.iterdir():
+            if entry.name in ended:
+                release(entry.name)
+    refill_soon()  # free task users ready before the first task asks
 
 
 def release_host() -> None:
@@ -73,3 +157,8 @@ def release_host() -> None:
         except Exception:  # noqa: BLE001 - as above
             log.exception("releasing the sandbox of active task %s at stop failed", task_id)
     layers.unmount_views(active)
+    if sandbox.available():
+        try:
+            users.empty_pool()  # the pool's free users: the box leaves no account behind
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("removing the pool of task users at stop failed; the next start tries again")

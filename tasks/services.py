@@ -138,9 +138,10 @@ def _close_blockers(task: Task) -> None:
 
 
 def release_task(task_id: str) -> None:
-    """After a task ended: free what it held (processes, sockets, mounts, its user)."""
+    """After a task ended: free what it held (processes, sockets, mounts, its user), in the
+    background (``lifecycle.release_soon``)."""
 
-    lifecycle.release(task_id)
+    lifecycle.release_soon(task_id)
 
 
 @transaction.atomic

@@ -16,9 +16,10 @@ from django_q.conf import Conf
 from rest_framework.test import APIClient
 
 from boxsite.auth import issue_api_token
-from tasks import sandbox
+from tasks import lifecycle, sandbox
 from tasks.layers import unmount_views
 from tasks.models import Task, Workspace
+from tasks.sandbox import users
 from tests.factories import make_owner
 
 
@@ -35,13 +36,18 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0, interval: f
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _worker_data_dir(worker_id: str) -> None:
+def _worker_data_dir(worker_id: str) -> Iterator[None]:
     """Each test worker is a box of its own, with its own data directory: start-up reconcile
     releases the users and mounts of tasks its database does not know, so two workers (two test
     databases) must never share one. Session-scoped, so module-scoped clusters see it too (they
     share its vault key and sockets)."""
     settings.BOX_DATA_DIR = Path(settings.BOX_DATA_DIR) / f"box-{worker_id}"
     settings.BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    yield
+    if sandbox.available():
+        lifecycle.janitor.drain()
+        users.drop_stale_claims()
+        users.empty_pool()  # the pool's free task users (claimed ones are released by each test)
 
 
 @receiver(setting_changed)
@@ -56,6 +62,9 @@ def _box_settings(settings: Any) -> None:
     # django-q2's own sync mode: a run enqueued after commit executes right there, in the test's
     # process, through the same execute_run a qcluster would call.
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": True}
+    # No pool of spare task users: many tests give each test a data directory of its own, whose
+    # pool would outlive it. The sandbox tests (tests/sandbox/conftest.py) turn the pool on.
+    settings.BOX_USER_POOL = 0
 
 
 def queue_through_the_cluster(settings: Any) -> None:
@@ -107,7 +116,7 @@ def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
     yield Box(owner, raw, home)
     # a task the test left queued/running/waiting keeps its overlay mounted; its rows are flushed next
     task_ids = list(Task.objects.values_list("pk", flat=True))
-
+    lifecycle.janitor.drain()  # releases still running in this process's background thread
     for task_id in task_ids:  # ... and its Linux user (and processes): system uids are few
         sandbox.release(task_id)
     unmount_views(task_ids)
@@ -125,6 +134,7 @@ def database_env() -> dict[str, str]:
     else:
         env["BOX_SQLITE_PATH"] = str(name)
     env["BOX_DATA_DIR"] = str(settings.BOX_DATA_DIR)
+    env["BOX_USER_POOL"] = str(settings.BOX_USER_POOL)
     # Queued jobs are signed with this process's key, which came from the original data dir.
     env["DJANGO_SECRET_KEY"] = settings.SECRET_KEY
     return env

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import queue
 import selectors
 import socket
@@ -33,6 +32,7 @@ from tasks.broker.holds import Holds
 from tasks.broker.protocol import MAX_LINE, CallError, TaskEnded, decode, encode, reply_error, reply_ok
 from tasks.context import RunContext
 from tasks.recorder import LeaseLost, LimitReached
+from tasks.sandbox import users
 
 log = logging.getLogger(__name__)
 
@@ -185,19 +185,18 @@ class BrokerServer:
         if account is None:
             os.chmod(self.path, 0o666)
         else:
-            os.chown(self.path, account.pw_uid, account.pw_gid)
+            os.chown(self.path, account.uid, account.gid)
             os.chmod(self.path, 0o600)
 
-    def _task_account(self) -> pwd.struct_passwd | None:
-        try:
-            return pwd.getpwnam(self.ctx.task.user) if self.ctx.task.user else None
-        except KeyError:
-            return None  # no sandbox user (not root, or not created yet)
+    def _task_account(self) -> users.Identity | None:
+        """The user the task holds from the box's pool (None: not root, or not claimed yet). It
+        cannot change while the task runs: a user goes back to the pool only at release."""
+        return users.find_user(self.ctx.task.pk) if os.geteuid() == 0 else None
 
     def allowed_uids(self) -> set[int]:
         """The box itself, and the task's own Linux user: nobody else may call this broker."""
         account = self._task_account()
-        return {os.geteuid()} | ({account.pw_uid} if account is not None else set())
+        return {os.geteuid()} | ({account.uid} if account is not None else set())
 
     def close(self) -> None:
         """Stop serving: held calls give up, open connections are cut, the socket file goes."""

@@ -28,7 +28,7 @@ def reconcile() -> None:
     release that task."""
 
     task_ids: set[str] = set()
-    for root in (paths.data_dir() / "tasks", paths.data_dir() / "mounts"):
+    for root in (paths.views_root(), paths.lower_mounts_root()):
         task_ids |= {point.relative_to(root).parts[0] for point in mounts.mounts_under(root) if point != root}
     shutil.rmtree(paths.trash_dir(), ignore_errors=True)  # deletions a stopped process left half done
     active = set(Task.objects.filter(pk__in=task_ids, state__in=ACTIVE).values_list("pk", flat=True))

@@ -1,5 +1,8 @@
 """Where layers, views and caches live under ``BOX_DATA_DIR``, and the one path cleaner.
 
+``tasks/``, ``mounts/`` and ``trash/`` belong to one machine and live under ``BOX_LOCAL_DIR``
+(by default the data directory itself); the rest is shared by every machine of the box.
+
     layers/<task>/upper/         the task's own layer (overlay upperdir, or the copy driver's
                                  captured change set); a multi-folder task has upper/<name>/
     layers/<task>/ovl-work/      overlayfs workdir (same filesystem as upper; removed at seal)
@@ -28,8 +31,21 @@ def layer_dir(task_id: str) -> Path:
     return data_dir() / "layers" / task_id
 
 
+def local_dir() -> Path:
+    """This machine's part of the data directory (``BOX_LOCAL_DIR``): views, mounts, trash."""
+    return Path(settings.BOX_LOCAL_DIR or settings.BOX_DATA_DIR)
+
+
+def views_root() -> Path:
+    return local_dir() / "tasks"
+
+
+def lower_mounts_root() -> Path:
+    return local_dir() / "mounts"
+
+
 def task_dir(task_id: str) -> Path:
-    return data_dir() / "tasks" / task_id
+    return views_root() / task_id
 
 
 def view_dir(task_id: str) -> Path:
@@ -37,11 +53,11 @@ def view_dir(task_id: str) -> Path:
 
 
 def trash_dir() -> Path:
-    return data_dir() / "trash"
+    return local_dir() / "trash"
 
 
 def lower_mounts_dir(task_id: str) -> Path:
-    return data_dir() / "mounts" / task_id
+    return lower_mounts_root() / task_id
 
 
 def mount_roots(task_id: str) -> list[Path]:

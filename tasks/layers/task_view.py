@@ -130,6 +130,11 @@ def seal_layer(task_id: str, *, native: bool = False) -> None:
             layer = Layer.objects.filter(task_id=task_id).first()
             if task is None or layer is None or task.state in ACTIVE:
                 return
+            # The task's release runs in the background (tasks.lifecycle's janitor). Its layer
+            # joins no stack before its sandbox is released: its processes gone and every file
+            # its user owned handed back, or a later task's id-mapped view would show them as
+            # nobody's. Idempotent: a no-op when the janitor got there first.
+            sandbox.release(task_id)
             driver = get_driver(layer.driver)
             roots = roots_for(task, layer, for_mount=False)
             for root in roots:

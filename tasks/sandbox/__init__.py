@@ -15,13 +15,15 @@ from tasks.sandbox.support import available
 
 
 def prepare(task_id: str) -> None:
-    """At a run's start, before its view opens: create the task's user (first run) and stop any
-    process a lost earlier run left behind. A no-op without the sandbox."""
+    """At a run's start, before its view opens: claim the task's user from the pool (first run),
+    or stop any process a lost earlier run left behind (a later run). A no-op without the
+    sandbox."""
     if not available():
         return
 
-    ident = users.ensure_user(task_id)
-    stop_leftovers(task_id)
+    ident, fresh = users.claim_user(task_id)
+    if not fresh:
+        stop_leftovers(task_id)
     paths.harden_data_dir()
     paths.ensure_runtime_dir(task_id, ident.uid, ident.gid)  # before the broker binds its socket in it
 

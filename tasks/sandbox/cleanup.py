@@ -2,8 +2,11 @@
 
 ``release`` stops every process of the task's user (PID namespaces die with their init, and a
 scan of /proc catches anything else running as that uid), closes the task's egress proxy and
-sockets, gives back any file the user owned in the task's directory (so a later task that gets
-the same recycled uid owns nothing of it) and deletes the user. Every step is idempotent.
+sockets, removes its control groups, empties the uid's keyrings, hands back to root every file
+the user owned in the task's directories, and only then gives the user back to the pool
+(``users.give_back``), so the next task that claims it finds nothing of this one. A step that
+fails leaves the user claimed: nobody gets it, and reconcile tries again. Every step is
+idempotent.
 """
 from __future__ import annotations
 
@@ -26,13 +29,14 @@ def release(task_id: str) -> None:
     """Free everything the task's sandbox held. Safe to call any number of times, anywhere."""
     egress.release(task_id, all_users=True)
     if os.geteuid() == 0:
-        ident = users.find_user(task_id)
-        if ident is not None:
-            users.kill_processes(ident.uid)
-            cgroups.remove(task_id)
-            users.clear_keyrings(ident)
-            disown_files(task_id, ident)
-            users.remove_user(ident.name)
+        with users.task_lock(task_id):
+            ident = users.find_user(task_id)
+            if ident is not None:
+                users.kill_processes(ident.uid)
+                cgroups.remove(task_id)
+                users.clear_keyrings(ident)
+                disown_files(task_id, ident)
+                users.give_back(task_id, ident)
     runtime = paths.runtime_dir(task_id)
     while runtime.exists():
         try:
@@ -55,7 +59,7 @@ def disown_files(task_id: str, ident: users.Identity) -> None:
     Does not cross into mounts (a still-mounted overlay view is the layers' business; its upper
     directory is walked directly), so it costs what the task changed, not the workspace's size.
     """
-    for root in (Path(settings.BOX_DATA_DIR) / "tasks" / task_id, Path(settings.BOX_DATA_DIR) / "layers" / task_id):
+    for root in (paths.local_dir() / "tasks" / task_id, Path(settings.BOX_DATA_DIR) / "layers" / task_id):
         if root.is_dir():
             _disown_tree(root, ident)
 
@@ -93,6 +97,13 @@ def reconcile() -> list[str]:
     """At start-up: release every user of this box whose task has ended or no longer exists,
     and every runtime directory left by such a task. Returns the task ids it cleaned."""
 
+    if os.geteuid() == 0:
+        users.drop_stale_claims()
+        for ident in users.legacy_users():  # the earlier scheme's per-task users: box-<task id>
+            users.kill_processes(ident.uid)
+            users.clear_keyrings(ident)
+            disown_files(ident.name[len(users.PREFIX):], ident)
+            users.remove_user(ident.name)
     candidates = {task_id for task_id, _ in users.box_users()} if os.geteuid() == 0 else set()
     runtime_root = paths.runtime_root()
     if runtime_root.is_dir():

@@ -107,7 +107,10 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     env = dict(env)
     if env.get("HOME") == str(ctx.workdir):
         env["HOME"] = str(view)
-    env.update({"PATH": paths.SANDBOX_PATH, "TMPDIR": "/tmp", "USER": ident.name, "LOGNAME": ident.name})
+    # Inside its root the task's user is named after the task (its own /etc/passwd); on the host
+    # the uid belongs to a user of the box's pool, claimed by this task alone until its release.
+    name = task.user or f"{users.PREFIX}{task.pk}"
+    env.update({"PATH": paths.SANDBOX_PATH, "TMPDIR": "/tmp", "USER": name, "LOGNAME": name})
     env.setdefault("BOX_BROKER_SOCKET", str(paths.broker_socket(task.pk)))
     forward = None
     if task.hosts:
@@ -123,7 +126,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         view_fd = _view_tree(ctx.workdir, ident)
         config = {
             "uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES,
-            "user": ident.name, "view_fd": view_fd, "view": str(view), "runtime": str(runtime),
+            "user": name, "view_fd": view_fd, "view": str(view), "runtime": str(runtime),
             "cwd": str(inner_cwd), "argv": argv, "script": script, "forward": forward,
             "seccomp": support.syscall_filter_dir(), "cgroups": groups,
         }

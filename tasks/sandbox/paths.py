@@ -31,8 +31,13 @@ def data_dir() -> Path:
     return Path(settings.BOX_DATA_DIR)
 
 
+def local_dir() -> Path:
+    """This machine's part of the data directory (``BOX_LOCAL_DIR``; by default the same)."""
+    return Path(settings.BOX_LOCAL_DIR or settings.BOX_DATA_DIR)
+
+
 def runtime_root() -> Path:
-    return data_dir() / "run"
+    return local_dir() / "run"
 
 
 def runtime_dir(task_id: str) -> Path:
@@ -78,17 +83,18 @@ def harden_data_dir() -> None:
     by path; everything else in it is either a directory only root may enter or a private file
     only root may read. Cheap (a handful of chmods), so it runs before every sandboxed start.
     """
-    root = data_dir()
-    os.chmod(root, 0o711)
-    for entry in os.scandir(root):
-        if entry.is_symlink():
-            continue
-        if entry.is_dir():
-            # run/ must be traversable; every other directory (tasks/, workspaces/, static/...)
-            # is the box's own.
-            os.chmod(entry.path, 0o711 if entry.name == "run" else 0o700)
-        elif entry.name in _PRIVATE_NAMES or entry.name.endswith(_PRIVATE_SUFFIXES):
-            os.chmod(entry.path, 0o600)
+    for root in {data_dir(), local_dir()}:
+        os.chmod(root, 0o711)
+        for entry in os.scandir(root):
+            if entry.is_symlink():
+                continue
+            if entry.is_dir():
+                # run/ must be traversable (and the local dir, when it is inside the data dir);
+                # every other directory (tasks/, workspaces/, static/...) is the box's own.
+                traversable = entry.name == "run" or Path(entry.path) == local_dir()
+                os.chmod(entry.path, 0o711 if traversable else 0o700)
+            elif entry.name in _PRIVATE_NAMES or entry.name.endswith(_PRIVATE_SUFFIXES):
+                os.chmod(entry.path, 0o600)
     for name in _database_files():
         if name.exists():
             os.chmod(name, 0o600)

@@ -1,7 +1,21 @@
-"""One Linux user per task: ``box-<task id>``, created at the task's first start, removed at cleanup.
+"""One Linux user per task at a time, from a pool of users the box creates ahead.
 
-Users carry a marker in their comment field naming the box that created them (a hash of its data
-directory), so reconciling one box never touches the users of another box on the same machine.
+``useradd``/``userdel`` rewrite /etc/passwd under a machine-wide lock (tens of ms each, seconds
+under load), so a task does not make its own user: it *claims* a free user of the box's pool at
+its first start and gives it back at release, after the release has stopped every process of the
+user, emptied its keyrings, removed its control groups and handed back every file it owned
+(``tasks.sandbox.cleanup``). A user is claimed by at most one task at a time.
+
+The claims are symlinks in ``BOX_LOCAL_DIR/users/`` (by default ``BOX_DATA_DIR``): ``<user name> -> <task id>``, made and
+removed under a lock file there, so every process of the box (web, workers, scheduler) agrees.
+``BOX_USER_POOL`` free users are kept ready: refilled in the background after a claim
+(``fill_pool``), and a user given back when that many are already free is deleted. When the pool
+is empty a task makes one more user on its own path (the old cost, once).
+
+Pool users are named ``box-<box digest>-<n>`` and carry a marker in their comment field naming the
+box that created them (a hash of its local data directory), so reconciling one box never touches the
+users of another box on the same machine. Users of the earlier one-user-per-task scheme
+(``box-<task id>``, marker "box task user") are still found and removed by reconcile.
 """
 from __future__ import annotations
 
@@ -22,12 +36,14 @@ from pathlib import Path
 from django.conf import settings
 
 from boxsite.errors import BoxError
+from tasks.sandbox import paths
 from tasks.sandbox.support import INIT, SYSTEM_PYTHON
 
 log = logging.getLogger(__name__)
 
 PREFIX = "box-"
 MAX_NAME = 32  # useradd's limit on Linux
+_FILLING = ".fill-"  # a claim link's target while a pool user is being made: ``.fill-<pid>``
 # Task users get ids from their own range, far from the distribution's system accounts (100-999,
 # which a busy box would exhaust) and from people's accounts.
 _ID_RANGE = ["-K", "SYS_UID_MIN=200000", "-K", "SYS_UID_MAX=299999", "-K", "SYS_GID_MIN=200000", "-K", "SYS_GID_MAX=299999"]
@@ -63,40 +79,262 @@ class Identity:
     gid: int
 
 
-def user_name(task_id: str) -> str:
-    name = f"{PREFIX}{task_id}"
-    if len(name) > MAX_NAME or not task_id.isalnum():
-        raise SandboxError(f"cannot make a Linux user for task id {task_id!r}", field="id")
-    return name
+def _check_task_id(task_id: str) -> str:
+    if not task_id.isalnum() or len(task_id) > 64:
+        raise SandboxError(f"cannot give a Linux user to task id {task_id!r}", field="id")
+    return task_id
 
 
-def box_marker() -> str:
-    """The comment every user of this box carries (which data directory it belongs to)."""
-    digest = hashlib.sha256(str(Path(settings.BOX_DATA_DIR).resolve()).encode()).hexdigest()[:16]
-    return f"box task user {digest}"
+def _digest(local_dir: str | Path | None = None) -> str:
+    return hashlib.sha256(str(Path(local_dir or paths.local_dir()).resolve()).encode()).hexdigest()[:16]
 
 
-def find_user(task_id: str) -> Identity | None:
+def box_marker(local_dir: str | Path | None = None) -> str:
+    """The comment every user of this box's pool carries (which local data directory it belongs
+    to; by default this box's)."""
+    return f"box pool user {_digest(local_dir)}"
+
+
+def legacy_marker() -> str:
+    """The comment of a per-task user (``box-<task id>``) the earlier scheme made."""
+    return f"box task user {_digest()}"
+
+
+def pool_dir() -> Path:
+    return paths.local_dir() / "users"
+
+
+_pool_thread_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _pool_lock() -> Iterator[None]:
+    """Claims are made and given back one at a time across the box's processes."""
+    directory = pool_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with _pool_thread_lock:
+        fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _identity(name: str) -> Identity | None:
     try:
-        entry = pwd.getpwnam(user_name(task_id))
+        entry = pwd.getpwnam(name)
     except KeyError:
         return None
+    if entry.pw_gecos != box_marker():
+        return None  # never treat someone else's account as the box's
     return Identity(entry.pw_name, entry.pw_uid, entry.pw_gid)
 
 
+def pool_users(local_dir: str | Path | None = None) -> list[Identity]:
+    """Every user of this box's pool (claimed or free), from the user database (of the box with
+    ``local_dir``, by default this one)."""
+    marker = box_marker(local_dir)
+    return sorted((Identity(e.pw_name, e.pw_uid, e.pw_gid) for e in pwd.getpwall()
+                   if e.pw_name.startswith(PREFIX) and e.pw_gecos == marker), key=lambda i: i.name)
+
+
+def claims() -> dict[str, str]:
+    """Pool user name -> the task that holds it (or ``.fill-<pid>`` while it is being made)."""
+    found = {}
+    try:
+        entries = list(os.scandir(pool_dir()))
+    except FileNotFoundError:
+        return {}
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            found[entry.name] = os.readlink(entry.path)
+        except (FileNotFoundError, OSError):
+            continue
+    return found
+
+
+def _claim_path(name: str) -> Path:
+    return pool_dir() / name
+
+
+def _new_name(taken: set[str]) -> str:
+    stem = f"{PREFIX}{_digest()[:10]}-"
+    n = 0
+    while f"{stem}{n}" in taken:
+        n += 1
+    return f"{stem}{n}"
+
+
+def find_user(task_id: str) -> Identity | None:
+    """The user ``task_id`` holds now, or None."""
+    for name, holder in claims().items():
+        if holder == task_id:
+            return _identity(name)
+    return None
+
+
 def ensure_user(task_id: str) -> Identity:
-    """The task's user, created if missing (idempotent; safe across processes)."""
-    found = find_user(task_id)
+    """The task's user: the one it holds, else a free user of the pool it claims now (idempotent;
+    safe across processes)."""
+    return claim_user(task_id)[0]
+
+
+def claim_user(task_id: str) -> tuple[Identity, bool]:
+    """``ensure_user``, and whether the user was claimed just now (a fresh claim holds nothing of
+    an earlier task: its release scrubbed it before giving it back)."""
+    _check_task_id(task_id)
+    with _pool_lock():
+        held = claims()
+        mine = next((name for name, holder in held.items() if holder == task_id), None)
+        if mine is None:
+            free = [ident for ident in pool_users() if ident.name not in held]
+            if free:
+                os.symlink(task_id, _claim_path(free[0].name))
+                _refill_wanted.set()
+                return free[0], True
+            # The pool is empty: reserve a new name (the claim link) and make the user outside the lock.
+            mine = _new_name(set(held) | {ident.name for ident in pool_users()})
+            os.symlink(task_id, _claim_path(mine))
+            fresh = True
+        else:
+            fresh = False
+    found = _identity(mine)
     if found is not None:
-        return found
-    name = user_name(task_id)
+        return found, fresh
+    try:
+        return _create(mine), True
+    except BaseException:
+        with _pool_lock():
+            _unlink(_claim_path(mine))
+        raise
+
+
+def _create(name: str) -> Identity:
     argv = ["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
             "--user-group", "--comment", box_marker(), *_ID_RANGE, name]
-    _run_account_tool(argv, ok_codes={0, 9})  # 9: the name exists (another process made it first)
-    found = find_user(task_id)
+    _run_account_tool(argv, ok_codes={0, 9})  # 9: the name exists (a crash between useradd and its claim)
+    found = _identity(name)
     if found is None:
-        raise SandboxError(f"useradd reported success but {name} does not exist", field="user")
+        raise SandboxError(f"useradd reported success but {name} does not exist or is not the box's", field="user")
     return found
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def give_back(task_id: str, ident: Identity) -> None:
+    """After the release scrubbed ``ident``: the task no longer holds it. It stays in the pool
+    unless ``BOX_USER_POOL`` users are free already, then it is deleted."""
+    with _pool_lock():
+        held = claims()
+        if held.get(ident.name) != task_id:
+            return
+        free = [i for i in pool_users() if i.name not in held]
+        keep = len(free) < settings.BOX_USER_POOL
+        if keep:
+            _unlink(_claim_path(ident.name))
+            return
+    remove_user(ident.name)  # still claimed while it goes: nobody else can take it meanwhile
+    with _pool_lock():
+        _unlink(_claim_path(ident.name))
+
+
+@contextlib.contextmanager
+def task_lock(task_id: str) -> Iterator[None]:
+    """One release of ``task_id`` at a time across the box's processes: a second releaser must
+    not act on a user the first has already given back (and another task may hold by then)."""
+    _check_task_id(task_id)
+    directory = pool_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / f".release-{task_id}"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                continue  # the holder before us removed the file: lock the one there now
+            try:
+                yield
+            finally:
+                _unlink(path)
+            return
+        finally:
+            os.close(fd)
+
+
+_refill_wanted = threading.Event()
+
+
+def refill_wanted() -> bool:
+    """True once after a claim in this process took a pool user (the janitor refills)."""
+    wanted = _refill_wanted.is_set()
+    _refill_wanted.clear()
+    return wanted
+
+
+def fill_pool() -> int:
+    """Make free users until ``BOX_USER_POOL`` are ready; returns how many were made. Off every
+    task's path (the janitor, the scheduler's start)."""
+    made = 0
+    while True:
+        with _pool_lock():
+            held = claims()
+            existing = pool_users()
+            free = [i for i in existing if i.name not in held]
+            if len(free) >= settings.BOX_USER_POOL:
+                return made
+            name = _new_name(set(held) | {i.name for i in existing})
+            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(name))
+        try:
+            _create(name)
+            made += 1
+        finally:
+            with _pool_lock():
+                _unlink(_claim_path(name))
+
+
+def empty_pool() -> None:
+    """Delete every free user of the pool (when the box stops: it leaves no account behind)."""
+    with _pool_lock():
+        held = claims()
+        free = [i for i in pool_users() if i.name not in held]
+        for ident in free:
+            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(ident.name))  # nobody claims it while it goes
+    for ident in free:
+        try:
+            remove_user(ident.name)
+        finally:
+            with _pool_lock():
+                _unlink(_claim_path(ident.name))
+
+
+def stale_claims() -> dict[str, str]:
+    """Claims made by a process that is gone while it was making a pool user."""
+    stale = {}
+    for name, holder in claims().items():
+        if holder.startswith(_FILLING):
+            pid = holder[len(_FILLING):]
+            if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
+                stale[name] = holder
+    return stale
+
+
+def drop_stale_claims() -> None:
+    for name, holder in stale_claims().items():
+        with _pool_lock():
+            if claims().get(name) == holder:
+                _unlink(_claim_path(name))
 
 
 def remove_user(name: str) -> None:
@@ -127,11 +365,21 @@ def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
 
 
 def box_users() -> Iterator[tuple[str, Identity]]:
-    """Every (task id, identity) this box created, from the user database."""
-    marker = box_marker()
+    """Every (task id, identity) a task of this box holds, from the claims."""
+    for name, holder in claims().items():
+        if holder.startswith("."):
+            continue
+        ident = _identity(name)
+        if ident is not None:
+            yield holder, ident
+
+
+def legacy_users() -> Iterator[Identity]:
+    """Per-task users (``box-<task id>``) of this box made by the earlier scheme."""
+    marker = legacy_marker()
     for entry in pwd.getpwall():
         if entry.pw_name.startswith(PREFIX) and entry.pw_gecos == marker:
-            yield entry.pw_name[len(PREFIX):], Identity(entry.pw_name, entry.pw_uid, entry.pw_gid)
+            yield Identity(entry.pw_name, entry.pw_uid, entry.pw_gid)
 
 
 def processes_of(uid: int) -> list[int]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import pwd
 import signal
 import subprocess
 import sys
@@ -91,13 +90,8 @@ def _stop(box: RunningBox) -> float:
 
 def _leftovers(env: dict[str, str], task_ids: list[str]) -> list[str]:
     """What a stopped box left on the host: task users (and their processes), mounts in its data dir."""
-    found = []
-    for task_id in task_ids:
-        try:
-            entry = pwd.getpwnam(users.user_name(task_id))
-        except KeyError:
-            continue
-        found.append(f"user {entry.pw_name} with processes {users.processes_of(entry.pw_uid)}")
+    found = [f"user {ident.name} with processes {users.processes_of(ident.uid)}"
+             for ident in users.pool_users(env["BOX_DATA_DIR"])]  # its task users, free or held
     data_dir = env["BOX_DATA_DIR"]
     found += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if data_dir in line]
     return found

@@ -5,12 +5,12 @@ They skip (with the reason) where the box cannot sandbox; ``test_honesty`` cover
 from __future__ import annotations
 
 import os
-import pwd
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tasks import lifecycle
 from tasks.models import Task
 from tasks.sandbox import cleanup, users
 from tasks.sandbox.support import missing_reason
@@ -27,12 +27,14 @@ needs_sandbox = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs 
 
 @pytest.fixture
 def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
-    """The ``box`` with the sandbox on; afterwards every user its tasks made is gone (checked).
+    """The ``box`` with the sandbox on and a pool of two spare task users; afterwards every user
+    its tasks held is released (checked) and the pool is emptied.
 
     Each test worker is its own box (its own data directory): reconcile releases the users of
     tasks its database does not know, so two boxes must never share a data directory.
     """
     settings.BOX_SANDBOX = "auto"  # the data dir is already the worker's own (tests/conftest.py)
+    settings.BOX_USER_POOL = 2  # task users are reused: every guarantee must hold across reuse
     # Subprocesses (a real qcluster) sign and check queued jobs with this process's key; in
     # another data directory they would otherwise generate their own.
     monkeypatch.setenv("DJANGO_SECRET_KEY", settings.SECRET_KEY)
@@ -41,11 +43,13 @@ def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.Monke
         pytest.skip(f"no sandbox here: {reason}")
     yield box
 
+    lifecycle.janitor.drain()  # releases still running in this process's background thread
     leftovers = []
     for task_id in Task.objects.values_list("pk", flat=True):
         if users.find_user(task_id) is not None:
             leftovers.append(task_id)
         cleanup.release(task_id)  # never leave a user behind, even when a test failed
+    users.empty_pool()  # nor a free one of the pool
     assert not leftovers or all(_was_active(t) for t in leftovers), f"users left behind by ended tasks: {leftovers}"
 
 
@@ -54,10 +58,9 @@ def _was_active(task_id: str) -> bool:
 
 
 def uid_of(task_id: str) -> int | None:
-    try:
-        return pwd.getpwnam(f"box-{task_id}").pw_uid
-    except KeyError:
-        return None
+    """The uid of the user the task holds now (from the box's pool), or None."""
+    ident = users.find_user(task_id)
+    return None if ident is None else ident.uid
 
 
 def outputs(box: Box, task_id: str) -> list[str]:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tasks import lifecycle
 from tasks.crypto import fernet
+from tasks.models import Task
+from tasks.sandbox import users
 from tasks.sandbox.paths import runtime_dir
 from tests.factories import flow
 from tests.sandbox.conftest import needs_sandbox, results, run_script
@@ -228,6 +231,10 @@ def test_the_box_data_and_other_tasks_are_unreadable(sandboxed, settings, tmp_pa
         assert (data / "box.sqlite3").stat().st_mode & 0o077 == 0
         assert data.stat().st_mode & 0o777 == 0o711
     finally:
+        lifecycle.janitor.drain()  # the releases of both tasks, then the pool of this data dir
+        for task_id in Task.objects.values_list("pk", flat=True):
+            lifecycle.release(task_id)
+        users.empty_pool()
         subprocess.run(["rm", "-rf", str(data)], check=True)
         if not any(data.parent.iterdir()):
             data.parent.rmdir()
