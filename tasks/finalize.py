@@ -36,17 +36,18 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
     return recorder.guarded(write)
 
 
-def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> None:
-    """Apply a run's outcome to its task, in one transaction that proves the lease first."""
+def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> bool:
+    """Apply a run's outcome to its task, in one transaction that proves the lease first. True
+    when the task had ended meanwhile (cancelled, perhaps by a process on another machine)."""
 
     redact = recorder.redactor
 
-    def write() -> None:
+    def write() -> bool:
         Task.objects.filter(pk=task.pk).update(spent=_add_elapsed(task, elapsed_ms))
         task.refresh_from_db()
         if task.is_final():
             runs.finish(run.pk, token, "cancelled", f"the task became {task.state} meanwhile")
-            return
+            return True
         # The run is closed before the task moves: a final move closes every open run.
         if isinstance(outcome, Done):
             runs.finish(run.pk, token, "done")
@@ -66,8 +67,9 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
             runs.create_run(task, RunKind.RESUME, resume=outcome.resume)
         else:  # pragma: no cover - a worker bug
             raise TypeError(f"unknown outcome {outcome!r}")
+        return False
 
-    recorder.guarded(write)
+    return recorder.guarded(write)
 
 
 def _add_elapsed(task: Task, elapsed_ms: int) -> dict[str, Any]:

@@ -17,7 +17,9 @@ from tasks.broker.server import serving as broker_serving
 from tasks.context import RunContext
 from tasks.facts import Facts
 from tasks.finalize import begin_run, finish_run
+from tasks.models import Task
 from tasks.recorder import TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
+from tasks.states import FINAL
 from tasks.workers import worker_for
 from tasks.workers.base import Done, Failed, Outcome
 from tasks.workers.shaping import SHAPE_RESUME, shape_output
@@ -113,6 +115,7 @@ def execute_run(run_id: int) -> None:
             _hand_back(run_id, token, "the box is stopping", counts_as_attempt=False)
             return
         log.info("run %s lost its lease; its late writes were refused", run_id)
+        _release_if_ended(task.pk)
         return
     except TRANSIENT_DB_ERRORS as exc:
         log.warning("run %s hit a database fault; handing it back to retry: %s", run_id, exc)
@@ -130,12 +133,26 @@ def execute_run(run_id: int) -> None:
     held_s = ctx.held_s if ctx is not None else 0.0  # waiting for the owner is not running time
     elapsed_ms = int((time.monotonic() - started - held_s) * 1000)
     try:
-        finish_run(task, run, token, recorder, outcome, elapsed_ms)
+        if finish_run(task, run, token, recorder, outcome, elapsed_ms):
+            # Ended meanwhile, maybe by a process on another machine whose release could not
+            # reach what this run holds here (its user, its mounts): release it on this one.
+            lifecycle.release_soon(task.pk)
     except LeaseLost:
         log.info("run %s lost its lease before finishing; its outcome was dropped", run_id)
+        _release_if_ended(task.pk)
     except TRANSIENT_DB_ERRORS as exc:
         log.warning("run %s hit a database fault while finishing; handing it back to retry: %s", run_id, exc)
         _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
+
+
+def _release_if_ended(task_id: str) -> None:
+    """A run that lost its lease because its task ended (a cancel, maybe from another machine,
+    whose release cannot reach this machine's user and mounts): release it here too."""
+    try:
+        if Task.objects.filter(pk=task_id, state__in=FINAL).exists():
+            lifecycle.release_soon(task_id)
+    except TRANSIENT_DB_ERRORS:
+        log.warning("could not check whether task %s ended; start-up reconcile releases it", task_id)
 
 
 def _first_line(exc: BaseException) -> str:
