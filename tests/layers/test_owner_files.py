@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
+from tasks.layers import paths as layer_paths
+from tasks.layers.tree import Meta
 from tasks.models import Task
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
@@ -190,7 +193,11 @@ def test_a_diff_read_while_the_task_ends_is_never_empty(lbox):
     worker.start()
     seen_full = False
     sizes: list[int] = []
-    while worker.is_alive() or not seen_full:
+    deadline = time.monotonic() + 120
+    # Read until the layer is sealed (its release runs in the background after the run ends),
+    # and at least once after the run ended.
+    while time.monotonic() < deadline:
+        ended = not worker.is_alive()
         row = Task.objects.order_by("-created_at").values_list("pk", flat=True).first()
         if row is not None:
             size = len(diff_of(lbox, row)["added"])
@@ -198,8 +205,8 @@ def test_a_diff_read_while_the_task_ends_is_never_empty(lbox):
             if seen_full:
                 assert size == count, f"a diff read during the seal had {size} paths: {sizes[-5:]}"
             seen_full = seen_full or size == count
-        if not worker.is_alive() and not seen_full:
-            break
+            if ended and Meta.load(layer_paths.layer_dir(row)).sealed:
+                break
     worker.join(30)
     assert seen_full and len(diff_of(lbox, done["task"]["id"])["added"]) == count
 
