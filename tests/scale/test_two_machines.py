@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 from django.conf import settings as django_settings
 
 from tasks import lifecycle
