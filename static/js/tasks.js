@@ -88,7 +88,7 @@ function specFrom(form) {
   else spec.workspace = f.workspace.value;
   spec.worker = f.worker.value;
   if (spec.worker === "command") spec.command = f.command.value;
-  if (spec.worker === "flow") {
+  if (spec.worker === "flow" && f.flow.value.trim()) {  // empty: the box's model plans the steps
     try {
       spec.flow = JSON.parse(f.flow.value || "null");
     } catch (err) {
