@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tasks.tools import Tool, register
 from tests.fakemodel import Answer, FakeModel, call, say, secret_forms
 from tests.model.conftest import KEY
 from tests.pauses.helpers import cont, open_questions, pending_approval, post
@@ -153,3 +154,26 @@ def test_without_a_model_a_prompt_task_waits_for_a_plan_saying_what_to_configure
     task = box.create(title="x", prompt="do it")
     waiting = box.wait_state(task["id"], "waiting")
     assert waiting["waitingFor"] == "plan" and "Settings → Model" in waiting["pause"]["message"]
+
+
+def test_a_broker_tool_that_acts_irreversibly_waits_for_the_owner_then_runs(box: Any, model: FakeModel) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def send(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        calls.append(args)
+        return {"sent": True, "to": args["to"]}
+
+    register(Tool(name="test.send", description="send a message", irreversible=True,
+                  schema={"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}, impl=send))
+    model.answer(call("tool_test__send", to="${email}"), call("finish", answer="sent"))
+    task = box.create(title="send", prompt="send it", tools=["test.send"], facts={"email": "a@example.com"}, budgetCents=100)
+    assert box.wait_state(task["id"], "waiting")["waitingFor"] == "approval"
+    tools = {t["function"]["name"] for t in model.received[0].body["tools"]}
+    assert "tool_test__send" in tools and "run_command" in tools
+    assert calls == []  # nothing was sent before the OK
+    approval = pending_approval(box, task["id"])
+    assert approval["kind"] == "irreversible"
+    assert post(box, f"/api/approvals/{approval['id']}/approve").status_code == 200
+    assert box.wait_state(task["id"], "done", "failed")["state"] == "done"
+    assert calls == [{"to": "a@example.com"}]  # the value was put in when the call executed
+    assert '"sent": true' in model.received[1].messages[-1]["content"]

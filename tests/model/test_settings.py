@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework.test import APIClient
+
+from boxsite.auth import DEVICE_COOKIE
 from tests.fakemodel import Answer, FakeModel, say
 from tests.model.conftest import KEY
+from tests.portal.conftest import pair_device
 
 
 def test_the_model_is_configured_in_one_place_and_the_key_is_never_shown(box: Any, fake_model: FakeModel) -> None:
@@ -48,3 +52,12 @@ def test_test_connection_reports_what_the_endpoint_answered(box: Any, model: Fak
 def test_test_connection_without_a_model_says_what_to_configure(box: Any) -> None:
     result = box.api.post("/api/settings/model/test").json()
     assert result["ok"] is False and result["kind"] == "config" and "Settings → Model" in result["error"]
+
+
+def test_a_paired_phone_cannot_see_or_change_the_model(box: Any) -> None:
+    phone = APIClient()
+    phone.cookies[DEVICE_COOKIE] = pair_device(box.api)
+    assert phone.get("/api/settings/model").status_code == 403
+    assert phone.patch("/api/settings/model", {"model": "x"}, format="json").status_code == 403
+    assert phone.post("/api/settings/model/test").status_code == 403
+    assert phone.get("/api/describe").status_code == 200  # the guide is for any caller
