@@ -21,7 +21,7 @@ def test_a_model_step_answers_to_its_schema_and_the_answer_is_saved(box: Any, mo
     assert report(box, task["id"])["records"]["trip"] == {"city": "Pune", "days": 3}
     sent = model.received[0].messages
     assert sent[0]["content"] == "Plan a trip for Asha"
-    assert json.dumps(SCHEMA) in sent[-1]["content"]
+    assert json.loads(sent[-1]["content"].split("\n", 1)[1]) == SCHEMA  # (PostgreSQL keeps keys in its own order)
     result = [e for e in box.events(task["id"]) if e["kind"] == "step_result"][0]
     assert result["data"]["usage"] == {"inputTokens": 100, "outputTokens": 20}
     assert result["data"]["decision"]["content"] == '{"city": "Pune", "days": 3}'
