@@ -72,9 +72,18 @@ class StepRecorder:
                 time.sleep(RETRY_PAUSE_S)
 
     def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
-              artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None) -> None:
+              artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None,
+              resume: dict[str, Any] | None = None, records: dict[str, Any] | None = None) -> None:
+        """Record an event; with ``resume``/``records``, save progress in the same transaction
+        (a step's result and the resume point past it are one write: a run cut off between
+        them would otherwise run a step again whose result the log already shows)."""
+
         def write() -> None:
             updates: dict[str, Any] = {}
+            if resume is not None:
+                updates["resume"] = resume
+            if records is not None:
+                updates["records"] = records
             if doing_now:
                 updates["step"] = self.redactor.text(summary)[:500]
             if progress is not None:
@@ -86,6 +95,10 @@ class StepRecorder:
             record_event(self.task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=self.redactor)
 
         self.guarded(write)
+        if resume is not None:
+            self.task.resume = resume
+        if records is not None:
+            self.task.records = records
 
     def step(self, summary: str, data: dict[str, Any] | None = None, *, progress: float | None = None) -> None:
         self.event(EventKind.STEP, summary, data, doing_now=True, progress=progress)

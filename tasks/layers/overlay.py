@@ -29,6 +29,33 @@ from tasks.layers.tree import (
 from tasks.sandbox.idmap import userns_mapping
 
 
+def adopt(upper: Path, owner: tuple[int, int]) -> None:
+    """Give the upper directory, and everything the task made in it, to ``owner``.
+
+    When a task's sandbox is released (its task ended, or the box stopped while it was active),
+    its files are handed to root so a recycled uid cannot reach them, and its user is removed.
+    The task's next run makes the user again (often with another uid): unless the files the task
+    made before are given back, its next step cannot change them ("cannot create ...:
+    Permission denied"). The upper directory holds only the task's own changes; symlinks are
+    never followed, other file systems never entered. A walk only when the upper directory is
+    not already the owner's (right after such a release), so a plain open costs one stat."""
+    uid, gid = owner
+    if upper.stat().st_uid != uid:
+        device = upper.stat().st_dev
+        for directory, dirnames, filenames in os.walk(upper):
+            kept = []
+            for name in dirnames:
+                path = os.path.join(directory, name)
+                stat = os.lstat(path)
+                if stat.st_dev == device:
+                    kept.append(name)
+                    os.lchown(path, uid, gid)
+            dirnames[:] = kept
+            for name in filenames:
+                os.lchown(os.path.join(directory, name), uid, gid)
+    os.chown(upper, uid, gid)
+
+
 class OverlayDriver:
     name = "overlay"
     markers = "native"
@@ -41,7 +68,7 @@ class OverlayDriver:
         lowers = [tree.root for tree in root.lowers]
         if owner is not None:
             lowers = _idmapped(lowers, root.mounts, owner)
-            os.chown(root.upper, *owner)  # the task's user creates files at the top of its view
+            adopt(root.upper, owner)  # the task's user creates files at the top of its view
         mounts.mount_overlay(root.view, lowers, root.upper, root.work)
 
     def changes(self, root: Root) -> list[Change]:

@@ -231,8 +231,7 @@ class FlowWorker:
                 began, clock = timezone.now(), time.monotonic()
                 ctx.recorder.step(describe(substitute(step, known), index, total), self._start_data(ctx, index, total, kind, start),
                                   progress=(index + 1) / total)
-                record_result(ctx, index, total, kind, began, clock, Evidence({"passed": True}))
-                ctx.recorder.save_progress(resume={"step": index + 1})
+                record_result(ctx, index, total, kind, began, clock, Evidence({"passed": True}), resume={"step": index + 1})
                 continue
             if kind not in EXECUTABLE_KINDS:
                 return Failed(f"step {index + 1}: '{kind}' steps are not available in this box yet", recoverable=False,
@@ -281,11 +280,13 @@ class FlowWorker:
                         return replanned
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
                               hint="fix the cause and run the task again")
-            record_result(ctx, index, total, kind, began, clock, evidence)
             if "save" in step:
                 records[step["save"]] = result
                 known[step["save"]] = result
-            ctx.recorder.save_progress(resume={"step": index + 1}, records=ctx.recorder.redactor.redact(records))
+            # The result and the resume point past the step in one write: a step whose result is
+            # in the log never runs again.
+            record_result(ctx, index, total, kind, began, clock, evidence, resume={"step": index + 1},
+                          records=ctx.recorder.redactor.redact(records))
             if only and is_approved and index + 1 < total and kind not in browser_steps.KINDS:
                 # A browser step goes on in this run: a new run's fresh browser would have to
                 # re-open the page by replaying steps, and the approved step must never run twice.
@@ -520,15 +521,17 @@ def planned_action(ctx: RunContext, kind: str, value: Any, step: dict[str, Any],
 
 
 def record_result(ctx: RunContext, index: int, total: int, kind: str, began: datetime, clock: float,
-                  evidence: Evidence, *, error: str | None = None) -> None:
-    """Log what step ``index`` did (``step_result``), before the next step begins."""
+                  evidence: Evidence, *, error: str | None = None, resume: dict[str, Any] | None = None,
+                  records: dict[str, Any] | None = None) -> None:
+    """Log what step ``index`` did (``step_result``), before the next step begins; with
+    ``resume``/``records``, the progress past it is saved in the same transaction."""
     duration_ms = int((time.monotonic() - clock) * 1000)
     data = {"step": index + 1, "of": total, "kind": kind, "ok": error is None, "startedAt": began.isoformat(),
             "durationMs": duration_ms, **evidence.data}
     if error is not None:
         data["error"] = error
     ctx.recorder.event(EventKind.STEP_RESULT, f"step {index + 1}/{total} {kind}: {result_words(kind, data)}", data,
-                       artifacts=evidence.artifacts)
+                       artifacts=evidence.artifacts, resume=resume, records=records)
 
 
 def result_words(kind: str, data: dict[str, Any]) -> str:
