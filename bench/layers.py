@@ -9,36 +9,23 @@ driver (overlay needs root) N tasks are started on it:
   end        done: the view is unmounted / the copy captured, the layer joins the workspace
   cp -a      a plain ``cp -a`` of the same base (the floor a copying start is compared with)
 
-The sandbox is off here (``BOX_SANDBOX=off``): this measures the layers alone. Medians of N.
-Usage: .venv/bin/python bench/layers.py [-n 3] [--sizes 1000,10000,100000]
+The sandbox is off here (``BOX_SANDBOX=off``): this measures the layers alone. With
+``--disk-mb N`` each driver runs again with that disk limit (``driver+disk``: the task's own
+image, ``tasks.layers.disk``), the sandbox on but no task user made. Medians of N.
+Usage: .venv/bin/python bench/layers.py [-n 3] [--sizes 1000,10000,100000] [--disk-mb 10240]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def setup_django(data: Path) -> None:
-    os.environ.update({"BOX_DATA_DIR": str(data), "BOX_SQLITE_PATH": str(data / "bench.sqlite3"),
-                       "BOX_SANDBOX": "off", "BOX_LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "boxsite.settings"})
-    os.environ.pop("DATABASE_URL", None)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", "--no-input", verbosity=0)
+from harness import setup_django
 
 
 def make_tree(base: Path, files: int) -> None:
@@ -56,7 +43,7 @@ def timed(action: Callable[[], object]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def run_driver(driver: str, workspace: object, owner: object, repeats: int) -> dict[str, float]:
+def run_driver(driver: str, workspace: object, owner: object, repeats: int, disk_mb: int | None = None) -> dict[str, float]:
     from django.conf import settings
 
     from tasks import layers, services
@@ -68,7 +55,8 @@ def run_driver(driver: str, workspace: object, owner: object, repeats: int) -> d
     settings.BOX_LAYER_DRIVER = driver
     starts, diffs, ends = [], [], []
     for n in range(repeats + 1):
-        task = Task.objects.create(owner=owner, title=f"bench {n}", workspace=workspace, worker="flow")
+        limits = {"disk_mb": disk_mb} if disk_mb else {}
+        task = Task.objects.create(owner=owner, title=f"bench {n}", workspace=workspace, worker="flow", limits=limits)
         services.transition(task, State.RUNNING)
         starts.append(timed(lambda: layers.open_view(task)))
         view = Path(settings.BOX_DATA_DIR) / "tasks" / task.pk / "view"
@@ -77,6 +65,8 @@ def run_driver(driver: str, workspace: object, owner: object, repeats: int) -> d
         layer = Layer.objects.get(task=task)
         diffs.append(timed(lambda: diff.render(changes_of(task, layer))))
         ends.append(timed(lambda: services.transition(task, State.DONE)))  # release runs after commit
+        if disk_mb:
+            time.sleep(0.2)  # the spare image made in the background, off the next start's clock
     # the first task runs over the bare base (no layer yet): the rest show the steady state
     return {"start": statistics.median(starts[1:]), "diff": statistics.median(diffs[1:]), "end": statistics.median(ends[1:])}
 
@@ -86,10 +76,16 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=3)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--drivers", default="overlay,copy")
+    parser.add_argument("--disk-mb", type=int, default=0,
+                        help="also run each driver with this disk limit (needs root: a loop-mounted image per task)")
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="box-bench-layers-"))
+    data = Path(tempfile.mkdtemp(prefix="box-bench-layers-", dir="/var/tmp"))
     try:
-        setup_django(data)
+        # the sandbox is on only for the disk limit (which sandboxed tasks get); no task user is made here
+        setup_django(data, sandbox="auto" if args.disk_mb else "off")
+        from django.conf import settings
+
+        settings.BOX_TASK_DISK_MB = 0  # the rows without a limit have none
         from django.contrib.auth import get_user_model
 
         from tasks.layers.base import overlay_refusal
@@ -97,7 +93,7 @@ def main() -> None:
 
         owner = get_user_model().objects.create_superuser(username="bench", password="bench-password", email="")
         drivers = [d for d in args.drivers.split(",") if d != "overlay" or overlay_refusal() is None]
-        print(f"{'files':>8} {'driver':>8} {'start ms':>10} {'diff ms':>9} {'end ms':>8} {'cp -a ms':>9} {'cp/start':>9}")
+        print(f"{'files':>8} {'driver':>12} {'start ms':>10} {'diff ms':>9} {'end ms':>8} {'cp -a ms':>9} {'cp/start':>9}")
         for size in [int(s) for s in args.sizes.split(",")]:
             workspace = Workspace.objects.create(name=f"w{size}", base_dir=f"w{size}")
             make_tree(workspace.base_path(), size)
@@ -108,9 +104,11 @@ def main() -> None:
                 shutil.rmtree(target)
             cp = statistics.median(copies)
             for driver in drivers:
-                result = run_driver(driver, workspace, owner, args.n)
-                print(f"{size:>8} {driver:>8} {result['start']:>10.1f} {result['diff']:>9.1f} {result['end']:>8.1f} "
-                      f"{cp:>9.1f} {cp / result['start']:>8.0f}x", flush=True)
+                for disk_mb in ([None, args.disk_mb] if args.disk_mb else [None]):
+                    result = run_driver(driver, workspace, owner, args.n, disk_mb)
+                    name = f"{driver}+disk" if disk_mb else driver
+                    print(f"{size:>8} {name:>12} {result['start']:>10.1f} {result['diff']:>9.1f} {result['end']:>8.1f} "
+                          f"{cp:>9.1f} {cp / result['start']:>8.0f}x", flush=True)
     finally:
         from tasks.layers import mounts
 

@@ -15,17 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def setup_django(data: Path) -> None:
-    os.environ.update({"BOX_DATA_DIR": str(data), "BOX_SQLITE_PATH": str(data / "bench.sqlite3"),
-                       "BOX_SANDBOX": "off", "BOX_LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "boxsite.settings"})
-    os.environ.pop("DATABASE_URL", None)
-    import django
-
-    django.setup()
+from harness import setup_django
 
 
 def main() -> int:
@@ -36,7 +26,7 @@ def main() -> int:
     parser.add_argument("--drivers", default="overlay,copy")
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="box-model-"))
-    setup_django(data)
+    setup_django(data, migrate=False)
     from tasks.layers import mounts
     from tests.layers.model import Walk
 

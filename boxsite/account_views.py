@@ -37,6 +37,7 @@ def present_settings(row: BoxSettings) -> dict[str, Any]:
         "maxActiveTasks": row.max_active_tasks,
         "taskMemoryMb": row.resource_default("memory_mb"),
         "taskCpuPercent": row.resource_default("cpu_percent"),
+        "taskDiskMb": row.resource_default("disk_mb"),
         "updatedAt": _iso(row.updated_at),
     }
 

@@ -62,6 +62,7 @@ class BoxSettings(models.Model):
     # (BOX_TASK_MEMORY_MB, BOX_TASK_CPU_PERCENT).
     task_memory_mb = models.PositiveIntegerField(null=True, blank=True)
     task_cpu_percent = models.PositiveIntegerField(null=True, blank=True)
+    task_disk_mb = models.PositiveIntegerField(null=True, blank=True)  # BOX_TASK_DISK_MB until set
     # The model (tasks.model.current_config); null/blank: the environment's BOX_MODEL_* value.
     model_base_url = models.CharField(max_length=500, blank=True)
     model_name = models.CharField(max_length=200, blank=True)
@@ -83,10 +84,16 @@ class BoxSettings(models.Model):
     def cpu_percent_in_force(self) -> int:
         return self.resource_default("cpu_percent")
 
+    @property
+    def disk_mb_in_force(self) -> int:
+        return self.resource_default("disk_mb")
+
     def resource_default(self, name: str) -> int:
-        """A new task's ``memory_mb`` or ``cpu_percent``: the owner's setting, else the env's."""
+        """A new task's ``memory_mb``, ``cpu_percent`` or ``disk_mb``: the owner's setting, else the env's."""
         if name == "memory_mb":
             return self.task_memory_mb or int(settings.BOX_TASK_MEMORY_MB)
         if name == "cpu_percent":
             return self.task_cpu_percent or int(settings.BOX_TASK_CPU_PERCENT)
+        if name == "disk_mb":  # 0: no default (BOX_TASK_DISK_MB=0 and not set here)
+            return self.task_disk_mb or int(settings.BOX_TASK_DISK_MB)
         raise ValueError(f"not a resource limit: {name}")

@@ -342,6 +342,9 @@ class Settings(s.Serializer):
     retentionDays = Int()
     retentionCount = Int(help_text="ended tasks whose history is kept (newest first)")
     maxActiveTasks = Int()
+    taskMemoryMb = Int(help_text="a new task's memory limit (MB) when its spec sets none")
+    taskCpuPercent = Int(help_text="a new task's CPU cap (% of one core) when its spec sets none")
+    taskDiskMb = Int(help_text="what a new task may write to its layer (MB) when its spec sets none")
     updatedAt = Str(allow_null=True)
 
 

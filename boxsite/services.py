@@ -51,6 +51,8 @@ class SettingsBody(Body):
     maxActiveTasks = Whole(required=False, between=True, min_value=1, max_value=10_000, source="max_active_tasks")
     taskMemoryMb = Whole(required=False, between=True, min_value=16, max_value=16 * 1024 * 1024, source="task_memory_mb")
     taskCpuPercent = Whole(required=False, min_value=1, source="task_cpu_percent", help_text="100 is one core")
+    taskDiskMb = Whole(required=False, between=True, min_value=16, max_value=1024 * 1024 * 1024, source="task_disk_mb",
+                       help_text="what a new task may write to its layer (MB)")
 
     def check_defaultHosts(self, value: Any, seen: dict[str, Any]) -> Any:
         for host in [] if value is MISSING else value:

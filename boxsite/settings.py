@@ -219,6 +219,11 @@ BOX_USER_POOL = env_int("BOX_USER_POOL", 4, minimum=0)
 # a CPU cap in percent of one core. Enforced with cgroups; /api/health says when they cannot be.
 BOX_TASK_MEMORY_MB = env_int("BOX_TASK_MEMORY_MB", 2048, minimum=16)
 BOX_TASK_CPU_PERCENT = env_int("BOX_TASK_CPU_PERCENT", 100, minimum=1)
+# What a sandboxed task may write to its layer, in MB (tasks.layers.disk: an image per task);
+# 0: no default (only a task that sets limits.disk_mb is bounded).
+BOX_TASK_DISK_MB = env_int("BOX_TASK_DISK_MB", 10240, minimum=0)
+if 0 < BOX_TASK_DISK_MB < 16:
+    raise ImproperlyConfigured(f"BOX_TASK_DISK_MB={BOX_TASK_DISK_MB}: use 0 (no default) or at least 16")
 # The model (tasks.model): an OpenAI-compatible chat-completions endpoint. Settings → Model
 # overrides each of these; the API key is the vault secret named BOX_MODEL_KEY_NAME (empty: the
 # endpoint takes no key, as local servers often do). Prices are cents per million tokens.

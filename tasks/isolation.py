@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from tasks.events import record_event
+from tasks.layers import disk
 from tasks.layers.base import driver_name
 from tasks.models import EventKind, Task
 from tasks.sandbox import cgroups
@@ -30,11 +31,23 @@ def describe_limits(sandboxed: bool) -> dict[str, Any]:
     return {
         "memory": {"default_mb": settings.BOX_TASK_MEMORY_MB, "enforced": enforced is None, "how": held},
         "cpu": {"default_percent": settings.BOX_TASK_CPU_PERCENT, "enforced": enforced is None, "how": held},
-        "disk": {"enforced": False, "how": "not enforced: nothing bounds what a task writes to its layer yet; "
-                                           "limits.disk_mb is refused"},
+        "disk": _disk(sandboxed),
         "processes": {"max": MAX_PROCESSES, "enforced": sandboxed,
                       "how": "RLIMIT_NPROC of the task's user" if sandboxed else "not enforced: tasks are not sandboxed"},
     }
+
+
+def _disk(sandboxed: bool) -> dict[str, Any]:
+    """What a task may write to its layer, and whether the kernel holds it to that."""
+    reason = disk.unavailable() if sandboxed else "tasks are not sandboxed"
+    default = settings.BOX_TASK_DISK_MB or None
+    if reason is not None:
+        how = f"not enforced: {reason}; limits.disk_mb is refused"
+    elif default is None:
+        how = f"enforced with {disk.describe()}, for tasks that set limits.disk_mb (no default: BOX_TASK_DISK_MB=0)"
+    else:
+        how = f"enforced with {disk.describe()}"
+    return {"default_mb": default, "enforced": reason is None, "how": how}
 
 
 def describe_isolation() -> dict[str, Any]:

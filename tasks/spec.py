@@ -33,6 +33,7 @@ from boxsite.validation import (
 )
 from tasks.browser.binary import missing_reason as browser_missing_reason
 from tasks.flows import schema_problem, uses_browser, validate_flow
+from tasks.layers import disk
 from tasks.model import NoModel, current_config
 from tasks.models import Workspace
 from tasks.sandbox import cgroups
@@ -40,7 +41,7 @@ from tasks.sandbox.support import missing_reason
 from tasks.tools import get_tool
 from tasks.workers.presets import all_presets
 
-MIN_MEMORY_MB = 16
+MIN_SIZE_MB = 16  # memory_mb and disk_mb
 MAX_RESCUES = 5  # the default is also the most a task may ask for
 MAX_FOLDERS = 10
 BUILTIN_WORKERS = ("agent", "flow", "command")
@@ -50,9 +51,10 @@ RESERVED_SOURCES = ("schedule:", "webhook:", "file:", "phone")
 _HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:(?P<port>\d{1,5}))?$")
 
 
-def resource_limits_unavailable() -> str | None:
-    """Why this box cannot hold a task to its memory and CPU limits, or None when it can."""
-    return missing_reason() or cgroups.unavailable()
+def resource_limits_unavailable(name: str = "memory_mb") -> str | None:
+    """Why this box cannot hold a task to its resource limit ``name`` (memory and CPU: cgroups;
+    disk: an image per task, ``tasks.layers.disk``), or None when it can."""
+    return missing_reason() or (disk.unavailable() if name == "disk_mb" else cgroups.unavailable())
 
 
 def valid_host(host: str) -> bool:
@@ -114,24 +116,26 @@ class LimitsBody(Body):
     what = "'limits'"
     not_object = "{what} must be an object"
     unknown = "unknown limit '{name}'"
-    later: ClassVar[dict[str, str]] = {
-        "disk_mb": "the box cannot yet bound what a task writes to its layer (see /api/health, isolation.limits)",
-    }
+    later: ClassVar[dict[str, str]] = {}
 
     max_actions = Whole(required=False, min_value=1, help_text="tool calls and steps")
     max_model_calls = Whole(required=False, min_value=1, help_text="calls to the model")
     max_rescues = Whole(required=False, min_value=0, max_value=MAX_RESCUES, help_text="times the model may rescue a failed step")
     max_elapsed_ms = Whole(required=False, min_value=1, help_text="running time (not time waiting for a person)")
-    memory_mb = Whole(required=False, min_value=MIN_MEMORY_MB, help_text="default: the owner's setting")
+    memory_mb = Whole(required=False, min_value=MIN_SIZE_MB, help_text="default: the owner's setting")
     cpu_percent = Whole(required=False, min_value=1, help_text="100 is one core; default: the owner's setting")
+    disk_mb = Whole(required=False, min_value=MIN_SIZE_MB, help_text="what the task may write to its layer; default: the owner's setting")
 
     def _resource(self, name: str, value: Any) -> Any:
-        unenforced = resource_limits_unavailable()
+        unenforced = resource_limits_unavailable(name)
         if value is not MISSING and unenforced is not None:
             raise NotAvailable(f"'limits.{name}' cannot be enforced on this box: {unenforced}", field=f"limits.{name}")
         if value is MISSING and unenforced is None:  # the owner's default at creation, like the budget
-            return BoxSettings.current().resource_default(name)
+            return BoxSettings.current().resource_default(name) or MISSING  # 0: no default (disk_mb)
         return value
+
+    def check_disk_mb(self, value: Any, seen: dict[str, Any]) -> Any:
+        return self._resource("disk_mb", value)
 
     def check_memory_mb(self, value: Any, seen: dict[str, Any]) -> Any:
         return self._resource("memory_mb", value)

@@ -31,6 +31,7 @@ defaults.addEventListener("submit", async (event) => {
     maxActiveTasks: whole(f.maxActiveTasks),
     taskMemoryMb: whole(f.taskMemoryMb),
     taskCpuPercent: whole(f.taskCpuPercent),
+    taskDiskMb: whole(f.taskDiskMb),
   };
   for (const [key, value] of Object.entries(body)) {
     if (typeof value === "number" && !Number.isInteger(value)) {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 
-from tasks.layers import mounts, paths
+from tasks.layers import disk, mounts, paths
 from tasks.layers.task_view import on_final_move, open_view, release
 from tasks.models import Task
 from tasks.states import ACTIVE
@@ -28,8 +28,10 @@ def reconcile() -> None:
     release that task."""
 
     task_ids: set[str] = set()
-    for root in (paths.views_root(), paths.lower_mounts_root()):
-        task_ids |= {point.relative_to(root).parts[0] for point in mounts.mounts_under(root) if point != root}
+    for root in (paths.views_root(), paths.lower_mounts_root(), paths.data_dir() / "layers"):
+        task_ids |= {point.relative_to(root).parts[0] for point in mounts.mounts_under(root)
+                     if point != root and not point.relative_to(root).parts[0].startswith(".")}  # not a probe
+    disk.sweep()  # images of settled layers still mounted, and images set aside for deletion
     shutil.rmtree(paths.trash_dir(), ignore_errors=True)  # deletions a stopped process left half done
     active = set(Task.objects.filter(pk__in=task_ids, state__in=ACTIVE).values_list("pk", flat=True))
     for task_id in sorted(task_ids - active):
@@ -43,3 +45,4 @@ def unmount_views(task_ids: list[str]) -> None:
     for task_id in task_ids:
         for root in paths.mount_roots(task_id):
             mounts.unmount_all_under(root)
+        disk.unmount(task_id)  # its image stays: the task's next run mounts it again

@@ -15,7 +15,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from tasks.layers import mounts
+from tasks.layers import mounts, paths
 from tasks.layers.copy import CopyDriver
 from tasks.layers.driver import Driver
 from tasks.layers.overlay import OverlayDriver
@@ -26,18 +26,10 @@ log = logging.getLogger(__name__)
 DRIVERS = ("auto", "overlay", "copy")
 
 
-_probe_lock = threading.Lock()
-_probe: dict[str, str | None] = {}
-
-
 def overlay_refusal() -> str | None:
     """Why overlayfs cannot be used here (None: it can). Probed once per process and data dir:
     a real mount with a whiteout, on the filesystem layers will live on."""
-    key = str(settings.BOX_DATA_DIR)
-    with _probe_lock:
-        if key not in _probe:
-            _probe[key] = _run_probe(Path(key))
-        return _probe[key]
+    return paths.probed("overlay", _run_probe)
 
 
 def _run_probe(data: Path) -> str | None:

@@ -11,6 +11,7 @@ overlay one: exactly the paths the task changed.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -218,12 +219,29 @@ class CopyDriver:
                 shutil.copystat(root.view / rel, root.upper / rel, follow_symlinks=False)
         for rel in result.carry:
             make_parents(rel)
-            os.replace(root.view / rel, root.upper / rel)  # same filesystem: a rename, not a copy
+            _move(root.view / rel, root.upper / rel)
         for rel in gone:
             make_parents(rel)  # a portable whiteout's directory exists in the layer, as overlayfs makes it
             meta.deleted.add(markers_prefix + rel)
         discard(root.view)
         root.manifest.unlink(missing_ok=True)
+
+
+def _move(source: Path, target: Path) -> None:
+    """A rename on one filesystem; a copy (owner, mode and times kept) from a working copy in
+    the task's own disk image (``tasks.layers.disk``) to its layer on the data filesystem."""
+    try:
+        os.replace(source, target)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    st = os.lstat(source)
+    copy_entry(source, target)
+    os.lchown(target, st.st_uid, st.st_gid)
+    if not stat.S_ISLNK(st.st_mode):
+        os.chmod(target, stat.S_IMODE(st.st_mode))  # chown cleared set-id bits
+    os.unlink(source)
 
 
 def discard(directory: Path) -> None:
@@ -232,7 +250,15 @@ def discard(directory: Path) -> None:
 
     trash = paths.trash_dir() / f"{directory.parent.name}-{directory.name}-{os.getpid()}-{threading.get_ident()}"
     trash.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(directory, trash)
+    try:
+        os.rename(directory, trash)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        # a working copy in the task's own disk image (tasks.layers.disk): set aside there; the
+        # image is deleted whole once the layer is settled
+        os.rename(directory, directory.with_name(f".discarded-{directory.name}"))
+        return
     threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True},
                      name="layers-trash", daemon=True).start()
 

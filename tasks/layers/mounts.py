@@ -50,6 +50,17 @@ def mount_overlay(target: Path, lowers: list[Path], upper: Path, work: Path) -> 
         raise MountError(err, f"mounting the overlay at {target} failed: {os.strerror(err)}")
 
 
+MS_BIND = 0x1000
+
+
+def bind(source: Path, target: Path) -> None:
+    """Mount ``source`` (a directory) at ``target`` as well."""
+    rc = _lib().mount(str(source).encode(), str(target).encode(), None, MS_BIND, None)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise MountError(err, f"binding {source} at {target} failed: {os.strerror(err)}")
+
+
 def unmount(target: Path) -> bool:
     """Detach ``target`` (lazily, so a process still inside cannot keep it mounted). False if it
     was not mounted."""
@@ -64,6 +75,8 @@ def unmount(target: Path) -> bool:
 
 def _unescape(field: str) -> str:
     # mountinfo escapes space, tab, newline and backslash as \ooo octal
+    if "\\" not in field:
+        return field
     out, i = [], 0
     while i < len(field):
         if field[i] == "\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
@@ -150,3 +163,84 @@ def attach_idmapped(source: Path, target: Path, userns_fd: int) -> None:
                f"attach {source} at {target}")
     finally:
         os.close(fd)
+
+
+# --- loop devices (a task's disk image, tasks.layers.disk) ------------------------------------
+_LOOP_CTL_GET_FREE = 0x4C82
+_LOOP_CONFIGURE = 0x4C0A
+_LO_FLAGS_AUTOCLEAR = 4
+MS_NOSUID, MS_NODEV = 0x2, 0x4
+
+
+class _LoopInfo64(ctypes.Structure):
+    _fields_ = [("lo_device", ctypes.c_uint64), ("lo_inode", ctypes.c_uint64), ("lo_rdevice", ctypes.c_uint64),
+                ("lo_offset", ctypes.c_uint64), ("lo_sizelimit", ctypes.c_uint64), ("lo_number", ctypes.c_uint32),
+                ("lo_encrypt_type", ctypes.c_uint32), ("lo_encrypt_key_size", ctypes.c_uint32),
+                ("lo_flags", ctypes.c_uint32), ("lo_file_name", ctypes.c_uint8 * 64),
+                ("lo_crypt_name", ctypes.c_uint8 * 64), ("lo_encrypt_key", ctypes.c_uint8 * 32),
+                ("lo_init", ctypes.c_uint64 * 2)]
+
+
+class _LoopConfig(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_uint32), ("block_size", ctypes.c_uint32), ("info", _LoopInfo64),
+                ("reserved", ctypes.c_uint64 * 8)]
+
+
+def attached_loop(image: Path) -> str | None:
+    """The loop device ``image`` is already attached to (a mount lazily detached but still
+    busy), so mounting it again shares that filesystem instead of opening it twice."""
+    wanted = os.path.realpath(image)
+    try:
+        names = os.listdir("/sys/block")
+    except OSError:
+        return None
+    for name in names:
+        if not name.startswith("loop"):
+            continue
+        try:
+            backing = Path(f"/sys/block/{name}/loop/backing_file").read_text().strip()
+        except OSError:
+            continue
+        if backing == wanted:
+            return f"/dev/{name}"
+    return None
+
+
+def mount_image(image: Path, target: Path, options: str = "discard") -> None:
+    """Mount the ext4 filesystem in ``image`` at ``target`` (nosuid, nodev) through a loop
+    device that goes away with the mount (autoclear)."""
+    libc = _lib()
+    device = attached_loop(image)
+    loop_fd = -1
+    if device is None:
+        image_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                for _ in range(64):  # another process may take the free device first
+                    number = _check(libc.ioctl(control, _LOOP_CTL_GET_FREE), "finding a free loop device")
+                    device = f"/dev/loop{number}"
+                    loop_fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+                    config = _LoopConfig(fd=image_fd)
+                    config.info.lo_flags = _LO_FLAGS_AUTOCLEAR
+                    if libc.ioctl(loop_fd, _LOOP_CONFIGURE, ctypes.byref(config)) == 0:
+                        break
+                    err = ctypes.get_errno()
+                    os.close(loop_fd)
+                    loop_fd = -1
+                    if err != errno.EBUSY:
+                        raise MountError(err, f"attaching {image} to {device}: {os.strerror(err)}")
+                else:
+                    raise MountError(errno.EBUSY, f"no free loop device for {image}")
+            finally:
+                os.close(control)
+        finally:
+            os.close(image_fd)
+    try:
+        rc = libc.mount(str(device).encode(), str(target).encode(), b"ext4", MS_NOSUID | MS_NODEV, options.encode())
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise MountError(err, f"mounting {image} at {target} failed: {os.strerror(err)}")
+    finally:
+        if loop_fd >= 0:
+            os.close(loop_fd)  # the mount holds the device now; autoclear frees it after the last unmount

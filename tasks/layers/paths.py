@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import posixpath
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
@@ -25,6 +27,21 @@ from boxsite.errors import InvalidRequest
 
 def data_dir() -> Path:
     return Path(settings.BOX_DATA_DIR)
+
+
+_probe_lock = threading.Lock()
+_probed: dict[tuple[str, str], str | None] = {}
+
+
+def probed(name: str, probe: Callable[[Path], str | None]) -> str | None:
+    """What ``probe(data_dir)`` found (None: the feature works; else why not), run once per
+    process and data directory: a kernel feature is tried for real on the filesystem layers
+    live on (``overlay_refusal``, ``disk.unavailable``)."""
+    key = (name, str(settings.BOX_DATA_DIR))
+    with _probe_lock:
+        if key not in _probed:
+            _probed[key] = probe(Path(key[1]))
+        return _probed[key]
 
 
 def layer_dir(task_id: str) -> Path:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tasks.layers import compaction, diff, paths
+from tasks.layers import compaction, diff, disk, paths
 from tasks.layers.base import get_driver
 from tasks.layers.diff import Change, layer_changes
 from tasks.layers.driver import Root
@@ -46,23 +46,32 @@ def tree_for(layer_root: Path, meta: Meta, name: str) -> LayerTree:
 
 def roots_for(task: Task, layer: Layer, *, for_mount: bool) -> list[Root]:
     """The writable views of ``task``. ``for_mount`` bounds the stack's depth with a flat (the
-    flat must then be buildable: its layers sealed); otherwise every layer is listed."""
+    flat must then be buildable: its layers sealed); otherwise every layer is listed.
+
+    A task with a disk limit writes into its own image (``tasks.layers.disk``) until its layer
+    is settled: its upper, workdir, manifests and the copy driver's working copy are there."""
     ldir, vdir = paths.layer_dir(task.pk), paths.view_dir(task.pk)
     lower_dir = paths.lower_mounts_dir(task.pk)
+    own = disk.mounted(task.pk) or ldir  # where the task writes: the overlay upper, the working copy
+    upper, manifests = own, own
+    if own != ldir and layer.driver == "copy":
+        # the working copy is in the image (bound onto the view the task sees); its changes are
+        # moved out to the layer on the data filesystem at seal, where a full image cannot stop them
+        upper, vdir = ldir, own / "view"
     if task.folders:
         named = folder_names(task.folders)
         if len(named) == 1:
-            return [Root("", [LayerTree(named[0][1], plain=True)], ldir / "upper", ldir / "ovl-work",
-                         vdir, ldir / "manifest.json", lower_dir / "_")]
-        return [Root(name, [LayerTree(folder, plain=True)], ldir / "upper" / name, ldir / "ovl-work" / name,
-                     vdir / name, ldir / f"manifest-{name}.json", lower_dir / name) for name, folder in named]
+            return [Root("", [LayerTree(named[0][1], plain=True)], upper / "upper", own / "ovl-work",
+                         vdir, manifests / "manifest.json", lower_dir / "_")]
+        return [Root(name, [LayerTree(folder, plain=True)], upper / "upper" / name, own / "ovl-work" / name,
+                     vdir / name, manifests / f"manifest-{name}.json", lower_dir / name) for name, folder in named]
     markers = get_driver(layer.driver).markers
     if for_mount:
         lowers = compaction.lower_trees(task.workspace, list(task.layers), markers)
     else:
         lowers = [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
         lowers.append(LayerTree(task.workspace.base_path(), plain=True))
-    return [Root("", lowers, ldir / "upper", ldir / "ovl-work", vdir, ldir / "manifest.json", lower_dir / "_")]
+    return [Root("", lowers, upper / "upper", own / "ovl-work", vdir, manifests / "manifest.json", lower_dir / "_")]
 
 
 def changes_of(task: Task, layer: Layer, roots: list[Root] | None = None, meta: Meta | None = None) -> list[Change]:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from boxsite.errors import Conflict
 from tasks import sandbox
 from tasks.events import record_event
-from tasks.layers import compaction, mounts, paths, review
+from tasks.layers import compaction, disk, mounts, paths, review
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.diff import Change
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
@@ -70,6 +70,7 @@ def open_view(task: Task) -> Path:
     driver = get_driver(layer.driver)
     for lower_id in task.layers:
         seal_layer(lower_id, native=driver.markers == "native")
+    disk_mb = _open_disk(task, layer)
     roots = roots_for(task, layer, for_mount=True)
     with layer_lock(task.pk):
         state = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
@@ -83,11 +84,40 @@ def open_view(task: Task) -> Path:
         owner = _sandbox_owner(task)
         for root in roots:
             driver.open(root, owner)
+        if disk_mb is not None:
+            if driver.name == "copy":  # the working copy is in the image: show it where the task works
+                own = disk.mount_point(task.pk) / "view"
+                own.mkdir(exist_ok=True)
+                disk.bind(own, paths.view_dir(task.pk))
+            disk.reserve(task.pk, disk_mb)
         meta = Meta.load(paths.layer_dir(task.pk))
         if not meta.driver:
             meta.driver, meta.format = driver.name, driver.markers
             meta.save(paths.layer_dir(task.pk))
     return paths.view_dir(task.pk)
+
+
+def _open_disk(task: Task, layer: Layer) -> int | None:
+    """The task's disk limit in MB when its writes go to an image of their own
+    (``tasks.layers.disk``): made at its first start, mounted again at a later one. None when
+    the task has no limit, or its layer was begun without one (it stays as it began)."""
+    limit = task.limit("disk_mb")
+    if limit is None or not sandbox.available():
+        return None
+    if disk.limited(task.pk):
+        disk.mounted(task.pk)
+        return limit
+    directory = paths.layer_dir(task.pk)
+    if Meta.load(directory).driver or (directory / "upper").exists():
+        return None  # opened before, without an image
+    content = (0, 0)
+    if layer.driver == "copy":  # the working copy goes into the image too
+        trees = [tree.root for root in roots_for(task, layer, for_mount=False) for tree in root.lowers]
+        content = disk.content_size(trees)
+    paths.private_dir(directory)
+    with layer_lock(task.pk):
+        disk.create(task.pk, limit, content_bytes=content[0], content_files=content[1])
+    return limit
 
 
 def _sandbox_owner(task: Task) -> tuple[int, int] | None:
@@ -136,9 +166,15 @@ def seal_layer(task_id: str, *, native: bool = False) -> None:
             # nobody's. Idempotent: a no-op when the janitor got there first.
             sandbox.release(task_id)
             driver = get_driver(layer.driver)
+            if driver.name == "overlay" and disk.limited(task_id):
+                # the upper leaves its image before the seal rewrites it (a full image has no
+                # room for the whiteouts the seal writes)
+                _unmount(task_id)
+                disk.settle(task_id)
             roots = roots_for(task, layer, for_mount=False)
             for root in roots:
                 driver.seal(root, meta)
+            disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
             meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
             meta.save(directory)
             summary = summarise(changes_of(task, layer, roots, meta))
@@ -226,6 +262,7 @@ def release(task_id: str) -> None:
         return
     _unmount(task_id)  # always, whatever else fails below
     if task is None:
+        disk.unmount(task_id)
         _remove_view(task_id)
         return
     if Layer.objects.filter(task=task).exists():
@@ -241,6 +278,7 @@ def release(task_id: str) -> None:
 def delete_layer(task_id: str) -> None:
     with layer_lock(task_id):
         _unmount(task_id)
+        disk.unmount(task_id)
         shutil.rmtree(paths.layer_dir(task_id), ignore_errors=True)
     drop_layer_lock(task_id)
 

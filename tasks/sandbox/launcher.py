@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connection
 
+from tasks.layers import disk
 from tasks.models import EventKind, Task
 from tasks.recorder import LeaseLost, LimitReached
 from tasks.sandbox import cgroups, egress, idmap, paths, support, users
@@ -163,10 +164,16 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
 
 def check_limits(ctx: RunContext) -> None:
     """``LimitReached`` when the kernel stopped the task at one of its resource limits."""
-    if support.available() and cgroups.memory_exhausted(ctx.task.pk):
+    if not support.available():
+        return
+    if cgroups.memory_exhausted(ctx.task.pk):
         limit = _limit(ctx.task, "memory_mb")
         raise LimitReached("memory_mb", f"memory limit of {size_text(limit)} reached",
                            f"raise limits.memory_mb above {limit} and run the task again")
+    disk_mb = ctx.task.limit("disk_mb")
+    if disk_mb is not None and disk.reached(ctx.task.pk, disk_mb):
+        raise LimitReached("disk_mb", f"disk limit of {size_text(disk_mb)} reached",
+                           f"raise limits.disk_mb above {disk_mb} and run the task again")
 
 
 def size_text(megabytes: int) -> str:

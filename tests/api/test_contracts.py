@@ -28,7 +28,6 @@ def refused(box: Box, **spec: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("spec", "field"), [
     ({"dependsOn": []}, "dependsOn"),
     ({"parent": "tk1"}, "parent"),
-    ({"limits": {"disk_mb": 2048}}, "limits.disk_mb"),
     ({"constraints": {"surfaces": ["browser"]}}, "constraints.surfaces"),
     ({"constraints": {"browser_profile": "/srv/profile"}}, "constraints.browser_profile"),
     ({"constraints": {"headed": True}}, "constraints.headed"),
@@ -43,9 +42,10 @@ def test_a_field_that_does_nothing_yet_is_refused_naming_it(box: Box, spec: dict
 def test_the_task_view_shows_the_limits_in_force(box: Box) -> None:
     default = box.create(title="t", flow=WRITE)
     assert default["limits"] == {"max_actions": 120, "max_model_calls": 6000, "max_rescues": 5, "max_elapsed_ms": None, "memory_mb": 2048,
-                                 "cpu_percent": 100}
+                                 "cpu_percent": 100, "disk_mb": 10240}
     own = box.create(title="t", flow=WRITE, limits={"max_elapsed_ms": 5000, "memory_mb": 512, "cpu_percent": 50, "max_model_calls": 9})
-    assert own["limits"] == {"max_actions": 120, "max_model_calls": 9, "max_rescues": 5, "max_elapsed_ms": 5000, "memory_mb": 512, "cpu_percent": 50}
+    assert own["limits"] == {"max_actions": 120, "max_model_calls": 9, "max_rescues": 5, "max_elapsed_ms": 5000, "memory_mb": 512, "cpu_percent": 50,
+                             "disk_mb": 10240}
 
 
 @pytest.mark.parametrize("host", ["example.com:65536", "example.com:0", "example.com:99999"])

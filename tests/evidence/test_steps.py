@@ -2,15 +2,14 @@
 and as artifact files served under the task's own access rule."""
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
 from tests.factories import flow, make_owner
+from tests.http_server import Handler, serving
 
 SECRET = "hunter2-very-secret-value"
 
@@ -81,27 +80,16 @@ def test_a_failed_run_step_records_its_exit_code_and_stderr_before_the_task_fail
     assert report["steps"][0]["result"]["exitCode"] == 3 and report["steps"][0]["outcome"] == "failed"
 
 
-class _Echo(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length", 0))
-        self.rfile.read(length)
-        body = ("x" * 5000).encode()
-        self.send_response(201)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+class _Echo(Handler):
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.reply(201, ("x" * 5000).encode())
 
 
 @pytest.fixture
 def server() -> Iterator[int]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(_Echo) as port:
+        yield port
 
 
 def test_an_http_step_records_method_url_status_and_a_bounded_body(box, server):

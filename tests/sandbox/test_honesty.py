@@ -41,9 +41,11 @@ def test_health_says_when_there_is_no_sandbox_and_why(unsandboxed):
     assert isolation["reason"] == "the sandbox is turned off (BOX_SANDBOX=off)"
     assert "proxy environment variables only" in isolation["summary"]
     assert isolation["limits"]["memory"]["enforced"] is False and isolation["limits"]["cpu"]["enforced"] is False
+    assert isolation["limits"]["disk"]["enforced"] is False
+    assert isolation["limits"]["disk"]["how"] == "not enforced: tasks are not sandboxed; limits.disk_mb is refused"
 
 
-@pytest.mark.parametrize("limit", ["memory_mb", "cpu_percent"])
+@pytest.mark.parametrize("limit", ["memory_mb", "cpu_percent", "disk_mb"])
 def test_a_resource_limit_the_box_cannot_enforce_is_refused(unsandboxed, limit):
     response = unsandboxed.api.post("/api/tasks", {"title": "t", "prompt": "p", "limits": {limit: 64}}, format="json")
     body = response.json()

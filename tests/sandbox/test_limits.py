@@ -54,9 +54,9 @@ def test_a_task_cannot_take_more_cpu_than_its_share(sandboxed):
     assert float(results(sandboxed, view["id"])["share"]) <= 0.3
 
 
-def test_limits_that_cannot_hold_are_refused_and_health_says_what_holds(sandboxed):
-    disk = sandboxed.api.post("/api/tasks", {"title": "t", "prompt": "p", "limits": {"disk_mb": 2048}}, format="json")
-    assert disk.status_code in (400, 501) and disk.json()["field"] == "limits.disk_mb", disk.json()
+def test_limits_out_of_range_are_refused_and_health_says_what_holds(sandboxed):
+    disk = sandboxed.api.post("/api/tasks", {"title": "t", "prompt": "p", "limits": {"disk_mb": 8}}, format="json")
+    assert disk.status_code == 400 and disk.json()["field"] == "limits.disk_mb", disk.json()
     greedy = sandboxed.api.post("/api/tasks", {"title": "t", "prompt": "p", "limits": {"cpu_percent": 100_000}}, format="json")
     assert greedy.status_code == 400 and greedy.json()["field"] == "limits.cpu_percent", greedy.json()
     tiny = sandboxed.api.post("/api/tasks", {"title": "t", "prompt": "p", "limits": {"memory_mb": 1}}, format="json")
@@ -64,7 +64,7 @@ def test_limits_that_cannot_hold_are_refused_and_health_says_what_holds(sandboxe
     limits = sandboxed.api.get("/api/health").json()["isolation"]["limits"]
     assert limits["memory"]["enforced"] is True and limits["memory"]["default_mb"] == 2048
     assert limits["cpu"]["enforced"] is True
-    assert limits["disk"]["enforced"] is False and limits["disk"]["how"].startswith("not enforced")
+    assert limits["disk"]["enforced"] is True and limits["disk"]["default_mb"] == 10240
 
 
 def test_a_flow_step_over_the_memory_limit_fails_the_task_with_the_limit_named(sandboxed):
@@ -80,14 +80,16 @@ def test_the_owner_sets_the_defaults_on_the_settings_page_and_new_tasks_get_them
     page.force_login(sandboxed.owner)
     html = page.get("/settings").content.decode()
     assert 'name="taskMemoryMb"' in html and 'value="2048"' in html and 'name="taskCpuPercent"' in html
-    changed = sandboxed.api.patch("/api/settings", {"taskMemoryMb": 512, "taskCpuPercent": 50}, format="json")
+    changed = sandboxed.api.patch("/api/settings", {"taskMemoryMb": 512, "taskCpuPercent": 50, "taskDiskMb": 64},
+                                  format="json")
     assert changed.status_code == 200 and changed.json()["taskMemoryMb"] == 512, changed.json()
+    assert changed.json()["taskDiskMb"] == 64
     assert 'value="512"' in page.get("/settings").content.decode()
     task = sandboxed.create(title="defaults", flow=flow({"run": "true"}))
-    assert task["limits"]["memory_mb"] == 512 and task["limits"]["cpu_percent"] == 50
+    assert task["limits"]["memory_mb"] == 512 and task["limits"]["cpu_percent"] == 50 and task["limits"]["disk_mb"] == 64
     own = sandboxed.create(title="own", flow=flow({"run": "true"}), limits={"memory_mb": 256})
     assert own["limits"]["memory_mb"] == 256 and own["limits"]["cpu_percent"] == 50
     for body, field in (({"taskMemoryMb": 8}, "taskMemoryMb"), ({"taskCpuPercent": 0}, "taskCpuPercent"),
-                        ({"taskCpuPercent": 100_000}, "taskCpuPercent")):
+                        ({"taskCpuPercent": 100_000}, "taskCpuPercent"), ({"taskDiskMb": 8}, "taskDiskMb")):
         bad = sandboxed.api.patch("/api/settings", body, format="json")
         assert bad.status_code == 400 and bad.json()["field"] == field, bad.json()

@@ -3,38 +3,26 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.http_server import Handler, serving
 from tests.sandbox.conftest import needs_sandbox, results
 
 pytestmark = needs_sandbox
 
 
-class _Hello(BaseHTTPRequestHandler):
+class _Hello(Handler):
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        body = f"hello from the listed host {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, f"hello from the listed host {self.path}".encode())
 
 
 @pytest.fixture
 def host_server() -> Iterator[int]:
     """An HTTP service on the host's loopback (what a task must not reach unless it is listed)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with serving(_Hello) as port:
+        yield port
 
 
 def host_address() -> str:

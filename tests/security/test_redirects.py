@@ -7,10 +7,8 @@ Real servers on 127.0.0.1 (the listed host) and 127.0.0.2 (the unlisted one, sam
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -18,6 +16,7 @@ import pytest
 
 from tasks import net
 from tests.conftest import Box
+from tests.http_server import Handler, serving
 from tests.sandbox.conftest import needs_sandbox, results
 
 SECRET_BODY = "the internal service's secret page"
@@ -33,7 +32,7 @@ class Server:
 def _serve(address: str) -> Iterator[Server]:
     seen = Server(0)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Redirecting(Handler):
         def _answer(self) -> None:
             seen.paths.append(self.path)
             seen.headers.append({k.lower(): v for k, v in self.headers.items()})
@@ -41,29 +40,15 @@ def _serve(address: str) -> Iterator[Server]:
             if self.path == "/loop":
                 query = {"to": ["/loop"]}
             if "to" in query:
-                self.send_response(int(query.get("status", ["302"])[0]))
-                self.send_header("Location", query["to"][0])
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.reply(int(query.get("status", ["302"])[0]), headers={"Location": query["to"][0]})
                 return
-            body = (SECRET_BODY if address != "127.0.0.1" else f"listed host page {self.path}").encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, (SECRET_BODY if address != "127.0.0.1" else f"listed host page {self.path}").encode())
 
         do_GET = do_POST = _answer
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer((address, 0), Handler)
-    seen.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield seen
-    server.shutdown()
-    server.server_close()
+    with serving(Redirecting, address) as port:
+        seen.port = port
+        yield seen
 
 
 @pytest.fixture

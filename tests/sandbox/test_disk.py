@@ -1,0 +1,116 @@
+"""The disk limit: what a task writes to its layer is bounded by the kernel (its own filesystem,
+as large as the limit). A task past it fails with the limit named, on both layer drivers; its
+layer stays readable and diffable, the box and the next task are untouched, and a task within
+its limit is kept and undone as ever."""
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from tasks.layers import disk, mounts, paths
+from tests.conftest import wait_for
+from tests.factories import flow
+from tests.layers.conftest import diff_of, read, undo
+from tests.sandbox.conftest import needs_sandbox
+
+pytestmark = needs_sandbox
+
+SMALL_FILES = textwrap.dedent("""
+    import os
+    os.mkdir("many")
+    n = 0
+    try:
+        while n < 1_000_000:
+            open("many/%d" % n, "w").close()
+            n += 1
+    except OSError as exc:
+        print("stopped=%d %s" % (n, exc.strerror))
+        raise SystemExit(1)
+    print("survived=%d" % n)
+""")
+
+
+@pytest.fixture(params=["overlay", "copy"])
+def limited(request: Any, sandboxed: Any, settings: Any) -> Any:
+    settings.BOX_LAYER_DRIVER = request.param
+    if disk.unavailable():
+        raise AssertionError(f"this machine runs the sandbox tests as root, so the disk limit must hold: {disk.unavailable()}")
+    return sandboxed
+
+
+def _nothing_left(task_id: str) -> None:
+    assert not disk.image_path(task_id).exists(), "the task's image outlived its layer's seal"
+    # unmounted in the background once the layer is out of it
+    wait_for(lambda: not mounts.mounts_under(paths.layer_dir(task_id)), timeout=20, what="the image unmounted")
+    wait_for(lambda: not list((paths.data_dir() / "layers" / ".disk-aside").glob(f"{task_id}-*")), timeout=20,
+             what="the image deleted")
+
+
+def test_a_task_writing_past_its_disk_limit_fails_clearly_and_the_next_task_is_fine(limited: Any) -> None:
+    task = limited.create(title="filler", limits={"disk_mb": 32}, flow=flow(
+        {"run": "echo kept > note.txt"},
+        {"run": "dd if=/dev/zero of=big bs=1M count=200 && echo survived"},
+    ))
+    view = limited.wait_state(task["id"], "done", "failed", timeout=60)
+    assert view["state"] == "failed" and view["error"] == "disk limit of 32 MB reached", view
+    assert view["limits"]["disk_mb"] == 32
+    _nothing_left(task["id"])
+    # The layer stays: what the task wrote up to its limit is in its diff, and on disk.
+    body = diff_of(limited, task["id"])
+    assert {"note.txt", "big"} <= set(body["added"]), body["added"]
+    big = paths.layer_dir(task["id"]) / "upper" / "big"
+    assert 24 * 2**20 <= big.stat().st_size <= 32 * 2**20, big.stat().st_size
+    assert big.stat().st_uid == 0  # handed back from the task's user
+    # The next task (the default limit, from settings) runs, is kept, and is undone as ever.
+    after = limited.create(title="next", flow=flow({"run": "dd if=/dev/zero of=ok bs=1M count=8 && echo fine > fine.txt"}))
+    done = limited.wait_state(after["id"], "done", "failed", timeout=60)
+    assert done["state"] == "done", done
+    assert done["limits"]["disk_mb"] == settings.BOX_TASK_DISK_MB
+    _nothing_left(after["id"])
+    assert read(limited, "fine.txt") == "fine\n"
+    undo(limited, after["id"])
+    assert read(limited, "fine.txt") is None and read(limited, "note.txt") is None
+
+
+def test_a_task_making_many_small_files_stops_at_its_limit(limited: Any) -> None:
+    task = limited.create(title="inodes", limits={"disk_mb": 16}, worker="command", prompt="p",
+                          command=["/usr/bin/python3", "-c", SMALL_FILES])
+    view = limited.wait_state(task["id"], "done", "failed", timeout=120)
+    assert view["state"] == "failed" and view["error"] == "disk limit of 16 MB reached", view
+    many = paths.layer_dir(task["id"]) / "upper" / "many"
+    count = len(os.listdir(many))
+    assert 500 <= count <= 4096, count  # about the limit's share of files, and no more
+    _nothing_left(task["id"])
+
+
+def test_changing_a_file_larger_than_the_limit_and_undoing_a_task_within_it(limited: Any) -> None:
+    (Path(limited.home) / "large.bin").write_bytes(b"\0" * (24 * 2**20))  # changing it copies it whole
+    (Path(limited.home) / "data.txt").write_text("old\n")
+    task = limited.create(title="edit large", limits={"disk_mb": 16}, flow=flow(
+        {"run": "printf x | dd of=large.bin bs=1 seek=10 conv=notrunc"},
+    ))
+    view = limited.wait_state(task["id"], "done", "failed", timeout=60)
+    if settings.BOX_LAYER_DRIVER == "overlay":
+        # The copy-up is refused whole: nothing stays used, so the step's own error says it.
+        assert view["state"] == "failed" and "No space left on device" in view["error"], view
+    else:
+        assert view["state"] == "done", view  # the working copy already holds the file: one byte written
+    _nothing_left(task["id"])
+    small = limited.create(title="edit small", limits={"disk_mb": 16}, flow=flow({"run": "echo new > data.txt"}))
+    assert limited.wait_state(small["id"], "done", "failed", timeout=60)["state"] == "done"
+    _nothing_left(small["id"])
+    assert diff_of(limited, small["id"])["modified"] == ["data.txt"]
+    assert read(limited, "data.txt") == "new\n"
+    undo(limited, small["id"])
+    assert read(limited, "data.txt") == "old\n"
+
+
+def test_health_says_the_disk_limit_holds(limited: Any) -> None:
+    held = limited.api.get("/api/health").json()["isolation"]["limits"]["disk"]
+    assert held["enforced"] is True and held["default_mb"] == settings.BOX_TASK_DISK_MB, held
+    assert held["how"].startswith("enforced with a loop-mounted ext4 image"), held
