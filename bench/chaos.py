@@ -21,7 +21,6 @@ All zero is the bar. Usage: .venv/bin/python bench/chaos.py [--tasks N] [--kills
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pwd
 import random
@@ -37,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import PYTHON, ROOT, free_port  # noqa: E402
+from harness import PYTHON, ROOT, api_request, free_port  # noqa: E402
 
 STEPS = 3
 # Each step appends a line to a file of its task's own (the workspace's stack shows every
@@ -121,11 +120,7 @@ class ChaosBox:
         raise RuntimeError(f"the box did not come up; see {self.data / 'box.log'}")
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as response:
-            return json.loads(response.read())
+        return api_request(self.port, self.token, method, path, body)
 
     def busy_workers(self) -> list[int]:
         """django-q2 worker processes that are running a task's processes right now."""

@@ -44,6 +44,15 @@ def setup_django(data: Path, *, sandbox: str = "off", migrate: bool = True) -> N
         call_command("migrate", "--no-input", verbosity=0)
 
 
+def api_request(port: int, token: str, method: str, path: str, body: Any = None) -> Any:
+    """One call to a bench box's API on ``port`` with ``token``: the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as response:
+        return json.loads(response.read())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -105,11 +114,7 @@ class BenchBox:
         raise RuntimeError("the bench box did not come up; see " + str(self.data / "box.log"))
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as response:
-            return json.loads(response.read())
+        return api_request(self.port, self.token, method, path, body)
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
