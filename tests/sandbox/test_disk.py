@@ -44,7 +44,8 @@ def limited(request: Any, sandboxed: Any, settings: Any) -> Any:
 
 
 def _nothing_left(task_id: str) -> None:
-    assert not disk.image_path(task_id).exists(), "the task's image outlived its layer's seal"
+    # the task's release (and so its seal) runs in the background after it ends
+    wait_for(lambda: not disk.image_path(task_id).exists(), timeout=30, what="the layer settled out of its image")
     # unmounted in the background once the layer is out of it
     wait_for(lambda: not mounts.mounts_under(paths.layer_dir(task_id)), timeout=20, what="the image unmounted")
     wait_for(lambda: not list((paths.data_dir() / "layers" / ".disk-aside").glob(f"{task_id}-*")), timeout=20,
@@ -82,10 +83,10 @@ def test_a_task_making_many_small_files_stops_at_its_limit(limited: Any) -> None
                           command=["/usr/bin/python3", "-c", SMALL_FILES])
     view = limited.wait_state(task["id"], "done", "failed", timeout=120)
     assert view["state"] == "failed" and view["error"] == "disk limit of 16 MB reached", view
+    _nothing_left(task["id"])
     many = paths.layer_dir(task["id"]) / "upper" / "many"
     count = len(os.listdir(many))
     assert 500 <= count <= 4096, count  # about the limit's share of files, and no more
-    _nothing_left(task["id"])
 
 
 def test_changing_a_file_larger_than_the_limit_and_undoing_a_task_within_it(limited: Any) -> None:
