@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DEVTOOLS_PORT = 9222  # inside the task's own network namespace
 START_TIMEOUT_S = 30.0
+CLOSE_TIMEOUT_S = 20.0
 _LISTENING = re.compile(r"DevTools listening on (ws://[^/\s]+(/devtools/browser/[0-9a-f-]+))")
 WINDOW = (1280, 900)
 # A closed port: without hosts a browser outside the sandbox must not reach anything directly.
@@ -83,8 +84,8 @@ class BrowserSession:
         self._page: Page | None = None
         self._home: str | None = None
         self._output: deque[str] = deque(maxlen=200)
-        self.secret_fields: list[str] = []  # CSS paths of fields that hold a secret value
         self.started_ms = 0
+        self._closed = threading.Event()
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the session's thread (where Playwright lives); its result or exception."""
@@ -136,6 +137,7 @@ class BrowserSession:
             self._close()
             raise
         self.started_ms = int((time.monotonic() - clock) * 1000)
+        threading.Thread(target=self._stop_when_the_run_stops, name="box-browser-stop", daemon=True).start()
 
     def _wait_for_devtools(self) -> tuple[str, str]:
         assert self.proc is not None and self.proc.stderr is not None and self.proc.stdout is not None
@@ -161,12 +163,24 @@ class BrowserSession:
         return found[0]
 
     def close(self) -> None:
-        """Release everything; safe to call twice and after a failed start."""
+        """Release everything; safe to call twice and after a failed start. Chromium is killed
+        even when Playwright's thread is stuck in a call."""
+        self._closed.set()
         try:
-            self.call(self._close)
+            self._thread.submit(self._close).result(timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001, S110 - killing the browser below is what matters
+            pass
         finally:
             self._kill()
             self._thread.shutdown(wait=False)
+
+    def _stop_when_the_run_stops(self) -> None:
+        """A run that lost its lease (``ctx.stop``) must not act on: kill the browser, so a step
+        waiting on the page ends at once instead of at its timeout."""
+        while not self._closed.is_set():
+            if self.ctx.stop.wait(0.5):
+                self._kill()
+                return
 
     def _close(self) -> None:
         for step in (self._close_browser, self._stop_playwright, self._kill):
@@ -192,8 +206,8 @@ class BrowserSession:
             playwright.stop()
 
     def _kill(self) -> None:
-        if self.proc is not None:
-            proc, self.proc = self.proc, None
+        proc, self.proc = self.proc, None
+        if proc is not None:
             launcher.kill(proc)
             proc.wait(timeout=10)
 
