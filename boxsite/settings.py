@@ -180,6 +180,8 @@ if REDIS_URL:
     }
 else:
     Q_CLUSTER["orm"] = "default"
+    # django-q2's ORM queue, whose pusher is woken by each enqueue instead of waiting out its poll.
+    Q_CLUSTER["broker_class"] = "tasks.queue_broker.WakingORM"
     CHANNEL_LAYERS = {}
 
 # --- the box's own knobs ----------------------------------------------------------------
