@@ -276,5 +276,44 @@ def seal_facts(values: Mapping[str, Any], declared_secret: Iterable[str] = ()) -
     return Facts.build(values, declared_secret).sealed()
 
 
+# --- saved values -----------------------------------------------------------------------------
+# What a step saved (``save``) is data for the steps after it: ``Task.records`` keeps the real
+# value. A value the task's redactor would change (it holds a secret, or a number that looks like
+# a card) is sealed like a secret fact; display (the report, the log, the diff) redacts on the
+# way out, never in the store.
+
+def seal_records(records: Mapping[str, Any], redactor: Redactor) -> dict[str, Any]:
+    """What ``Task.records`` stores for ``records``: a value with something secret in it sealed
+    (as JSON), the rest as saved."""
+    return {name: ({_SEALED: encrypt(json.dumps(value)).decode()} if redactor.redact(value) != value else value)
+            for name, value in records.items()}
+
+
+def open_records(records: Mapping[str, Any], facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The real saved values (for the steps that use them; shown only through a redactor).
+    ``facts``: a value saved before records were sealed holds ``${name}`` placeholders for the
+    secrets in it; they are filled from the task's facts."""
+    out: dict[str, Any] = {}
+    for name, value in records.items():
+        if _is_sealed(value):
+            out[name] = json.loads(_open(value))
+        else:
+            out[name] = _fill(value, facts) if facts else value
+    return out
+
+
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _fill(value: Any, facts: Mapping[str, Any]) -> Any:
+    if isinstance(value, str):
+        return _PLACEHOLDER.sub(lambda m: str(facts[m.group(1)]) if m.group(1) in facts else m.group(), value)
+    if isinstance(value, list):
+        return [_fill(v, facts) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, facts) for k, v in value.items()}
+    return value
+
+
 def redactor_for(task: Any) -> Redactor:
     return Facts.of(task).redactor()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from approvals.presenters import present_approval, present_question
-from tasks.facts import redactor_for
+from tasks.facts import open_records, redactor_for
 from tasks.flows import step_kind
 from tasks.models import EventKind, Run, Task, TaskEvent
 from tasks.presenters import present_task
@@ -29,7 +29,7 @@ def build_report(task: Task) -> dict[str, Any]:
         "view": present_task(task),
         "flow": task.flow,
         "steps": _flow_steps(task, step_events) if task.flow else _plain_steps(step_events),
-        "records": task.records or {},
+        "records": open_records(task.records or {}),  # shown redacted, by the pass below
         "output": task.output,
         "result": (task.records or {}).get("result") if task.output else None,
         "runs": [_run(r) for r in Run.objects.filter(task=task).order_by("number")],

@@ -70,20 +70,22 @@ def rotate() -> int:
             count += 1
     for task_id in list(Task.objects.values_list("pk", flat=True)):
         with transaction.atomic():
-            facts = Task.objects.select_for_update().filter(pk=task_id).values_list("facts", flat=True).first()
-            if not facts:
+            stored = Task.objects.select_for_update().filter(pk=task_id).values("facts", "records").first()
+            if stored is None:
                 continue
-            values, sealed = resealed(facts)
-            if sealed:
-                Task.objects.filter(pk=task_id).update(facts=values)
-                count += sealed
+            facts, facts_sealed = resealed(stored["facts"] or {})
+            records, records_sealed = resealed(stored["records"] or {})
+            if facts_sealed or records_sealed:
+                Task.objects.filter(pk=task_id).update(facts=facts, records=records)
+                count += facts_sealed + records_sealed
     return count
 
 
 def rows_on_old_keys() -> list[str]:
     """What is not yet encrypted under the first key (must be empty before retiring old keys):
-    vault names, and ``task <id>`` for tasks with sealed secret facts."""
+    vault names, and ``task <id>`` for tasks with sealed secret facts or saved values."""
 
     stale = [row.name for row in VaultSecret.objects.all() if not crypto.encrypted_with_first_key(bytes(row.ciphertext))]
-    stale += [f"task {pk}" for pk, facts in Task.objects.values_list("pk", "facts").iterator() if facts and sealed_on_old_keys(facts)]
+    stale += [f"task {pk}" for pk, facts, records in Task.objects.values_list("pk", "facts", "records").iterator()
+              if sealed_on_old_keys(facts or {}) or sealed_on_old_keys(records or {})]
     return stale

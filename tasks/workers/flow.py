@@ -25,7 +25,7 @@ from tasks.browser import steps as browser_steps
 from tasks.browser.session import BrowserSession
 from tasks.context import RunContext
 from tasks.evidence import Evidence, StepFailed, bounded
-from tasks.facts import guess_kind
+from tasks.facts import guess_kind, open_records, seal_records
 from tasks.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
 from tasks.human import looks_like_human_wall
 from tasks.model import KeyMissing, ModelError, NoModel
@@ -204,9 +204,9 @@ class FlowWorker:
         for at, amended in (ctx.resume.get("amended") or {}).items():  # the rescuer's amended steps
             if 0 <= int(at) < len(steps):
                 steps[int(at)] = amended
-        # Saved values are stored redacted (a secret a step printed is its ${name}); they get
-        # their secrets back only here, in the worker's memory, for the steps that use them.
-        records: dict[str, Any] = {k: substitute(v, ctx.facts.values) for k, v in (ctx.task.records or {}).items()}
+        # Saved values are data: stored real (sealed when something in them is secret,
+        # tasks.facts.seal_records) and redacted only where they are shown.
+        records: dict[str, Any] = open_records(ctx.task.records or {}, ctx.facts.values)
         known = {**flow.get("vars", {}), **records, **ctx.facts.values}
         missing = missing_names(flow, {**ctx.facts.values, **records})
         if missing:
@@ -286,7 +286,7 @@ class FlowWorker:
             # The result and the resume point past the step in one write: a step whose result is
             # in the log never runs again.
             record_result(ctx, index, total, kind, began, clock, evidence, resume={"step": index + 1},
-                          records=ctx.recorder.redactor.redact(records))
+                          records=seal_records(records, ctx.recorder.redactor))
             if only and is_approved and index + 1 < total and kind not in browser_steps.KINDS:
                 # A browser step goes on in this run: a new run's fresh browser would have to
                 # re-open the page by replaying steps, and the approved step must never run twice.

@@ -14,6 +14,7 @@ from typing import Any
 
 from tasks.context import RunContext
 from tasks.evidence import bounded
+from tasks.facts import open_records
 from tasks.model import KeyMissing, ModelError, NoModel
 from tasks.models import EventKind
 from tasks.states import WaitingFor
@@ -27,7 +28,8 @@ SHAPE_RESUME = "shape"
 def shape_output(ctx: RunContext, done: Done) -> Outcome:
     """``done`` once the result is shaped (or could not be); a pause when the call needs an OK."""
     output: dict[str, Any] = ctx.task.output or {}
-    records = {k: v for k, v in (ctx.task.records or {}).items() if k not in ("result", "resultError")}
+    stored = {k: v for k, v in (ctx.task.records or {}).items() if k not in ("result", "resultError")}
+    records = ctx.recorder.redactor.redact(open_records(stored))  # the model sees secrets only as ${name}
     messages = [
         {"role": "system", "content": "You turn what a finished task saved into the answer its owner asked for. "
                                       "Use only the records given; do not invent values."},
@@ -46,10 +48,10 @@ def shape_output(ctx: RunContext, done: Done) -> Outcome:
     except (NoModel, ModelError) as exc:
         message = str(exc)
         ctx.recorder.event(EventKind.ERROR, f"the output could not be shaped: {message}"[:300], {"kind": "output", "error": message})
-        ctx.recorder.save_progress(records={**records, "resultError": message})
+        ctx.recorder.save_progress(records={**stored, "resultError": message})
         return done
     shown = ctx.recorder.redactor.redact(result)
     ctx.recorder.output("the output is shaped", {"kind": "output", "result": bounded(shown, chars=20_000),
                                                  "usage": decision.usage.shown()})
-    ctx.recorder.save_progress(records={**ctx.recorder.redactor.redact(records), "result": shown})
+    ctx.recorder.save_progress(records={**stored, "result": shown})
     return done
