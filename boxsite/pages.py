@@ -20,6 +20,7 @@ from boxsite.auth import DEVICE_COOKIE, device_for
 from boxsite.errors import BoxError, NotFound
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
+from tasks import dependencies
 from tasks.consumers import TaskListConsumer
 from tasks.model import present_settings as model_settings
 from tasks.models import Task, Workspace
@@ -163,7 +164,7 @@ def task_window(request: HttpRequest, task_id: str) -> HttpResponse:
         task = get_task_for(Principal.session(_owner(request)), task_id)
     except NotFound as exc:
         raise Http404(exc.message) from exc
-    return render(request, "portal/task.html", {"active": "tasks", "task": task})
+    return render(request, "portal/task.html", {"active": "tasks", "task": task, "graph": dependencies.graph(task)})
 
 
 @login_required

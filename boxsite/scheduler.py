@@ -12,35 +12,38 @@ from pathlib import Path
 from django.db import close_old_connections
 
 from schedules.files import scan_all
+from schedules.system import reconcile as reconcile_system_schedules
 from schedules.tick import fire_due
 from tasks.lifecycle import reconcile
 from tasks.reaper import reap_expired, resume_after_restart
-from tasks.retention import prune_expired
 from tasks.runs import dispatch_due, resend_unclaimed
+from tasks.services import release_waiting
 
 log = logging.getLogger("box.scheduler")
 
-RETENTION_EVERY_S = 3600.0
-_last_retention = 0.0
+RECONCILE_EVERY_S = 3600.0
+_last_reconcile = 0.0
 
 
-def _prune() -> None:
-    """Hourly (and once at start): forget ended tasks past the retention window."""
-    global _last_retention
+def _builtin_schedules() -> None:
+    """Hourly (and once at start): the built-in schedules exist and are sound (an owner created
+    since the start gets them too). Retention and compaction run as those schedules."""
+    global _last_reconcile
     now = time.monotonic()
-    if _last_retention and now - _last_retention < RETENTION_EVERY_S:
+    if _last_reconcile and now - _last_reconcile < RECONCILE_EVERY_S:
         return
-    _last_retention = now
-    prune_expired()
+    _last_reconcile = now
+    reconcile_system_schedules()
 
 
 # Order matters: retries publish before schedules fire (a recovered run is older work).
 PHASES: list[tuple[str, Callable[[], object]]] = [
     ("reap expired leases", reap_expired),
     ("dispatch due runs", dispatch_due),
+    ("start tasks their dependencies released", release_waiting),
     ("fire due schedules", fire_due),
     ("scan file-arrival folders", scan_all),
-    ("prune past retention", _prune),
+    ("built-in schedules", _builtin_schedules),
 ]
 
 
@@ -78,6 +81,7 @@ def start_phases() -> list[tuple[str, Callable[[], object]]]:
     started = process_started_at()
     return [
         ("reconcile leftovers", reconcile),
+        ("built-in schedules", reconcile_system_schedules),
         ("re-send unclaimed runs", resend_unclaimed),
         # After the re-send: the retries it queues are sent once, by their commit.
         ("resume runs a restart cut off", lambda: resume_after_restart(started_before=started)),

@@ -47,7 +47,8 @@ class TaskView(s.Serializer):
     answer = Obj(help_text="a plain-language task's answer (the agent's finish), else null")
     result = Obj(help_text="with output: the answer shaped to output.schema from the task's records (else null)")
     folders = _strs()
-    dependsOn = _strs()
+    dependsOn = s.ListField(child=Obj(), help_text="{task, condition, required, artifact?} per dependency")
+    criteria = s.ListField(child=Obj(), allow_null=True, help_text="the completion contract, or null")
     parent = Str(allow_null=True)  # type: ignore[assignment]  # a body field, not Field.parent
     state = s.ChoiceField(choices=["queued", "running", "waiting", "done", "failed", "cancelled", "undone"])
     waitingFor = Str(allow_null=True)
@@ -386,6 +387,53 @@ class Pairing(s.Serializer):
     reachWarning = Str(allow_null=True, help_text="why a phone could not open the link, and the fix; null when it can")
 
 
+class RunView(s.Serializer):
+    number = Int()
+    mode = s.ChoiceField(choices=["start", "resume", "retry", "repair"])
+    attempt = Int(help_text="tries of the same resume point")
+    state = s.ChoiceField(choices=["queued", "running", "finished", "lost", "cancelled"])
+    outcome = Str(allow_null=True)
+    error = Str(allow_null=True)
+    charged = Bool(help_text="counted against the task's attempts (a wait for the owner is refunded)")
+    usage = Obj(help_text="{elapsedMs}")
+    createdAt = Str()
+    startedAt = Str(allow_null=True)
+    finishedAt = Str(allow_null=True)
+
+
+class Attempts(s.Serializer):
+    total = Int(help_text="runs that started")
+    charged = Int(help_text="of those, the ones counted against the task")
+
+
+class RunPage(s.Serializer):
+    results = RunView(many=True)
+    next = Str(allow_null=True)
+    attempts = Attempts()
+
+
+class DependencyEdge(s.Serializer):
+    task = Str()
+    title = Str()
+    state = Str(help_text="the other task's state")
+    condition = s.ChoiceField(choices=["success", "completion", "artifact"])
+    required = Bool()  # type: ignore[assignment]  # a body field, not Field.required
+    artifact = Str(required=False)
+    edge = s.ChoiceField(choices=["waiting", "satisfied", "unsatisfied"])
+
+
+class DependencyGraph(s.Serializer):
+    dependencies = DependencyEdge(many=True, help_text="the tasks this one waits for")
+    dependents = DependencyEdge(many=True, help_text="the tasks that wait for this one")
+
+
+# --- request bodies --------------------------------------------------------------------------
+
+class DependencyBody(s.Serializer):
+    task = Str(help_text="the task to wait for")
+    condition = s.ChoiceField(choices=["success", "completion", "artifact"], required=False, default="success")
+    required = Bool(required=False, default=True)  # type: ignore[assignment]  # a body field, not Field.required
+    artifact = Str(required=False, help_text="for 'artifact': the file under outputs/ the dependency must leave")
 class BearerAuth(OpenApiAuthenticationExtension):
     target_class = "boxsite.auth.BearerTokenAuthentication"
     name = "bearer"

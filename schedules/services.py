@@ -178,6 +178,8 @@ def run_schedule_now(principal: Principal, schedule_id: Any) -> Any:
     schedule's own next run is left where it was. Paused and disabled schedules run too (that is
     what trying one out means). Returns the task."""
     schedule = get_schedule_for(principal, schedule_id)
+    if "job" in schedule.template:
+        raise Conflict("a built-in job runs on its own schedule; it starts no task", field="id")
     now = timezone.now()
     with transaction.atomic():
         task = task_services.create_task(fill(schedule.template, {}), firing_principal(schedule.owner, Via.SCHEDULE),
@@ -203,7 +205,8 @@ def ensure_system_schedule(owner: Any, name: str, *, cron: str | None = None, ti
     replaced; a missing cursor is restored unless the owner paused it."""
     ScheduleChangeBody.parse({"name": name})
     cadence = Cadence.parse(cron, timezone_name if cron else None, interval_seconds)
-    check_template(template, owner, via=Via.SCHEDULE, source=f"schedule:{name}")
+    if "job" not in template:  # a job of the box's own (schedules.system), not a task spec
+        check_template(template, owner, via=Via.SCHEDULE, source=f"schedule:{name}")
     with transaction.atomic():
         schedule, created = Schedule.objects.select_for_update().get_or_create(
             owner=owner, name=name,

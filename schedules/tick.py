@@ -24,6 +24,7 @@ from boxsite.errors import BoxError, TooManyTasks
 from boxsite.principal import Via
 from schedules.models import Firing, Schedule
 from schedules.specs import fill, firing_principal
+from schedules.system import is_job, run_job
 from tasks import services as task_services
 
 log = logging.getLogger("box.schedules")
@@ -72,12 +73,44 @@ def _locked(schedule_id: int, now: datetime) -> Schedule | None:
     return qs.first()
 
 
+def _fire_job(schedule: Schedule, now: datetime) -> Firing:
+    """A built-in job (``schedules.system``): the cursor moves on in the firing's transaction,
+    the job runs after it (outside any transaction: a long prune must not hold the database's
+    write lock), and its outcome is recorded in a third. A failure is retried after the backoff."""
+    occurrence = schedule.next_run_at or now
+    catchup = schedule.cadence.catch_up(occurrence, now)
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=catchup.next_run_at, last_run_at=now, updated_at=now)
+    transaction.on_commit(lambda: _run_job(schedule.pk, dict(schedule.template), occurrence, now))
+    return Firing(schedule=schedule, occurrence=occurrence, fired_at=now)
+
+
+def _run_job(schedule_id: int, template: dict[str, Any], occurrence: datetime, now: datetime) -> None:
+    try:
+        run_job(template)
+    except Exception as exc:  # noqa: BLE001 - recorded on the schedule; the box retries it
+        log.exception("built-in job of schedule %s failed", schedule_id)
+        with transaction.atomic():
+            schedule = Schedule.objects.select_for_update().filter(pk=schedule_id).first()
+            if schedule is not None:
+                Schedule.objects.filter(pk=schedule_id).update(next_run_at=now)  # retried after the backoff
+                schedule.next_run_at = occurrence
+                _record_failure(schedule, now, f"{type(exc).__name__}: {exc}")
+        return
+    with transaction.atomic():
+        Schedule.objects.filter(pk=schedule_id).update(consecutive_failures=0, backoff_until=None, needs_attention=False,
+                                                       last_error="", updated_at=timezone.now())
+        Firing.objects.create(schedule_id=schedule_id, occurrence=occurrence, fired_at=now)
+        _prune_firings(schedule_id)
+
+
 def fire_one(schedule_id: int, now: datetime) -> Firing | None:
     """Fire one schedule if it is still due. None when another scheduler got there first."""
     with transaction.atomic():
         schedule = _locked(schedule_id, now)
         if schedule is None:
             return None
+        if schedule.system and is_job(schedule.template):
+            return _fire_job(schedule, now)
         assert schedule.next_run_at is not None
         occurrence = schedule.next_run_at
         catchup = schedule.cadence.catch_up(occurrence, now)

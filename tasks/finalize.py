@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from approvals.blockers import open_blockers_for_pause
-from tasks import runs, services
+from tasks import completion, runs, services
 from tasks.facts import Redactor
 from tasks.isolation import record_isolation
 from tasks.models import EventKind, Run, RunKind, RunState, Task
@@ -24,7 +26,7 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
         if Run.objects.filter(task=task, state=RunState.RUNNING).exclude(pk=run.pk).exists():
             # Another run still holds a live process that waits on the owner in its broker
             # (tasks.broker.holds); it goes on by itself once the pause is decided.
-            runs.finish(run.pk, token, "superseded", "a held run of this task is still running")
+            runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
             return False
         if task.state == State.QUEUED:
             services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
@@ -49,6 +51,8 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
             runs.finish(run.pk, token, "cancelled", f"the task became {task.state} meanwhile")
             return True
         # The run is closed before the task moves: a final move closes every open run.
+        if isinstance(outcome, Done) and task.criteria and not _meets_criteria(task, run, token, recorder):
+            return False  # repaired, asked about, or failed: the task did not become done
         if isinstance(outcome, Done):
             runs.finish(run.pk, token, "done")
             review: dict[str, Any] = {"review": Review.PENDING} if task.folders else {}  # a folder task waits for Keep/Undo
@@ -72,6 +76,33 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
     return recorder.guarded(write)
 
 
+def _meets_criteria(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
+    """Check the completion contract from what the run really left (``tasks.completion``). On a
+    failure: one automatic repair run while attempts remain, then one inbox question whose answer
+    runs the task again; with no attempt left the task fails with the report."""
+    report = completion.evaluate(task, run)
+    summary = "completion criteria met" if report.ok else f"completion criteria not met: {report.failures()}"
+    recorder.event(EventKind.NOTE, summary, {"completion": report.results, "ok": report.ok})
+    if report.ok:
+        return True
+    why = recorder.redactor.text(report.failures())
+    charged = Run.objects.filter(task=task, started_at__isnull=False, charged=True).count()
+    if charged >= settings.BOX_MAX_RUN_ATTEMPTS:
+        runs.finish(run.pk, token, "criteria failed", why)
+        services.fail_task(task, f"completion criteria not met after {charged} attempts: {why}", recoverable=True,
+                           hint="see the completion report in the log; raise BOX_MAX_RUN_ATTEMPTS or fix the criteria and rerun")
+    elif not Run.objects.filter(task=task, kind=RunKind.REPAIR).exists():
+        runs.finish(run.pk, token, "criteria failed", why)
+        recorder.event(EventKind.NOTE, "one automatic repair run: the task runs again", {"repair": why})
+        runs.create_run(task, RunKind.REPAIR, resume={"repair": why})
+    else:
+        _pause(task, run, token, Paused(
+            waiting_for=WaitingFor.HUMAN, resume={"repair": why},
+            message=f"the task finished but its completion criteria are not met ({why}); "
+                    "fix what is needed, then continue to run it again"), recorder.redactor, charged=True)
+    return False
+
+
 def _add_elapsed(task: Task, elapsed_ms: int) -> dict[str, Any]:
     current = Task.objects.filter(pk=task.pk).values_list("spent", flat=True).get()
     spent = dict(current)
@@ -79,7 +110,7 @@ def _add_elapsed(task: Task, elapsed_ms: int) -> dict[str, Any]:
     return spent
 
 
-def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor) -> None:
+def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor, *, charged: bool = False) -> None:
     """Move the task to waiting with what the pause asks for, then open its blockers."""
 
     message = redact.text(outcome.message)
@@ -93,4 +124,5 @@ def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor) 
         waiting_for=outcome.waiting_for, pause=pause, resume=outcome.resume, continuable=outcome.continuable,
     )
     open_blockers_for_pause(task, run, outcome)
-    runs.finish(run.pk, token, f"waiting:{outcome.waiting_for}")
+    # A wait for the owner is refunded; a repair question after a completed run is not.
+    runs.finish(run.pk, token, f"waiting:{outcome.waiting_for}", charged=charged)

@@ -82,6 +82,7 @@ class Task(models.Model):
     constraints = models.JSONField(default=dict)
     limits = models.JSONField(default=dict)
     output = models.JSONField(null=True, blank=True)
+    criteria = models.JSONField(null=True, blank=True)  # the completion contract (tasks.completion)
     folders = models.JSONField(default=list)
     depends_on = models.JSONField(default=list)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="subtasks")
@@ -135,6 +136,30 @@ class Task(models.Model):
         """The task's limit for ``name`` (its own, else the default); None means unbounded."""
         value: Any = self.limits.get(name, default_limit(name))
         return None if value is None else int(value)
+
+
+class Condition(models.TextChoices):
+    """When a dependency edge is satisfied (``tasks.dependencies``)."""
+
+    SUCCESS = "success"  # the dependency is done
+    COMPLETION = "completion"  # the dependency reached any final state
+    ARTIFACT = "artifact"  # the dependency is done and its layer holds the named file
+
+
+class Dependency(models.Model):
+    """An edge: ``task`` starts only once ``on`` satisfies ``condition`` (when ``required``), or
+    once ``on`` has ended at all (when not). Added only by ``tasks.dependencies.add_edge``, which
+    refuses cycles."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="dependency_edges")
+    on = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="dependent_edges")
+    condition = models.CharField(max_length=16, choices=Condition.choices, default=Condition.SUCCESS)
+    artifact = models.CharField(max_length=1024, blank=True)  # the file an ``artifact`` edge needs
+    required = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "on"], name="dependency_task_on_unique")]
 
 
 class EventKind(models.TextChoices):
@@ -204,6 +229,9 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=32, blank=True)
     error = models.TextField(blank=True)
+    # counted against the task's attempts: false when the run ended to wait for the owner, was
+    # superseded, or was handed back by a stopping box (those waits are refunded)
+    charged = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

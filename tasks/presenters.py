@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.facts import Facts
+from tasks.facts import Facts, Redactor
 from tasks.limits import DEFAULT_LIMITS
-from tasks.models import Task, TaskEvent
+from tasks.models import Run, Task, TaskEvent
 from tasks.states import Review, State, WaitingFor
 
 
@@ -68,6 +68,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "answer": (task.records or {}).get("answer") if not task.flow else None,
         "folders": task.folders,
         "dependsOn": task.depends_on,
+        "criteria": task.criteria,
         "parent": task.parent_id,
         "state": task.state,
         "waitingFor": task.waiting_for or None,
@@ -97,6 +98,26 @@ def present_task(task: Task) -> dict[str, Any]:
         "next": next_calls(task),
     }
     return redact.redact(_jsonable(view))
+
+
+def present_run(run: Run, redact: Redactor) -> dict[str, Any]:
+    """One attempt as the owner sees it: never its resume point, lease, worker or paths."""
+    elapsed = None
+    if run.started_at and run.finished_at:
+        elapsed = int((run.finished_at - run.started_at).total_seconds() * 1000)
+    return {
+        "number": run.number,
+        "mode": run.kind,
+        "attempt": run.attempt,
+        "state": run.state,
+        "outcome": run.outcome or None,
+        "error": redact.text(run.error) if run.error else None,
+        "charged": run.charged and run.started_at is not None,
+        "usage": {"elapsedMs": elapsed},
+        "createdAt": run.created_at.isoformat(),
+        "startedAt": run.started_at.isoformat() if run.started_at else None,
+        "finishedAt": run.finished_at.isoformat() if run.finished_at else None,
+    }
 
 
 def present_event(event: TaskEvent) -> dict[str, Any]:

@@ -50,7 +50,8 @@ class Lost(NamedTuple):
     active: bool = False
 
 
-def _lose(run_id: int, token: str, *, outcome: str, error: str, plan: Callable[[Run], Retry], now: Any = None) -> Lost:
+def _lose(run_id: int, token: str, *, outcome: str, error: str, plan: Callable[[Run], Retry], now: Any = None,
+          charged: bool = True) -> Lost:
     """The one way a run ends without finishing. Under the task's lock (the one lock order),
     mark the run lost if it still holds ``token``; then, if its task is still going, fail the
     task once ``plan``'s attempt is past ``BOX_MAX_RUN_ATTEMPTS``, or mark the interrupted step,
@@ -59,6 +60,7 @@ def _lose(run_id: int, token: str, *, outcome: str, error: str, plan: Callable[[
         runs.lock_task(Run.objects.values_list("task_id", flat=True).get(pk=run_id))
         closed = Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
             state=RunState.LOST, lease_token="", finished_at=now or timezone.now(), outcome=outcome, error=error[:5000],
+            charged=charged,  # a stopping box's hand-back is free
         )
         if closed != 1:
             return Lost(False)
@@ -121,7 +123,7 @@ def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = Fa
             hint="check the database and the box's log; continue the task once it is fixed",
         )
 
-    return _lose(run_id, token, outcome="handed back", error=why, plan=plan).closed
+    return _lose(run_id, token, outcome="handed back", error=why, plan=plan, charged=counts_as_attempt).closed
 
 
 def resume_after_restart(now: Any = None, *, started_before: Any = None) -> int:

@@ -84,9 +84,10 @@ def holds_lease(run_id: int, token: str) -> bool:
     return heartbeat(run_id, token)
 
 
-def finish(run_id: int, token: str, outcome: str, error: str = "") -> bool:
+def finish(run_id: int, token: str, outcome: str, error: str = "", *, charged: bool = True) -> bool:
+    """Close the run with its outcome; ``charged=False`` refunds the attempt (a wait for the owner)."""
     return Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
-        state=RunState.FINISHED, outcome=outcome, error=error[:5000], finished_at=timezone.now()
+        state=RunState.FINISHED, outcome=outcome, error=error[:5000], finished_at=timezone.now(), charged=charged,
     ) == 1
 
 

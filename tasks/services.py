@@ -12,7 +12,7 @@ from approvals import blockers
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
-from tasks import layers, lifecycle, runs
+from tasks import dependencies, layers, lifecycle, runs
 from tasks.events import record_event
 from tasks.facts import Facts, Redactor, seal_facts
 from tasks.layers import review
@@ -20,7 +20,7 @@ from tasks.layers.locks import layer_lock
 from tasks.layers.paths import show
 from tasks.layers.roots import changes_of
 from tasks.layers.task_view import seal_layer
-from tasks.models import EventKind, Layer, LayerState, RunKind, Task
+from tasks.models import EventKind, Layer, LayerState, Run, RunKind, RunState, Task
 from tasks.presenters import is_final_view
 from tasks.spec import TaskSpec, parse_spec
 from tasks.states import ACTIVE, FINAL, Review, State, can_move, can_move_review
@@ -110,9 +110,14 @@ def transition(
             layers.on_final_move(task, new_state)  # the layer joins, stays apart or leaves, in this transaction
         if new_state in FINAL and old_state in ACTIVE:
             _close_blockers(task)
+            ended = task.pk  # dependents start before the release's slow steps ...
+            transaction.on_commit(lambda: wake_dependents(ended, before_release=True))
         if new_state in FINAL:
             task_id = task.pk  # also after done -> undone: the layer's files go, the view is rebuilt
             transaction.on_commit(lambda: release_task(task_id))
+        if new_state in FINAL and old_state in ACTIVE:
+            # ... except those whose artifact edge reads its layer, sealed by the release
+            transaction.on_commit(lambda: wake_dependents(ended))
     return task
 
 
@@ -144,6 +149,79 @@ def release_task(task_id: str) -> None:
     lifecycle.release_soon(task_id)
 
 
+# --- dependencies (tasks.dependencies holds the edges; the moves are here) ----------------------
+
+def wake_dependents(task_id: str, *, before_release: bool = False) -> None:
+    """After ``task_id`` ended: start, or fail, each task that waited on it (``before_release``:
+    those that do not read its layer). Best effort: the scheduler's sweep (``release_waiting``)
+    repairs a wake-up lost to a crash."""
+    for dependent in dependencies.dependents_of(task_id, reading_layer=not before_release):
+        try:
+            release_if_ready(dependent)
+        except Exception:  # noqa: BLE001 - the commit that called this already happened; the sweep retries
+            log.exception("waking task %s after its dependency %s ended failed; the scheduler retries", dependent, task_id)
+
+
+def held_back() -> list[str]:
+    """Queued tasks with dependencies and no open run: those still waiting for their edges."""
+    return list(Task.objects.filter(state=State.QUEUED, dependency_edges__isnull=False)
+                .exclude(runs__state__in=[RunState.QUEUED, RunState.RUNNING])
+                .values_list("pk", flat=True).distinct())
+
+
+def release_waiting() -> int:
+    """The scheduler's sweep: every held-back task whose edges now allow it starts (or fails).
+    A duplicate wake-up finds the task's first run already queued and does nothing."""
+    return sum(1 for task_id in held_back() if release_if_ready(task_id))
+
+
+def release_if_ready(task_id: str) -> bool:
+    """Queue the first run of a held-back task whose edges are all resolved, or fail it when a
+    required edge can never be satisfied. True when it moved."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(pk=task_id, state=State.QUEUED).first()
+        if task is None or Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).exists():
+            return False
+        found = dependencies.verdict(task)
+        if found.failure:
+            fail_task(task, f"cannot start: {found.failure}", recoverable=False)
+            return True
+        if not found.ready:
+            return False
+        record_event(task, EventKind.NOTE, "its dependencies allow it to start", {"dependencies": "satisfied"})
+        runs.create_run(task, RunKind.START)
+        return True
+
+
+@transaction.atomic
+def add_dependency(principal: Principal, task_id: str, body: Any) -> Task:
+    """An edge added after creation: only to a task that has not started (its queued first run
+    is held back until the edges allow it)."""
+    edges = dependencies.parse_edges([body])
+    # The owner's lock before any task row: two requests adding x->y and y->x would otherwise
+    # each hold one task row and wait for the other's (the edge's foreign keys lock both).
+    dependencies.lock_owner(principal.user.pk)
+    task = get_task_for(principal, task_id, for_update=True)
+    on = Task.objects.reachable_by(principal).filter(pk=edges[0].on).first()
+    if on is None:
+        raise InvalidRequest(f"no task '{edges[0].on}'", field="task")
+    if task.state != State.QUEUED or task.started_at is not None:
+        raise Conflict(f"a {task.state} task has already started; only a queued task can wait for another",
+                       field="state", state=task.state)
+    dependencies.add_edge(task, on, edges[0])
+    Task.objects.filter(pk=task.pk).update(depends_on=[*task.depends_on, edges[0].as_json()])
+    task.depends_on = [*task.depends_on, edges[0].as_json()]
+    # Hold back its first run unless a worker already took it (then the task is starting: refused).
+    held = Run.objects.filter(task=task, state=RunState.QUEUED).update(
+        state=RunState.CANCELLED, finished_at=timezone.now(), outcome="held for dependencies")
+    if Run.objects.filter(task=task, state=RunState.RUNNING).exists():
+        raise Conflict("the task is starting; only a queued task can wait for another", field="state", state=task.state)
+    record_event(task, EventKind.NOTE, f"waits for task {on.pk} ({edges[0].condition})",
+                 {"dependency": edges[0].as_json(), "held": held})
+    transaction.on_commit(lambda: release_if_ready(task.pk))
+    return task
+
+
 @transaction.atomic
 def create_task(body: Any, principal: Principal, *, source: str | None = None) -> Task:
     """The one way tasks are born: API, phone, schedules and triggers all call this."""
@@ -170,7 +248,20 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     task.user = f"box-{task.pk}"
     Task.objects.filter(pk=task.pk).update(user=task.user)
     record_event(task, EventKind.STATUS, "queued", {"to": State.QUEUED, "version": task.version, "source": task.source})
-    runs.create_run(task, RunKind.START)
+    edges = dependencies.parse_edges(task.depends_on)
+    for edge in edges:
+        dependencies.add_edge(task, Task.objects.get(pk=edge.on), edge)
+    if not edges:
+        runs.create_run(task, RunKind.START)
+        return task
+    found = dependencies.verdict(task)
+    if found.failure:
+        return fail_task(task, f"cannot start: {found.failure}", recoverable=False)
+    if found.ready:
+        runs.create_run(task, RunKind.START)
+    else:
+        waiting = list(Task.objects.filter(pk__in=[e.on for e in edges], state__in=ACTIVE).values_list("pk", flat=True))
+        record_event(task, EventKind.NOTE, f"waits for {', '.join(waiting)} before it starts", {"waiting_for_tasks": waiting})
     return task
 
 
@@ -190,6 +281,8 @@ def spec_of(task: Task) -> dict[str, Any]:
         spec["command"] = task.command
     if task.flow is not None:
         spec["flow"] = task.flow
+    if task.criteria is not None:
+        spec["criteria"] = task.criteria
     if task.output is not None:
         spec["output"] = task.output
     if facts.values:
@@ -211,12 +304,36 @@ def rerun_task(principal: Principal, task_id: str, body: Any, *, source: str | N
 
 @transaction.atomic
 def cancel_task(principal: Principal, task_id: str) -> Task:
+    """Cancel the task and, in the same transaction, every active descendant (its children
+    through ``parent``, theirs, ...). Each final move closes that task's runs, approvals and
+    questions; after commit each release kills its processes, which aborts a running step.
+    Descendants that already ended are left as they are."""
     # Locked, so a worker moving the task at this moment (queued -> running) is waited for, and
     # the cancel applies to the state it left instead of failing on a stale version.
     task = get_task_for(principal, task_id, for_update=True)
     if task.state not in ACTIVE:
         raise Conflict(f"a {task.state} task cannot be cancelled", field="state", state=task.state)
-    return transition(task, State.CANCELLED, summary=f"cancelled by the owner ({principal.via})", data={"by": principal.via})
+    by = {"by": principal.via}
+    transition(task, State.CANCELLED, summary=f"cancelled by the owner ({principal.via})", data=by)
+    for descendant in _descendants(task):
+        # Top-down, each row locked before it moves (the lock order is always parent first).
+        child = Task.objects.select_for_update().get(pk=descendant)
+        if child.state in ACTIVE:
+            transition(child, State.CANCELLED, summary=f"cancelled with task {task.pk}",
+                       data={**by, "with": task.pk})
+    return task
+
+
+def _descendants(task: Task) -> list[str]:
+    """Every task below ``task`` through ``parent``, parents before their children."""
+    found: list[str] = []
+    frontier = [task.pk]
+    while frontier:
+        children = list(Task.objects.filter(parent_id__in=frontier).order_by("created_at", "pk").values_list("pk", flat=True))
+        children = [c for c in children if c not in found and c != task.pk]
+        found += children
+        frontier = children
+    return found
 
 
 def undo_task(principal: Principal, task_id: str) -> Task:

@@ -14,11 +14,12 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from boxsite.errors import Forbidden, InvalidOutput, InvalidSpec, NotAvailable, OriginsRequired, OutputUnavailable
+from boxsite.errors import Conflict, Forbidden, InvalidOutput, InvalidSpec, NotAvailable, OriginsRequired, OutputUnavailable
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from boxsite.validation import (
     MISSING,
+    AnyText,
     Anything,
     Body,
     Choice,
@@ -32,12 +33,15 @@ from boxsite.validation import (
     existing_dir,
 )
 from tasks.browser.binary import missing_reason as browser_missing_reason
+from tasks.completion import parse_criteria
+from tasks.dependencies import parse_edges
 from tasks.flows import schema_problem, uses_browser, validate_flow
 from tasks.layers import disk
 from tasks.model import NoModel, current_config
-from tasks.models import Workspace
+from tasks.models import Task, Workspace
 from tasks.sandbox import cgroups
 from tasks.sandbox.support import missing_reason
+from tasks.states import ACTIVE
 from tasks.tools import get_tool
 from tasks.workers.presets import all_presets
 
@@ -157,10 +161,7 @@ class TaskSpecBody(Body):
     what = "a task spec"
     not_object = "a task spec is a JSON object"
     hints: ClassVar[dict[str, str]] = {"budget": "budgetCents"}
-    later: ClassVar[dict[str, str]] = {
-        "dependsOn": "tasks do not wait for other tasks yet",
-        "parent": "tasks have no parent-child cascade yet",
-    }
+    later: ClassVar[dict[str, str]] = {}
 
     title = Text(max_length=200)
     flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")
@@ -181,6 +182,14 @@ class TaskSpecBody(Body):
     externalAttempt = Whole(required=False, allow_null=True, source="external_attempt")
     externalTaskId = Text(required=False, max_length=200, source="external_task_id")
     output = Obj(required=False, help_text="{\"instructions\": \"...\", \"schema\": {...}}: the answer shaped by the model")
+    dependsOn = Anything(required=False, source="depends_on",
+                         help_text="task ids, or {task, condition: success|completion|artifact, required, artifact} "
+                                   "objects: the task starts only once these allow it")
+    parent = AnyText(required=False, allow_null=True,  # type: ignore[assignment]  # a body field, not Field.parent
+                     help_text="a task that has not ended: cancelling it cancels this one too")
+    criteria = Anything(required=False, allow_null=True,
+                        help_text="the completion contract: {kind: output_file, path: outputs/…, size?, sha256?, "
+                                  "mediaType?, contains?, json?} and {kind: command_exit, command, exitCode}")
 
     def check_title(self, value: Any, seen: dict[str, Any]) -> Any:
         return value.strip()
@@ -313,6 +322,37 @@ class TaskSpecBody(Body):
 
     def check_output(self, value: Any, seen: dict[str, Any]) -> Any:
         return None if value is MISSING else parse_output(value)
+
+    def check_dependsOn(self, value: Any, seen: dict[str, Any]) -> Any:
+        """The edges as stored (``Task.depends_on``); each named task must be the caller's."""
+        if value is MISSING:
+            return []
+        edges = parse_edges(value)
+        for edge in edges:
+            _reachable_task(self.context["principal"], edge.on, "dependsOn")
+        return [edge.as_json() for edge in edges]
+
+    def check_parent(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING or value is None:
+            return None
+        if not isinstance(value, str) or not value or len(value) > 24:
+            raise Problem("'parent' must be a task id")
+        parent = _reachable_task(self.context["principal"], value, "parent")
+        if parent.state not in ACTIVE:
+            raise Conflict(f"the parent '{parent.pk}' is {parent.state}; a child needs a parent that has not ended",
+                           field="parent", state=parent.state)
+        return parent
+
+    def check_criteria(self, value: Any, seen: dict[str, Any]) -> Any:
+        return None if value is MISSING or value is None else parse_criteria(value)
+
+
+def _reachable_task(principal: Principal, task_id: str, field: str) -> Task:
+    """A task the caller may reach, named in a spec; another's task is as unknown as none."""
+    task = Task.objects.reachable_by(principal).filter(pk=task_id).first()
+    if task is None:
+        raise InvalidSpec(f"no task '{task_id}'", field=field)
+    return task
 
 
 class RerunBody(TaskSpecBody):

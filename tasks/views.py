@@ -16,10 +16,10 @@ from boxsite import schema
 from boxsite.errors import InvalidRequest
 from boxsite.pagination import Sort, limit_param, page
 from boxsite.principal import Principal, Via
-from tasks import artifacts, services
+from tasks import artifacts, dependencies, services
 from tasks.facts import redactor_for
-from tasks.models import Task, TaskEvent
-from tasks.presenters import present_event, present_task
+from tasks.models import Run, Task, TaskEvent
+from tasks.presenters import present_event, present_run, present_task
 from tasks.report import build_report
 from tasks.spec import RerunBody, TaskSpecBody
 from tasks.states import State
@@ -30,6 +30,12 @@ TASK_SORTS = {
     "-updated": Sort("-updated", "updated_at", descending=True),
 }
 EVENT_PAGE = 200
+RUN_SORTS = {
+    "-number": Sort("-number", "number", descending=True),
+    "number": Sort("number", "number", descending=False),
+    "-started": Sort("-started", "started_at", descending=True, nullable=True),
+    "started": Sort("started", "started_at", descending=False, nullable=True),
+}
 
 
 @extend_schema(
@@ -182,3 +188,37 @@ def task_artifact(request: Request, task_id: str, name: str) -> FileResponse:
     response["X-Content-Type-Options"] = "nosniff"
     response["Content-Security-Policy"] = "sandbox; default-src 'none'"  # never a page of the box's origin
     return response
+
+
+@extend_schema(methods=["GET"], responses={200: schema.DependencyGraph})
+@extend_schema(methods=["POST"], request=schema.DependencyBody, responses={201: schema.DependencyGraph})
+@api_view(["GET", "POST"])
+def task_dependencies(request: Request, task_id: str) -> Response:
+    """The task's dependencies and dependents; POST adds an edge to a task that has not started."""
+    principal = Principal.of(request)
+    if request.method == "POST":
+        task = services.add_dependency(principal, task_id, request.data)
+        return Response(dependencies.graph(task), status=201)
+    return Response(dependencies.graph(services.get_task_for(principal, task_id)))
+
+
+@extend_schema(
+    parameters=[
+        OpenApiParameter("sort", str, description="-number (default), number, -started or started"),
+        OpenApiParameter("cursor", str, description="from the previous page's 'next' (bound to its sort)"),
+        OpenApiParameter("limit", int),
+    ],
+    responses={200: schema.RunPage},
+)
+@api_view(["GET"])
+def task_runs(request: Request, task_id: str) -> Response:
+    """The task's attempts, public history: mode, state, outcome, error, usage, timestamps."""
+    task = services.get_task_for(Principal.of(request), task_id)
+    rows, next_cursor = page(Run.objects.filter(task=task), RUN_SORTS, request.query_params.get("sort", "-number"),
+                             request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
+    redact = redactor_for(task)
+    started = Run.objects.filter(task=task, started_at__isnull=False)
+    return Response({
+        "results": [present_run(r, redact) for r in rows], "next": next_cursor,
+        "attempts": {"total": started.count(), "charged": started.filter(charged=True).count()},
+    })

@@ -34,6 +34,8 @@ TASK_ROUTES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "task-undo": ("post", "/undo", {}),
     "task-rerun": ("post", "/rerun", {}),
     "task-artifact": ("get", "/artifacts/out.txt", {}),
+    "task-runs": ("get", "/runs", {}),
+    "task-dependencies": ("post", "/dependencies", {"task": "tk0nothere"}),
 }
 
 

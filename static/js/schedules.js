@@ -65,7 +65,7 @@ function scheduleRow(s) {
   } else {
     actions.push(actionButton("Pause", "", () => change(s, "pause", `Paused ${s.name}`), say));
   }
-  actions.push(actionButton("Run now", "", () => runNow(s), say));
+  if (!s.template?.job) actions.push(actionButton("Run now", "", () => runNow(s), say));  // a built-in job starts no task
   if (!s.system) {
     actions.push(actionButton("Edit", "", async () => startEditing(s), say));
     actions.push(actionButton("Delete", "danger", () => remove(s), say));
@@ -121,7 +121,9 @@ function firingRow(f) {
   return el("li", {},
     el("time", { datetime: f.firedAt }, when(f.firedAt)), " ",
     skipped, " ",
-    f.task ? taskLink(f.task, `task ${f.task}`) : el("span", { class: "error" }, `failed: ${f.error ?? "no task"}`));
+    f.task ? taskLink(f.task, `task ${f.task}`)
+      : f.error ? el("span", { class: "error" }, `failed: ${f.error}`)
+        : el("span", {}, "ran (a built-in job)"));
 }
 
 async function runNow(s) {

@@ -106,6 +106,10 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     guarded = api.call("POST", "/api/tasks", {"title": "guarded", "flow": GUARDED}).json()
     _state(api, guarded["id"], "waiting")
     ok(api.call("GET", "/api/tasks", limit=1))
+    later = api.call("POST", "/api/tasks", {"title": "later", "flow": GUARDED, "dependsOn": [guarded["id"]]}).json()
+    ok(api.call("GET", f"/api/tasks/{guarded['id']}/dependencies"))
+    other = api.call("POST", "/api/tasks", {"title": "other", "flow": GUARDED, "dependsOn": [guarded["id"]]}).json()
+    ok(api.call("POST", f"/api/tasks/{later['id']}/dependencies", {"task": other["id"], "condition": "completion"}), 201)
     ok(api.call("GET", f"/api/tasks/{guarded['id']}/events"))
     ok(api.call("GET", f"/api/tasks/{guarded['id']}/diff"))
     ok(api.call("GET", "/api/inbox"))
@@ -115,6 +119,7 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     _state(api, guarded["id"], "done")
     ok(api.call("POST", f"/api/approvals/{approval['id']}/deny", {}), 409)  # the error shape is declared too
     ok(api.call("GET", f"/api/tasks/{guarded['id']}/report"))
+    ok(api.call("GET", f"/api/tasks/{guarded['id']}/runs", limit=1))
     ok(api.call("POST", f"/api/tasks/{guarded['id']}/keep"), 409)
     ok(api.call("POST", f"/api/tasks/{guarded['id']}/rerun", {"title": "again"}), 201)
     for event in api.call("GET", f"/api/tasks/{guarded['id']}/events").json()["events"]:

@@ -1,0 +1,214 @@
+"""Dependency edges between tasks (docs/architecture.md#dependencies).
+
+An edge says: ``task`` starts only once ``on`` has ended, and (when the edge is ``required``)
+ended the way its ``condition`` asks: ``success`` (done), ``completion`` (any final state) or
+``artifact`` (done, with the named file in its layer). ``add_edge`` is the only writer of edges
+and refuses one that would close a cycle; ``verdict`` says whether a task may start now, must
+wait, or can never start. Acting on a verdict (queueing the first run, failing the task) is
+``tasks.services``'s: this module moves no task.
+"""
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from boxsite.errors import Conflict, InvalidSpec
+from tasks.layers import paths
+from tasks.layers.task_view import seal_layer
+from tasks.layers.tree import FILE, LayerTree
+from tasks.models import Condition, Dependency, Task
+from tasks.states import ACTIVE, State
+
+MAX_EDGES = 100  # dependencies of one task
+ARTIFACT_ROOT = "outputs/"
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    """One ``dependsOn`` entry, checked: the task id as given, and what the edge asks."""
+
+    on: str
+    condition: str = Condition.SUCCESS
+    required: bool = True
+    artifact: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"task": self.on, "condition": self.condition, "required": self.required}
+        if self.artifact:
+            shown["artifact"] = self.artifact
+        return shown
+
+
+def _artifact_path(raw: Any, field: str) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise InvalidSpec("an 'artifact' edge names the file it needs, e.g. \"outputs/report.md\"", field=field)
+    if "\x00" in raw or raw.startswith("/") or "\\" in raw:
+        raise InvalidSpec(f"'{raw}' is not a safe path under {ARTIFACT_ROOT}", field=field)
+    clean = posixpath.normpath(raw)
+    if not clean.startswith(ARTIFACT_ROOT) or ".." in clean.split("/") or len(clean) > 1024:
+        raise InvalidSpec(f"'{raw}' is not a safe path under {ARTIFACT_ROOT}", field=field)
+    return clean
+
+
+def parse_edges(value: Any) -> list[EdgeSpec]:
+    """``dependsOn`` as given: task ids, or ``{task, condition, required, artifact}`` objects."""
+    if not isinstance(value, list):
+        raise InvalidSpec("'dependsOn' must be a list of task ids or {task, condition, required} objects", field="dependsOn")
+    if len(value) > MAX_EDGES:
+        raise InvalidSpec(f"'dependsOn' holds at most {MAX_EDGES} tasks", field="dependsOn")
+    edges: list[EdgeSpec] = []
+    seen: set[str] = set()
+    for index, item in enumerate(value):
+        field = f"dependsOn[{index}]"
+        if isinstance(item, str):
+            item = {"task": item}
+        if not isinstance(item, dict):
+            raise InvalidSpec(f"'{field}' must be a task id or an object", field=field)
+        unknown = sorted(set(item) - {"task", "condition", "required", "artifact"})
+        if unknown:
+            raise InvalidSpec(f"unknown field '{unknown[0]}' in '{field}'", field=f"{field}.{unknown[0]}")
+        on = item.get("task")
+        if not isinstance(on, str) or not on or len(on) > 24:
+            raise InvalidSpec(f"'{field}.task' must be a task id", field=f"{field}.task")
+        condition = item.get("condition", Condition.SUCCESS)
+        if condition not in Condition.values:
+            raise InvalidSpec(f"'{field}.condition' must be one of {', '.join(Condition.values)}", field=f"{field}.condition")
+        required = item.get("required", True)
+        if not isinstance(required, bool):
+            raise InvalidSpec(f"'{field}.required' must be true or false", field=f"{field}.required")
+        artifact = ""
+        if condition == Condition.ARTIFACT:
+            artifact = _artifact_path(item.get("artifact"), f"{field}.artifact")
+        elif "artifact" in item:
+            raise InvalidSpec(f"'{field}.artifact' is only for an 'artifact' condition", field=f"{field}.artifact")
+        if on in seen:
+            raise InvalidSpec(f"task '{on}' is named twice in 'dependsOn'", field=field)
+        seen.add(on)
+        edges.append(EdgeSpec(on=on, condition=condition, required=required, artifact=artifact))
+    return edges
+
+
+def lock_owner(owner_id: int) -> None:
+    """Edges of one owner's tasks are added one transaction at a time: the cycle check reads the
+    graph, and two concurrent insertions (A->B, B->A) must not both pass it."""
+    list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
+
+
+def _reaches(start: str, target: str) -> bool:
+    """``start`` depends, directly or through others, on ``target``."""
+    frontier, seen = {start}, {start}
+    while frontier:
+        if target in frontier:
+            return True
+        following = set(Dependency.objects.filter(task_id__in=frontier).values_list("on_id", flat=True)) - seen
+        seen |= following
+        frontier = following
+    return False
+
+
+def add_edge(task: Task, on: Task, edge: EdgeSpec) -> Dependency:
+    """The one way an edge is added: ``task`` waits for ``on``. Refuses a self edge, a second
+    edge between the same two tasks, and an edge that would close a cycle."""
+    field = "dependsOn"
+    if on.pk == task.pk:
+        raise InvalidSpec("a task cannot depend on itself", field=field)
+    if on.owner_id != task.owner_id:
+        raise InvalidSpec(f"no task '{on.pk}'", field=field)
+    with transaction.atomic():
+        lock_owner(task.owner_id)  # a no-op when the caller took it first
+        if Dependency.objects.filter(task=task, on=on).exists():
+            raise Conflict(f"task '{task.pk}' already depends on '{on.pk}'", field=field)
+        if _reaches(on.pk, task.pk):
+            raise Conflict(f"'{task.pk}' cannot depend on '{on.pk}': '{on.pk}' already waits for '{task.pk}' "
+                           "(the edge would close a cycle)", field=field, code="DEPENDENCY_CYCLE")
+        return Dependency.objects.create(task=task, on=on, condition=edge.condition, required=edge.required,
+                                         artifact=edge.artifact)
+
+
+# --- resolution ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """``ready``: every edge resolved and every required one satisfied. ``failure``: a required
+    edge can never be satisfied (why). Neither: some edge is still waiting."""
+
+    ready: bool = False
+    failure: str = ""
+
+
+def artifact_present(on_id: str, artifact: str, *, seal: bool = True) -> bool:
+    """The done dependency's own layer holds ``artifact`` as a regular file."""
+    if seal:
+        seal_layer(on_id)  # a no-op once sealed; the layer is final after the dependency ended
+    directory = paths.layer_dir(on_id)
+    if not directory.is_dir():
+        return False
+    entry = LayerTree.of_layer(directory).entry(artifact)
+    return entry is not None and entry.kind == FILE
+
+
+def edge_state(edge: Dependency, on_state: str, *, seal: bool = True) -> str:
+    """``waiting`` (the dependency has not ended), ``satisfied`` or ``unsatisfied``."""
+    if on_state in ACTIVE:
+        return "waiting"
+    if edge.condition == Condition.COMPLETION:
+        return "satisfied"
+    if on_state != State.DONE:
+        return "unsatisfied"
+    if edge.condition == Condition.ARTIFACT and not artifact_present(edge.on_id, edge.artifact, seal=seal):
+        return "unsatisfied"
+    return "satisfied"
+
+
+def _why(edge: Dependency, on_state: str) -> str:
+    if edge.condition == Condition.ARTIFACT and on_state == State.DONE:
+        return f"dependency {edge.on_id} is done but left no file '{edge.artifact}'"
+    return f"dependency {edge.on_id} ended {on_state}; this task needed it to succeed"
+
+
+def verdict(task: Task) -> Verdict:
+    edges = list(Dependency.objects.filter(task=task).select_related("on").order_by("pk"))
+    waiting = False
+    for edge in edges:
+        state = edge_state(edge, edge.on.state)
+        if state == "waiting":
+            waiting = True
+        elif state == "unsatisfied" and edge.required:
+            return Verdict(failure=_why(edge, edge.on.state))
+    return Verdict(ready=not waiting)
+
+
+def dependents_of(task_id: str, *, reading_layer: bool = True) -> list[str]:
+    """Tasks that wait on ``task_id`` and have not started (``queued``); without
+    ``reading_layer``, not those whose edge checks its layer for an artifact."""
+    edges = Dependency.objects.filter(on_id=task_id, task__state=State.QUEUED)
+    if not reading_layer:
+        edges = edges.exclude(condition=Condition.ARTIFACT)
+    return list(edges.values_list("task_id", flat=True).distinct())
+
+
+def has_edges(task: Task) -> bool:
+    return Dependency.objects.filter(task=task).exists()
+
+
+def graph(task: Task) -> dict[str, list[dict[str, Any]]]:
+    """A task's edges both ways, for its view and the portal's graph: each names the other task,
+    its state, what the edge asks and where the edge stands (``waiting``, ``satisfied``,
+    ``unsatisfied``)."""
+    def shown(edge: Dependency, other: Task, on_state: str) -> dict[str, Any]:
+        item: dict[str, Any] = {"task": other.pk, "title": other.title, "state": other.state,
+                                "condition": edge.condition, "required": edge.required,
+                                "edge": edge_state(edge, on_state, seal=False)}
+        if edge.artifact:
+            item["artifact"] = edge.artifact
+        return item
+
+    deps = [shown(edge, edge.on, edge.on.state)
+            for edge in Dependency.objects.filter(task=task).select_related("on").order_by("pk")]
+    dependents = [shown(edge, edge.task, task.state)
+                  for edge in Dependency.objects.filter(on=task).select_related("task").order_by("pk")]
+    return {"dependencies": deps, "dependents": dependents}

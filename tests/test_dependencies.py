@@ -1,0 +1,271 @@
+"""Dependencies (docs/architecture.md#dependencies): a task starts only when the tasks it depends
+on allow it, fails with the reason when they never can, and sees their done layers."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from boxsite.auth import issue_api_token
+from tasks import services
+from tasks.models import Dependency, Run, RunKind, Task
+from tests.conftest import Box
+from tests.factories import flow, make_owner
+
+WRITE = {"write": {"path": "outputs/report.md", "content": "# report\n"}}
+
+
+def gated(*after: dict[str, Any]) -> dict[str, Any]:
+    """A flow that waits for the owner's OK, then does ``after`` (nothing: it just ends)."""
+    return flow({"approve": "go on?"}, *(after or ({"write": {"path": "gate.txt", "content": "ok"}},)))
+
+
+def held(box: Box, **spec: Any) -> dict[str, Any]:
+    """A task that waits for the owner at its first step."""
+    task = box.create(title=spec.pop("title", "upstream"), flow=gated(*spec.pop("after", ())), **spec)
+    box.wait_state(task["id"], "waiting")
+    return task
+
+
+def approve(box: Box, task_id: str) -> None:
+    response = box.api.post(f"/api/tasks/{task_id}/continue", {"approve": True}, format="json")
+    assert response.status_code == 200, response.json()
+
+
+def end(box: Box, task_id: str, how: str) -> None:
+    """Bring a held task to ``done``, ``failed`` or ``cancelled`` through the API."""
+    if how == "cancelled":
+        assert box.api.post(f"/api/tasks/{task_id}/cancel").status_code == 200
+    else:
+        approve(box, task_id)
+    box.wait_state(task_id, how)
+
+
+def runs_of(task_id: str) -> list[str]:
+    return list(Run.objects.filter(task_id=task_id).order_by("number").values_list("kind", flat=True))
+
+
+def test_a_dependent_waits_without_a_run_then_starts_when_its_dependency_is_done_and_sees_its_layer(box: Box) -> None:
+    upstream = held(box, after=[WRITE])
+    dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}),
+                           dependsOn=[upstream["id"]])
+    view = box.task(dependent["id"])
+    assert view["state"] == "queued" and view["startedAt"] is None
+    assert view["dependsOn"] == [{"task": upstream["id"], "condition": "success", "required": True}]
+    assert runs_of(dependent["id"]) == []  # nothing queued: no worker is spent on waiting
+    assert services.release_waiting() == 0  # the scheduler's sweep leaves it waiting
+
+    end(box, upstream["id"], "done")
+    done = box.wait_state(dependent["id"], "done")
+    assert upstream["id"] in done["layers"]  # it saw its dependency's done layer
+    assert runs_of(dependent["id"]) == [RunKind.START]
+    files = box.api.get("/api/workspaces/home/files", {"path": "outputs"}).json()
+    assert "report.md" in str(files)
+
+
+# (dependency's final state, condition, required) -> does the dependent run?
+CASES = [
+    ("done", "success", True, True),
+    ("failed", "success", True, False),
+    ("cancelled", "success", True, False),
+    ("done", "completion", True, True),
+    ("failed", "completion", True, True),
+    ("cancelled", "completion", True, True),
+    ("cancelled", "artifact", True, False),
+    ("failed", "success", False, True),  # an optional edge waits for the end, then lets go
+    ("cancelled", "artifact", False, True),
+]
+
+
+@pytest.mark.parametrize(("how", "condition", "required", "runs"), CASES)
+def test_each_condition_under_each_final_state(box: Box, how: str, condition: str, required: bool, runs: bool) -> None:
+    # approving the failing upstream runs a delete of a missing file: it fails
+    after = [{"delete": {"path": "missing.txt"}}] if how == "failed" else [WRITE]
+    upstream = held(box, after=after)
+    edge: dict[str, Any] = {"task": upstream["id"], "condition": condition, "required": required}
+    if condition == "artifact":
+        edge["artifact"] = "outputs/report.md"
+    dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[edge])
+    assert box.task(dependent["id"])["state"] == "queued"
+    end(box, upstream["id"], how)
+    if runs:
+        box.wait_state(dependent["id"], "done")
+    else:
+        failed = box.wait_state(dependent["id"], "failed")
+        assert failed["error"].startswith(f"cannot start: dependency {upstream['id']} ended {how}")
+        assert failed["startedAt"] is None and runs_of(dependent["id"]) == []
+
+
+def test_an_artifact_edge_needs_the_named_file_in_the_dependencys_layer(box: Box) -> None:
+    with_file = held(box, after=[WRITE])
+    without = held(box, after=[{"write": {"path": "outputs/other.md", "content": "x"}}])
+    edge = {"condition": "artifact", "artifact": "outputs/report.md"}
+    gets = box.create(title="gets it", flow=flow({"write": {"path": "g.txt", "content": "g"}}),
+                      dependsOn=[{"task": with_file["id"], **edge}])
+    misses = box.create(title="misses it", flow=flow({"write": {"path": "m.txt", "content": "m"}}),
+                        dependsOn=[{"task": without["id"], **edge}])
+    end(box, with_file["id"], "done")
+    end(box, without["id"], "done")
+    box.wait_state(gets["id"], "done")
+    failed = box.wait_state(misses["id"], "failed")
+    assert failed["error"] == f"cannot start: dependency {without['id']} is done but left no file 'outputs/report.md'"
+
+
+def test_a_task_waits_for_every_required_edge(box: Box) -> None:
+    first, second = held(box, title="first"), held(box, title="second")
+    dependent = box.create(title="both", flow=flow({"write": {"path": "b.txt", "content": "b"}}),
+                           dependsOn=[first["id"], {"task": second["id"], "condition": "completion"}])
+    end(box, first["id"], "done")
+    assert box.task(dependent["id"])["state"] == "queued" and runs_of(dependent["id"]) == []
+    end(box, second["id"], "cancelled")
+    box.wait_state(dependent["id"], "done")
+
+
+def test_a_dependency_that_already_ended_decides_at_creation(box: Box) -> None:
+    done = held(box, title="done")
+    end(box, done["id"], "done")
+    cancelled = held(box, title="cancelled")
+    end(box, cancelled["id"], "cancelled")
+    starts = box.create(title="starts", flow=flow({"write": {"path": "s.txt", "content": "s"}}), dependsOn=[done["id"]])
+    box.wait_state(starts["id"], "done")
+    never = box.create(title="never", flow=flow({"write": {"path": "n.txt", "content": "n"}}), dependsOn=[cancelled["id"]])
+    assert never["state"] == "failed" and "ended cancelled" in never["error"]
+
+
+def test_a_failure_runs_down_a_chain(box: Box) -> None:
+    top = held(box, title="top")
+    middle = box.create(title="middle", flow=gated(), dependsOn=[top["id"]])
+    bottom = box.create(title="bottom", flow=gated(), dependsOn=[middle["id"]])
+    end(box, top["id"], "cancelled")
+    assert "ended cancelled" in box.wait_state(middle["id"], "failed")["error"]
+    assert f"dependency {middle['id']} ended failed" in box.wait_state(bottom["id"], "failed")["error"]
+
+
+@pytest.mark.parametrize(("depends_on", "field", "code"), [
+    ("tk1", "dependsOn", "INVALID_SPEC"),
+    ([{"task": "tk1", "condition": "maybe"}], "dependsOn[0].condition", "INVALID_SPEC"),
+    ([{"task": "tk1", "condition": "artifact"}], "dependsOn[0].artifact", "INVALID_SPEC"),
+    ([{"task": "tk1", "condition": "artifact", "artifact": "../etc/passwd"}], "dependsOn[0].artifact", "INVALID_SPEC"),
+    ([{"task": "tk1", "condition": "artifact", "artifact": "outputs/../../x"}], "dependsOn[0].artifact", "INVALID_SPEC"),
+    ([{"task": "tk1", "required": "yes"}], "dependsOn[0].required", "INVALID_SPEC"),
+    ([{"task": "tk1", "then": 1}], "dependsOn[0].then", "INVALID_SPEC"),
+    (["tk0nothere"], "dependsOn", "INVALID_SPEC"),
+])
+def test_bad_dependencies_are_refused_whole(box: Box, depends_on: Any, field: str, code: str) -> None:
+    before = Task.objects.count()
+    response = box.api.post("/api/tasks", {"title": "x", "flow": gated(), "dependsOn": depends_on}, format="json")
+    assert response.status_code == 400, response.json()
+    assert (response.json()["code"], response.json()["field"]) == (code, field)
+    assert Task.objects.count() == before
+
+
+def test_another_owners_task_is_no_dependency(box: Box) -> None:
+    theirs = held(box, title="theirs")
+    other = make_owner()
+    _, raw = issue_api_token(other, "other")
+    box.api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    response = box.api.post("/api/tasks", {"title": "x", "flow": gated(), "dependsOn": [theirs["id"]]}, format="json")
+    assert response.status_code == 400 and response.json()["message"] == f"no task '{theirs['id']}'"
+
+
+def test_edges_added_later_go_through_the_cycle_check(box: Box) -> None:
+    gate = held(box, title="gate")
+    x = box.create(title="x", flow=gated(), dependsOn=[gate["id"]])
+    y = box.create(title="y", flow=gated(), dependsOn=[x["id"]])
+    z = box.create(title="z", flow=gated(), dependsOn=[y["id"]])
+    closing = box.api.post(f"/api/tasks/{x['id']}/dependencies", {"task": z["id"]}, format="json")
+    assert closing.status_code == 409 and closing.json()["code"] == "DEPENDENCY_CYCLE", closing.json()
+    itself = box.api.post(f"/api/tasks/{x['id']}/dependencies", {"task": x["id"]}, format="json")
+    assert itself.status_code == 400
+    again = box.api.post(f"/api/tasks/{y['id']}/dependencies", {"task": x["id"]}, format="json")
+    assert again.status_code == 409
+    started = box.api.post(f"/api/tasks/{gate['id']}/dependencies", {"task": z["id"]}, format="json")
+    assert started.status_code == 409  # it is already running (waiting for its OK)
+    assert Dependency.objects.count() == 3
+
+
+def test_an_edge_added_later_holds_back_a_task_that_had_not_started(box: Box, settings: Any) -> None:
+    gate = held(box, title="gate")
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}  # nobody takes runs now
+    later = box.create(title="later", flow=flow({"write": {"path": "l.txt", "content": "l"}}))
+    assert runs_of(later["id"]) == [RunKind.START]
+    added = box.api.post(f"/api/tasks/{later['id']}/dependencies", {"task": gate["id"], "condition": "completion"},
+                         format="json")
+    assert added.status_code == 201, added.json()
+    assert added.json()["dependencies"][0]["edge"] == "waiting"
+    assert Run.objects.get(task_id=later["id"]).state == "cancelled"  # held back: a worker finds nothing to claim
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": True}
+    end(box, gate["id"], "done")
+    box.wait_state(later["id"], "done")
+
+
+def test_a_lost_wakeup_is_repaired_by_the_sweep_and_a_duplicate_does_nothing(box: Box, monkeypatch: Any) -> None:
+    upstream = held(box)
+    dependent = box.create(title="downstream", flow=gated(), dependsOn=[upstream["id"]])
+    monkeypatch.setattr(services, "wake_dependents", lambda task_id, **kw: None)  # the wake-up is lost
+    end(box, upstream["id"], "done")
+    assert box.task(dependent["id"])["state"] == "queued"
+    monkeypatch.undo()
+    assert services.release_waiting() == 1
+    box.wait_state(dependent["id"], "waiting")
+    services.wake_dependents(upstream["id"])  # a duplicate wake-up
+    assert services.release_if_ready(dependent["id"]) is False
+    assert services.release_waiting() == 0
+    assert runs_of(dependent["id"]) == [RunKind.START]
+
+
+def test_the_graph_in_the_api_and_on_the_task_page(box: Box, client: Any) -> None:
+    upstream = held(box, title="make the report")
+    dependent = box.create(title="read the report", flow=gated(), dependsOn=[
+        {"task": upstream["id"], "condition": "artifact", "artifact": "outputs/report.md", "required": False}])
+    graph = box.api.get(f"/api/tasks/{upstream['id']}/dependencies").json()
+    assert graph["dependencies"] == []
+    assert graph["dependents"] == [{"task": dependent["id"], "title": "read the report", "state": "queued",
+                                    "condition": "artifact", "artifact": "outputs/report.md", "required": False,
+                                    "edge": "waiting"}]
+    client.force_login(box.owner)
+    page = client.get(f"/tasks/{dependent['id']}").content.decode()
+    assert 'id="dependency-graph"' in page and "make the report" in page and f'href="/tasks/{upstream["id"]}"' in page
+    page = client.get(f"/tasks/{upstream['id']}").content.decode()
+    assert "read the report" in page
+
+
+@pytest.mark.skipif(not settings.DB_IS_POSTGRES, reason="concurrent transactions need PostgreSQL")
+def test_concurrent_edges_never_close_a_cycle(box: Box) -> None:
+    """Two requests add x->y and y->x at the same moment: exactly one is accepted."""
+    gate = held(box, title="gate")
+    for _ in range(5):
+        x = box.create(title="x", flow=gated(), dependsOn=[gate["id"]])["id"]
+        y = box.create(title="y", flow=gated(), dependsOn=[gate["id"]])["id"]
+        barrier = threading.Barrier(2)
+        codes: list[int] = []
+
+        def add(task: str, on: str) -> None:
+            try:
+                barrier.wait()
+                response = box.api.__class__()
+                response.credentials(HTTP_AUTHORIZATION=f"Bearer {box.token}")
+                codes.append(response.post(f"/api/tasks/{task}/dependencies", {"task": on}, format="json").status_code)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=add, args=pair) for pair in ((x, y), (y, x))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(codes) == [201, 409], codes
+        assert Dependency.objects.filter(task_id__in=[x, y], on_id__in=[x, y]).count() == 1
+
+
+def test_the_dependent_reads_its_dependencys_file(box: Box) -> None:
+    """A dependent's flow uses what its dependency wrote: the done layer is in its view."""
+    upstream = held(box, after=[WRITE])
+    dependent = box.create(title="copy", dependsOn=[upstream["id"]], flow=flow(
+        {"run": "grep -q '# report' outputs/report.md"}))
+    end(box, upstream["id"], "done")
+    box.wait_state(dependent["id"], "done", "failed")
+    assert box.task(dependent["id"])["state"] == "done", box.task(dependent["id"])["error"]
