@@ -92,8 +92,9 @@ def _meets_criteria(task: Task, run: Run, token: str, recorder: StepRecorder) ->
         services.fail_task(task, f"completion criteria not met after {charged} attempts: {why}", recoverable=True,
                            hint="see the completion report in the log; raise BOX_MAX_RUN_ATTEMPTS or fix the criteria and rerun")
     elif not Run.objects.filter(task=task, kind=RunKind.REPAIR).exists():
-        runs.finish(run.pk, token, "criteria failed", why)
+        # Logged while the run still holds its lease: a write after ``runs.finish`` is refused.
         recorder.event(EventKind.NOTE, "one automatic repair run: the task runs again", {"repair": why})
+        runs.finish(run.pk, token, "criteria failed", why)
         runs.create_run(task, RunKind.REPAIR, resume={"repair": why})
     else:
         _pause(task, run, token, Paused(

@@ -161,9 +161,7 @@ class TaskSpecBody(Body):
     what = "a task spec"
     not_object = "a task spec is a JSON object"
     hints: ClassVar[dict[str, str]] = {"budget": "budgetCents"}
-    later: ClassVar[dict[str, str]] = {
-        "criteria": "completion contracts are built (tasks.completion) but their repair path is not yet proven",
-    }
+    later: ClassVar[dict[str, str]] = {}
 
     title = Text(max_length=200)
     flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")

@@ -26,7 +26,6 @@ def refused(box: Box, **spec: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("spec", "field"), [
-    ({"criteria": []}, "criteria"),
     ({"constraints": {"surfaces": ["browser"]}}, "constraints.surfaces"),
     ({"constraints": {"browser_profile": "/srv/profile"}}, "constraints.browser_profile"),
     ({"constraints": {"headed": True}}, "constraints.headed"),
