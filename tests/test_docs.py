@@ -2,6 +2,7 @@
 link to a section of them lands on a heading that exists."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -17,12 +18,14 @@ DOC_LINK = re.compile(r"(?:docs/)?([a-z_]+\.md)?#([a-z0-9-]+)")
 
 
 def _project_files() -> list[Path]:
+    # Prune skipped folders before descending: var/ changes under a running suite.
     found = []
-    for path in ROOT.rglob("*"):
-        if any(part in SKIP_DIRS for part in path.relative_to(ROOT).parts):
-            continue
-        if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name in {"Makefile", "README.md"}):
-            found.append(path)
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(files):
+            path = Path(folder) / name
+            if path.suffix in TEXT_SUFFIXES or name in {"Makefile", "README.md"}:
+                found.append(path)
     return found
 
 

@@ -30,7 +30,9 @@ def test_step_screenshots_show_as_thumbnails_that_enlarge_and_a_wall_shows_its_p
         before = step.get_by_role("button", name="Before: enlarge")
         expect(before).to_be_visible()
         expect(step.get_by_role("button", name="After: enlarge")).to_be_visible()
-        assert before.locator("img").evaluate("img => img.complete && img.naturalWidth") > 300  # loaded through the artifact URL
+        # Loaded through the artifact URL (the image may still be on its way when the button shows).
+        thumb = before.locator("img").element_handle()
+        page.wait_for_function("img => img.complete && img.naturalWidth > 300", arg=thumb, timeout=30_000)
         before.click()
         large = page.get_by_role("dialog", name="Before")
         expect(large.locator("img")).to_be_visible()
