@@ -127,14 +127,15 @@ class StepRecorder:
 
         self.guarded(write)
 
-    def count(self, counter: str, limit_name: str, amount: int = 1) -> None:
-        """Count an action or model call against the task's limit; ``LimitReached`` past it."""
+    def count(self, counter: str, limit_name: str | None, amount: int = 1) -> None:
+        """Count an action, model call or plan in ``spent``, against the task's limit when it has
+        one (``limit_name``); ``LimitReached`` past it."""
 
         def write() -> None:
             task = Task.objects.select_for_update().get(pk=self.task.pk)  # read-modify-write of spent
             spent = dict(task.spent)
-            limit = task.limit(limit_name)
-            if limit is not None and spent.get(counter, 0) + amount > limit:
+            limit = task.limit(limit_name) if limit_name else None
+            if limit_name and limit is not None and spent.get(counter, 0) + amount > limit:
                 raise LimitReached(
                     limit_name,
                     f"the task used all of its {limit_name} ({limit})",

@@ -97,7 +97,7 @@ def plan(ctx: RunContext) -> Outcome | None:
     flow = write_plan(ctx)
     if not isinstance(flow, dict):
         return flow
-    _count(ctx, "plans")
+    ctx.recorder.count("plans", None)
     adopt(ctx, flow, f"planned {len(flow['steps'])} steps")
     return None
 
@@ -132,16 +132,7 @@ def _replan(ctx: RunContext, steps: list[dict[str, Any]], index: int, error: str
     flow = write_plan(ctx, extra=extra, keep=done, resume={"step": index, "replan_after": error})
     if not isinstance(flow, dict):
         return flow
-    _count(ctx, counter)
+    ctx.recorder.count(counter, None)
     adopt(ctx, flow, f"replanned from step {index + 1} ({counter.replace('_', ' ')} {ctx.task.spent.get(counter)})")
     return Continue(resume={"step": index})
 
-
-def _count(ctx: RunContext, counter: str) -> None:
-    def write() -> None:
-        task = Task.objects.select_for_update().get(pk=ctx.task.pk)
-        spent = dict(task.spent)
-        spent[counter] = int(spent.get(counter, 0)) + 1
-        Task.objects.filter(pk=task.pk).update(spent=spent)
-        ctx.task.spent = spent
-    ctx.recorder.guarded(write)
