@@ -16,6 +16,8 @@ import os
 import socket
 import threading
 
+from tasks.sandbox.egress import pipe
+
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 _HEAD_LIMIT = 16 * 1024
@@ -48,23 +50,6 @@ def connect_in_namespace(pid: int, port: int, *, timeout: float = 10.0) -> socke
     conn = made[0]
     conn.settimeout(None)
     return conn
-
-
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while True:
-            chunk = source.recv(65536)
-            if not chunk:
-                break
-            sink.sendall(chunk)
-    except OSError:
-        pass
-    finally:
-        for sock, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
-            try:
-                sock.shutdown(how)
-            except OSError:
-                pass
 
 
 class DevtoolsRelay:
@@ -117,9 +102,9 @@ class DevtoolsRelay:
         with self._lock:
             self._conns += [client, upstream]
         upstream.sendall(head)
-        back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+        back = threading.Thread(target=pipe, args=(upstream, client), daemon=True)
         back.start()
-        _pipe(client, upstream)
+        pipe(client, upstream)
         back.join()
         client.close()
         upstream.close()

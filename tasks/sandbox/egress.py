@@ -100,7 +100,8 @@ def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
     return head, rest
 
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
+def pipe(source: socket.socket, sink: socket.socket) -> None:
+    """Copy ``source`` into ``sink`` until it ends, then end ``sink``'s writing side."""
     try:
         while chunk := source.recv(65536):
             sink.sendall(chunk)
@@ -206,9 +207,9 @@ class EgressProxy:
                 upstream.sendall(request.head)
             if request.rest:
                 upstream.sendall(request.rest)
-            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+            back = threading.Thread(target=pipe, args=(upstream, client), daemon=True)
             back.start()
-            _pipe(client, upstream)
+            pipe(client, upstream)
             back.join()
         finally:
             client.close()
