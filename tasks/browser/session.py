@@ -11,6 +11,7 @@ the task ends.
 """
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import subprocess
@@ -32,6 +33,8 @@ from tasks.sandbox import launcher, support
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
+
+log = logging.getLogger(__name__)
 
 DEVTOOLS_PORT = 9222  # inside the task's own network namespace
 START_TIMEOUT_S = 30.0
@@ -186,8 +189,8 @@ class BrowserSession:
         for step in (self._close_browser, self._stop_playwright, self._kill):
             try:
                 step()
-            except Exception:  # noqa: BLE001, S110 - the next step must still run
-                pass
+            except Exception:  # noqa: BLE001 - the next step must still run; the failure is logged
+                log.warning("closing task %s's browser: %s failed", self.ctx.task.pk, step.__name__, exc_info=True)
         if self.relay is not None:
             self.relay.stop()
             self.relay = None
