@@ -86,3 +86,30 @@ def test_a_phone_pairs_once_asks_the_box_and_approves_with_one_tap(page: Any, br
     expect(page.get_by_role("list", name="Paired phones")).to_contain_text("revoked")
     assert phone.request.get("/api/tasks").status in (401, 403)
     phone_context.close()
+
+
+def test_a_tap_before_the_page_script_has_run_is_held_and_sent_not_lost(page: Any, browser: Any, live_box: Any) -> None:
+    """On a slow phone the Ask button is visible before the page's script has attached itself;
+    a tap in that window is sent once the script runs, never turned into a reload of the page."""
+    create_owner(page)
+    code = pairing_code(page)
+    phone = browser.new_context(base_url=live_box.url, **PHONE).new_page()
+    phone.set_default_timeout(20_000)
+    phone.goto(f"/pair?code={code}")
+    phone.get_by_role("button", name="Pair this phone").click()
+    expect(phone.get_by_label("What should the box do?")).to_be_visible()
+
+    held: list[Any] = []
+    phone.route("**/js/ask.js", lambda route: held.append(route))  # the page's script does not arrive until released
+    phone.goto("/ask", wait_until="commit")
+    phone.get_by_label("What should the box do?").fill("Count the early taps")
+    phone.get_by_role("button", name="Ask").click()
+    phone.wait_for_function("() => true")  # the tap's events have been dispatched
+    assert len(held) == 1 and "?" not in phone.url, phone.url  # no reload of the page
+    held[0].continue_()
+
+    recent = phone.get_by_role("list", name="Recent tasks")
+    expect(recent.get_by_text("Count the early taps")).to_be_visible()
+    expect(phone.get_by_label("What should the box do?")).to_have_value("")
+    assert len(held) == 1
+    phone.context.close()
