@@ -6,14 +6,19 @@ through the in-namespace proxy (``--proxy-server``, with loopback not bypassed);
 runs as the box's user with the same proxy. Its profile lives in a private temporary directory,
 never in the task's files. Playwright connects over CDP (``relay`` explains how the worker reaches
 a port inside the namespace). One session lives across the steps of one run and is closed when
-the run ends, whatever the outcome; ``tasks.sandbox.release`` kills whatever is left of it when
-the task ends.
+the run ends, except at a pause in front of a payment (``park``): then Chromium stays, with the
+page as it was, kept by the process that started it, and the task's next run attaches to it
+(``attach``) from whichever worker process runs it. ``tasks.sandbox.release`` kills whatever is
+left of it when the task ends.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -29,7 +34,7 @@ from tasks.browser import origins
 from tasks.browser.binary import executable, missing_reason
 from tasks.browser.relay import DevtoolsRelay
 from tasks.evidence import StepFailed
-from tasks.sandbox import launcher, support
+from tasks.sandbox import launcher, paths, support
 
 if TYPE_CHECKING:
     from tasks.context import RunContext
@@ -65,6 +70,11 @@ exec "$BOX_BROWSER" --headless --no-sandbox --disable-dev-shm-usage --disable-gp
 
 T = TypeVar("T")
 
+# The parked browsers this process started, by task: each keeps its session thread (Chromium's
+# parent thread: its death would kill Chromium, ``launcher.DIE_WITH_WORKER``) until Chromium exits.
+_KEPT: dict[str, BrowserSession] = {}
+_KEPT_LOCK = threading.Lock()
+
 
 class BrowserSession:
     """Chromium for one run of one task, and the Playwright objects that drive it.
@@ -89,6 +99,13 @@ class BrowserSession:
         self._output: deque[str] = deque(maxlen=200)
         self.started_ms = 0
         self._closed = threading.Event()
+        self._parked = threading.Event()
+        self._devtools: tuple[str, str] | None = None  # the DevTools URL and path Chromium printed
+        self.attached: dict[str, Any] | None = None  # the parked browser this run attached to
+
+    @property
+    def started(self) -> bool:
+        return self.proc is not None or self.attached is not None
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the session's thread (where Playwright lives); its result or exception."""
@@ -125,22 +142,104 @@ class BrowserSession:
             raise StepFailed(f"the browser did not start: {exc}") from exc
         try:
             url, path = self._wait_for_devtools()
+            self._devtools = (url, path)
             if sandboxed:
                 self.relay = DevtoolsRelay(self.proc.pid, DEVTOOLS_PORT, path)
                 url = self.relay.url
-            self.playwright = sync_playwright().start()
-            self.browser = self.playwright.chromium.connect_over_cdp(url, timeout=START_TIMEOUT_S * 1000)
-            self.context = self.browser.contexts[0] if self.browser.contexts else self.browser.new_context()
-            self.context.set_default_timeout(15_000)
-            allowed = origins.allowed_list(self.ctx.task.constraints)
-            if allowed:
-                self.context.route("**/*", self._check_origin)
-            self._page = self.context.pages[0] if self.context.pages else self.context.new_page()
+            self._connect(url)
         except BaseException:
             self._close()
             raise
         self.started_ms = int((time.monotonic() - clock) * 1000)
         threading.Thread(target=self._stop_when_the_run_stops, name="box-browser-stop", daemon=True).start()
+
+    def _connect(self, url: str) -> None:
+        self.playwright = sync_playwright().start()
+        self.browser = self.playwright.chromium.connect_over_cdp(url, timeout=START_TIMEOUT_S * 1000)
+        self.context = self.browser.contexts[0] if self.browser.contexts else self.browser.new_context()
+        self.context.set_default_timeout(15_000)
+        allowed = origins.allowed_list(self.ctx.task.constraints)
+        if allowed:
+            self.context.route("**/*", self._check_origin)
+        self._page = self.context.pages[0] if self.context.pages else self.context.new_page()
+
+    # -- parking across a pause ----------------------------------------------------------------
+    def park(self) -> None:
+        """Keep Chromium, and the page as it is, for the task's next run: Playwright lets go of
+        it, and the process that started it keeps it until it exits (killed by the task's
+        release at cancel or any final state, or by a later run that does not park it again)."""
+        if not self.alive and self.attached is None:
+            self.close()
+            return
+        self._parked.set()
+        try:
+            self._thread.submit(self._let_go).result(timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a browser Playwright cannot let go of is not kept
+            log.warning("parking task %s's browser failed", self.ctx.task.pk, exc_info=True)
+            self._parked.clear()
+            self.close()
+            return
+        if self.attached is not None:  # kept by the process that started it; its record stands
+            self._thread.shutdown(wait=False)
+            return
+        assert self.proc is not None and self._devtools is not None
+        proc = self.proc
+        record = {"pid": proc.pid, "start": start_time(proc.pid), "url": self._devtools[0], "path": self._devtools[1],
+                  "pidns": _children_pid_namespace(proc.pid) if support.available() else None}
+        write_record(self.ctx.task.pk, record)
+        with _KEPT_LOCK:
+            _KEPT[self.ctx.task.pk] = self
+        threading.Thread(target=self._keep, args=(proc,), name=f"box-browser-kept-{self.ctx.task.pk}", daemon=True).start()
+
+    def _let_go(self) -> None:
+        self._stop_playwright()  # not Browser.close: over CDP that may close the browser itself
+        self.browser = self.context = self._page = None
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+
+    def _keep(self, proc: subprocess.Popen[bytes]) -> None:
+        """Until the parked Chromium exits; then what held it goes too."""
+        proc.wait()
+        task_id = self.ctx.task.pk
+        with _KEPT_LOCK:
+            if _KEPT.get(task_id) is self:
+                del _KEPT[task_id]
+        record = read_record(task_id)
+        if record is not None and record.get("pid") == proc.pid:
+            remove_record(task_id)
+        self.proc = None
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+        self._thread.shutdown(wait=False)
+
+    def attach(self) -> bool:
+        """Attach to the browser an earlier run of the task parked; False when there is none
+        alive (the process that kept it is gone, the box restarted), and the record is dropped."""
+        record = read_record(self.ctx.task.pk)
+        if record is None:
+            return False
+        if not _same_process(record):
+            remove_record(self.ctx.task.pk)
+            return False
+        try:
+            self.call(lambda: self._attach(record))
+        except Exception:  # noqa: BLE001 - not there any more: the caller starts a fresh one
+            log.warning("attaching to task %s's kept browser failed", self.ctx.task.pk, exc_info=True)
+            self.call(self._close)
+            kill_parked(self.ctx.task.pk)
+            return False
+        threading.Thread(target=self._stop_when_the_run_stops, name="box-browser-stop", daemon=True).start()
+        return True
+
+    def _attach(self, record: dict[str, Any]) -> None:
+        self.attached = record
+        url = str(record["url"])
+        if record.get("pidns") is not None:
+            self.relay = DevtoolsRelay(int(record["pid"]), DEVTOOLS_PORT, str(record["path"]))
+            url = self.relay.url
+        self._connect(url)
 
     def _wait_for_devtools(self) -> tuple[str, str]:
         assert self.proc is not None and self.proc.stderr is not None and self.proc.stdout is not None
@@ -180,9 +279,10 @@ class BrowserSession:
     def _stop_when_the_run_stops(self) -> None:
         """A run that lost its lease (``ctx.stop``) must not act on: kill the browser, so a step
         waiting on the page ends at once instead of at its timeout."""
-        while not self._closed.is_set():
+        while not (self._closed.is_set() or self._parked.is_set()):
             if self.ctx.stop.wait(0.5):
-                self._kill()
+                if not self._parked.is_set():
+                    self._kill()
                 return
 
     def _close(self) -> None:
@@ -213,6 +313,9 @@ class BrowserSession:
         if proc is not None:
             launcher.kill(proc)
             proc.wait(timeout=10)
+        if self.attached is not None:
+            self.attached = None
+            kill_parked(self.ctx.task.pk)
 
     # -- use --------------------------------------------------------------------------------
     @property
@@ -237,3 +340,69 @@ class BrowserSession:
         self.blocked.append({"url": request.url[:500], "origin": origins.origin_of(request.url),
                              "reason": "not in constraints.origins", "via": "browser"})
         route.abort("blockedbyclient")
+
+
+# -- the record of a parked browser ---------------------------------------------------------------
+# A root-only file in the task's runtime directory (removed with it at the task's release): the
+# process group to kill, its start time (so a recycled pid is never taken for it), the DevTools
+# URL and path, and the PID namespace its processes live in (``tasks.sandbox.prepare`` spares it).
+def _record_path(task_id: str) -> str:
+    return str(paths.kept_browser(task_id))
+
+
+def write_record(task_id: str, record: dict[str, Any]) -> None:
+    paths.ensure_runtime_dir(task_id)
+    target = _record_path(task_id)
+    fd = os.open(f"{target}.new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(record, handle)
+    os.replace(f"{target}.new", target)
+
+
+def read_record(task_id: str) -> dict[str, Any] | None:
+    try:
+        with open(_record_path(task_id)) as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def remove_record(task_id: str) -> None:
+    try:
+        os.unlink(_record_path(task_id))
+    except FileNotFoundError:
+        pass
+
+
+def kill_parked(task_id: str) -> None:
+    """Kill the browser the task's record names (its whole PID namespace), if it is still that
+    process, and drop the record."""
+    record = read_record(task_id)
+    remove_record(task_id)
+    if record is not None and _same_process(record):
+        try:
+            os.killpg(int(record["pid"]), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _same_process(record: dict[str, Any]) -> bool:
+    pid = record.get("pid")
+    return isinstance(pid, int) and record.get("start") is not None and start_time(pid) == record.get("start")
+
+
+def _children_pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid_for_children")
+    except OSError:
+        return None

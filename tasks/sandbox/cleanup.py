@@ -11,6 +11,7 @@ idempotent.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -46,11 +47,21 @@ def release(task_id: str) -> None:
 
 
 def stop_leftovers(task_id: str) -> int:
-    """Kill processes a lost run of the task left behind (before a new run starts)."""
+    """Kill processes a lost run of the task left behind (before a new run starts), except the
+    browser an earlier run kept across its pause (it lives in a PID namespace of its own)."""
     ident = users.find_user(task_id)
     if ident is None or os.geteuid() != 0:
         return 0
-    return users.kill_processes(ident.uid)
+    return users.kill_processes(ident.uid, spare_namespace=_kept_browser_namespace(task_id))
+
+
+def _kept_browser_namespace(task_id: str) -> str | None:
+    try:
+        record = json.loads(paths.kept_browser(task_id).read_text())
+        namespace = record.get("pidns")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return namespace if isinstance(namespace, str) else None
 
 
 def disown_files(task_id: str, ident: users.Identity) -> None:

@@ -55,6 +55,11 @@ def egress_socket(task_id: str) -> Path:
     return runtime_dir(task_id) / "egress.sock"
 
 
+def kept_browser(task_id: str) -> Path:
+    """The record of the task's browser kept across a pause (``tasks.browser.session``)."""
+    return runtime_dir(task_id) / "browser.json"
+
+
 def view_mount(task_id: str) -> Path:
     """Where the task's view appears inside its sandbox (mounted in its own mount namespace)."""
     return runtime_dir(task_id) / "view"

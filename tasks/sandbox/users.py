@@ -400,8 +400,10 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
-def kill_processes(uid: int, *, timeout: float = 10.0) -> int:
-    """SIGKILL every process of ``uid`` until none is left; returns how many were killed.
+def kill_processes(uid: int, *, timeout: float = 10.0, spare_namespace: str | None = None) -> int:
+    """SIGKILL every process of ``uid`` until none is left; returns how many were killed. With
+    ``spare_namespace`` (``os.readlink`` of a ``/proc/<pid>/ns/pid``), the processes in that PID
+    namespace are left alone.
 
     Repeats because a process may fork between the scan and the kill. Processes inside a PID
     namespace die with its init, which also runs as the task's user.
@@ -412,7 +414,7 @@ def kill_processes(uid: int, *, timeout: float = 10.0) -> int:
     deadline = time.monotonic() + timeout
     delay = 0.005
     while True:
-        pids = [pid for pid in processes_of(uid) if not _is_zombie(pid)]
+        pids = [pid for pid in processes_of(uid) if not _is_zombie(pid) and not _in_namespace(pid, spare_namespace)]
         if not pids:
             return killed
         for pid in pids:
@@ -425,6 +427,15 @@ def kill_processes(uid: int, *, timeout: float = 10.0) -> int:
             raise SandboxError(f"processes of uid {uid} survive SIGKILL: {pids}", field="uid")
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+def _in_namespace(pid: int, namespace: str | None) -> bool:
+    if namespace is None:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") == namespace
+    except OSError:
+        return False
 
 
 def clear_keyrings(ident: Identity) -> None:

@@ -152,23 +152,36 @@ def describe(step: dict[str, Any], index: int, total: int) -> str:
 class FlowWorker:
     def __init__(self) -> None:
         self._browser: BrowserSession | None = None
+        self._at_payment = False  # the run pauses in front of a payment: its browser is kept
 
     def run(self, ctx: RunContext) -> Outcome:
-        """Run the flow; the run's browser (if a step started one) is released whatever happens."""
+        """Run the flow; the run's browser (if a step started one) is released whatever happens,
+        except at a pause in front of a payment, which keeps it (``BrowserSession.park``) until
+        the next run attaches to it, the task is cancelled or it ends."""
+        outcome: Outcome | None = None
         try:
-            return self._run(ctx)
+            outcome = self._run(ctx)
+            return outcome
         finally:
             if self._browser is not None:
-                self._browser.close()
+                if self._at_payment and isinstance(outcome, Paused):
+                    self._browser.park()
+                else:
+                    self._browser.close()
                 self._browser = None
 
     def browser(self, ctx: RunContext, index: int, known: dict[str, Any]) -> BrowserSession:
-        """The run's browser session, started by the first browser step. A run that starts in
-        the middle of the flow (after a pause, a retry) opens a fresh browser, so it first
-        re-opens the page: the steps since the last ``browse`` run again, without evidence."""
+        """The run's browser session, started by the first browser step. A run after a pause in
+        front of a payment attaches to the browser that pause kept, on the page as it was. Any
+        other run that starts in the middle of the flow (after a pause, a retry) opens a fresh
+        browser, so it first re-opens the page: the steps since the last ``browse`` run again,
+        without evidence."""
         if self._browser is None:
             self._browser = BrowserSession(ctx)
-        if self._browser.proc is not None:
+        if self._browser.started:
+            return self._browser
+        if self._browser.attach():
+            ctx.recorder.note("browser kept from the pause: same page, nothing replayed", {"browser": True, "kept": True})
             return self._browser
         self._browser.start()
         ctx.recorder.note(f"browser started in {self._browser.started_ms} ms", {"browser": True, "startMs": self._browser.started_ms})
@@ -252,10 +265,12 @@ class FlowWorker:
             except KeyMissing as no_key:
                 return needs_key(no_key.key_name, "the configured model", {"step": index})
             except NeedsApproval as need:
+                self._at_payment = need.kind == ApprovalKind.PAYMENT
                 guard = {**guard, **need.guard, "step": index}
                 detail = {**planned_action(ctx, kind, resolved, step, known), **(need.detail or {})}
                 return self._ask_approval(index, need.kind, need.summary, guard, detail=detail, amount_cents=need.amount_cents)
             except browser_steps.PaymentStop as stop:
+                self._at_payment = True
                 record_result(ctx, index, total, kind, began, clock, stop.evidence, error=stop.message)
                 # Paying is never automatic: a person pays, and only cancel ends the task.
                 return Paused(WaitingFor.CHECKPOINT, stop.message, resume={"step": index}, continuable=False)
@@ -344,6 +359,7 @@ class FlowWorker:
         spec = value if isinstance(value, dict) else {"reason": value}
         reason = spec.get("reason", "checkpoint")
         if spec.get("payment"):
+            self._at_payment = not approved
             if ctx.task.constraints.get("payment", "stop_at_payment") == "stop_at_payment":
                 # Paying is never automatic: a person pays, and only cancel releases the task.
                 return Paused(WaitingFor.CHECKPOINT, f"{reason}: paying is for a person; this task stops here",

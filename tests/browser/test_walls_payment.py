@@ -2,6 +2,7 @@
 the browser's release: at a pause and on cancel no Chromium of the task's user remains."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -59,7 +60,14 @@ def test_stop_at_payment_types_nothing_and_stops_for_good(sandboxed, site):
     assert (view["waitingFor"], view["continuable"]) == ("checkpoint", False), view
     assert "payment" in view["step"] or "payment" in str(view)
     assert site.posts["/pay"] == 0
+    # The checkpoint holds the browser, on the payment page, until cancel.
+    held = chromium_of(task["id"])
+    assert held, "the payment checkpoint released its browser"
+    uid = uid_of(task["id"])
+    assert uid is not None
     assert sandboxed.api.post(f"/api/tasks/{task['id']}/cancel").status_code == 200
+    wait_for(lambda: not processes_of(uid), timeout=30, what="every process of the task's user to go")
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in held)
 
 
 def test_fill_then_approve_fills_only_on_a_named_origin_and_approval_pays_exactly_once(sandboxed, site):
@@ -74,10 +82,19 @@ def test_fill_then_approve_fills_only_on_a_named_origin_and_approval_pays_exactl
     approval = pending_approval(sandboxed, task["id"])
     assert approval["kind"] == "payment" and approval["detail"]["origin"] == site.url and approval["screenshot"]
     assert site.posts["/pay"] == 0
+    assert chromium_of(task["id"]), "the pause in front of the pay control released its browser"
     assert cont(sandboxed, task["id"], approve=True).status_code == 200
     view = sandboxed.wait_state(task["id"], "done", "failed", timeout=90)
-    assert view["state"] == "done", (view["error"], [e["summary"] for e in sandboxed.events(task["id"])])
-    assert site.posts["/pay"] == 1 and site.bodies["/pay"] == [{"cardnumber": [CARD], "cvv": ["123"]}]
+    events = sandboxed.events(task["id"])
+    assert view["state"] == "done", (view["error"], [e["summary"] for e in events])
+    # The approval pressed the control on the page the first run filled: no page opened again,
+    # no field typed again, one press.
+    assert site.gets["/pay"] == 1 and site.posts["/pay"] == 1
+    assert site.bodies["/pay"] == [{"cardnumber": [CARD], "cvv": ["123"]}]
+    assert any(e["data"].get("kept") for e in events if e["kind"] == "note")
+    assert not any(e["data"].get("replayed") for e in events if e["kind"] == "note")
+    fills = [e for e in events if e["kind"] == "step" and e["data"]["kind"] == "fill"]
+    assert len(fills) == 2
     assert CARD not in str(sandboxed.events(task["id"]))
 
     elsewhere = sandboxed.create(title="pay", hosts=["127.0.0.1"], facts=facts, flow=steps,
@@ -104,3 +121,26 @@ def test_cancel_releases_the_browser(sandboxed, site, cluster_mode, tmp_path):
         assert uid is not None
         wait_for(lambda: not processes_of(uid), timeout=30, what="every process of the task's user to go")
         assert sandboxed.wait_state(task["id"], "cancelled")["state"] == "cancelled"
+
+
+def test_the_approval_run_attaches_from_another_process_to_the_browser_the_cluster_kept(sandboxed, site, settings, tmp_path):
+    """The pause happens in a qcluster worker, which keeps the browser; the approval's run
+    executes here, in another process, and presses the pay control on that very page."""
+    queue_through_the_cluster(settings)
+    steps = flow({"browse": f"{site.url}/pay"}, {"fill": {"label": "Card number", "value": "${card_number}"}},
+                 {"click": {"role": "button", "name": "Pay now"}})
+    with running_box(tmp_path, scheduler=False):
+        task = sandboxed.create(title="pay", hosts=["127.0.0.1"], facts={"card_number": CARD}, flow=steps,
+                                constraints={"payment": "fill_then_approve", "origins": [site.url]})
+        view = sandboxed.wait_state(task["id"], "waiting", "failed", timeout=90)
+        assert view["waitingFor"] == "approval", view
+        kept = chromium_of(task["id"])
+        assert kept
+        settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": True}  # the next run executes in this process
+        assert cont(sandboxed, task["id"], approve=True).status_code == 200
+        view = sandboxed.wait_state(task["id"], "done", "failed", timeout=90)
+        assert view["state"] == "done", (view["error"], [e["summary"] for e in sandboxed.events(task["id"])])
+        assert site.gets["/pay"] == 1 and site.posts["/pay"] == 1
+        uid = uid_of(task["id"])
+        wait_for(lambda: uid is None or not processes_of(uid), timeout=30, what="the kept browser to go with the task")
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in kept)
