@@ -75,16 +75,18 @@ def _check_shape(kind: StepKind, value: Any, where: str) -> None:
                               field=f"{where}.{kind.name}")
 
 
-def _check_memory(flow: dict[str, Any], field: str) -> None:
+def check_memory(flow: dict[str, Any], field: str) -> None:
     """``memory``: grounding hints from an earlier run (``{instruction, selector, page?}``);
-    ``trace``: true to record every model exchange whole."""
+    ``trace``: true to record every model exchange whole. In a flow (``field`` is its name) or
+    at the top of a task spec (``field`` empty)."""
+    where = f"{field}." if field else ""
     memory = flow.get("memory", [])
     if not isinstance(memory, list) or not all(
             isinstance(m, dict) and isinstance(m.get("instruction"), str) and isinstance(m.get("selector"), str)
             and isinstance(m.get("page", ""), str) and not set(m) - {"instruction", "selector", "page"} for m in memory):
-        raise InvalidFlow("'memory' is a list of {instruction, selector, page}", field=f"{field}.memory")
+        raise InvalidFlow("'memory' is a list of {instruction, selector, page}", field=f"{where}memory")
     if not isinstance(flow.get("trace", False), bool):
-        raise InvalidFlow("'trace' must be true or false", field=f"{field}.trace")
+        raise InvalidFlow("'trace' must be true or false", field=f"{where}trace")
 
 
 def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
@@ -94,7 +96,7 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
     unknown = set(flow) - {"vars", "steps", "memory", "trace"}
     if unknown:
         raise InvalidFlow(f"unknown flow key '{sorted(unknown)[0]}'", field=f"{field}.{sorted(unknown)[0]}")
-    _check_memory(flow, field)
+    check_memory(flow, field)
     vars_ = flow.get("vars", {})
     if not isinstance(vars_, dict):
         raise InvalidFlow("'vars' must be an object", field=f"{field}.vars")

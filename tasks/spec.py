@@ -14,7 +14,16 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from boxsite.errors import Conflict, Forbidden, InvalidOutput, InvalidSpec, NotAvailable, OriginsRequired, OutputUnavailable
+from boxsite.errors import (
+    Conflict,
+    Forbidden,
+    InvalidFlow,
+    InvalidOutput,
+    InvalidSpec,
+    NotAvailable,
+    OriginsRequired,
+    OutputUnavailable,
+)
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from boxsite.validation import (
@@ -32,9 +41,12 @@ from boxsite.validation import (
     Whole,
     existing_dir,
 )
+from tasks.browser.binary import DEBIAN_WRAPPER as BOX_BROWSER_WRAPPER
+from tasks.browser.binary import executable as browser_executable
 from tasks.browser.binary import missing_reason as browser_missing_reason
 from tasks.completion import parse_criteria
 from tasks.dependencies import parse_edges
+from tasks.flows import check_memory as check_hints
 from tasks.flows import schema_problem, uses_browser, validate_flow
 from tasks.layers import disk
 from tasks.model import NoModel, current_config
@@ -95,8 +107,6 @@ class ConstraintsBody(Body):
     later: ClassVar[dict[str, str]] = {
         "surfaces": "the box has one surface (its browser) and no desktop to choose between",
         "browser_profile": "a profile kept across tasks would be a folder shared between task users; the box starts every browser with a fresh profile",
-        "headed": "the box has no display: its browser runs headless",
-        "browser_executable": "a task's browser is the box's own Chromium, the one its sandbox is built and tested for",
         "browser_endpoint": "attaching to a Chrome outside the task's sandbox would bypass its user, network and host list",
     }
 
@@ -104,6 +114,26 @@ class ConstraintsBody(Body):
     origins = Names(required=False, dedupe=False, blank_ok=True, invalid="'{name}' must be a list of strings",
                     help_text="the sites card details may be typed on (fill_then_approve)")
     allow_destructive = Flag(required=False)
+    headed = Flag(required=False, help_text="false only: the box has no display, its browser runs headless")
+    browser_executable = Text(required=False, help_text="the box's own Chromium only (its path, or Debian's /usr/bin/chromium)")
+
+    def check_headed(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is True:
+            raise NotAvailable("'constraints.headed' cannot be true on this box: it has no display, so its browser "
+                               "runs headless", field="constraints.headed")
+        return value
+
+    def check_browser_executable(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING:
+            return value
+        if not os.path.isabs(value):
+            raise Problem(f"'{value}' is not an absolute path")
+        own = browser_executable()
+        if os.path.realpath(value) not in (os.path.realpath(own), os.path.realpath(BOX_BROWSER_WRAPPER)):
+            raise NotAvailable(f"'constraints.browser_executable' can only be the box's own Chromium ({own}): a task's "
+                               "browser runs inside its sandbox, which is built and tested for that binary alone",
+                               field="constraints.browser_executable")
+        return value
 
     def check_origins(self, value: Any, seen: dict[str, Any]) -> Any:
         if seen.get("payment") == "fill_then_approve" and not value:
@@ -165,6 +195,9 @@ class TaskSpecBody(Body):
 
     title = Text(max_length=200)
     flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")
+    memory = Anything(required=False, help_text="grounding hints from an earlier run's report "
+                                                "([{instruction, page, selector}]); joins the flow's 'memory'")
+    trace = Flag(required=False, help_text="true: record every model exchange of the flow's grounding whole")
     prompt = Text(required=False, help_text="required unless 'flow' is given")
     worker = Text(required=False, help_text="agent, flow, command, or a preset")
     command = Anything(required=False, help_text="a string or a list of strings (command worker)")
@@ -202,6 +235,30 @@ class TaskSpecBody(Body):
         if browser_missing is not None:
             raise NotAvailable(f"browser steps cannot run on this box: {browser_missing}", field="flow")
         return value
+
+    def check_memory(self, value: Any, seen: dict[str, Any]) -> Any:
+        """Top-level ``memory``/``trace`` (as in the seed's StartTask) join the flow they are for."""
+        return self._into_flow("memory", value, seen)
+
+    def check_trace(self, value: Any, seen: dict[str, Any]) -> Any:
+        return self._into_flow("trace", value, seen)
+
+    def _into_flow(self, name: str, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING:
+            return MISSING
+        try:
+            check_hints({name: value}, "")
+        except InvalidFlow as exc:
+            raise Problem(exc.message) from None
+        flow = seen.get("flow")
+        if flow is None:
+            raise NotAvailable(f"'{name}' is for a flow's browser steps: give it with 'flow' (a plain-language "
+                               "task's flow is written by its planner, which takes no grounding hints)", field=name)
+        if name == "memory":
+            flow["memory"] = [*flow.get("memory", []), *value]
+        else:
+            flow["trace"] = bool(flow.get("trace")) or value
+        return MISSING
 
     def check_prompt(self, value: Any, seen: dict[str, Any]) -> Any:
         if seen["flow"] is None:

@@ -8,11 +8,13 @@ from django.conf import settings
 # Debian's /usr/bin/chromium is a shell wrapper that reads /etc/chromium.d (not in a task's
 # root); the binary it runs is started directly.
 _DEBIAN_BINARY = "/usr/lib/chromium/chromium"
+DEBIAN_WRAPPER = "/usr/bin/chromium"
 
 
 def executable() -> str:
+    """The one Chromium the box runs (``constraints.browser_executable`` may only name it)."""
     configured = str(settings.BOX_BROWSER_EXECUTABLE)
-    if configured == "/usr/bin/chromium" and os.path.isfile(_DEBIAN_BINARY):
+    if configured == DEBIAN_WRAPPER and os.path.isfile(_DEBIAN_BINARY):
         return _DEBIAN_BINARY
     return configured
 
