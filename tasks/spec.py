@@ -51,7 +51,7 @@ from tasks.flows import schema_problem, uses_browser, validate_flow
 from tasks.layers import disk
 from tasks.model import NoModel, current_config
 from tasks.models import Task, Workspace
-from tasks.sandbox import cgroups
+from tasks.sandbox import cgroups, paths
 from tasks.sandbox.support import missing_reason
 from tasks.states import ACTIVE
 from tasks.tools import get_tool
@@ -106,7 +106,6 @@ class ConstraintsBody(Body):
     unknown = "unknown constraint '{name}'"
     later: ClassVar[dict[str, str]] = {
         "surfaces": "the box has one surface (its browser) and no desktop to choose between",
-        "browser_profile": "a profile kept across tasks would be a folder shared between task users; the box starts every browser with a fresh profile",
         "browser_endpoint": "attaching to a Chrome outside the task's sandbox would bypass its user, network and host list",
     }
 
@@ -114,8 +113,25 @@ class ConstraintsBody(Body):
     origins = Names(required=False, dedupe=False, blank_ok=True, invalid="'{name}' must be a list of strings",
                     help_text="the sites card details may be typed on (fill_then_approve)")
     allow_destructive = Flag(required=False)
+    browser_profile = Text(required=False, help_text="an absolute folder of the owner's the task's browser keeps its "
+                                                     "profile in, across tasks (one running browser per profile)")
     headed = Flag(required=False, help_text="false only: the box has no display, its browser runs headless")
     browser_executable = Text(required=False, help_text="the box's own Chromium only (its path, or Debian's /usr/bin/chromium)")
+
+    def check_browser_profile(self, value: Any, seen: dict[str, Any]) -> Any:
+        """A folder of the owner's the task's browser keeps its profile in (cookies, storage),
+        by the rules of ``folders``: owner only, an existing absolute directory, not the box's."""
+        if value is MISSING:
+            return value
+        principal = self.context.get("principal")
+        if principal is None or not principal.can_use_folders:
+            raise Forbidden("only the owner can give a browser profile folder", field="constraints.browser_profile")
+        real = existing_dir(value, "constraints.browser_profile", error=InvalidSpec)
+        data = os.path.realpath(paths.data_dir())
+        if real == "/" or real == data or real.startswith(data + "/") or data.startswith(real + "/"):
+            raise InvalidSpec(f"'{value}' is the box's own directory or holds it; give a folder of its own",
+                              field="constraints.browser_profile")
+        return real
 
     def check_headed(self, value: Any, seen: dict[str, Any]) -> Any:
         if value is True:
@@ -334,7 +350,12 @@ class TaskSpecBody(Body):
         return value or []
 
     def check_constraints(self, value: Any, seen: dict[str, Any]) -> Any:
-        return {} if value is MISSING else dict(self.given["constraints"])
+        if value is MISSING:
+            return {}
+        constraints = dict(self.given["constraints"])
+        if "browser_profile" in value:
+            constraints["browser_profile"] = value["browser_profile"]  # its real path
+        return constraints
 
     def check_limits(self, value: Any, seen: dict[str, Any]) -> Any:
         return LimitsBody(context=self.context).check_all({}) if value is MISSING else value

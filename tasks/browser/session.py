@@ -4,7 +4,8 @@ Chromium starts through the one launcher every task process uses (``tasks.sandbo
 with the sandbox it runs as the task's user in its namespaces, reaching only the task's hosts
 through the in-namespace proxy (``--proxy-server``, with loopback not bypassed); without it, it
 runs as the box's user with the same proxy. Its profile lives in a private temporary directory,
-never in the task's files. Playwright connects over CDP (``relay`` explains how the worker reaches
+never in the task's files, unless the task keeps one (``constraints.browser_profile``: the
+owner's folder, mounted for it and locked for one browser at a time). Playwright connects over CDP (``relay`` explains how the worker reaches
 a port inside the namespace). One session lives across the steps of one run and is closed when
 the run ends, except at a pause in front of a payment (``park``): then Chromium stays, with the
 page as it was, kept by the process that started it, and the task's next run attaches to it
@@ -13,6 +14,9 @@ left of it when the task ends.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -26,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
@@ -62,7 +67,7 @@ exec "$BOX_BROWSER" --headless --no-sandbox --disable-dev-shm-usage --disable-gp
   --disable-component-extensions-with-background-pages --no-service-autorun --disable-search-engine-choice-screen \\
   --disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,NetworkTimeServiceQuerying,LensOverlay,HttpsUpgrades \\
   --password-store=basic --use-mock-keychain \\
-  --user-data-dir="$home/profile" --window-size={width},{height} \\
+  --user-data-dir="${{BOX_BROWSER_PROFILE:-$home/profile}}" --window-size={width},{height} \\
   --proxy-server="${{HTTP_PROXY:-{nowhere}}}" --proxy-bypass-list="<-loopback>" \\
   --remote-debugging-address=127.0.0.1 --remote-debugging-port={port} about:blank
 """
@@ -102,6 +107,7 @@ class BrowserSession:
         self._parked = threading.Event()
         self._devtools: tuple[str, str] | None = None  # the DevTools URL and path Chromium printed
         self.attached: dict[str, Any] | None = None  # the parked browser this run attached to
+        self._profile_lock = -1  # the lock on constraints.browser_profile while Chromium runs
 
     @property
     def started(self) -> bool:
@@ -135,10 +141,14 @@ class BrowserSession:
             "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home,
             "BOX_BROWSER_HOME": home, "BOX_BROWSER": executable(), "BOX_TASK_ID": self.ctx.task.pk,
         }
+        profile = self._take_profile()
+        if profile is not None:
+            env["BOX_BROWSER_PROFILE"] = launcher.PROFILE_MOUNT if sandboxed else str(profile)
         script = _SCRIPT.format(width=WINDOW[0], height=WINDOW[1], nowhere=_NOWHERE, port=port)
         try:
-            self.proc = launcher.popen(self.ctx, ["/bin/sh"], env=env, cwd=self.ctx.workdir, script=script)
+            self.proc = launcher.popen(self.ctx, ["/bin/sh"], env=env, cwd=self.ctx.workdir, script=script, profile=profile)
         except OSError as exc:
+            self._let_go_of_profile()
             raise StepFailed(f"the browser did not start: {exc}") from exc
         try:
             url, path = self._wait_for_devtools()
@@ -209,6 +219,7 @@ class BrowserSession:
         if record is not None and record.get("pid") == proc.pid:
             remove_record(task_id)
         self.proc = None
+        self._let_go_of_profile()
         if self._home is not None:
             shutil.rmtree(self._home, ignore_errors=True)
             self._home = None
@@ -240,6 +251,41 @@ class BrowserSession:
             self.relay = DevtoolsRelay(int(record["pid"]), DEVTOOLS_PORT, str(record["path"]))
             url = self.relay.url
         self._connect(url)
+
+    def _take_profile(self) -> Path | None:
+        """The task's ``constraints.browser_profile``, locked for this browser alone (Chromium
+        runs one browser per profile); a profile another task's browser holds fails the step."""
+        folder = self.ctx.task.constraints.get("browser_profile")
+        if not folder:
+            return None
+        profile = Path(str(folder))
+        if not profile.is_dir():
+            raise StepFailed(f"the browser profile folder {profile} is gone")
+        locks = paths.data_dir() / "browser-profiles"
+        locks.mkdir(mode=0o700, exist_ok=True)
+        name = hashlib.sha256(str(profile).encode()).hexdigest()[:32]
+        fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another task"
+            os.close(fd)
+            raise StepFailed(f"the browser profile {profile} is in use by task {holder}'s browser: one browser at a "
+                             "time per profile; run this task again once that one has ended") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, self.ctx.task.pk.encode(), 0)
+        self._profile_lock = fd
+        # Chromium's own lock names the host and pid of its last user; in a fresh namespace that
+        # reads as another computer's browser. The box's lock above is the one that counts.
+        for stale in ("SingletonLock", "SingletonSocket", "SingletonCookie"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(profile / stale)
+        return profile
+
+    def _let_go_of_profile(self) -> None:
+        fd, self._profile_lock = self._profile_lock, -1
+        if fd >= 0:
+            os.close(fd)  # releases the flock
 
     def _wait_for_devtools(self) -> tuple[str, str]:
         assert self.proc is not None and self.proc.stderr is not None and self.proc.stdout is not None
@@ -299,9 +345,16 @@ class BrowserSession:
             self._home = None
 
     def _close_browser(self) -> None:
-        if self.browser is not None:
-            browser, self.browser = self.browser, None
-            browser.close()
+        if self.browser is None:
+            return
+        browser, self.browser = self.browser, None
+        if self._profile_lock >= 0 and self.proc is not None:
+            # A kept profile: Chromium shuts down by itself, writing cookies and storage to it
+            # (a kill could lose what the last seconds changed).
+            browser.new_browser_cdp_session().send("Browser.close")
+            self.proc.wait(timeout=CLOSE_TIMEOUT_S / 2)
+            return
+        browser.close()
 
     def _stop_playwright(self) -> None:
         if self.playwright is not None:
@@ -313,6 +366,7 @@ class BrowserSession:
         if proc is not None:
             launcher.kill(proc)
             proc.wait(timeout=10)
+            self._let_go_of_profile()
         if self.attached is not None:
             self.attached = None
             kill_parked(self.ctx.task.pk)

@@ -193,6 +193,11 @@ def build_root(config: dict[str, Any]) -> None:
     _check(_libc.syscall(_SYS_MOVE_MOUNT, config["view_fd"], b"", _AT_FDCWD, (root + view).encode(),
                          _MOVE_MOUNT_F_EMPTY_PATH), f"attach the view at {view}")
     os.close(config["view_fd"])
+    if config.get("profile_fd") is not None:  # a browser profile folder, on the private /run
+        os.mkdir(root + config["profile"], 0o700)
+        _check(_libc.syscall(_SYS_MOVE_MOUNT, config["profile_fd"], b"", _AT_FDCWD, (root + config["profile"]).encode(),
+                             _MOVE_MOUNT_F_EMPTY_PATH), f"attach the profile at {config['profile']}")
+        os.close(config["profile_fd"])
     os.mkdir(root + "/.old", 0o700)
     _check(_libc.syscall(_SYS_PIVOT_ROOT, root.encode(), (root + "/.old").encode()), "pivot into the task's root")
     os.chdir("/")

@@ -43,18 +43,23 @@ DIE_WITH_WORKER = ["setpriv", "--pdeathsig", "KILL", "--"]
 NO_PROXY = "localhost,127.0.0.1,::1"
 
 
+PROFILE_MOUNT = "/run/box-profile"  # where ``popen(profile=...)`` shows a folder inside the sandbox
+
+
 def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
-          script: str | None = None) -> subprocess.Popen[bytes]:
+          script: str | None = None, profile: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` for the task. ``OSError`` when the executable does not exist.
 
     With ``script``, ``argv`` gets one more argument: the path of a file only the process can
     open (a memfd) holding ``script`` (``["/bin/sh"]`` runs a shell script). Anything secret goes
     there, never into ``argv``: every process's command line is world-readable in /proc.
+    With ``profile`` (a folder of the owner's, a browser profile) the sandboxed process sees it
+    at ``PROFILE_MOUNT``, id-mapped so the task's user owns it (files stay root's on disk).
     """
     if not argv:
         raise FileNotFoundError(errno.ENOENT, "no command given")
     if support.available():
-        return _popen_sandboxed(ctx, argv, env=env, cwd=cwd, script=script)
+        return _popen_sandboxed(ctx, argv, env=env, cwd=cwd, script=script, profile=profile)
     return _popen_plain(ctx, argv, env=env, cwd=cwd, script=script)
 
 
@@ -96,7 +101,7 @@ def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: 
 
 
 def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
-                     script: str | None) -> subprocess.Popen[bytes]:
+                     script: str | None, profile: Path | None = None) -> subprocess.Popen[bytes]:
     task = ctx.task
     ident = users.ensure_user(task.pk)
     paths.harden_data_dir()
@@ -120,16 +125,20 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         forward = {"port": FORWARD_PORT, "socket": str(socket_path)}
         env.update(_proxy_env(f"http://127.0.0.1:{FORWARD_PORT}"))
 
-    view_fd = config_read = config_write = -1
+    view_fd = config_read = config_write = profile_fd = -1
     try:
         groups = cgroups.prepare(task.pk, cgroups.Limits(memory_mb=_limit(task, "memory_mb"),
                                                          cpu_percent=_limit(task, "cpu_percent")))
         view_fd = _view_tree(ctx.workdir, ident)
+        if profile is not None:
+            st = os.stat(profile)
+            profile_fd = idmap.clone_tree(profile, uid=ident.uid, gid=ident.gid, disk_uid=st.st_uid, disk_gid=st.st_gid)
         config = {
             "uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES,
             "user": name, "view_fd": view_fd, "view": str(view), "runtime": str(runtime),
             "cwd": str(inner_cwd), "argv": argv, "script": script, "forward": forward,
             "seccomp": support.syscall_filter_dir(), "cgroups": groups,
+            "profile_fd": profile_fd if profile_fd >= 0 else None, "profile": PROFILE_MOUNT,
         }
         # The configuration (the command, a script with secret facts substituted in) reaches
         # init through a pipe: init's own command line, like every one in /proc, is world-readable.
@@ -137,7 +146,8 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         # unshare dies with the worker; --kill-child takes init, and so the whole PID namespace, with it.
         command = [*DIE_WITH_WORKER, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount",
                    "--ipc", "--uts", "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(support.INIT), str(config_read)]
-        proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=(view_fd, config_read), stdin=subprocess.DEVNULL,
+        passed = (view_fd, config_read, *((profile_fd,) if profile_fd >= 0 else ()))
+        proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=passed, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         os.close(config_read)
         config_read = -1
@@ -148,7 +158,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
             egress.release(task.pk)
         raise
     finally:
-        for fd in (view_fd, config_read, config_write):
+        for fd in (view_fd, config_read, config_write, profile_fd):
             if fd >= 0:
                 os.close(fd)
     if forward is not None:

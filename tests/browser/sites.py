@@ -45,6 +45,12 @@ PAY = """<h1>Payment</h1>
 </form>"""
 
 
+# A site that remembers who signed in, in a cookie (a persistent one) and in local storage.
+SIGNED_IN = """<h1>Welcome</h1><script>localStorage.setItem('greeting', 'hello again');</script>"""
+ACCOUNT = """<h1 id=who>{who}</h1><p id=stored></p>
+<script>document.getElementById('stored').innerText = localStorage.getItem('greeting') || 'nothing stored';</script>"""
+
+
 @dataclass
 class Site:
     port: int
@@ -78,6 +84,19 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
             elif path in pages:
                 title, body = pages[path]
                 self._send(200, PAGE.format(title=title, body=body))
+            elif path == "/signin":
+                name = parse_qs(query).get("name", ["someone"])[0]
+                data = PAGE.format(title="Signed in", body=SIGNED_IN).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Set-Cookie", f"session={name}; Max-Age=86400; Path=/; HttpOnly")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            elif path == "/account":
+                cookies = dict(c.strip().split("=", 1) for c in (self.headers.get("Cookie") or "").split(";") if "=" in c)
+                who = f"Signed in as {cookies['session']}" if "session" in cookies else "Not signed in"
+                self._send(200, PAGE.format(title="Account", body=ACCOUNT.format(who=who)))
             elif path == "/chosen":
                 name = parse_qs(query).get("name", [""])[0]
                 self._send(200, PAGE.format(title="Chosen", body=f"<h1>You chose {name}</h1>"))
