@@ -27,8 +27,7 @@ def refused(box: Box, **spec: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("spec", "field"), [
     ({"constraints": {"surfaces": ["browser"]}}, "constraints.surfaces"),
-    ({"constraints": {"browser_profile": "/srv/profile"}}, "constraints.browser_profile"),
-    ({"constraints": {"headed": True}}, "constraints.headed"),
+    ({"constraints": {"browser_endpoint": "http://127.0.0.1:9222"}}, "constraints.browser_endpoint"),
 ])
 def test_a_field_that_does_nothing_yet_is_refused_naming_it(box: Box, spec: dict[str, Any], field: str) -> None:
     body = refused(box, **spec)

@@ -15,7 +15,7 @@ def test_browser_steps_are_refused_when_the_box_has_no_browser(box, settings):
     assert not Task.objects.exists()
 
 
-@pytest.mark.parametrize("name, value", [("headed", True), ("browser_profile", "/srv/profile"),
+@pytest.mark.parametrize("name, value", [("headed", True),
                                          ("browser_executable", "/opt/chrome"), ("browser_endpoint", "http://127.0.0.1:9222")])
 def test_browser_constraints_that_cannot_work_here_say_why(box, name, value):
     response = box.api.post("/api/tasks", {"title": "t", "flow": flow({"browse": "https://example.org"}),
@@ -43,7 +43,7 @@ def test_a_flows_memory_must_be_hints(box):
 
 
 @pytest.mark.parametrize("name, value, why", [
-    ("headed", True, "no display"), ("browser_profile", "/srv/profile", "fresh profile"),
+    ("headed", True, "no display"),
     ("browser_executable", "/bin/sh", "box's own Chromium"), ("browser_endpoint", "http://127.0.0.1:9222", "bypass")])
 def test_each_refusal_says_why(box, name, value, why):
     response = box.api.post("/api/tasks", {"title": "t", "flow": flow({"browse": "https://example.org"}),
