@@ -12,7 +12,9 @@ The model states the rules in a few lines, independent of either driver:
 - the view is the base with the layers of applied tasks laid over it, oldest first: a deletion
   removes the path and what is under it, a file or link replaces it, a directory replaces a
   non-directory and merges with a directory;
-- undo removes one task's layer from the stack; a failed task's layer is never applied.
+- undo removes one task's layer from the stack; a failed task's layer is never applied;
+- tasks that overlap each start from the view as it was at their start; each one's layer is laid
+  on the stack when it ends, so the last to end wins where both changed a path.
 """
 from __future__ import annotations
 
@@ -74,6 +76,16 @@ class Working:
     def remove(self, path: str) -> None:
         for other in [p for p in self.entries if p == path or p.startswith(path + "/")]:
             del self.entries[other]
+
+
+@dataclass
+class Started:
+    """A task whose view is open: the model's start and working view, the real root."""
+
+    start: Tree
+    working: Working
+    root: Root
+    ops: list[str] = field(default_factory=list)
 
 
 def parent(path: str) -> str:
@@ -223,11 +235,14 @@ class Walk:
 
     def run(self, tasks: int) -> None:
         for _ in range(tasks):
-            if self.layers and self.rng.random() < 0.25:
+            roll = self.rng.random()
+            if self.layers and roll < 0.25:
                 index = self.rng.randrange(len(self.layers))
                 self.log.append(f"undo #{index}")
                 del self.layers[index]
                 shutil.rmtree(self.real.applied.pop(index))
+            elif roll < 0.4:
+                self.overlapping()
             else:
                 self.task()
             self.check()
@@ -241,20 +256,39 @@ class Walk:
         wrong = sorted(set(real) ^ set(model) | {p for p in real if p in model and real[p] != model[p]})
         return f"{what} differs from the model at {wrong[:5]}; history:\n  " + "\n  ".join(self.log)
 
-    def task(self) -> None:
+    def begin(self) -> Started:
         start = self.model_view()
-        working = Working.of(start)
         root = self.real.root()
         self.real.driver.open(root)
-        ops = [self.operation(working, root.view) for _ in range(self.rng.randint(1, 6))]
+        return Started(start, Working.of(start), root)
+
+    def end(self, task: Started, name: str) -> None:
         failed = self.rng.random() < 0.15
-        self.log.append(f"task{' (failed)' if failed else ''}: " + "; ".join(op for op in ops if op))
-        directory = self.real.seal(root)
+        self.log.append(f"{name}{' (failed)' if failed else ''}: " + "; ".join(op for op in task.ops if op))
+        directory = self.real.seal(task.root)
         if failed:
             shutil.rmtree(directory)
             return
         self.real.applied.append(directory)
-        self.layers.append(layer_of(start, working.tree()))
+        self.layers.append(layer_of(task.start, task.working.tree()))
+
+    def task(self) -> None:
+        task = self.begin()
+        task.ops = [self.operation(task.working, task.root.view) for _ in range(self.rng.randint(1, 6))]
+        self.end(task, "task")
+
+    def overlapping(self) -> None:
+        """Two tasks open on the same view at once, their operations interleaved; they end in
+        either order, and the one that ends last is on top (the last writer wins)."""
+        first, second = self.begin(), self.begin()
+        for _ in range(self.rng.randint(2, 8)):
+            task = self.rng.choice((first, second))
+            task.ops.append(self.operation(task.working, task.root.view))
+        order = [("first", first), ("second", second)]
+        if self.rng.random() < 0.5:
+            order.reverse()
+        for name, task in order:
+            self.end(task, f"overlapping task, {name} to start, ends")
 
     def pick(self, working: Working, kind: str | None) -> str | None:
         paths = sorted(p for p, v in working.entries.items()

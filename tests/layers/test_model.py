@@ -1,7 +1,7 @@
 """Both drivers against the reference model (``model.py``): seeded random sequences of tasks
 (writes in place and by rename, same-size same-mtime renames, touches, deletions, ``rm -rf d &&
 mkdir d``, links, hard links, mode changes, non-UTF-8 names, failures, undo anywhere in the
-stack). A few seeds here; ``bench/layers_model.py`` runs many."""
+stack, two tasks open at once ending in either order). A few seeds here; ``bench/layers_model.py`` runs many."""
 from __future__ import annotations
 
 from pathlib import Path
