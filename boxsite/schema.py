@@ -247,6 +247,8 @@ class Firing(s.Serializer):
     skipped = Int()
     skippedAtLeast = Bool()
     task = Str(allow_null=True)
+    taskTitle = Str(allow_null=True)
+    taskState = Str(allow_null=True)
     error = Str(allow_null=True)
 
 

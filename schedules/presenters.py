@@ -30,6 +30,8 @@ def present_firing(firing: Firing) -> dict[str, Any]:
         "skipped": firing.skipped,
         "skippedAtLeast": firing.skipped_at_least,
         "task": firing.task_id,
+        "taskTitle": firing.task.title if firing.task is not None else None,
+        "taskState": firing.task.state if firing.task is not None else None,
         "error": firing.error or None,
     }
 

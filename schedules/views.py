@@ -149,7 +149,7 @@ def schedule_resume(request: Request, schedule_id: str) -> Response:
 def schedule_firings(request: Request, schedule_id: str) -> Response:
     schedule = services.get_schedule_for(Principal.of(request), schedule_id)
     limit = limit_param(request.query_params.get("limit"), 50, 200)
-    return Response({"results": [present_firing(f) for f in schedule.firings.order_by("-id")[:limit]]})
+    return Response({"results": [present_firing(f) for f in schedule.firings.select_related("task").order_by("-id")[:limit]]})
 
 
 def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = None) -> dict[str, Any]:

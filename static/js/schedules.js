@@ -121,7 +121,8 @@ function firingRow(f) {
   return el("li", {},
     el("time", { datetime: f.firedAt }, when(f.firedAt)), " ",
     skipped, " ",
-    f.task ? taskLink(f.task, `task ${f.task}`)
+    f.task ? [taskLink(f.task, f.taskTitle ?? `task ${f.task}`), " ",
+      f.taskState ? el("span", { class: `badge state-${f.taskState}` }, f.taskState) : null]
       : f.error ? el("span", { class: "error" }, `failed: ${f.error}`)
         : el("span", {}, "ran (a built-in job)"));
 }

@@ -17,7 +17,7 @@ def test_run_now_starts_the_task_and_leaves_the_timetable_alone(box):
     notes = [e["summary"] for e in box.events(task["id"]) if e["kind"] == "note"]
     assert "started by hand from schedule 'nightly' (Run now)" in notes
     firings = box.api.get(f"/api/schedules/{schedule['id']}/firings").json()["results"]
-    assert [f["task"] for f in firings] == [task["id"]]
+    assert [(f["task"], f["taskTitle"], f["taskState"]) for f in firings] == [(task["id"], "nightly build", "done")]
     after = box.api.get(f"/api/schedules/{schedule['id']}").json()
     assert after["nextRunAt"] == schedule["nextRunAt"] and after["nextRunAt"] is not None  # 03:00 stays 03:00
 
