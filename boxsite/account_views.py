@@ -38,6 +38,8 @@ def present_settings(row: BoxSettings) -> dict[str, Any]:
         "taskMemoryMb": row.resource_default("memory_mb"),
         "taskCpuPercent": row.resource_default("cpu_percent"),
         "taskDiskMb": row.resource_default("disk_mb"),
+        "tasksMayCreateWork": row.tasks_may_create_work,
+        "maxCreatedPerTask": row.max_created_per_task,
         "updatedAt": _iso(row.updated_at),
     }
 

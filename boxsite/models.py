@@ -69,6 +69,10 @@ class BoxSettings(models.Model):
     model_key_name = models.CharField(max_length=128, null=True, blank=True)  # "" = no key
     model_input_cents_per_million = models.FloatField(null=True, blank=True)
     model_output_cents_per_million = models.FloatField(null=True, blank=True)
+    # Whether a running task may create child tasks and schedules through its broker
+    # (tasks.delegation), and how many one task may create in all.
+    tasks_may_create_work = models.BooleanField(default=False)
+    max_created_per_task = models.PositiveIntegerField(default=5)
     updated_at = models.DateTimeField(auto_now=True)
 
     @classmethod

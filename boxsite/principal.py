@@ -19,6 +19,7 @@ class Via(StrEnum):
     SCHEDULE = "schedule"  # the box firing a schedule on the owner's behalf
     WEBHOOK = "webhook"  # ... a webhook trigger
     FILE = "file"  # ... a file-arrival trigger
+    TASK = "task"  # a running task, through its broker (tasks.delegation)
     SYSTEM = "system"  # the box itself
 
 
@@ -30,6 +31,8 @@ class Principal:
     via: Via
     token: ApiToken | None = None
     device: Device | None = None
+    task: Any = None  # Via.TASK: the task asking (a tasks.models.Task)
+    run: int | None = None  # Via.TASK: the number of its run that asked
 
     @property
     def is_phone(self) -> bool:
@@ -42,6 +45,8 @@ class Principal:
             return True
         if self.via == Via.TOKEN:
             return bool(self.token and self.token.can_use_folders)
+        if self.via == Via.TASK:
+            return True  # only folders within its own: tasks.delegation bounds them before any spec is read
         return False
 
     @property
@@ -65,6 +70,11 @@ class Principal:
     @classmethod
     def phone(cls, device: Device) -> Principal:
         return cls(device.user, Via.DEVICE, device=device)
+
+    @classmethod
+    def of_task(cls, task: Any, run: int) -> Principal:
+        """A running task acting for the owner (``tasks.delegation``)."""
+        return cls(task.owner, Via.TASK, task=task, run=run)
 
     @classmethod
     def system(cls, user: User, via: Via = Via.SYSTEM) -> Principal:

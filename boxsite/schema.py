@@ -50,6 +50,7 @@ class TaskView(s.Serializer):
     dependsOn = s.ListField(child=Obj(), help_text="{task, condition, required, artifact?} per dependency")
     criteria = s.ListField(child=Obj(), allow_null=True, help_text="the completion contract, or null")
     parent = Str(allow_null=True)  # type: ignore[assignment]  # a body field, not Field.parent
+    createdBy = Obj(allow_null=True, help_text="{task, run}: the task (and its run) that created this one, else null")
     state = s.ChoiceField(choices=["queued", "running", "waiting", "done", "failed", "cancelled", "undone"])
     waitingFor = Str(allow_null=True)
     continuable = Bool(allow_null=True)
@@ -269,6 +270,7 @@ class Schedule(s.Serializer):
     origin = Str()
     createdByDevice = Int(allow_null=True)
     createdByTask = Str(allow_null=True)
+    createdByRun = Int(allow_null=True, help_text="the number of that task's run that created it")
     nextRunAt = Str(allow_null=True)
     lastRunAt = Str(allow_null=True)
     lastTask = Str(allow_null=True)
@@ -348,6 +350,8 @@ class Settings(s.Serializer):
     taskMemoryMb = Int(help_text="a new task's memory limit (MB) when its spec sets none")
     taskCpuPercent = Int(help_text="a new task's CPU cap (% of one core) when its spec sets none")
     taskDiskMb = Int(help_text="what a new task may write to its layer (MB) when its spec sets none")
+    tasksMayCreateWork = Bool(help_text="a running task may create child tasks and schedules through its broker")
+    maxCreatedPerTask = Int(help_text="the most tasks and schedules one task may create")
     updatedAt = Str(allow_null=True)
 
 

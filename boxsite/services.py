@@ -53,6 +53,10 @@ class SettingsBody(Body):
     taskCpuPercent = Whole(required=False, min_value=1, source="task_cpu_percent", help_text="100 is one core")
     taskDiskMb = Whole(required=False, between=True, min_value=16, max_value=1024 * 1024 * 1024, source="task_disk_mb",
                        help_text="what a new task may write to its layer (MB)")
+    tasksMayCreateWork = Flag(required=False, source="tasks_may_create_work",
+                              help_text="a running task may create child tasks and schedules (box task, box schedule)")
+    maxCreatedPerTask = Whole(required=False, between=True, min_value=1, max_value=100, source="max_created_per_task",
+                              help_text="the most tasks and schedules one task may create")
 
     def check_defaultHosts(self, value: Any, seen: dict[str, Any]) -> Any:
         for host in [] if value is MISSING else value:

@@ -53,6 +53,7 @@ class Schedule(models.Model):
     created_via = models.CharField(max_length=16, choices=Origin.choices, default=Origin.OWNER)
     created_by_device = models.ForeignKey("boxsite.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_by_task = models.ForeignKey("tasks.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by_run = models.PositiveIntegerField(null=True, blank=True)  # the run of created_by_task that asked
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

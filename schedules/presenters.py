@@ -54,6 +54,7 @@ def present_schedule(schedule: Schedule, *, last_firing: Firing | None = None) -
         "origin": schedule.created_via,
         "createdByDevice": schedule.created_by_device_id,
         "createdByTask": schedule.created_by_task_id,
+        "createdByRun": schedule.created_by_run,
         "nextRunAt": _iso(schedule.next_run_at),
         "lastRunAt": _iso(schedule.last_run_at),
         "lastTask": schedule.last_task_id,

@@ -82,7 +82,7 @@ def _may_change(principal: Principal, schedule: Schedule, by_task: Any) -> None:
         raise Forbidden("a paired device may change only the schedules it created", field="id")
 
 
-def create_schedule(principal: Principal, body: Any, *, by_task: Any = None) -> Schedule:
+def create_schedule(principal: Principal, body: Any, *, by_task: Any = None, by_run: int | None = None) -> Schedule:
     body = ScheduleBody.parse(body)
     name = body["name"]
     cadence = Cadence.parse(body.get("cron"), body.get("timezone"), body.get("intervalSeconds"))
@@ -103,6 +103,7 @@ def create_schedule(principal: Principal, body: Any, *, by_task: Any = None) -> 
                 created_via=origin_of(principal, by_task),
                 created_by_device=principal.device,
                 created_by_task=by_task,
+                created_by_run=by_run,
             )
     except IntegrityError as exc:
         raise Conflict(f"a schedule named '{name}' already exists", field="name") from exc

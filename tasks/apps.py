@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class TasksConfig(AppConfig):
     name = "tasks"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The tools a task uses to create work (task.create, schedule.create) need the task
+        # services, which need the registry: they are registered once the apps are loaded.
+        from tasks import delegation, tools  # noqa: PLC0415 - they import models: not before the registry is ready
+
+        for tool in delegation.TOOLS:
+            tools.register(tool)

@@ -36,7 +36,8 @@ class TaskQuerySet(models.QuerySet["Task"]):
     """The one access rule (docs/decisions.md, "Who may see and act on a task").
 
     The owner, signed in or with an API token, reaches every task of theirs; so does the box
-    acting for them (schedules, triggers). A paired phone reaches the tasks it started, never a
+    acting for them (schedules, triggers). A running task creating work (``tasks.delegation``)
+    reaches itself and the tasks it created. A paired phone reaches the tasks it started, never a
     folder task; beyond those it answers the approvals and questions of its inbox.
     """
 
@@ -45,6 +46,8 @@ class TaskQuerySet(models.QuerySet["Task"]):
         mine = self.filter(owner=principal.user)
         if principal.via == Via.DEVICE:
             return mine.filter(device=principal.device, folders=[])
+        if principal.via == Via.TASK:
+            return mine.filter(models.Q(pk=principal.task.pk) | models.Q(created_by_task=principal.task))
         return mine
 
     def listed_for(self, principal: Principal) -> TaskQuerySet:
@@ -86,6 +89,10 @@ class Task(models.Model):
     folders = models.JSONField(default=list)
     depends_on = models.JSONField(default=list)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="subtasks")
+    # Provenance of a task a running task created through its broker (tasks.delegation): that
+    # task (also its ``parent``) and the number of the run that asked.
+    created_by_task = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="created_tasks")
+    created_by_run = models.PositiveIntegerField(null=True, blank=True)
     external_task_id = models.CharField(max_length=200, blank=True)
     external_attempt = models.PositiveIntegerField(null=True, blank=True)
 
@@ -156,6 +163,10 @@ class Dependency(models.Model):
     condition = models.CharField(max_length=16, choices=Condition.choices, default=Condition.SUCCESS)
     artifact = models.CharField(max_length=1024, blank=True)  # the file an ``artifact`` edge needs
     required = models.BooleanField(default=True)
+    # A recovery review's edge (tasks.dependencies.recover): the failed edge it replaces, and the
+    # version of the failed dependency it was created for. One review per failed edge.
+    recovers = models.OneToOneField("self", null=True, blank=True, on_delete=models.CASCADE, related_name="recovery")
+    recovers_version = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

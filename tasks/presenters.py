@@ -70,6 +70,7 @@ def present_task(task: Task) -> dict[str, Any]:
         "dependsOn": task.depends_on,
         "criteria": task.criteria,
         "parent": task.parent_id,
+        "createdBy": {"task": task.created_by_task_id, "run": task.created_by_run} if task.created_by_task_id else None,
         "state": task.state,
         "waitingFor": task.waiting_for or None,
         "continuable": task.continuable if task.waiting_for == WaitingFor.CHECKPOINT else None,

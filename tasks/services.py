@@ -244,10 +244,14 @@ def _refuse_at_capacity(limit: int) -> None:
 def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     fields = dict(spec.fields)
     fields["facts"] = seal_facts(fields["facts"], fields["secret_facts"])  # secret values encrypted at rest
-    task = Task.objects.create(owner=principal.user, device=principal.device, review="", **fields)
+    task = Task.objects.create(owner=principal.user, device=principal.device, review="",
+                               created_by_task=principal.task, created_by_run=principal.run, **fields)
     task.user = f"box-{task.pk}"
     Task.objects.filter(pk=task.pk).update(user=task.user)
-    record_event(task, EventKind.STATUS, "queued", {"to": State.QUEUED, "version": task.version, "source": task.source})
+    queued: dict[str, Any] = {"to": State.QUEUED, "version": task.version, "source": task.source}
+    if principal.task is not None:
+        queued["createdBy"] = {"task": principal.task.pk, "run": principal.run}
+    record_event(task, EventKind.STATUS, "queued", queued)
     edges = dependencies.parse_edges(task.depends_on)
     for edge in edges:
         dependencies.add_edge(task, Task.objects.get(pk=edge.on), edge)

@@ -98,7 +98,8 @@ function scheduleRow(s) {
         s.lastTask ? [" · ", taskLink(s.lastTask, "its task")] : null),
       fact("Failures in a row", String(s.consecutiveFailures),
         s.backoffUntil ? ` · retrying after ${when(s.backoffUntil)}` : null),
-      fact("Made by", ORIGIN_WORDS[s.origin] ?? s.origin),
+      fact("Made by", ORIGIN_WORDS[s.origin] ?? s.origin,
+        s.createdByTask ? [" · ", taskLink(s.createdByTask, `task ${s.createdByTask}`), s.createdByRun ? `, run ${s.createdByRun}` : null] : null),
       fact("Starts", el("span", { class: "template-title" }, s.template?.title ?? ""))),
     el("div", { class: "buttons" }, actions),
     details);

@@ -32,6 +32,8 @@ defaults.addEventListener("submit", async (event) => {
     taskMemoryMb: whole(f.taskMemoryMb),
     taskCpuPercent: whole(f.taskCpuPercent),
     taskDiskMb: whole(f.taskDiskMb),
+    tasksMayCreateWork: f.tasksMayCreateWork.checked,
+    maxCreatedPerTask: whole(f.maxCreatedPerTask),
   };
   for (const [key, value] of Object.entries(body)) {
     if (typeof value === "number" && !Number.isInteger(value)) {

@@ -35,7 +35,11 @@ function renderHeader(t) {
   $("task-progress-text").textContent = `${pct}%`;
   $("task-worker").textContent = t.worker;
   $("task-target").textContent = t.folders?.length ? t.folders.join(", ") : `workspace ${t.workspace}`;
-  $("task-source").textContent = t.source;
+  const madeBy = t.createdBy
+    ? [" · created by ", el("a", { href: `/tasks/${encodeURIComponent(t.createdBy.task)}` }, `task ${t.createdBy.task}`),
+       t.createdBy.run ? `, run ${t.createdBy.run}` : null]
+    : [];
+  put($("task-source"), t.source, ...madeBy);
   const answer = $("task-answer");
   const shown = t.result ?? t.answer;
   answer.hidden = shown === null || shown === undefined;

@@ -5,7 +5,7 @@ import re
 from typing import Any
 
 from approvals.models import ApprovalKind, QuestionKind
-from tasks import budget, tools
+from tasks import budget, delegation, tools
 from tasks.broker.holds import Holds
 from tasks.broker.protocol import CallError, text_arg
 from tasks.context import RunContext
@@ -92,3 +92,12 @@ class Calls:
         self.ctx.recorder.event(EventKind.NOTE, f"a person is needed: {text}", {"via": "box"})
         result = self.holds.question(WaitingFor.HUMAN, QuestionKind.HUMAN, text, [])
         return {"continued": True, **result}
+
+    def op_task(self, message: dict[str, Any]) -> Any:
+        child = delegation.create_child(self.ctx, message.get("spec"))
+        return {"task": child.pk, "state": child.state, "parent": self.ctx.task.pk}
+
+    def op_schedule(self, message: dict[str, Any]) -> Any:
+        schedule = delegation.create_schedule(self.ctx, message.get("schedule"))
+        return {"schedule": schedule.pk, "name": schedule.name,
+                "nextRunAt": schedule.next_run_at.isoformat() if schedule.next_run_at else None}

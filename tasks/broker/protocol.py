@@ -15,7 +15,7 @@ from boxsite.errors import BoxError
 
 MAX_LINE = 1024 * 1024  # a request larger than this is refused, not buffered without bound
 
-OPS = frozenset({"ping", "step", "tool", "ask", "approve", "spend", "need_human"})
+OPS = frozenset({"ping", "step", "tool", "ask", "approve", "spend", "need_human", "task", "schedule"})
 
 
 class CallError(BoxError):
@@ -38,6 +38,12 @@ class ToolFailed(CallError):
 
 class Denied(CallError):
     code = "DENIED"
+
+
+class NotAllowed(CallError):
+    """The owner's policy does not allow it (``tasks.delegation``)."""
+
+    code = "NOT_ALLOWED"
 
 
 class TaskEnded(CallError):
