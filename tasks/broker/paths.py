@@ -1,11 +1,14 @@
 """Where a task's broker socket is, and where the ``box`` client is installed.
 
 The client is a stdlib-only script run by the system ``/usr/bin/python3`` (task users cannot read
-the box's virtualenv). It is installed to ``CLIENT_DIR``, which the sandbox puts on ``PATH``;
-a box that cannot write there (not root) installs it under ``BOX_DATA_DIR/bin`` instead.
+the box's virtualenv). It is installed to ``CLIENT_DIR/<digest>/box``, one directory per version
+of the client (two boxes on one machine, or the old and new processes of an upgrade, never
+replace each other's), which the sandbox puts first on ``PATH``; a box that cannot write there
+(not root) installs it under ``BOX_DATA_DIR/bin/<digest>`` instead.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from functools import lru_cache
@@ -37,7 +40,8 @@ def short_address(path: Path, dir_fd: int) -> str:
 @lru_cache(maxsize=1)
 def client_dir() -> Path:
     """Install the ``box`` client (once per process) and return the directory that holds it."""
-    for directory in (CLIENT_DIR, Path(settings.BOX_DATA_DIR) / "bin"):
+    digest = hashlib.sha256(CLIENT_SOURCE.read_bytes()).hexdigest()[:16]
+    for directory in (CLIENT_DIR / digest, Path(settings.BOX_DATA_DIR) / "bin" / digest):
         try:
             _install(directory)
         except PermissionError:
@@ -52,6 +56,7 @@ def _install(directory: Path) -> None:
     if target.is_file() and target.read_bytes() == source:
         return
     directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory.parent, 0o755)
     os.chmod(directory, 0o755)
     partial = directory / f".box.{os.getpid()}"
     shutil.copyfile(CLIENT_SOURCE, partial)

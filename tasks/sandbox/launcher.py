@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connection
 
+from tasks.broker.paths import client_dir
 from tasks.layers import disk
 from tasks.models import EventKind, Task
 from tasks.recorder import LeaseLost, LimitReached
@@ -108,7 +109,8 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     runtime = paths.ensure_runtime_dir(task.pk, ident.uid, ident.gid)
     view = paths.view_mount(task.pk)
     inner_cwd = _inside_view(ctx.workdir, cwd, view)
-    _require_executable(argv[0], paths.SANDBOX_PATH, cwd)  # cwd: the view as the box sees it
+    search = f"{client_dir()}:{paths.SANDBOX_PATH}"  # the `box` client of this box first
+    _require_executable(argv[0], search, cwd)  # cwd: the view as the box sees it
 
     env = dict(env)
     if env.get("HOME") == str(ctx.workdir):
@@ -116,7 +118,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     # Inside its root the task's user is named after the task (its own /etc/passwd); on the host
     # the uid belongs to a user of the box's pool, claimed by this task alone until its release.
     name = task.user or f"{users.PREFIX}{task.pk}"
-    env.update({"PATH": paths.SANDBOX_PATH, "TMPDIR": "/tmp", "USER": name, "LOGNAME": name})
+    env.update({"PATH": search, "TMPDIR": "/tmp", "USER": name, "LOGNAME": name})
     env.setdefault("BOX_BROKER_SOCKET", str(paths.broker_socket(task.pk)))
     forward = None
     if task.hosts:

@@ -7,8 +7,9 @@ group allowed to traverse it (0710): only that task (and root) can reach the soc
 each socket belongs to the task's user (0600). A socket created here must be chowned to the
 task's user (``tasks.sandbox.users.find_user``).
 
-The ``box`` client lives in ``BOX_BIN_DIR`` (``/usr/local/lib/box/bin/box``), outside the data
-directory and readable by every task user; that directory comes first on a sandboxed ``PATH``.
+The ``box`` client lives under ``BOX_BIN_DIR`` (``/usr/local/lib/box/bin/<digest>/box``, one
+directory per client version: ``tasks.broker.paths.client_dir``), outside the data directory and
+readable by every task user; that directory comes first on a sandboxed ``PATH``.
 It runs with the system ``/usr/bin/python3`` and finds its socket in ``BOX_BROKER_SOCKET``.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from django.conf import settings
 
 BOX_BIN_DIR = Path("/usr/local/lib/box/bin")
-SANDBOX_PATH = f"{BOX_BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # after the client's directory
 
 # Files in the data directory a task must never read, whatever their path: the database (and its
 # WAL and shared-memory files), the vault key, Django's signing key.

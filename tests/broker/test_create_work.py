@@ -9,18 +9,10 @@ from typing import Any
 import pytest
 
 from schedules.models import Schedule
-from tasks.broker import paths
 from tasks.models import Task
 from tests.broker.conftest import events_of
 from tests.conftest import Box
 from tests.factories import flow
-
-
-@pytest.fixture(autouse=True)
-def _this_client() -> None:
-    # BOX_BIN_DIR is one directory per machine: another checkout's test process (an older client,
-    # without `box task`) may have installed its own since this process did.
-    paths._install(paths.client_dir())
 
 
 def sh(script: str) -> list[str]:

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tasks.broker import paths
 from tasks.models import Run, Task
 from tests.broker.conftest import events_of
 from tests.conftest import Box, wait_for
@@ -18,13 +17,6 @@ from tests.factories import flow
 pytestmark = pytest.mark.usefixtures("cluster")
 
 GATED_CHILD = {"title": "child", "flow": flow({"approve": "go on?"}, {"write": {"path": "c.txt", "content": "c"}})}
-
-
-@pytest.fixture(autouse=True)
-def _this_client() -> None:
-    # BOX_BIN_DIR is one directory per machine: another checkout's test process (an older client,
-    # without `box task`) may have installed its own since this process did.
-    paths._install(paths.client_dir())
 
 
 def creator(box: Box, then: str) -> dict[str, Any]:
