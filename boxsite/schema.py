@@ -27,6 +27,11 @@ def _strs(**kw: Any) -> s.ListField:
 
 
 # --- tasks -------------------------------------------------------------------------------
+class CreatedBy(s.Serializer):
+    task = Str()
+    run = Int(allow_null=True)
+
+
 class TaskView(s.Serializer):
     id = Str()
     title = Str()
@@ -50,7 +55,7 @@ class TaskView(s.Serializer):
     dependsOn = s.ListField(child=Obj(), help_text="{task, condition, required, artifact?} per dependency")
     criteria = s.ListField(child=Obj(), allow_null=True, help_text="the completion contract, or null")
     parent = Str(allow_null=True)  # type: ignore[assignment]  # a body field, not Field.parent
-    createdBy = Obj(allow_null=True, help_text="{task, run}: the task (and its run) that created this one, else null")
+    createdBy = CreatedBy(allow_null=True, help_text="the task (and its run) that created this one, else null")
     state = s.ChoiceField(choices=["queued", "running", "waiting", "done", "failed", "cancelled", "undone"])
     waitingFor = Str(allow_null=True)
     continuable = Bool(allow_null=True)
