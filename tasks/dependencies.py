@@ -110,9 +110,10 @@ def _reaches(start: str, target: str) -> bool:
     return False
 
 
-def add_edge(task: Task, on: Task, edge: EdgeSpec) -> Dependency:
+def add_edge(task: Task, on: Task, edge: EdgeSpec, *, recovers: Dependency | None = None) -> Dependency:
     """The one way an edge is added: ``task`` waits for ``on``. Refuses a self edge, a second
-    edge between the same two tasks, and an edge that would close a cycle."""
+    edge between the same two tasks, and an edge that would close a cycle. ``recovers``: the
+    failed edge a recovery review's edge replaces (``recovery_due``)."""
     field = "dependsOn"
     if on.pk == task.pk:
         raise InvalidSpec("a task cannot depend on itself", field=field)
@@ -126,7 +127,8 @@ def add_edge(task: Task, on: Task, edge: EdgeSpec) -> Dependency:
             raise Conflict(f"'{task.pk}' cannot depend on '{on.pk}': '{on.pk}' already waits for '{task.pk}' "
                            "(the edge would close a cycle)", field=field, code="DEPENDENCY_CYCLE")
         return Dependency.objects.create(task=task, on=on, condition=edge.condition, required=edge.required,
-                                         artifact=edge.artifact)
+                                         artifact=edge.artifact, recovers=recovers,
+                                         recovers_version=recovers.on.version if recovers is not None else None)
 
 
 # --- resolution ------------------------------------------------------------------------------
@@ -138,6 +140,7 @@ class Verdict:
 
     ready: bool = False
     failure: str = ""
+    edge: Dependency | None = None  # with ``failure``: the edge that can never be satisfied
 
 
 def artifact_present(on_id: str, artifact: str, *, seal: bool = True) -> bool:
@@ -164,6 +167,10 @@ def edge_state(edge: Dependency, on_state: str, *, seal: bool = True) -> str:
     return "satisfied"
 
 
+def verdict_reason(edge: Dependency) -> str:
+    return _why(edge, edge.on.state)
+
+
 def _why(edge: Dependency, on_state: str) -> str:
     if edge.condition == Condition.ARTIFACT and on_state == State.DONE:
         return f"dependency {edge.on_id} is done but left no file '{edge.artifact}'"
@@ -178,8 +185,26 @@ def verdict(task: Task) -> Verdict:
         if state == "waiting":
             waiting = True
         elif state == "unsatisfied" and edge.required:
-            return Verdict(failure=_why(edge, edge.on.state))
+            return Verdict(failure=_why(edge, edge.on.state), edge=edge)
     return Verdict(ready=not waiting)
+
+
+def root_of(task_id: str) -> str:
+    """The task at the top of ``task_id``'s ``parent`` chain (itself when it has no parent)."""
+    seen = [task_id]
+    while (parent := Task.objects.filter(pk=seen[-1]).values_list("parent_id", flat=True).first()) and parent not in seen:
+        seen.append(parent)
+    return seen[-1]
+
+
+def recovery_due(edge: Dependency) -> bool:
+    """A failed required edge between separate roots is replaced by one recovery review
+    (``tasks.services.open_recovery_review``) instead of failing its task: the dependency failed
+    (or ended done without the artifact), the two tasks have different root ancestors, and the
+    edge has no review yet. Within one root the root closes together: no orphan recovery work."""
+    if not edge.required or edge.on.state not in (State.FAILED, State.DONE) or Dependency.objects.filter(recovers=edge).exists():
+        return False
+    return root_of(edge.task_id) != root_of(edge.on_id)
 
 
 def dependents_of(task_id: str, *, reading_layer: bool = True) -> list[str]:

@@ -20,7 +20,7 @@ from tasks.layers.locks import layer_lock
 from tasks.layers.paths import show
 from tasks.layers.roots import changes_of
 from tasks.layers.task_view import seal_layer
-from tasks.models import EventKind, Layer, LayerState, Run, RunKind, RunState, Task
+from tasks.models import Condition, Dependency, EventKind, Layer, LayerState, Run, RunKind, RunState, Task
 from tasks.presenters import is_final_view
 from tasks.spec import TaskSpec, parse_spec
 from tasks.states import ACTIVE, FINAL, Review, State, can_move, can_move_review
@@ -175,14 +175,38 @@ def release_waiting() -> int:
     return sum(1 for task_id in held_back() if release_if_ready(task_id))
 
 
+class _RecoveryNeedsLocks(Exception):
+    """A recovery review creates a task: that takes the settings row's lock first (as every
+    creation does), so the decision is taken again with it."""
+
+
 def release_if_ready(task_id: str) -> bool:
     """Queue the first run of a held-back task whose edges are all resolved, or fail it when a
-    required edge can never be satisfied. True when it moved."""
+    required edge can never be satisfied (or open its recovery review). True when it moved."""
+    try:
+        return _release_if_ready(task_id, creating=False)
+    except _RecoveryNeedsLocks:
+        return _release_if_ready(task_id, creating=True)
+
+
+def _release_if_ready(task_id: str, *, creating: bool) -> bool:
     with transaction.atomic():
+        owner_id = Task.objects.filter(pk=task_id).values_list("owner_id", flat=True).first()
+        if owner_id is None:
+            return False
+        if creating:
+            BoxSettings.objects.select_for_update().get_or_create(pk=1)
+        # The owner's lock before the task row: the lock order of every edge writer (a recovery
+        # review adds an edge), and two sweeps deciding the same task take turns.
+        dependencies.lock_owner(owner_id)
         task = Task.objects.select_for_update().filter(pk=task_id, state=State.QUEUED).first()
         if task is None or Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).exists():
             return False
         found = dependencies.verdict(task)
+        if found.failure and found.edge is not None and dependencies.recovery_due(found.edge):
+            if not creating:
+                raise _RecoveryNeedsLocks
+            return open_recovery_review(task, found.edge)
         if found.failure:
             fail_task(task, f"cannot start: {found.failure}", recoverable=False)
             return True
@@ -191,6 +215,42 @@ def release_if_ready(task_id: str) -> bool:
         record_event(task, EventKind.NOTE, "its dependencies allow it to start", {"dependencies": "satisfied"})
         runs.create_run(task, RunKind.START)
         return True
+
+
+RECOVERY_PROMPT = ("Task {dependent} ({title}) needed task {on} to {needed}, and it did not: {why}. Look at what went "
+                   "wrong, fix or redo it if you want, then continue this review (or cancel it): either way task "
+                   "{dependent} then decides afresh whether to start, without that dependency.")
+
+
+def open_recovery_review(task: Task, edge: Dependency) -> bool:
+    """Replace ``task``'s failed required edge by one review task (``dependencies.recovery_due``):
+    the failed edge stays as non-required history, and a required ``completion`` edge to the
+    review holds ``task`` until the review ends (done, failed or cancelled). Call inside the
+    transaction that holds the owner's and ``task``'s locks. False (nothing changed) when the
+    box is at capacity: the sweep opens it later."""
+    on = edge.on
+    why = dependencies.verdict_reason(edge)
+    needed = "succeed" if edge.condition != "artifact" else f"leave '{edge.artifact}'"
+    body = {"title": f"Review: {on.title}"[:200], "hosts": [], "budgetCents": 0,
+            "prompt": RECOVERY_PROMPT.format(dependent=task.pk, title=task.title, on=on.pk, needed=needed, why=why),
+            "flow": {"steps": [{"checkpoint": {"reason": f"review why task {on.pk} did not {needed}, then continue"}}]}}
+    try:
+        with transaction.atomic():
+            reviewer = create_task(body, Principal.system(task.owner), source=f"recovery:{task.pk}")
+    except TooManyTasks:
+        log.info("the recovery review of %s waits for capacity", task.pk)
+        return False
+    Dependency.objects.filter(pk=edge.pk).update(required=False)
+    review_edge = dependencies.EdgeSpec(on=reviewer.pk, condition=Condition.COMPLETION, required=True)
+    dependencies.add_edge(task, reviewer, review_edge, recovers=edge)
+    shown = [{**item, "required": False} if isinstance(item, dict) and item.get("task") == on.pk else
+             {"task": on.pk, "required": False} if item == on.pk else item for item in task.depends_on]
+    task.depends_on = [*shown, {**review_edge.as_json(), "recovers": on.pk}]
+    Task.objects.filter(pk=task.pk).update(depends_on=task.depends_on)
+    record_event(task, EventKind.NOTE, f"dependency {on.pk} did not {needed}; review task {reviewer.pk} decides: "
+                 "once it ends, this task decides afresh", {"recovery": {
+                     "review": reviewer.pk, "dependency": on.pk, "dependencyVersion": on.version}})
+    return True
 
 
 @transaction.atomic

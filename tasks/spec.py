@@ -62,7 +62,7 @@ MAX_RESCUES = 5  # the default is also the most a task may ask for
 MAX_FOLDERS = 10
 BUILTIN_WORKERS = ("agent", "flow", "command")
 PAYMENT_MODES = ["stop_at_payment", "fill_then_approve"]
-RESERVED_SOURCES = ("schedule:", "webhook:", "file:", "phone", "task:")
+RESERVED_SOURCES = ("schedule:", "webhook:", "file:", "phone", "task:", "recovery:")
 
 _HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:(?P<port>\d{1,5}))?$")
 

@@ -84,11 +84,13 @@ CASES = [
 def test_each_condition_under_each_final_state(box: Box, how: str, condition: str, required: bool, runs: bool) -> None:
     # approving the failing upstream runs a delete of a missing file: it fails
     after = [{"delete": {"path": "missing.txt"}}] if how == "failed" else [WRITE]
-    upstream = held(box, after=after)
+    root = held(box, title="one root")  # within one root a failed edge fails its task (no recovery review)
+    upstream = held(box, after=after, parent=root["id"])
     edge: dict[str, Any] = {"task": upstream["id"], "condition": condition, "required": required}
     if condition == "artifact":
         edge["artifact"] = "outputs/report.md"
-    dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[edge])
+    dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[edge],
+                           parent=root["id"])
     assert box.task(dependent["id"])["state"] == "queued"
     end(box, upstream["id"], how)
     if runs:
@@ -100,13 +102,14 @@ def test_each_condition_under_each_final_state(box: Box, how: str, condition: st
 
 
 def test_an_artifact_edge_needs_the_named_file_in_the_dependencys_layer(box: Box) -> None:
-    with_file = held(box, after=[WRITE])
-    without = held(box, after=[{"write": {"path": "outputs/other.md", "content": "x"}}])
+    root = held(box, title="one root")
+    with_file = held(box, after=[WRITE], parent=root["id"])
+    without = held(box, after=[{"write": {"path": "outputs/other.md", "content": "x"}}], parent=root["id"])
     edge = {"condition": "artifact", "artifact": "outputs/report.md"}
     gets = box.create(title="gets it", flow=flow({"write": {"path": "g.txt", "content": "g"}}),
-                      dependsOn=[{"task": with_file["id"], **edge}])
+                      dependsOn=[{"task": with_file["id"], **edge}], parent=root["id"])
     misses = box.create(title="misses it", flow=flow({"write": {"path": "m.txt", "content": "m"}}),
-                        dependsOn=[{"task": without["id"], **edge}])
+                        dependsOn=[{"task": without["id"], **edge}], parent=root["id"])
     end(box, with_file["id"], "done")
     end(box, without["id"], "done")
     box.wait_state(gets["id"], "done")
@@ -136,9 +139,10 @@ def test_a_dependency_that_already_ended_decides_at_creation(box: Box) -> None:
 
 
 def test_a_failure_runs_down_a_chain(box: Box) -> None:
-    top = held(box, title="top")
-    middle = box.create(title="middle", flow=gated(), dependsOn=[top["id"]])
-    bottom = box.create(title="bottom", flow=gated(), dependsOn=[middle["id"]])
+    root = held(box, title="one root")
+    top = held(box, title="top", parent=root["id"])
+    middle = box.create(title="middle", flow=gated(), dependsOn=[top["id"]], parent=root["id"])
+    bottom = box.create(title="bottom", flow=gated(), dependsOn=[middle["id"]], parent=root["id"])
     end(box, top["id"], "cancelled")
     assert "ended cancelled" in box.wait_state(middle["id"], "failed")["error"]
     assert f"dependency {middle['id']} ended failed" in box.wait_state(bottom["id"], "failed")["error"]
