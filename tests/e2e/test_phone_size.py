@@ -1,8 +1,10 @@
 """The owner's portal on a phone-sized screen (390×844, touch): the journeys the desktop tests
 walk, tapped instead of clicked. An approval card says what it approves and one tap approves it;
 a finished task runs again from its window; a schedule runs now and a webhook takes a test
-delivery, each firing and delivery naming its task by title with its state, each row's buttons
-big enough for a thumb (44 px), and no page needs sideways scrolling."""
+delivery, each firing and delivery naming its task by title with its state; Settings keep a
+retention count (a bad one answered next to its field) and pairing says a loopback box is out
+of a phone's reach. Each row's buttons are big enough for a thumb (44 px), and no page needs
+sideways scrolling."""
 from __future__ import annotations
 
 import re
@@ -115,4 +117,26 @@ def test_on_a_phone_a_schedule_runs_now_and_a_webhook_takes_a_test_delivery(phon
     expect(deliveries.get_by_role("listitem")).to_have_count(1)
     expect(deliveries.get_by_role("link", name=re.compile(r"^Deploy "))).to_be_visible()  # its task's title, not its id
     expect(deliveries.locator(".badge")).to_have_count(1)  # and its state
+    fits(phone)
+
+
+def test_on_a_phone_settings_keep_a_retention_count_and_pairing_says_a_phone_cannot_reach_a_loopback_box(phone: Any) -> None:
+    create_owner(phone)
+    phone.goto("/settings")
+    count = phone.get_by_label("Keep the history of at most this many finished tasks")
+    count.fill("0")
+    phone.get_by_role("button", name="Save defaults").tap()
+    error = phone.locator('[data-error-for="retentionCount"]')
+    expect(error).to_be_visible()
+    expect(count).to_have_attribute("aria-invalid", "true")
+    count.fill("25")
+    phone.get_by_role("button", name="Save defaults").tap()
+    expect(phone.get_by_role("status")).to_contain_text("Defaults saved")
+    expect(error).to_be_hidden()
+    phone.reload()
+    expect(phone.get_by_label("Keep the history of at most this many finished tasks")).to_have_value("25")
+
+    phone.get_by_role("button", name="Pair a phone").tap()
+    expect(phone.get_by_label("Pairing code")).to_be_visible()
+    expect(phone.get_by_role("alert").filter(has_text="a phone cannot reach it")).to_contain_text("BOX_PUBLIC_URL")
     fits(phone)
