@@ -147,3 +147,19 @@ def test_a_flow_creates_a_child_through_the_task_create_tool_under_the_same_poli
     assert box.wait_state(made["id"], "done", "failed")["state"] == "done"
     child = Task.objects.get(parent_id=made["id"])
     assert (child.created_by_task_id, child.created_by_run) == (made["id"], 1)
+
+
+def test_a_child_may_work_within_its_creators_folder_and_wait_only_on_what_it_may_reach(box: Box, tmp_path: Any) -> None:
+    allow(box)
+    folder = tmp_path / "project"
+    (folder / "docs").mkdir(parents=True)
+    stranger = box.create(title="not the creator's", worker="command", prompt="p", command="true")
+    inside = {**CHILD, "folders": [str(folder / "docs")]}
+    waits_elsewhere = {**CHILD, "dependsOn": [stranger["id"]]}
+    parent = box.create(title="parent", worker="command", prompt="p", folders=[str(folder)],
+                        command=sh(f'{box_task(inside)} && {box_task(waits_elsewhere)}; echo "exit=$?"'))
+    assert box.wait_state(parent["id"], "done", "failed")["state"] == "done"
+    children = list(Task.objects.filter(created_by_task_id=parent["id"]))
+    assert [c.folders for c in children] == [[str((folder / "docs").resolve())]]
+    refused = [e["data"]["refused"] for e in events_of(box, parent["id"], "error")]
+    assert refused == [{"code": "INVALID_SPEC", "field": "dependsOn", "message": f"no task '{stranger['id']}'"}]
