@@ -151,7 +151,11 @@ class BrowserSession:
             self._let_go_of_profile()
             raise StepFailed(f"the browser did not start: {exc}") from exc
         try:
-            url, path = self._wait_for_devtools()
+            devtools = self._read_output()
+            # Playwright's driver (a process of its own) starts while Chromium does: the two
+            # start-ups overlap instead of adding up.
+            self.playwright = sync_playwright().start()
+            url, path = devtools()
             self._devtools = (url, path)
             if sandboxed:
                 self.relay = DevtoolsRelay(self.proc.pid, DEVTOOLS_PORT, path)
@@ -164,7 +168,8 @@ class BrowserSession:
         threading.Thread(target=self._stop_when_the_run_stops, name="box-browser-stop", daemon=True).start()
 
     def _connect(self, url: str) -> None:
-        self.playwright = sync_playwright().start()
+        if self.playwright is None:
+            self.playwright = sync_playwright().start()
         self.browser = self.playwright.chromium.connect_over_cdp(url, timeout=START_TIMEOUT_S * 1000)
         self.context = self.browser.contexts[0] if self.browser.contexts else self.browser.new_context()
         self.context.set_default_timeout(15_000)
@@ -287,7 +292,8 @@ class BrowserSession:
         if fd >= 0:
             os.close(fd)  # releases the flock
 
-    def _wait_for_devtools(self) -> tuple[str, str]:
+    def _read_output(self) -> Callable[[], tuple[str, str]]:
+        """Drain Chromium's output from now on; returns the wait for its DevTools address."""
         assert self.proc is not None and self.proc.stderr is not None and self.proc.stdout is not None
         found: list[tuple[str, str]] = []
         ready = threading.Event()
@@ -305,10 +311,14 @@ class BrowserSession:
 
         threading.Thread(target=read, args=(self.proc.stderr, True), daemon=True).start()
         threading.Thread(target=read, args=(self.proc.stdout, False), daemon=True).start()
-        if not ready.wait(START_TIMEOUT_S) or not found:
-            tail = "; ".join(line for line in list(self._output)[-5:] if line)
-            raise StepFailed(f"the browser did not start{': ' + tail if tail else ''}")
-        return found[0]
+
+        def wait() -> tuple[str, str]:
+            if not ready.wait(START_TIMEOUT_S) or not found:
+                tail = "; ".join(line for line in list(self._output)[-5:] if line)
+                raise StepFailed(f"the browser did not start{': ' + tail if tail else ''}")
+            return found[0]
+
+        return wait
 
     def close(self) -> None:
         """Release everything; safe to call twice and after a failed start. Chromium is killed
