@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import hashlib
 import logging
 import os
@@ -341,8 +342,18 @@ def remove_user(name: str) -> None:
     """Delete a task user and its group (idempotent)."""
     _run_account_tool(["userdel", name], ok_codes={0, 6})  # 6: no such user
     # --user-group made a group of the same name; userdel removes it unless something else
-    # uses it. Remove it ourselves if it lingers, so group ids do not leak either.
-    _run_account_tool(["groupdel", name], ok_codes={0, 6})
+    # uses it. Remove it ourselves if it lingers, so group ids do not leak either (a check
+    # first: groupdel is one more turn at the machine-wide lock, and rarely needed).
+    if _group_exists(name):
+        _run_account_tool(["groupdel", name], ok_codes={0, 6})
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:

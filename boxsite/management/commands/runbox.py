@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -43,23 +44,34 @@ def start(argv: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, cwd=settings.BASE_DIR, start_new_session=True, preexec_fn=_die_with_parent)
 
 
-def stop_all(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+def stop_all(procs: dict[str, subprocess.Popen[bytes]], grace: float) -> dict[str, float]:
     """SIGTERM each process itself (never its group: a leader stops its own children in order);
-    SIGKILL the whole group of any still alive after ``grace`` seconds."""
-    for proc in procs:
+    SIGKILL the whole group of any still alive after ``grace`` seconds. Returns how long each
+    took to exit, in seconds (they stop side by side, so the stop takes the longest of them)."""
+    began = time.monotonic()
+    for proc in procs.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in procs:
+    took: dict[str, float] = {}
+
+    def wait(name: str, proc: subprocess.Popen[bytes]) -> None:
         try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            log.warning("process %s did not stop within %gs; killing it", proc.pid, grace)
+            log.warning("%s (process %s) did not stop within %gs; killing it", name, proc.pid, grace)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left (also after a clean exit)
         except ProcessLookupError:
             pass
         proc.wait()
+        took[name] = time.monotonic() - began
+
+    waiters = [threading.Thread(target=wait, args=item, name=f"stop-{item[0]}") for item in procs.items()]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join()
+    return took
 
 
 class Command(BaseCommand):
@@ -85,14 +97,9 @@ class Command(BaseCommand):
         self.stdout.write("Press Ctrl-C to stop.\n")
         self.stdout.flush()
 
-        stopping = False
-
-        def stop(*_: Any) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
+        stop = threading.Event()  # a signal wakes the watch loop at once
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         exit_code = 0
         started_worker = next_watch = time.monotonic()
         # A (re)started cluster gets time to come up before it is judged; on a loaded machine
@@ -100,36 +107,38 @@ class Command(BaseCommand):
         # has gone a while without needing one).
         wedged_s = 3 * settings.BOX_STUCK_S
         base_grace = grace = max(2 * wedged_s, 15.0)
-        while not stopping:
+        while not stop.is_set():
             for name, proc in procs.items():
                 if proc.poll() is not None:
                     self.stderr.write(f"{name} exited with {proc.returncode}; stopping the box")
-                    stopping, exit_code = True, 1
+                    stop.set()
+                    exit_code = 1
                     break
             now = time.monotonic()
-            if not stopping and now >= next_watch:
+            if not stop.is_set() and now >= next_watch:
                 next_watch = now + WATCH_EVERY_S
                 if now - started_worker > grace:
                     if self._cluster_stuck():
                         self.stderr.write(f"runs have waited {wedged_s:g}s while the worker cluster claimed none "
                                           "(its own watchdog did not restart it); restarting the worker process")
-                        stop_all([procs["worker"]], grace=min(5.0, settings.BOX_STOP_GRACE_S))
+                        stop_all({"worker": procs["worker"]}, grace=min(5.0, settings.BOX_STOP_GRACE_S))
                         procs["worker"] = start(children["worker"])
                         started_worker = time.monotonic()
                         grace = min(2 * grace, 300.0)
                         runs.resend_unclaimed()
                     elif now - started_worker > 2 * grace:
                         grace = base_grace  # it has been working for a while
-            time.sleep(0.2)
+            stop.wait(0.2)
         self.stdout.write("Stopping: running steps are handed back, then the box releases what its tasks hold.")
         self.stdout.flush()
         began = time.monotonic()
-        stop_all(list(procs.values()), grace=settings.BOX_STOP_GRACE_S)
+        took = stop_all(procs, grace=settings.BOX_STOP_GRACE_S)
         stopped = time.monotonic()
         close_old_connections()
         lifecycle.release_host()
-        self.stdout.write(f"The box stopped in {time.monotonic() - began:.1f}s (its processes {stopped - began:.1f}s, "
-                          f"releasing the host {time.monotonic() - stopped:.1f}s).")
+        each = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in took.items())
+        self.stdout.write(f"The box stopped in {time.monotonic() - began:.2f}s (its processes {stopped - began:.2f}s: "
+                          f"{each}; releasing the host {time.monotonic() - stopped:.2f}s).")
         sys.exit(exit_code)
 
     def _cluster_stuck(self) -> bool:
