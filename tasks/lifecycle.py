@@ -121,15 +121,16 @@ def release(task_id: str) -> bool:
     return ok
 
 
-def reconcile() -> None:
-    """At start-up: release every ended task whose resources a crash may have left behind."""
+def release_ended() -> None:
+    """Release every ended (or unknown) task that still holds something on this machine: what
+    a crash left behind, or a janitor whose process was stopped before it got to it."""
 
     for name, step in (("sandbox", sandbox.reconcile), ("layers", layers.reconcile)):
         # users and runtime dirs of ended or unknown tasks; mounts whose task is no longer active
         try:
             step()
-        except Exception:  # noqa: BLE001 - one leftover must not keep the box from starting
-            log.exception("reconciling %s leftovers failed; the box starts anyway", name)
+        except Exception:  # noqa: BLE001 - one leftover must not keep the others held
+            log.exception("releasing %s leftovers failed; the next start tries again", name)
 
     root = layers.paths.views_root()  # this machine's views
     if root.is_dir():
@@ -137,6 +138,11 @@ def reconcile() -> None:
         for entry in root.iterdir():
             if entry.name in ended:
                 release(entry.name)
+
+
+def reconcile() -> None:
+    """At start-up: release every ended task whose resources a crash may have left behind."""
+    release_ended()
     refill_soon()  # free task users ready before the first task asks
 
 

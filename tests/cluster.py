@@ -23,14 +23,20 @@ def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 
 
 def stop(proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> None:
-    """SIGTERM the process's whole session; SIGKILL what is left after ``grace`` seconds."""
+    """SIGTERM the process itself, as the supervisor does (a cluster leader stops its own
+    processes in order and finishes their releases); SIGKILL what is left of its session after
+    it exits, or after ``grace`` seconds."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

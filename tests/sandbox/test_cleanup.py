@@ -19,6 +19,7 @@ from tests.cluster import running_box
 from tests.conftest import database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow
 from tests.sandbox.conftest import needs_sandbox, outputs, uid_of
+from tests.test_runbox import _children
 
 pytestmark = needs_sandbox
 
@@ -103,3 +104,30 @@ def test_start_up_reconciles_users_of_ended_and_unknown_tasks_and_spares_active_
             sleeper.wait()
 
         release(unknown_id)
+
+
+def _mounts_of(task_id: str) -> list[str]:
+    data_dir = str(django_settings.BOX_DATA_DIR)
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if data_dir in line and task_id in line]
+
+
+def test_a_cluster_stopped_while_a_release_is_pending_finishes_it(sandboxed, cluster_mode, tmp_path):
+    """A task's release runs in its worker's background janitor after the final state; a stop
+    that ends the worker inside that window must still release it (view, user, processes)."""
+    with running_box(tmp_path, scheduler=False) as procs:
+        leader = procs["worker"]
+        task = sandboxed.create(title="ends right before the stop", flow=flow({"write": {"path": "a.txt", "content": "a"}},
+                                                                               {"run": "cat a.txt"}))
+        # Holding the task's release lock keeps the worker's janitor inside the release window.
+        with users.task_lock(task["id"]):
+            assert sandboxed.wait_state(task["id"], "done", "failed", timeout=60)["state"] == "done"
+            uid = uid_of(task["id"])
+            assert uid is not None and _mounts_of(task["id"]), "the release finished before the stop: no window"
+            leader.send_signal(signal.SIGTERM)
+            # The leader ends its processes (the janitor with its pending release among them) and
+            # then waits on the lock for its own release of the task.
+            wait_for(lambda: not _children(leader.pid), timeout=30, what="the cluster's workers to be gone")
+            assert leader.poll() is None
+        assert leader.wait(timeout=60) == 0
+        assert _mounts_of(task["id"]) == []
+        assert uid_of(task["id"]) is None and not _processes(uid)  # given back, scrubbed

@@ -3,7 +3,8 @@ itself when it stops claiming runs.
 
 SIGTERM or SIGINT to this process (the cluster leader, and only it) stops the cluster: first
 every worker process gets SIGUSR1, which stops the step in hand (its processes die) and hands
-the run back to resume at the next start; then django-q2 stops its processes in order.
+the run back to resume at the next start; then the cluster's processes end, and the leader
+finishes the releases of ended tasks their janitors had not (``tasks.lifecycle.release_ended``).
 
 Its own watchdog: every second the leader checks whether runs wait while the cluster claims
 nothing (``tasks.runs.cluster_stuck``: a killed django-q2 worker can leave the queue's read
@@ -28,7 +29,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connections
 from django_q.cluster import Cluster
 
-from tasks import runs
+from tasks import lifecycle, runs
 from tasks.jobs import hand_back_on_signal
 from tasks.models import Run, RunState
 
@@ -133,6 +134,13 @@ def stop_cluster(cluster: Cluster, grace: float) -> None:
             pass
     if sentinel is not None:
         sentinel.join()
+    # A worker's janitor releases a task after its final state, in the background: the kill cut
+    # short whatever it had not finished (a view still mounted, a user not given back).
+    close_old_connections()
+    try:
+        lifecycle.release_ended()
+    except Exception:  # noqa: BLE001 - no database: the next start's reconcile releases them
+        log.warning("could not finish the releases the stopped workers left; the next start will", exc_info=True)
     connections.close_all()
 
 
