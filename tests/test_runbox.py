@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -43,6 +45,14 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def python_start_s() -> float:
+    """How long a fresh Python process that imports Django's ORM takes right now: the pace of
+    this (shared, maybe loaded) machine, for bounds on how long a box process takes."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import django.db.models"], check=True)
+    return time.monotonic() - began
+
+
 def _alive(pids: set[int]) -> set[int]:
     alive = set()
     for pid in pids:
@@ -67,13 +77,16 @@ def box_env(request, tmp_path):
         database = f"box_runbox_{os.getpid()}"
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {database}"], check=True)
         env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{database}"
-        # One Redis db per person running suites side by side (BOX_TEST_REDIS_DB); only it is flushed.
-        redis_url = f"redis://127.0.0.1:6379/{int(os.environ.get('BOX_TEST_REDIS_DB', '13'))}"
-        redis.Redis.from_url(redis_url).flushdb()
-        env["REDIS_URL"] = redis_url
+        # The suite's Redis database; the box's queue name is its own, so nothing is flushed:
+        # only that queue's keys are removed after.
+        env["REDIS_URL"] = settings.REDIS_URL or "redis://127.0.0.1:6379/13"
     yield env
     if database:
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"], check=False)
+        client = redis.Redis.from_url(env["REDIS_URL"])
+        for key in client.scan_iter(match=f"django_q:{env['BOX_QUEUE_NAME']}:*"):
+            client.delete(key)
+        client.close()
 
 
 def _manage(env: dict[str, str], *args: str, extra: dict[str, str] | None = None) -> str:
@@ -117,9 +130,17 @@ def test_runbox_serves_runs_a_task_and_stops_all_three_on_ctrl_c(box_env, tmp_pa
         wait_for(lambda: data_dir not in Path("/proc/self/mountinfo").read_text(), timeout=30, what="the task's mounts to go")
         family = _children(proc.pid)
         assert len(family) >= 3  # web, worker (and its cluster processes), scheduler
+        pace = python_start_s()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         wait_for(lambda: not _alive(family), timeout=30, what="every process of the box to exit")
+        log.seek(0)
+        said = log.read()
+        assert "did not stop within" not in said  # nothing waited out a grace period and was killed
+        took = float(re.search(r"The box stopped in ([0-9.]+)s", said)[1])  # the stop's own measure
+        # An idle stop takes about a second on a quiet machine; a loaded one slows every process
+        # down, so the bound grows with how long a bare Python process takes to start right now.
+        assert took < 2.0 + 4 * pace, f"an idle stop took {took:.1f}s (a Python start takes {pace:.1f}s now)"
     finally:
         leftovers = _alive(_children(proc.pid))
         if proc.poll() is None:
