@@ -20,8 +20,10 @@ migrate: $(STAMP)
 run: migrate
 	$(PY) manage.py runbox
 
-# Lint and types first (fast), then the suite twice: on the embedded default (SQLite) and on
-# PostgreSQL. The suite includes the import-cycle check (tests/test_import_graph.py).
+# Lint and types first (fast), then the suite twice, in the box's two configurations: embedded
+# (SQLite, the ORM queue, polled live updates) and PostgreSQL + Redis. The suite includes the
+# import-cycle check (tests/test_import_graph.py). Each test worker's queue has a name of its own
+# in the Redis database (tests/conftest.py), so suites run side by side never flush or share it.
 test: lint typecheck test-sqlite test-postgres
 
 # Import order, imports only at the top of a module, unused code (ruff.toml).
@@ -32,10 +34,11 @@ typecheck: $(STAMP)
 	$(PY) -m mypy boxsite tasks approvals schedules
 
 test-sqlite: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL -u REDIS_URL $(PY) -m pytest $(PYTEST_ARGS)
 
 test-postgres: $(STAMP)
-	DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(PY) -m pytest $(PYTEST_ARGS)
+	DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} \
+	REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/13} $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/dispatch.py

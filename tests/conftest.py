@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 from django.dispatch import receiver
@@ -48,6 +49,24 @@ def _worker_data_dir(worker_id: str) -> Iterator[None]:
         lifecycle.janitor.drain()
         users.drop_stale_claims()
         users.empty_pool()  # the pool's free task users (claimed ones are released by each test)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _worker_queue(worker_id: str) -> Iterator[None]:
+    """Each test worker's queue has a name of its own. With REDIS_URL, test workers (and suites
+    run side by side) share a Redis database: a cluster must never take another's runs. Nothing
+    is flushed; the queue's own keys are removed at the end."""
+    name = f"box-test-{worker_id}-{os.getpid()}"
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "name": name}
+    # django-q2 read the name once, at import (it also salts the jobs' signatures).
+    Conf.PREFIX = Conf.CLUSTER_NAME = name
+    Conf.Q_STAT = f"django_q:{name}:cluster"
+    yield
+    if settings.REDIS_URL:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        for key in client.scan_iter(match=f"django_q:{name}:*"):
+            client.delete(key)
+        client.close()
 
 
 @receiver(setting_changed)
@@ -135,6 +154,7 @@ def database_env() -> dict[str, str]:
         env["BOX_SQLITE_PATH"] = str(name)
     env["BOX_DATA_DIR"] = str(settings.BOX_DATA_DIR)
     env["BOX_USER_POOL"] = str(settings.BOX_USER_POOL)
+    env["BOX_QUEUE_NAME"] = str(settings.Q_CLUSTER["name"])  # this test worker's own queue
     # Queued jobs are signed with this process's key, which came from the original data dir.
     env["DJANGO_SECRET_KEY"] = settings.SECRET_KEY
     return env
