@@ -17,12 +17,13 @@ ended (or the deadline passed) it stops the box with Ctrl-C and prints:
 - leftovers: task users, their processes and mounts in the data dir after the stop.
 
 All zero is the bar. Usage: .venv/bin/python bench/chaos.py [--tasks N] [--kills K] [--db-faults T]
+(PostgreSQL + Redis: Redis database ``BOX_BENCH_REDIS_DB``, default 7, where only the bench's own
+queue's keys are touched).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import pwd
 import random
 import signal
 import subprocess
@@ -34,6 +35,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import redis
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import PYTHON, ROOT, api_request, free_port  # noqa: E402
@@ -42,7 +45,8 @@ STEPS = 3
 # Each step appends a line to a file of its task's own (the workspace's stack shows every
 # earlier task's files to later tasks), as the last thing it does.
 FLOW = {"steps": [{"run": f"sleep 1.{2 * i}; echo step{i} >> .effects-$BOX_TASK_ID", "name": f"step {i}"} for i in range(STEPS)]}
-REDIS_DB = os.environ.get("BOX_BENCH_REDIS_DB", "13")
+# The bench's queue has a name of its own in this database: nothing else in it is touched.
+REDIS_DB = os.environ.get("BOX_BENCH_REDIS_DB", "7")
 
 
 def _children(pid: int) -> set[int]:
@@ -92,7 +96,6 @@ class ChaosBox:
             subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {self.db_name}"], check=True)
             self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{self.db_name}"
             self.env["REDIS_URL"] = f"redis://127.0.0.1:6379/{REDIS_DB}"
-            subprocess.run(["redis-cli", "-n", REDIS_DB, "FLUSHDB"], check=False, capture_output=True)
         self.proc: subprocess.Popen[bytes] | None = None
         self.token = ""
 
@@ -170,7 +173,10 @@ class ChaosBox:
         if self.db_name:
             subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)"],
                            check=False, capture_output=True)
-            subprocess.run(["redis-cli", "-n", REDIS_DB, "FLUSHDB"], check=False, capture_output=True)
+            client = redis.Redis.from_url(self.env["REDIS_URL"])
+            for key in client.scan_iter(match=f"django_q:{self.env['BOX_QUEUE_NAME']}:*"):
+                client.delete(key)
+            client.close()
 
 
 def _states(box: ChaosBox, ids: list[str]) -> dict[str, str]:
@@ -197,18 +203,16 @@ def _recorded_twice(box: ChaosBox, task_id: str) -> int:
     return sum(results.count(step) - 1 for step in set(results))
 
 
-def _leftovers(data: Path, ids: list[str]) -> list[str]:
-    found = []
-    for task_id in ids:
-        try:
-            entry = pwd.getpwnam(f"box-{task_id}")
-            found.append(f"user {entry.pw_name}")
-        except KeyError:
-            pass
+def _leftovers(box: ChaosBox) -> list[str]:
+    """What the stopped box left on the host: its task users (with their processes), mounts in
+    its data dir. The users are found by the box's own code (their comment names the box)."""
+    found = box.manage("shell", "-c", "from tasks.sandbox import users\n"
+                       "for i in users.pool_users(): print('user', i.name, 'processes', users.processes_of(i.uid))")
+    leftovers = [line for line in found.splitlines() if line.startswith("user ")]
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        if str(data) in line:
-            found.append("mount " + line.split()[4])
-    return found
+        if str(box.data) in line:
+            leftovers.append("mount " + line.split()[4])
+    return leftovers
 
 
 def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: float) -> dict[str, Any]:
@@ -251,7 +255,7 @@ def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: floa
             "lost": sum(s == "queued" for s in states.values()),
             "stuck": sum(s in ("running", "waiting") for s in states.values()),
             "failed": sum(s == "failed" for s in states.values()),
-            "twice": twice, "recorded_twice": recorded_twice, "leftovers": len(_leftovers(box.data, ids)), "stop_s": stop_s,
+            "twice": twice, "recorded_twice": recorded_twice, "leftovers": _leftovers(box), "stop_s": stop_s,
             "elapsed_s": time.monotonic() - started,
         }
     finally:
@@ -280,7 +284,10 @@ def main() -> None:
           f"{'failed':>6} {'twice':>5} {'rec.twice':>9} {'left':>5} {'stop s':>6} {'total s':>7}")
     for label, r in rows:
         print(f"{label:30} {r['tasks']:5} {r['kills']:5} {r['db_faults']:3} {r['done']:5} {r['lost']:5} {r['stuck']:5} "
-              f"{r['failed']:6} {r['twice']:5} {r['recorded_twice']:9} {r['leftovers']:5} {r['stop_s']:6.1f} {r['elapsed_s']:7.0f}")
+              f"{r['failed']:6} {r['twice']:5} {r['recorded_twice']:9} {len(r['leftovers']):5} {r['stop_s']:6.1f} {r['elapsed_s']:7.0f}")
+    for label, r in rows:
+        for leftover in r["leftovers"]:
+            print(f"left by {label}: {leftover}")
     print("\n(bar: lost, stuck, failed, rec.twice and left all 0; twice counts every step completion beyond one,"
           "\n also those cut off before their record, which run again by design; each run also kills and restarts"
           "\n the whole box once)")
