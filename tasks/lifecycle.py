@@ -163,8 +163,15 @@ def release_host() -> None:
         except Exception:  # noqa: BLE001 - as above
             log.exception("releasing the sandbox of active task %s at stop failed", task_id)
     layers.unmount_views(active)
+    empty_spare_pool()  # also any user given back to it since
+
+
+def empty_spare_pool() -> None:
+    """When the box stops: delete the pool's free task users (the box leaves no account behind).
+    Safe while other processes still give users back or make new ones: those stay for the next
+    call, and the stop makes one after its processes are gone."""
     if sandbox.available():
         try:
-            users.empty_pool()  # the pool's free users: the box leaves no account behind
-        except Exception:  # noqa: BLE001 - as above
+            users.empty_pool()
+        except Exception:  # noqa: BLE001 - the next start tries again
             log.exception("removing the pool of task users at stop failed; the next start tries again")
