@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,6 +178,10 @@ class ChaosBox:
             for key in client.scan_iter(match=f"django_q:{self.env['BOX_QUEUE_NAME']}:*"):
                 client.delete(key)
             client.close()
+        if str(self.data) in Path("/proc/self/mountinfo").read_text():
+            print(f"left {self.data} in place: something is still mounted in it")
+        else:
+            shutil.rmtree(self.data, ignore_errors=True)
 
 
 def _states(box: ChaosBox, ids: list[str]) -> dict[str, str]:
