@@ -28,9 +28,11 @@ def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
             # (tasks.broker.holds); it goes on by itself once the pause is decided.
             runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
             return False
-        if task.state == State.QUEUED:
+        if task.state == State.QUEUED and task.started_at is None:
             services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
             record_isolation(task)  # the task's first words after it starts: what confines it
+        elif task.state == State.QUEUED:  # retried after a failure (services.retry_task)
+            services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
         elif task.state == State.WAITING:
             services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
         return True

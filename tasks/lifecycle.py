@@ -15,12 +15,15 @@ refills the pool of task users after a claim took one.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import logging
 import multiprocessing.util
 import os
 import queue
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.db import connection
@@ -100,16 +103,40 @@ def refill_soon() -> None:
     janitor.submit(_REFILL)
 
 
+@contextmanager
+def _holding(task_id: str) -> Iterator[None]:
+    """One of ``prepare`` and ``release`` of a task at a time, across the box's processes. A
+    retried task (failed, then queued again) may start its next run while the janitor still
+    releases its failure: the run's ``prepare`` waits for that release to finish, and a release
+    that comes later finds the task active and leaves it alone."""
+    fd = os.open(layers.paths.lock_file("lifecycle", task_id), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def prepare(task: Task) -> Path:
-    sandbox.prepare(task.pk)  # the task's user first: the view is made for it
-    if sandbox.available() and users.refill_wanted():
-        refill_soon()  # the claim took a free user: make the next one off this path
-    return layers.open_view(task)
+    with _holding(task.pk):
+        sandbox.prepare(task.pk)  # the task's user first: the view is made for it
+        if sandbox.available() and users.refill_wanted():
+            refill_soon()  # the claim took a free user: make the next one off this path
+        return layers.open_view(task)
 
 
 def release(task_id: str) -> bool:
     """Run every release step, each even when one before it failed. False if any failed: the
-    failure is logged with its reason, and start-up reconcile tries again."""
+    failure is logged with its reason, and start-up reconcile tries again. A task that is
+    active again (retried after its failure) is left alone: its next run uses what it holds."""
+    with _holding(task_id):
+        if Task.objects.filter(pk=task_id, state__in=ACTIVE).exists():
+            log.info("task %s is active again; its release is skipped", task_id)
+            return True
+        return _release_steps(task_id)
+
+
+def _release_steps(task_id: str) -> bool:
     ok = True
     # processes, broker socket, the task's user; then mounts, and the layer joins, stays apart, or goes
     for name, step in (("sandbox", sandbox.release), ("layers", layers.release)):

@@ -32,6 +32,8 @@ def next_calls(task: Task) -> list[str]:
     if task.state != State.UNDONE and task.review != Review.KEPT:
         calls.append("undo")
     calls += ["diff", "report"]
+    if task.state == State.FAILED and task.recoverable is True:
+        calls.append("retry")  # in place, from the step that failed (tasks.services.retry_task)
     if is_final_view(task):
         calls.append("rerun")
     return calls

@@ -22,7 +22,7 @@ from tasks.layers.roots import changes_of
 from tasks.layers.task_view import seal_layer
 from tasks.models import Condition, Dependency, EventKind, Layer, LayerState, Run, RunKind, RunState, Task
 from tasks.presenters import is_final_view
-from tasks.spec import TaskSpec, parse_spec
+from tasks.spec import RetryBody, TaskSpec, parse_spec
 from tasks.states import ACTIVE, FINAL, Review, State, can_move, can_move_review
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ def transition(
         fields["started_at"] = now
     if new_state in FINAL and old_state not in FINAL:
         fields["finished_at"] = now
+    if old_state in FINAL and new_state in ACTIVE:  # a retry: live again, with no error of its own
+        fields.update(finished_at=None, error="", recoverable=None, hint="")
     if new_state in FINAL:
         fields.setdefault("step", "")  # nothing is being done any more: "Doing now" must not say otherwise
     if new_state == State.UNDONE:
@@ -108,6 +110,8 @@ def transition(
         _write_task(task, EventKind.STATUS, summary, detail, state=new_state, **fields)
         if new_state in FINAL:
             layers.on_final_move(task, new_state)  # the layer joins, stays apart or leaves, in this transaction
+        elif old_state in FINAL:
+            layers.on_retry(task)  # the layer is the task's again; its next run reopens its files
         if new_state in FINAL and old_state in ACTIVE:
             _close_blockers(task)
             ended = task.pk  # dependents start before the release's slow steps ...
@@ -364,6 +368,71 @@ def rerun_task(principal: Principal, task_id: str, body: Any, *, source: str | N
     if not is_final_view(task):
         raise Conflict(f"task '{task.pk}' is {task.state}; only an ended task can run again (cancel it first)")
     return create_task({**spec_of(task), **body}, principal, source=source)
+
+
+def retry_task(principal: Principal, task_id: str, body: Any) -> Task:
+    """Send a recoverably failed task back to the queue, in place: the limits and budget the body
+    names raised first (never lowered), its layer reopened, a ``retry`` run resuming from the step
+    that failed with what earlier runs saved (``task.resume``, ``task.records``).
+
+    Two retries at once: the conditional update (``_write_task``) lets exactly one through."""
+    fields = RetryBody.parse({} if body is None else body)
+    task = get_task_for(principal, task_id)
+    _refuse_retry(task, fields.get("version"))
+    raised = _raised(task, fields)
+    # The failure's release (processes, user, mounts, the layer sealed) may still be in the
+    # janitor's hands: finish it here, so the retry's run starts from a settled layer. Idempotent.
+    lifecycle.release(task.pk)
+    with transaction.atomic():
+        _refuse_at_capacity(BoxSettings.objects.select_for_update().get_or_create(pk=1)[0].max_active_tasks)
+        updates: dict[str, Any] = {}
+        if "limits" in raised:
+            updates["limits"] = {**task.limits, **raised["limits"]}
+        if "budgetCents" in raised:
+            updates["budget_cents"] = raised["budgetCents"]
+        shown = [f"limits.{name} to {value}" for name, value in raised.get("limits", {}).items()]
+        shown += [f"budgetCents to {raised['budgetCents']}"] if "budgetCents" in raised else []
+        summary = f"queued again: retried by the owner ({principal.via})" + (f"; raised {', '.join(shown)}" if shown else "")
+        step = int((task.resume or {}).get("step", 0))
+        transition(task, State.QUEUED, summary=summary,
+                   data={"by": principal.via, "retry": True, "raised": raised, "from_step": step + 1}, **updates)
+        runs.create_run(task, RunKind.RETRY, resume=task.resume)
+    return task
+
+
+def _refuse_retry(task: Task, version: int | None) -> None:
+    if task.state != State.FAILED:
+        raise Conflict(f"a {task.state} task cannot be retried; only a failed task whose failure is recoverable can",
+                       field="state", state=task.state)
+    if task.recoverable is not True:
+        raise Conflict("this failure is not recoverable: retrying would fail the same way; fix the spec and rerun it "
+                       "as a new task", field="recoverable", state=task.state)
+    if version is not None and version != task.version:
+        raise Conflict(f"the task is at version {task.version}, not {version}; reload it and try again",
+                       field="version", state=task.state)
+
+
+def _raised(task: Task, fields: dict[str, Any]) -> dict[str, Any]:
+    """The limits and budget the retry raises, each checked against the one in force: lowering
+    (or bounding an unbounded limit) is a 400 naming the field."""
+    raised: dict[str, Any] = {}
+    for name, value in (fields.get("limits") or {}).items():
+        now = task.limit(name)
+        if now is None:
+            raise InvalidRequest(f"'limits.{name}' is unbounded for this task; a retry only raises limits",
+                                 field=f"limits.{name}")
+        if value < now:
+            raise InvalidRequest(f"'limits.{name}' is {now} for this task; a retry only raises limits (at least {now})",
+                                 field=f"limits.{name}")
+        if value > now:
+            raised.setdefault("limits", {})[name] = value
+    budget = fields.get("budgetCents")
+    if budget is not None and budget < task.budget_cents:
+        raise InvalidRequest(f"'budgetCents' is {task.budget_cents} for this task; a retry only raises it "
+                             f"(at least {task.budget_cents})", field="budgetCents")
+    if budget is not None and budget > task.budget_cents:
+        raised["budgetCents"] = budget
+    return raised
 
 
 @transaction.atomic

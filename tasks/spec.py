@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from boxsite.errors import (
+    BoxError,
     Conflict,
     Forbidden,
     InvalidFlow,
     InvalidOutput,
+    InvalidRequest,
     InvalidSpec,
     NotAvailable,
     OriginsRequired,
@@ -161,7 +163,7 @@ class ConstraintsBody(Body):
 class LimitsBody(Body):
     """``limits``: what a task may use; the box stops it at the first it reaches."""
 
-    error = InvalidSpec
+    error: ClassVar[type[BoxError]] = InvalidSpec
     prefix = "limits."
     what = "'limits'"
     not_object = "{what} must be an object"
@@ -437,6 +439,31 @@ class RerunBody(TaskSpecBody):
     """``POST /api/tasks/<id>/rerun``: any spec field, each replacing the ended task's."""
 
     title = Text(max_length=200, required=False, help_text="every field optional: it replaces the ended task's")
+
+
+class RaisedLimitsBody(LimitsBody):
+    """``limits`` of a retry: only the limits given, each checked as in a spec (no defaults
+    added). Whether each raises the limit in force is the service's check (it needs the task)."""
+
+    error = InvalidRequest
+
+    def _resource(self, name: str, value: Any) -> Any:
+        unenforced = resource_limits_unavailable(name)
+        if value is not MISSING and unenforced is not None:
+            raise NotAvailable(f"'limits.{name}' cannot be enforced on this box: {unenforced}", field=f"limits.{name}")
+        return value
+
+
+class RetryBody(Body):
+    """``POST /api/tasks/<id>/retry``: what to raise before a recoverable failure goes on. Every
+    field optional; a value may raise a limit or the budget, never lower it."""
+
+    hints: ClassVar[dict[str, str]] = {"budget": "budgetCents"}
+
+    limits = RaisedLimitsBody(required=False, help_text="limits to raise (the names a spec's 'limits' takes)")
+    budgetCents = Whole(required=False, source="budget_cents", help_text="a budget at least the current one")
+    version = Whole(required=False, invalid="'version' is the task version you saw (a whole number)",
+                    help_text="the task version you saw; another is a 409")
 
 
 # The JSON Schema keywords an output schema may use: enough to describe a result's shape, and

@@ -16,6 +16,7 @@ urlpatterns = [
     path("tasks/<str:task_id>/continue", views.task_continue, name="task-continue"),
     path("tasks/<str:task_id>/report", views.task_report, name="task-report"),
     path("tasks/<str:task_id>/rerun", views.task_rerun, name="task-rerun"),
+    path("tasks/<str:task_id>/retry", views.task_retry, name="task-retry"),
     path("tasks/<str:task_id>/runs", views.task_runs, name="task-runs"),
     path("tasks/<str:task_id>/dependencies", views.task_dependencies, name="task-dependencies"),
     path("tasks/<str:task_id>/artifacts/<path:name>", views.task_artifact, name="task-artifact"),

@@ -21,7 +21,7 @@ from tasks.facts import redactor_for
 from tasks.models import Run, Task, TaskEvent
 from tasks.presenters import present_event, present_run, present_task
 from tasks.report import build_report
-from tasks.spec import RerunBody, TaskSpecBody
+from tasks.spec import RerunBody, RetryBody, TaskSpecBody
 from tasks.states import State
 
 TASK_SORTS = {
@@ -158,6 +158,14 @@ def task_rerun(request: Request, task_id: str) -> Response:
     principal = Principal.of(request)
     task = services.rerun_task(principal, task_id, request.data, source=channel_source(principal, request.data))
     return Response(present_task(task), status=201)
+
+
+@extend_schema(request=RetryBody, responses={200: schema.TaskView})
+@api_view(["POST"])
+def task_retry(request: Request, task_id: str) -> Response:
+    """Retry a recoverably failed task in place, from the step that failed; the body may raise
+    its limits and budget first (never lower them)."""
+    return Response(present_task(services.retry_task(Principal.of(request), task_id, request.data)))
 
 
 @extend_schema(request=ContinueBody, responses={200: schema.TaskView})

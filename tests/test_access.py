@@ -33,6 +33,7 @@ TASK_ROUTES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "task-cancel": ("post", "/cancel", {}),
     "task-undo": ("post", "/undo", {}),
     "task-rerun": ("post", "/rerun", {}),
+    "task-retry": ("post", "/retry", {}),
     "task-artifact": ("get", "/artifacts/out.txt", {}),
     "task-runs": ("get", "/runs", {}),
     "task-dependencies": ("post", "/dependencies", {"task": "tk0nothere"}),

@@ -5,6 +5,7 @@ layers of done tasks, newest first). The hooks the rest of the box calls:
 
 - ``open_view(task)``: at the start of every run; idempotent (a retry gets the same view).
 - ``on_final_move(task, state)``: inside the transaction that ends a task or undoes it.
+- ``on_retry(task)``: inside the transaction that sends a failed task back to the queue.
 - ``release(task_id)``: after commit of every final move, and at start-up; always unmounts.
 - ``reconcile()``: at start-up, unmounts whatever a crash left mounted under the data dir.
 """
@@ -14,13 +15,13 @@ import logging
 import shutil
 
 from tasks.layers import disk, mounts, paths
-from tasks.layers.task_view import on_final_move, open_view, release
+from tasks.layers.task_view import on_final_move, on_retry, open_view, release
 from tasks.models import Task
 from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["on_final_move", "open_view", "reconcile", "release", "unmount_views"]
+__all__ = ["on_final_move", "on_retry", "open_view", "reconcile", "release", "unmount_views"]
 
 
 def reconcile() -> None:

@@ -170,13 +170,14 @@ def _mount(image: Path, point: Path) -> None:
     mounts.mount_image(image, point)
 
 
-def _reserve(point: Path, limit_mb: int) -> None:
-    """Take every free block but ``limit_mb`` (once: an existing ballast is kept)."""
+def _reserve(point: Path, limit_mb: int, used_bytes: int = 0) -> None:
+    """Take every free block but ``limit_mb`` less ``used_bytes`` (what a retried task's layer
+    already holds), once: an existing ballast is kept."""
     ballast = point / RESERVE
     if ballast.exists():
         return
     st = os.statvfs(point)
-    extra = st.f_bavail * st.f_frsize - limit_mb * MB
+    extra = st.f_bavail * st.f_frsize - max(0, limit_mb * MB - used_bytes)
     if extra < 0:
         raise DiskError(errno.ENOSPC, f"the task's disk image has {st.f_bavail * st.f_frsize // MB} MB free, "
                                       f"less than its limit of {limit_mb} MB")
@@ -290,12 +291,13 @@ def mounted(task_id: str) -> Path | None:
     return point
 
 
-def reserve(task_id: str, limit_mb: int) -> None:
+def reserve(task_id: str, limit_mb: int, *, used_bytes: int = 0) -> None:
     """After the view is made (the copy driver's working copy is in the image): leave the task
-    exactly ``limit_mb`` to write. A spare image has its ballast already."""
+    exactly ``limit_mb`` to write, less ``used_bytes`` its reopened layer already holds. A spare
+    image has its ballast already."""
     point = mount_point(task_id)
     if not (point / RESERVE).exists() and mounts.is_mounted(point):
-        _reserve(point, limit_mb)
+        _reserve(point, limit_mb, used_bytes)
 
 
 def bind(source: Path, target: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,17 @@ from tasks.events import record_event
 from tasks.layers import compaction, disk, mounts, paths, review
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.diff import Change
+from tasks.layers.driver import Root
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
-from tasks.layers.roots import changes_of, roots_for
-from tasks.layers.tree import DIR, LayerTree, Meta, NativeMarkers
+from tasks.layers.roots import changes_of, roots_for, tree_for
+from tasks.layers.tree import DIR, LayerTree, Meta, NativeMarkers, apply_layer
 from tasks.models import EventKind, Layer, LayerState, Task, Workspace
 from tasks.sandbox import users
 from tasks.states import ACTIVE, State
 
 log = logging.getLogger(__name__)
+
+REOPENED = ".reopened"  # a retried copy-driver task's layer, until it is laid over its new view
 
 
 def current_stack(workspace: Workspace) -> list[str]:
@@ -65,11 +69,13 @@ def _record_layer(task: Task) -> Layer:
 
 
 def open_view(task: Task) -> Path:
-    """The directory ``task`` works in, over the stack it recorded at its first start."""
+    """The directory ``task`` works in, over the stack it recorded at its first start. A retried
+    task's sealed layer is reopened first (``_reopen``): its view shows what its earlier runs wrote."""
     layer = _record_layer(task)
     driver = get_driver(layer.driver)
     for lower_id in task.layers:
         seal_layer(lower_id, native=driver.markers == "native")
+    held = _reopen(task, layer)
     disk_mb = _open_disk(task, layer)
     roots = roots_for(task, layer, for_mount=True)
     with layer_lock(task.pk):
@@ -84,12 +90,13 @@ def open_view(task: Task) -> Path:
         owner = _sandbox_owner(task)
         for root in roots:
             driver.open(root, owner)
+        _lay_back(task.pk, roots)
         if disk_mb is not None:
             if driver.name == "copy":  # the working copy is in the image: show it where the task works
                 own = disk.mount_point(task.pk) / "view"
                 own.mkdir(exist_ok=True)
                 disk.bind(own, paths.view_dir(task.pk))
-            disk.reserve(task.pk, disk_mb)
+            disk.reserve(task.pk, disk_mb, used_bytes=held)
         meta = Meta.load(paths.layer_dir(task.pk))
         if not meta.driver:
             meta.driver, meta.format = driver.name, driver.markers
@@ -118,6 +125,78 @@ def _open_disk(task: Task, layer: Layer) -> int | None:
     with layer_lock(task.pk):
         disk.create(task.pk, limit, content_bytes=content[0], content_files=content[1])
     return limit
+
+
+def _reopen(task: Task, layer: Layer) -> int:
+    """A retried task's layer was sealed when it failed: make it writable again, once. Returns
+    the bytes it already holds, which count against a disk limit (0 when nothing was reopened).
+
+    Overlay: the sealed upper is a valid upper again (the seal only dropped unchanged copy-ups and
+    rewrote opaque directories as whiteouts). Copy: the layer is set aside (``REOPENED``); the
+    driver materialises the view from the stack as at the first start (so its manifest, and the
+    next seal, compare against the stack, not against the earlier run's files), and ``_lay_back``
+    lays the set-aside layer over it. With a disk limit, a new image is made at the limit now in
+    force (a retry may have raised it) and the overlay upper moves into it."""
+    directory = paths.layer_dir(task.pk)
+    with layer_lock(task.pk):
+        meta = Meta.load(directory)
+        if not meta.sealed:
+            return 0
+        upper = directory / "upper"
+        upper.mkdir(exist_ok=True)
+        held_bytes, held_files = disk.content_size([upper])
+        limit = task.limit("disk_mb") if sandbox.available() and disk.unavailable() is None else None
+        if layer.driver == "copy":
+            aside = directory / REOPENED
+            if not (aside / "upper").exists():
+                aside.mkdir(exist_ok=True)
+                Meta(format=meta.format, deleted=set(meta.deleted), opaque=set(meta.opaque)).save(aside)
+                os.rename(upper, aside / "upper")
+                upper.mkdir()
+            meta.deleted, meta.opaque = set(), set()
+            if limit is not None:
+                lowers = [tree.root for root in roots_for(task, layer, for_mount=False) for tree in root.lowers]
+                content = disk.content_size([*lowers, aside / "upper"])
+                disk.create(task.pk, limit, content_bytes=content[0], content_files=content[1])
+        elif limit is not None:
+            point = disk.create(task.pk, limit, content_bytes=held_bytes, content_files=held_files)
+            if not (point / "upper").exists():
+                partial = point / ".upper.reopening"
+                shutil.rmtree(partial, ignore_errors=True)
+                subprocess.run(["cp", "-a", "--sparse=always", f"{upper}/.", str(partial)], check=True, capture_output=True)
+                os.rename(partial, point / "upper")
+            shutil.rmtree(upper)
+        meta.sealed = False
+        meta.save(directory)
+    log.info("reopened the sealed layer of retried task %s (%d bytes)", task.pk, held_bytes)
+    return held_bytes
+
+
+def _lay_back(task_id: str, roots: list[Root]) -> None:
+    """Call under the layer lock, after the driver opened the view: a copy layer ``_reopen`` set
+    aside goes back over the view, where the task's next seal finds it as its own changes."""
+    aside = paths.layer_dir(task_id) / REOPENED
+    if not aside.is_dir():
+        return
+    meta = Meta.load(aside)
+    for root in roots:
+        apply_layer(tree_for(aside, meta, root.name), root.view, None, share=False)
+    shutil.rmtree(aside)
+
+
+def _restore_set_aside(directory: Path, meta: Meta, roots: list[Root]) -> None:
+    """A seal of a copy layer whose reopening did not finish (its run never got past opening
+    the view): the set-aside layer is the task's layer again, and the bare view is dropped."""
+    aside = directory / REOPENED
+    if not aside.is_dir():
+        return
+    for root in roots:
+        shutil.rmtree(root.view, ignore_errors=True)
+    kept = Meta.load(aside)
+    shutil.rmtree(directory / "upper", ignore_errors=True)
+    os.rename(aside / "upper", directory / "upper")
+    meta.deleted, meta.opaque = kept.deleted, kept.opaque
+    shutil.rmtree(aside)
 
 
 def _sandbox_owner(task: Task) -> tuple[int, int] | None:
@@ -172,6 +251,7 @@ def seal_layer(task_id: str, *, native: bool = False) -> None:
                 _unmount(task_id)
                 disk.settle(task_id)
             roots = roots_for(task, layer, for_mount=False)
+            _restore_set_aside(directory, meta, roots)
             for root in roots:
                 driver.seal(root, meta)
             disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
@@ -312,6 +392,12 @@ def refresh_workspace(workspace: Workspace) -> None:
 
 
 # --- the layer follows the task's state ------------------------------------------------------
+
+def on_retry(task: Task) -> None:
+    """Inside the transaction that sent a failed task back to the queue: its layer is active
+    again (the next ``open_view`` reopens its files)."""
+    Layer.objects.filter(task=task).update(state=LayerState.ACTIVE)
+
 
 def on_final_move(task: Task, new_state: str) -> None:
     """Inside the transaction that moved ``task`` to a final state: the layer joins the
