@@ -39,7 +39,7 @@ class Retry:
     note: str
     note_data: dict[str, Any] = field(default_factory=dict)
     give_up: str = ""  # the task's error once ``attempt`` is past the budget
-    hint: str = "continue or start the task again"
+    hint: str = "retry the task"
     doing_now: str = ""  # shown as the task's step ("Doing now") while the retry waits
 
 
@@ -92,7 +92,7 @@ def reap_expired(now: Any = None) -> int:
             note=f"worker lost (lease expired); retrying in {delay:g}s, attempt {run.attempt + 1} of {max_attempts}",
             note_data={"run": run.number, "attempt": run.attempt + 1},
             give_up=f"the worker was lost {run.attempt} times (its lease expired each time); gave up after {run.attempt} attempts",
-            hint="check the worker logs; continue or start the task again once the cause is fixed",
+            hint="check the worker logs; retry the task once the cause is fixed",
         )
 
     expired = list(
@@ -120,7 +120,7 @@ def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = Fa
                  f"{f' in {delay:g}s' if delay else ''}, attempt {attempt} of {max_attempts}",
             note_data={"run": run.number, "handed_back": True, "attempt": attempt},
             give_up=f"{why}; gave up after {run.attempt} attempts",
-            hint="check the database and the box's log; continue the task once it is fixed",
+            hint="check the database and the box's log; retry the task once it is fixed",
         )
 
     return _lose(run_id, token, outcome="handed back", error=why, plan=plan, charged=counts_as_attempt).closed

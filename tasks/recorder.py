@@ -139,7 +139,7 @@ class StepRecorder:
                 raise LimitReached(
                     limit_name,
                     f"the task used all of its {limit_name} ({limit})",
-                    f"raise limits.{limit_name} above {limit} and run the task again",
+                    f"raise limits.{limit_name} above {limit} and retry the task",
                 )
             spent[counter] = spent.get(counter, 0) + amount
             Task.objects.filter(pk=task.pk).update(spent=spent)

@@ -181,11 +181,11 @@ def check_limits(ctx: RunContext) -> None:
     if cgroups.memory_exhausted(ctx.task.pk):
         limit = _limit(ctx.task, "memory_mb")
         raise LimitReached("memory_mb", f"memory limit of {size_text(limit)} reached",
-                           f"raise limits.memory_mb above {limit} and run the task again")
+                           f"raise limits.memory_mb above {limit} and retry the task")
     disk_mb = ctx.task.limit("disk_mb")
     if disk_mb is not None and disk.reached(ctx.task.pk, disk_mb):
         raise LimitReached("disk_mb", f"disk limit of {size_text(disk_mb)} reached",
-                           f"raise limits.disk_mb above {disk_mb} and run the task again")
+                           f"raise limits.disk_mb above {disk_mb} and retry the task")
 
 
 def size_text(megabytes: int) -> str:

@@ -176,7 +176,7 @@ class AgentLoop:
                 self._result(turn, began, clock, {"error": exc.message, "errorKind": exc.kind}, ok=False,
                              summary=f"turn {turn}: the model failed: {exc.message}")
                 return Failed(f"the model failed: {exc.message}", recoverable=True,
-                              hint="check Settings → Model (Test connection), then run the task again")
+                              hint="check Settings → Model (Test connection), then retry the task")
             charged = budget.charge_model(self.ctx.recorder, decision.cost_cents, f"model turn {turn}",
                                           {"step": turn, **decision.usage.shown()})
             self._result(turn, began, clock, {"decision": decision.shown(), "usage": decision.usage.shown(),

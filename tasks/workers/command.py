@@ -70,7 +70,7 @@ class CommandWorker:
         record_result(ctx, 0, 1, "command", began, clock, evidence, error=error)
         if done.timed_out:
             return Failed("the worker ran out of time (limits.max_elapsed_ms)", recoverable=True,
-                          hint="raise limits.max_elapsed_ms and run the task again")
+                          hint="raise limits.max_elapsed_ms and retry the task")
         if done.code == 0:
             return Done("worker exited with 0")
         last = done.stderr.strip().splitlines()[-1].strip() if done.stderr.strip() else ""

@@ -294,7 +294,7 @@ class FlowWorker:
                     if replanned is not None:
                         return replanned
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
-                              hint="fix the cause and run the task again")
+                              hint="fix the cause and retry the task")
             if "save" in step:
                 records[step["save"]] = result
                 known[step["save"]] = result
@@ -604,4 +604,4 @@ def check_time(ctx: RunContext) -> None:
     if left is not None and left <= 0:
         limit = ctx.task.limit("max_elapsed_ms")
         raise LimitReached("max_elapsed_ms", f"the task used all of its running time (limits.max_elapsed_ms = {limit})",
-                           f"raise limits.max_elapsed_ms above {limit} and run the task again")
+                           f"raise limits.max_elapsed_ms above {limit} and retry the task")

@@ -68,7 +68,7 @@ def write_plan(ctx: RunContext, *, extra: str = "", keep: list[dict[str, Any]] |
                           approval=ApprovalRequest(need.kind, need.summary, need.detail, need.guard, need.amount_cents))
         except ModelError as exc:
             return Failed(f"the planner failed: {exc.message}", recoverable=True,
-                          hint="check Settings → Model (Test connection), then run the task again")
+                          hint="check Settings → Model (Test connection), then retry the task")
         flow = {**answer, "steps": [*(keep or []), *answer.get("steps", [])]} if isinstance(answer.get("steps"), list) else answer
         try:
             validate_flow(flow)
@@ -121,7 +121,7 @@ def after_owner(ctx: RunContext, steps: list[dict[str, Any]], index: int, error:
     """The owner answered the question at the bound."""
     if str(ctx.facts.values.get(FINAL_REPLAN, "")).strip().lower() != "yes":
         return Failed(f"step {index + 1} failed: {error}; the owner did not allow another replan", recoverable=True,
-                      hint="fix the cause and run the task again")
+                      hint="fix the cause, then retry the task")
     return _replan(ctx, steps, index, error, counter="final_replans") or Failed(f"step {index + 1} failed: {error}", recoverable=True)
 
 

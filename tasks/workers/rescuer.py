@@ -92,4 +92,4 @@ def rescue(ctx: RunContext, steps: list[dict[str, Any]], index: int, error: str,
     if choice == "skip":
         return Continue(resume={**{k: v for k, v in resume.items() if k not in ("approved_step", "only")}, "step": index + 1})
     return Failed(f"step {index + 1} failed: {error}; the rescuer gave up: {reason}", recoverable=True,
-                  hint="fix the cause and run the task again")
+                  hint="fix the cause, then retry the task")
