@@ -122,6 +122,11 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("GET", f"/api/tasks/{guarded['id']}/runs", limit=1))
     ok(api.call("POST", f"/api/tasks/{guarded['id']}/keep"), 409)
     ok(api.call("POST", f"/api/tasks/{guarded['id']}/rerun", {"title": "again"}), 201)
+    ok(api.call("POST", f"/api/tasks/{guarded['id']}/retry", {}), 409)  # only a recoverable failure
+    short = api.call("POST", "/api/tasks", {"title": "short", "flow": GUARDED, "limits": {"max_actions": 1},
+                                            "constraints": {"allow_destructive": True}}).json()
+    _state(api, short["id"], "failed", "done")
+    ok(api.call("POST", f"/api/tasks/{short['id']}/retry", {"limits": {"max_actions": 5}}))
     for event in api.call("GET", f"/api/tasks/{guarded['id']}/events").json()["events"]:
         for artifact in event["artifacts"] or []:
             api.seen.add(("get", schema.template_of(artifact["url"])))
