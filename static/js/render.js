@@ -1,6 +1,6 @@
 // Pieces several pages draw: task rows, state badges, approval and question cards, the confirm
 // dialog (its markup is templates/_confirm.html).
-import { api, cents, el, put, say, when } from "./api.js";
+import { api, cents, clearErrors, el, put, say, showError, when } from "./api.js";
 
 const PAUSE_WORDS = {
   input: "waiting for values",
@@ -41,7 +41,40 @@ function phoneDetails(task) {
       + "While it waits it takes no worker and no task slot; cancel it if it is not wanted."));
   }
   if ((task.next ?? []).includes("cancel")) parts.push(cancelControl(task));
+  if ((task.next ?? []).includes("retry")) parts.push(retryForm(task, { big: true }));
   return parts.length ? el("div", { class: "phone-details" }, ...parts) : null;
+}
+
+// A recoverable failure goes on from the step that failed (POST /api/tasks/<id>/retry). When
+// the failure names the limit it ran out of, the owner may raise it first; the box refuses a
+// lower value, and any refusal shows here, under the button.
+export function retryForm(task, { big = false, onDone = null } = {}) {
+  const named = /limits\.([a-z_]+)/.exec(`${task.hint ?? ""} ${task.error ?? ""}`);
+  const limit = named ? named[1] : null;
+  const current = limit ? task.limits?.[limit] : null;
+  const inputId = `retry-${task.id}-limit`;
+  const input = limit ? el("input", { type: "number", id: inputId, name: "raise", min: "1", step: "1", inputmode: "numeric",
+    placeholder: current == null ? "" : `now ${current}` }) : null;
+  const button = el("button", { type: "submit", class: `primary${big ? " big" : ""}`, "data-verb": "retry" }, "Retry");
+  const error = el("p", { class: "alert", "data-error-for": "", hidden: true });
+  const form = el("form", { class: "retry-form", "aria-label": `Retry “${task.title}”` },
+    input ? el("label", { for: inputId }, `Raise ${limit} to`) : null, input, button, error);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    const body = {};
+    if (input && input.value.trim() !== "") body.limits = { [limit]: Number(input.value) };
+    button.disabled = true;
+    try {
+      const updated = await api("POST", `/api/tasks/${task.id}/retry`, body);
+      say(`Retrying “${task.title}” from the step that failed`);
+      onDone?.(updated);
+    } catch (err) {
+      showError(form, err);
+      button.disabled = false;
+    }
+  });
+  return form;
 }
 
 function cancelControl(task) {
@@ -86,6 +119,8 @@ export function taskRow(task, { href = `/tasks/${task.id}`, phone = false } = {}
 export function upsertRow(list, task, options) {
   const existing = list.querySelector(`[data-task="${CSS.escape(task.id)}"]`);
   if (existing && Number(existing.dataset.seq) > (task.lastSeq ?? 0)) return;
+  // The same view again: a retry form keeps what the owner typed there and the error under it.
+  if (existing && Number(existing.dataset.seq) === (task.lastSeq ?? 0) && existing.querySelector("form.retry-form")) return;
   const row = taskRow(task, options);
   if (!existing) {
     list.prepend(row);

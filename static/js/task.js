@@ -2,7 +2,7 @@
 // the task's `next` list offers (the page never guesses the state machine).
 import { api, cents, el, refreshInboxCount, say, time, put } from "./api.js";
 import { statusBadge, TaskStream } from "./live.js";
-import { approvalCard, confirmThen, costText, isImage, questionCard, shotThumbs, stateText } from "./render.js";
+import { approvalCard, confirmThen, costText, isImage, questionCard, retryForm, shotThumbs, stateText } from "./render.js";
 
 const root = document.getElementById("task-window");
 const taskId = root.dataset.task;
@@ -93,10 +93,21 @@ function openBlockers() {
   return (task?.approvals ?? []).some((a) => a.state === "pending") || (task?.questions ?? []).some((q) => q.state === "open");
 }
 
+let actionsShown = "";
+
 function renderActions(t) {
+  // Drawn again only when what they offer changed: a live frame about the same version must not
+  // wipe what the owner is typing (a retry's raised limit) or an error shown under it.
+  const key = JSON.stringify([t.version, t.next, t.review, openBlockers()]);
+  if (key === actionsShown) return;
+  actionsShown = key;
   const box = $("task-actions");
   const buttons = [];
   for (const verb of t.next ?? []) {
+    if (verb === "retry") {
+      buttons.push(retryForm(t, { onDone: (updated) => refresh(updated) }));
+      continue;
+    }
     const action = ACTIONS[verb];
     if (!action) continue; // approve/deny/answer live on their cards; diff/report are tabs
     if (verb === "continue" && openBlockers()) continue; // answered through the question's form

@@ -113,3 +113,31 @@ def test_a_tap_before_the_page_script_has_run_is_held_and_sent_not_lost(page: An
     expect(phone.get_by_label("What should the box do?")).to_have_value("")
     assert len(held) == 1
     phone.context.close()
+
+
+def test_the_phones_recent_list_retries_a_task_that_ran_out_of_actions(page: Any, browser: Any, live_box: Any) -> None:
+    create_owner(page)
+    code = pairing_code(page)
+    phone_context = browser.new_context(base_url=live_box.url, **PHONE)
+    phone_context.set_default_timeout(20_000)
+    phone = phone_context.new_page()
+    phone.goto(f"/pair?code={code}")
+    phone.get_by_label("Name for this phone").fill("Test phone")
+    phone.get_by_role("button", name="Pair this phone").click()
+    expect(phone.get_by_label("What should the box do?")).to_be_visible()
+    spec = {"title": "Two steps", "flow": {"steps": [{"run": "echo one"}, {"run": "echo two"}]}, "limits": {"max_actions": 1}}
+    made = phone.evaluate("""async (spec) => {
+        const token = document.querySelector('meta[name="csrf-token"]').content;
+        const response = await fetch("/api/tasks", {method: "POST", credentials: "same-origin",
+            headers: {"Content-Type": "application/json", "X-CSRFToken": token}, body: JSON.stringify(spec)});
+        return response.status;
+    }""", spec)
+    assert made == 201
+    row = phone.get_by_role("list", name="Recent tasks").get_by_role("listitem").filter(has_text="Two steps")
+    expect(row.locator(".badge")).to_have_text("failed", timeout=30_000)
+    retry = row.get_by_role("form", name="Retry “Two steps”")
+    retry.get_by_label("Raise max_actions to").fill("2")
+    retry.get_by_role("button", name="Retry").tap()
+    expect(row.locator(".badge")).to_have_text("done", timeout=30_000)
+    expect(row.get_by_role("form")).to_have_count(0)
+    phone_context.close()

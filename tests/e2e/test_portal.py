@@ -136,3 +136,37 @@ def test_an_input_question_is_answered_with_fields_typed_by_kind(page: Any) -> N
     blockers.get_by_label("travellers count").fill("2")
     blockers.get_by_role("button", name="Answer").click()
     expect(page.locator("#task-state")).to_have_text("done", timeout=30_000)
+
+
+def test_a_task_out_of_actions_is_retried_from_its_window_after_raising_the_limit(page: Any) -> None:
+    create_owner(page)
+    spec = {"title": "Three steps", "flow": {"steps": [
+        {"name": "one", "run": "echo one >> trail.txt"},
+        {"name": "two", "run": "echo two >> trail.txt"},
+        {"name": "three", "run": "echo three >> trail.txt"},
+    ]}, "limits": {"max_actions": 2}}
+    # The portal's form has no limits field: the same API call its script makes.
+    task_id = page.evaluate("""async (spec) => {
+        const token = document.querySelector('meta[name="csrf-token"]').content;
+        const response = await fetch("/api/tasks", {method: "POST", credentials: "same-origin",
+            headers: {"Content-Type": "application/json", "X-CSRFToken": token}, body: JSON.stringify(spec)});
+        return (await response.json()).id;
+    }""", spec)
+    page.goto(f"/tasks/{task_id}")
+    expect(page.locator("#task-state")).to_have_text("failed", timeout=30_000)
+    expect(page.locator("#task-error")).to_contain_text("raise limits.max_actions above 2 and retry the task")
+    retry = page.get_by_role("form", name="Retry “Three steps”")
+    raise_to = retry.get_by_label("Raise max_actions to")
+    raise_to.fill("1")  # lower than the limit in force: refused, and said right here
+    retry.get_by_role("button", name="Retry").click()
+    expect(retry.get_by_role("alert")).to_contain_text("a retry only raises limits (at least 2)")
+    expect(page.locator("#task-state")).to_have_text("failed")
+    raise_to.fill("3")
+    retry.get_by_role("button", name="Retry").click()
+    expect(page.locator("#task-state")).to_have_text("done", timeout=30_000)
+    log = page.get_by_role("list", name="Action log")
+    expect(log.get_by_text("step 3/3 run: three")).to_be_visible()
+    expect(log.get_by_text(re.compile("retried by the owner .*raised limits.max_actions to 3"))).to_be_visible()
+    expect(log.get_by_text("step 1/3 run: one")).to_have_count(1)  # the finished steps did not run again
+    expect(page.get_by_role("form", name="Retry “Three steps”")).to_have_count(0)  # done: nothing to retry
+    screenshot(page, "task-retried")
