@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks import lifecycle
+from tasks.broker.paths import client_dir
 from tasks.crypto import fernet
 from tasks.models import Task
 from tasks.sandbox import users
@@ -55,7 +56,7 @@ def test_a_task_runs_as_its_own_user_in_new_namespaces_and_says_so(sandboxed):
     assert seen["netns"] != os.readlink("/proc/self/ns/net")
     assert seen["ifaces"] == seen["sysfs"] == "lo"
     assert seen["cwd"] == seen["home"] and seen["cwd"].endswith(f"/run/{view['id']}/view")
-    assert seen["path"].startswith("/usr/local/lib/box/bin:")
+    assert seen["path"].startswith(f"{client_dir()}:")  # the box client of this version comes first
     assert view["user"] == f"box-{view['id']}"
     assert view["isolation"].startswith("sandboxed as box-")
     notes = [e for e in sandboxed.events(view["id"]) if e["kind"] == "note" and e["summary"].startswith("isolation:")]
