@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from approvals import actions
 from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
 from tasks import runs
 from tasks.events import record_event
@@ -107,7 +108,11 @@ def open_blockers_for_pause(task: Task, run: Run, outcome: Paused) -> None:
         request_approval(task, asked.kind, asked.summary, asked.detail, asked.guard, asked.amount_cents)
     if outcome.fields:
         stage_question(task, run, QuestionKind.INPUT, outcome.message, outcome.fields)
-    if outcome.waiting_for == WaitingFor.HUMAN:
+    if outcome.reconcile is not None:
+        # A person's word on an action whose outcome is unknown, instead of a wall to get past.
+        question = stage_question(task, run, QuestionKind.ACTION, outcome.message, actions.reconcile_fields())
+        actions.link_question(outcome.reconcile, question)
+    elif outcome.waiting_for == WaitingFor.HUMAN:
         stage_question(task, run, QuestionKind.HUMAN, outcome.message)
     staged = list(Question.objects.filter(task=task, state=QuestionState.STAGED).order_by("pk"))
     for question in staged:
@@ -171,11 +176,12 @@ def bind_to_version(task: Task, old_version: int) -> None:
 
 def close_for_final_move(task: Task) -> None:
     """Call inside the transaction that ends ``task``: pending approvals are denied, open and
-    staged questions cancelled."""
+    staged questions cancelled, actions that have not started cancelled."""
     Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(
         state=ApprovalState.DENIED, decided_via=ENDED_WITH_TASK, decided_at=timezone.now())
     Question.objects.filter(task=task, state__in=[QuestionState.STAGED, QuestionState.OPEN]).update(
         state=QuestionState.CANCELLED)
+    actions.cancel_not_started(task)
 
 
 # --- resuming ---------------------------------------------------------------------------------

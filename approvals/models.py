@@ -46,6 +46,7 @@ class QuestionKind(models.TextChoices):
     REPAIR = "repair"
     REPLAN = "replan"
     TEXT = "text"
+    ACTION = "action"  # what happened to an action whose outcome is unknown
 
 
 class QuestionState(models.TextChoices):
@@ -77,22 +78,70 @@ class Question(models.Model):
 
 class ActionState(models.TextChoices):
     PROPOSED = "proposed"
-    AWAITING_APPROVAL = "awaiting_approval"
-    LEASED = "leased"
+    APPROVED = "approved"
     EXECUTING = "executing"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    CANCELLED = "cancelled"
+
+
+# An action in these states has not reached its provider: cancelling the task cancels it.
+NOT_STARTED = (ActionState.PROPOSED, ActionState.APPROVED)
+
+
+class ActionKind(models.TextChoices):
+    TOOL = "tool"  # a call of a tool marked irreversible
+    HTTP = "http"  # a flow's http step with stop_before
+
+
+class Reconciliation(models.TextChoices):
+    """The owner's word on an action whose outcome the box does not know."""
+
+    HAPPENED = "happened"
+    NOT_HAPPENED = "did_not_happen"
+    FAIL = "fail"
 
 
 class Action(models.Model):
-    """A consequential tool call: attempted once, its receipt kept, never replayed blindly."""
+    """A consequential call: proposed, approved (or allowed by policy), attempted at most once
+    under the run's lease, settled with a redacted receipt, or ``unknown`` until the owner says
+    what happened. Its ``idempotency_key`` (task, position, real arguments) is what a resumed run
+    finds it by; ``approvals.actions`` is the only writer."""
 
     task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="actions")
-    tool = models.CharField(max_length=128)
+    run = models.ForeignKey("tasks.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    kind = models.CharField(max_length=8, choices=ActionKind.choices, default=ActionKind.TOOL)
+    tool = models.CharField(max_length=500)  # the tool's name, or "POST https://..." (redacted)
+    position = models.CharField(max_length=64, default="")  # "step:3" in a flow, "call" for a process's call
     args = models.JSONField(default=dict)  # redacted
     idempotency_key = models.CharField(max_length=128, unique=True)
+    task_version = models.PositiveIntegerField(default=0)
+    policy = models.JSONField(default=dict)  # what allowed it, as it stood when proposed
+    approval = models.ForeignKey(Approval, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    question = models.ForeignKey(Question, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     state = models.CharField(max_length=24, choices=ActionState.choices, default=ActionState.PROPOSED)
-    receipt = models.JSONField(null=True, blank=True)
+    # The fence of the attempt: the run and its lease token when the call was let through.
+    lease_token = models.CharField(max_length=64, blank=True)
+    attempted_at = models.DateTimeField(null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    receipt = models.JSONField(null=True, blank=True)  # redacted; confirmed outcomes only
+    error = models.CharField(max_length=500, blank=True)
+    reconciliation = models.CharField(max_length=16, choices=Reconciliation.choices, blank=True)
+    reconciled_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
+    reconciled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["task", "state"], name="action_task_state")]
+
+
+class ActionDay(models.Model):
+    """How many actions the box attempted on one day of the owner's calendar, and whether the
+    owner was told that the day reached its maximum (once a day)."""
+
+    day = models.DateField(unique=True)
+    count = models.PositiveIntegerField(default=0)
+    notified_at = models.DateTimeField(null=True, blank=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from approvals.models import Approval, ApprovalState, Question, QuestionState
+from approvals.models import Action, Approval, ApprovalState, Question, QuestionState
 from tasks.facts import Redactor, redactor_for
 from tasks.models import EventKind, TaskEvent
 
@@ -77,3 +77,31 @@ def present_question(question: Question, redact: Redactor | None = None, *, with
     if with_task:
         body["taskView"] = _task_summary(question.task)
     return redact.redact(body)
+
+
+def present_action(action: Action, redact: Redactor) -> dict[str, Any]:
+    """One consequential action as the owner sees it: never its lease token."""
+    reconciliation = None
+    if action.reconciliation:
+        by = action.reconciled_by
+        reconciliation = {"answer": action.reconciliation, "by": by.get_username() if by is not None else None,
+                          "at": action.reconciled_at.isoformat() if action.reconciled_at else None}
+    return redact.redact({
+        "id": action.pk,
+        "kind": action.kind,
+        "target": action.tool,
+        "position": action.position,
+        "args": action.args,
+        "idempotencyKey": action.idempotency_key,
+        "state": action.state,
+        "taskVersion": action.task_version,
+        "policy": action.policy,
+        "run": action.run.number if action.run is not None else None,
+        "approval": action.approval_id,
+        "attemptedAt": action.attempted_at.isoformat() if action.attempted_at else None,
+        "settledAt": action.settled_at.isoformat() if action.settled_at else None,
+        "receipt": action.receipt,
+        "error": action.error or None,
+        "reconciliation": reconciliation,
+        "createdAt": action.created_at.isoformat(),
+    })

@@ -17,8 +17,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import blockers
-from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
+from approvals import actions, blockers
+from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState, Reconciliation
 from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
 from boxsite.principal import Principal, Via
 from boxsite.validation import AnyText, Body, Flag, Names, Obj, Whole
@@ -190,7 +190,7 @@ def _continue_locked(principal: Principal, task: Task, fields: dict[str, Any]) -
             raise InvalidRequest("this task waits for values: send {\"inputs\": {name: value}}", field="inputs")
         questions = [q for q in blockers.open_questions(task) if q.kind == QuestionKind.INPUT]
     else:
-        questions = [q for q in blockers.open_questions(task) if q.kind == QuestionKind.HUMAN]
+        questions = [q for q in blockers.open_questions(task) if q.kind in (QuestionKind.HUMAN, QuestionKind.ACTION)]
     _answer(principal, task, questions, fields.get("inputs"), fields.get("answer"), fields.get("secretFacts", []))
 
 
@@ -218,6 +218,7 @@ def _decide_locked(principal: Principal, task: Task, approval: Approval, approve
         return
     if approval.kind == ApprovalKind.SPENDING and approval.amount_cents:
         raise_budget(task.pk, int(approval.guard.get("budget_cents", task.budget_cents)), approval.amount_cents)
+    actions.mark_approved(approval)
     _bump(task, EventKind.APPROVAL, f"approved ({via}): {approval.summary}", data)
     blockers.resume_if_clear(task)
 
@@ -229,7 +230,7 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
         raise Conflict(f"a {task.state} task is not waiting for an answer", field="state", state=task.state)
     declared = _secret_names(secret_additions)
     facts = Facts.of(task)
-    asked = [f for q in questions for f in q.fields]
+    asked = [f for q in questions if q.kind != QuestionKind.ACTION for f in q.fields]  # values, not a choice
     if inputs is not None:
         inputs = _parse_inputs(inputs)
         # A missing vault key the task asked for goes straight into the vault: never a fact, never the log.
@@ -244,6 +245,10 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
         facts = facts.merged({}, declared)
     if answer is not None and not isinstance(answer, str):
         raise InvalidRequest("'answer' is text", field="answer")
+    reconciling = [(q, actions.action_for_question(q)) for q in questions if q.kind == QuestionKind.ACTION]
+    if reconciling and answer not in actions.RECONCILE_OPTIONS:
+        raise InvalidRequest("this question asks what happened to an action: answer one of "
+                             + ", ".join(actions.RECONCILE_OPTIONS), field="answer")
     redact = facts.redactor()
     via = decided_via(principal)
     now = timezone.now()
@@ -265,6 +270,13 @@ def _answer(principal: Principal, task: Task, questions: list[Question], inputs:
           redactor=redact, **updates)
     if missing:
         blockers.open_question(task, None, QuestionKind.INPUT, "the task still needs values", missing)
+        return
+    for _question, action in reconciling:
+        if action is not None:
+            actions.reconcile(task, action, Reconciliation(str(answer)), principal.user, via)
+    if answer == Reconciliation.FAIL and reconciling:
+        transition(task, State.FAILED, summary="failed: the owner said to fail the task after an action's unknown outcome",
+                   data={"by": via}, error="the owner failed the task: an action's outcome was unknown")
         return
     blockers.resume_if_clear(task)
 

@@ -3,17 +3,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import services
-from approvals.presenters import present_approval, present_question
+from approvals.models import Action
+from approvals.presenters import present_action, present_approval, present_question
 from approvals.services import AnswerBody, DecideBody
 from boxsite import schema
+from boxsite.pagination import Sort, limit_param, page
 from boxsite.principal import Principal
 from tasks.facts import Redactor, redactor_for
+from tasks.services import get_task_for
+
+ACTION_SORTS = {
+    "-created": Sort("-created", "created_at", descending=True),
+    "created": Sort("created", "created_at", descending=False),
+    "-attempted": Sort("-attempted", "attempted_at", descending=True, nullable=True),
+    "attempted": Sort("attempted", "attempted_at", descending=False, nullable=True),
+}
 
 
 @extend_schema(responses={200: schema.Inbox})
@@ -69,3 +79,22 @@ def question_detail(request: Request, question_id: str) -> Response:
 def question_answer(request: Request, question_id: str) -> Response:
     question = services.answer_question(Principal.of(request), question_id, request.data)
     return Response(present_question(question, with_task=True))
+
+
+@extend_schema(
+    parameters=[
+        OpenApiParameter("sort", str, description="-created (default), created, -attempted or attempted"),
+        OpenApiParameter("cursor", str, description="from the previous page's 'next' (bound to its sort)"),
+        OpenApiParameter("limit", int),
+    ],
+    responses={200: schema.ActionPage},
+)
+@api_view(["GET"])
+def task_actions(request: Request, task_id: str) -> Response:
+    """The task's consequential actions: state, redacted arguments, receipts, reconciliations."""
+    task = get_task_for(Principal.of(request), task_id)
+    rows, next_cursor = page(Action.objects.filter(task=task).select_related("run", "reconciled_by"), ACTION_SORTS,
+                             request.query_params.get("sort", "-created"), request.query_params.get("cursor"),
+                             limit_param(request.query_params.get("limit")))
+    redact = redactor_for(task)
+    return Response({"results": [present_action(a, redact) for a in rows], "next": next_cursor})

@@ -14,6 +14,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from approvals.actions import actions_today
 from boxsite import schema, services
 from boxsite.auth import DEVICE_COOKIE
 from boxsite.models import ApiToken, BoxSettings, Device
@@ -40,6 +41,9 @@ def present_settings(row: BoxSettings) -> dict[str, Any]:
         "taskDiskMb": row.resource_default("disk_mb"),
         "tasksMayCreateWork": row.tasks_may_create_work,
         "maxCreatedPerTask": row.max_created_per_task,
+        "timeZone": row.time_zone,
+        "maxActionsPerDay": row.max_actions_per_day,
+        "actionsToday": actions_today(row),
         "updatedAt": _iso(row.updated_at),
     }
 

@@ -73,6 +73,10 @@ class BoxSettings(models.Model):
     # (tasks.delegation), and how many one task may create in all.
     tasks_may_create_work = models.BooleanField(default=False)
     max_created_per_task = models.PositiveIntegerField(default=5)
+    # The owner's calendar (an IANA name) and the most consequential actions a day of it should
+    # see: reaching it tells the owner once that day; it never stops an action. Null: no maximum.
+    time_zone = models.CharField(max_length=64, default="UTC")
+    max_actions_per_day = models.PositiveIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     @classmethod

@@ -357,6 +357,9 @@ class Settings(s.Serializer):
     taskDiskMb = Int(help_text="what a new task may write to its layer (MB) when its spec sets none")
     tasksMayCreateWork = Bool(help_text="a running task may create child tasks and schedules through its broker")
     maxCreatedPerTask = Int(help_text="the most tasks and schedules one task may create")
+    timeZone = Str(help_text="the owner's calendar (an IANA name), for the daily action count")
+    maxActionsPerDay = Int(allow_null=True, help_text="reaching it tells the owner once a day; null: no maximum")
+    actionsToday = Int(help_text="consequential actions attempted today, in timeZone")
     updatedAt = Str(allow_null=True)
 
 
@@ -421,6 +424,37 @@ class RunPage(s.Serializer):
     results = RunView(many=True)
     next = Str(allow_null=True)
     attempts = Attempts()
+
+
+class ActionReconciliation(s.Serializer):
+    answer = s.ChoiceField(choices=["happened", "did_not_happen", "fail"])
+    by = Str(allow_null=True)
+    at = Str(allow_null=True)
+
+
+class ActionView(s.Serializer):
+    id = Int()
+    kind = s.ChoiceField(choices=["tool", "http"], help_text="an irreversible tool, or an http step with stop_before")
+    target = Str(help_text="the tool's name, or the request's method and URL (redacted)")
+    position = Str(help_text="where it stands in the task: step:N in a flow, call for a process's call")
+    args = Obj(help_text="the call's arguments, redacted")
+    idempotencyKey = Str(help_text="the same task, position and arguments give the same key")
+    state = s.ChoiceField(choices=["proposed", "approved", "executing", "succeeded", "failed", "unknown", "cancelled"])
+    taskVersion = Int(help_text="the task's version when it was proposed")
+    policy = Obj(help_text="what let it through, as it stood when proposed")
+    run = Int(allow_null=True, help_text="the number of the run that proposed or attempted it")
+    approval = Int(allow_null=True)
+    attemptedAt = Str(allow_null=True)
+    settledAt = Str(allow_null=True)
+    receipt = Obj(allow_null=True, help_text="a confirmed outcome: status, size, digest, an excerpt (redacted)")
+    error = Str(allow_null=True)
+    reconciliation = ActionReconciliation(allow_null=True, help_text="the owner's word on an unknown outcome")
+    createdAt = Str()
+
+
+class ActionPage(s.Serializer):
+    results = ActionView(many=True)
+    next = Str(allow_null=True)
 
 
 class DependencyEdge(s.Serializer):

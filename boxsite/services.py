@@ -10,6 +10,7 @@ import os
 import secrets
 from datetime import timedelta
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -57,12 +58,25 @@ class SettingsBody(Body):
                               help_text="a running task may create child tasks and schedules (box task, box schedule)")
     maxCreatedPerTask = Whole(required=False, between=True, min_value=1, max_value=100, source="max_created_per_task",
                               help_text="the most tasks and schedules one task may create")
+    timeZone = Text(required=False, max_length=64, source="time_zone",
+                    help_text="the owner's calendar, an IANA name such as Europe/Berlin (the daily action count's days)")
+    maxActionsPerDay = Whole(required=False, allow_null=True, between=True, min_value=1, max_value=1_000_000,
+                             source="max_actions_per_day",
+                             help_text="consequential actions a day; reaching it tells the owner once that day (null: no maximum)")
 
     def check_defaultHosts(self, value: Any, seen: dict[str, Any]) -> Any:
         for host in [] if value is MISSING else value:
             if not valid_host(host):
                 raise Problem(f"'{host}' is not a host name, '*.domain' or an IP address")
         return value if value is MISSING else host_list(value)
+
+    def check_timeZone(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is not MISSING:
+            try:
+                ZoneInfo(value)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise Problem(f"'{value}' is not a time zone (an IANA name such as Europe/Berlin or UTC)") from None
+        return value
 
     def check_taskCpuPercent(self, value: Any, seen: dict[str, Any]) -> Any:
         cores = os.cpu_count() or 1

@@ -21,9 +21,11 @@ import jsonschema
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from approvals.models import ApprovalKind
+from approvals import actions
+from approvals.models import ActionKind, ActionState, ApprovalKind
 from tasks import budget
 from tasks.broker.protocol import InvalidArgs, ToolFailed, ToolRefused
+from tasks.evidence import bounded
 from tasks.models import EventKind
 from tasks.recorder import LeaseLost, LimitReached
 from tasks.tool_types import NAME_RE, Tool
@@ -119,13 +121,19 @@ def check_call(task: Any, name: str, args: Any) -> Tool:
     return tool
 
 
-def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalKind] = frozenset()) -> Any:
+def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalKind] = frozenset(),
+         position: str = "call") -> Any:
     """Call tool ``name`` for the task in ``ctx``; returns the tool's result.
 
     ``approved`` holds the approval kinds the owner already gave for exactly this call
     (``"irreversible"``, ``"spending"``). Raises ``NeedsApproval`` before acting when one is
     missing, ``ToolRefused``/``InvalidArgs`` for calls the task may not make (recorded),
     ``ToolFailed`` when the tool ran and failed (recorded), ``LimitReached`` past max_actions.
+
+    An irreversible tool's call is an action (``approvals.actions``) found again by ``position``
+    (a flow's ``step:N``; ``call`` for a process's calls, so the same call with the same
+    arguments in one task is one action): attempted at most once, its receipt answered again
+    instead of a second call, ``ActionUnknown`` when an earlier attempt was cut off mid-call.
     """
     recorder = ctx.recorder
     try:
@@ -134,14 +142,28 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalK
         recorder.event(EventKind.TOOL_CALL, f"{name} refused: {exc.message}",
                        {"tool": name, "args": args if isinstance(args, dict) else {}, "refused": exc.message})
         raise
-    guard = {"tool": name, "args": args}
-    if tool.irreversible and not ctx.task.constraints.get("allow_destructive") and ApprovalKind.IRREVERSIBLE not in approved:
-        raise NeedsApproval(ApprovalKind.IRREVERSIBLE, f"call {name}, which acts irreversibly", guard=guard,
-                            detail={"tool": name, "args": args})
+    guard: dict[str, Any] = {"tool": name, "args": args}
+    action = None
+    if tool.irreversible:
+        allowed = bool(ctx.task.constraints.get("allow_destructive"))
+        action = actions.propose(recorder, ctx.run.pk, kind=ActionKind.TOOL, target=name, position=position, args=args,
+                                 policy=actions.policy_of(ctx.task, tool=name, costCents=tool.cost_cents))
+        try:
+            receipt = actions.replayed_receipt(action)
+        except actions.ActionFailedBefore as before:
+            raise ToolFailed(f"tool '{name}' failed before and is not called again: {before.action.error}",
+                             field="tool") from before
+        if receipt is not None:
+            recorder.event(EventKind.TOOL_RESULT, f"{name}: done before (action {action.pk}), not called again",
+                           {"tool": name, "ok": True, "action": action.pk, "replayed": True, "receipt": receipt})
+            return receipt.get("result")
+        if action.state == ActionState.PROPOSED and not allowed and ApprovalKind.IRREVERSIBLE not in approved:
+            raise NeedsApproval(ApprovalKind.IRREVERSIBLE, f"call {name}, which acts irreversibly",
+                                guard={**guard, "action": action.pk}, detail={"tool": name, "args": args})
 
     def record_call() -> None:
-        recorder.event(EventKind.TOOL_CALL, name, {"tool": name, "args": args, "cost_cents": tool.cost_cents},
-                       doing_now=True)
+        recorder.event(EventKind.TOOL_CALL, name, {"tool": name, "args": args, "cost_cents": tool.cost_cents,
+                                                   **({"action": action.pk} if action else {})}, doing_now=True)
 
     try:
         budget.admit(recorder, tool.cost_cents, f"{name}: {tool.cost_cents}¢", {"tool": name},
@@ -151,13 +173,21 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalK
                             f"allow {exc.needed_cents}¢ more", guard=guard, amount_cents=exc.needed_cents,
                             detail={"tool": name, "cost_cents": exc.cents, "spent_cents": exc.spent_cents,
                                     "budget_cents": exc.budget_cents}) from exc
+    if action is not None:
+        actions.begin(recorder, ctx.run.pk, action)
     try:
         result = tool.impl(ctx, args)
     except (LeaseLost, LimitReached):
-        raise
+        raise  # an action stays executing: the next run finds its outcome unknown
     except Exception as exc:  # noqa: BLE001 - any failure of a tool is reported to the caller, with its reason
         message = str(exc) or type(exc).__name__
+        if action is not None:
+            actions.fail(recorder, action, {"ok": False, "error": message[:actions.RECEIPT_EXCERPT]}, message)
         recorder.event(EventKind.TOOL_RESULT, f"{name} failed: {message}", {"tool": name, "ok": False, "error": message})
         raise ToolFailed(f"tool '{name}' failed: {message}", field="tool") from exc
-    recorder.event(EventKind.TOOL_RESULT, f"{name} ok", {"tool": name, "ok": True, "result": result})
+    if action is not None:
+        actions.succeed(recorder, action, {"ok": True, "digest": actions.receipt_digest(result),
+                                           "result": bounded(result, chars=actions.RECEIPT_EXCERPT)})
+    recorder.event(EventKind.TOOL_RESULT, f"{name} ok", {"tool": name, "ok": True, "result": result,
+                                                          **({"action": action.pk} if action else {})})
     return result

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from approvals import views as approval_views
 from tasks import views, workspace_views
 
 urlpatterns = [
@@ -18,6 +19,7 @@ urlpatterns = [
     path("tasks/<str:task_id>/rerun", views.task_rerun, name="task-rerun"),
     path("tasks/<str:task_id>/retry", views.task_retry, name="task-retry"),
     path("tasks/<str:task_id>/runs", views.task_runs, name="task-runs"),
+    path("tasks/<str:task_id>/actions", approval_views.task_actions, name="task-actions"),
     path("tasks/<str:task_id>/dependencies", views.task_dependencies, name="task-dependencies"),
     path("tasks/<str:task_id>/artifacts/<path:name>", views.task_artifact, name="task-artifact"),
 ]

@@ -36,6 +36,7 @@ TASK_ROUTES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "task-retry": ("post", "/retry", {}),
     "task-artifact": ("get", "/artifacts/out.txt", {}),
     "task-runs": ("get", "/runs", {}),
+    "task-actions": ("get", "/actions", {}),
     "task-dependencies": ("post", "/dependencies", {"task": "tk0nothere"}),
 }
 

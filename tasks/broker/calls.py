@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from approvals import actions
 from approvals.models import ApprovalKind, QuestionKind
 from tasks import budget, delegation, tools
 from tasks.broker.holds import Holds
@@ -50,6 +51,12 @@ class Calls:
                 self.holds.approval(need.kind, need.summary, guard=need.guard, detail=need.detail,
                                     amount_cents=need.amount_cents)
                 approved.add(need.kind)
+            except actions.ActionUnknown as unknown:
+                # The process waits for the owner's word; then the call answers from it (the
+                # receipt, a second attempt, or the task ends).
+                action_id = unknown.action.pk
+                self.holds.question(WaitingFor.HUMAN, QuestionKind.ACTION, f"{unknown}; did it happen?",
+                                    actions.reconcile_fields(), opened=lambda q: actions.link_question(action_id, q))
 
     def op_spend(self, message: dict[str, Any]) -> Any:
         cents = message.get("cents")

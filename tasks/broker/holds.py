@@ -66,14 +66,18 @@ class Holds:
             self._write(resume)
 
     def question(self, waiting_for: WaitingFor, question_kind: QuestionKind, prompt: str, fields: list[dict[str, Any]],
-                 *, name: str | None = None) -> dict[str, Any]:
-        """Open a question and wait for its answer; ``name``: the fact whose value to return."""
+                 *, name: str | None = None, opened: Callable[[Question], None] | None = None) -> dict[str, Any]:
+        """Open a question and wait for its answer; ``name``: the fact whose value to return;
+        ``opened`` is called with the question in the transaction that opens it."""
 
         with self._one_at_a_time:
             def pause(task: Task) -> int:
                 self._move(task, State.WAITING, f"waiting for {waiting_for}: {prompt}", waiting_for=waiting_for,
                            pause={"message": prompt, "fields": fields, "held": True})
-                return open_question(task, self.ctx.run, question_kind, prompt, fields).pk
+                question = open_question(task, self.ctx.run, question_kind, prompt, fields)
+                if opened is not None:
+                    opened(question)
+                return question.pk
 
             question_id = self._write(pause)
 

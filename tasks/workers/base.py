@@ -49,6 +49,7 @@ class Paused:
     fields: list[dict[str, Any]] = field(default_factory=list)  # for input pauses
     approval: ApprovalRequest | None = None
     continuable: bool = True
+    reconcile: int | None = None  # the action whose unknown outcome the owner is asked about
 
 
 

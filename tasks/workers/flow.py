@@ -18,7 +18,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from approvals.models import ApprovalKind
+from approvals import actions
+from approvals.models import ActionKind, ApprovalKind
 from tasks.broker.protocol import CallError
 from tasks.browser import grounding
 from tasks.browser import steps as browser_steps
@@ -250,6 +251,9 @@ class FlowWorker:
                 return Failed(f"step {index + 1}: '{kind}' steps are not available in this box yet", recoverable=False,
                               hint="remove the step or run the task on a box with browser/model support")
             if "stop_before" in step and not allow_destructive and not is_approved:
+                if kind == "http":  # a consequential request: its action is proposed with the approval
+                    action = http_action(ctx, index, substitute(step[kind], known))
+                    guard = {**guard, "action": action.pk}
                 return self._ask_approval(index, ApprovalKind.IRREVERSIBLE, step["stop_before"], guard,
                                           detail=planned_action(ctx, kind, substitute(step[kind], known), step, known))
             if STEP_KINDS[kind].acts and kind != "tool":  # a tool call counts itself (tasks.tools.call)
@@ -261,7 +265,16 @@ class FlowWorker:
                               progress=index / total)
             resolved = step[kind] if kind == "run" else substitute(step[kind], self._for_model(ctx, known) if kind == "model" else known)
             try:
-                result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index)
+                result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index,
+                                                 position=step_position(index))
+            except actions.ActionUnknown as unknown:
+                # Never called again by itself: the owner says what happened, and the run that
+                # follows the answer comes back to this step (an OK given for it still holds).
+                again: dict[str, Any] = {"step": index}
+                if is_approved:
+                    again.update(approved_step=index, only=only)
+                return Paused(WaitingFor.HUMAN, f"step {index + 1}: {unknown}; did it happen?", resume=again,
+                              reconcile=unknown.action.pk)
             except KeyMissing as no_key:
                 return needs_key(no_key.key_name, "the configured model", {"step": index})
             except NeedsApproval as need:
@@ -375,8 +388,10 @@ class FlowWorker:
                       if continuable else None)
 
     def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *,
-                 known: dict[str, Any], approved: bool, index: int) -> tuple[Any, Evidence]:
-        """Run one step; its result and what it did. ``StepFailed`` carries what it did too."""
+                 known: dict[str, Any], approved: bool, index: int, position: str = "call") -> tuple[Any, Evidence]:
+        """Run one step; its result and what it did. ``StepFailed`` carries what it did too.
+        ``position`` finds the step's action again (``approvals.actions``); ``ActionUnknown`` when
+        an earlier attempt of it was cut off mid-call."""
         timeout = step.get("timeout_s")
         if kind == "run":
             # Values go in as environment variables, not as text of the command (flow authors:
@@ -435,6 +450,8 @@ class FlowWorker:
             spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
             method = str(spec.get("method", "GET")).upper()
             asked = {"method": method, "url": spec["url"]}
+            if "stop_before" in step:
+                return consequential_http(ctx, index, spec, asked)
             try:
                 response = ctx.http(method, spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
             except Blocked as exc:
@@ -464,7 +481,7 @@ class FlowWorker:
         if kind == "tool":
             args = substitute(step.get("args", {}), known)
             try:
-                result = call_tool(ctx, value, args, approved=approved)
+                result = call_tool(ctx, value, args, approved=approved, position=position)
             except StepFailed as exc:
                 exc.evidence = Evidence({"tool": value, "args": bounded(args), "error": exc.message})
                 raise
@@ -570,12 +587,69 @@ def result_words(kind: str, data: dict[str, Any]) -> str:
     return f"passed{took}"
 
 
-def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False) -> Any:
+def step_position(index: int) -> str:
+    """Where a flow's action stands: its step, so a resumed run finds the same action."""
+    return f"step:{index + 1}"
+
+
+def http_action(ctx: RunContext, index: int, value: Any) -> actions.Action:
+    """The action of an ``http`` step with ``stop_before``: its real request is its arguments."""
+    spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
+    method = str(spec.get("method", "GET")).upper()
+    args = {"method": method, "url": spec["url"], "headers": spec.get("headers", {}), "body": spec.get("body")}
+    return actions.propose(ctx.recorder, ctx.run.pk, kind=ActionKind.HTTP, target=f"{method} {spec['url']}",
+                           position=step_position(index), args=args, policy=actions.policy_of(ctx.task))
+
+
+def consequential_http(ctx: RunContext, index: int, spec: dict[str, Any], asked: dict[str, Any]) -> tuple[Any, Evidence]:
+    """An approved (or allowed) ``http`` step with ``stop_before``: the request is sent at most
+    once. A response is a confirmed outcome (its receipt: status, size, digest, an excerpt); a
+    request the policy refused or nobody answered never reached a provider (failed); anything
+    else (a reset, a timeout, a worker killed mid-call) leaves the outcome unknown."""
+    action = http_action(ctx, index, spec)
+    try:
+        receipt = actions.replayed_receipt(action)
+    except actions.ActionFailedBefore as before:
+        raise StepFailed(f"the request failed before and is not sent again: {before.action.error}",
+                         evidence=Evidence({**asked, "action": action.pk})) from before
+    if receipt is not None:
+        # Sent before (its receipt says so, or the owner did): answered from the receipt, not sent again.
+        return receipt.get("excerpt"), Evidence({**asked, "action": action.pk, "replayed": True,
+                                                 "status": receipt.get("status", "done before"), "receipt": receipt})
+    actions.begin(ctx.recorder, ctx.run.pk, action)
+    try:
+        response = ctx.http(asked["method"], spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
+    except (Blocked, ConnectionRefusedError) as exc:
+        actions.fail(ctx.recorder, action, {"sent": False, "error": str(exc)[:actions.RECEIPT_EXCERPT]}, str(exc))
+        raise StepFailed(f"request failed: {exc}", evidence=Evidence({**asked, "action": action.pk, "error": str(exc)})) from exc
+    except OSError as exc:
+        # Sent or not, nobody knows (a reset, a timeout): the owner says what happened.
+        actions.uncertain(ctx.recorder, action, f"request failed: {exc}")
+        raise actions.ActionUnknown(action) from exc
+    body = response["body"]
+    receipt = {"status": response["status"], "bytes": len(body), "digest": actions.receipt_digest(body),
+               "excerpt": bounded(body, chars=actions.RECEIPT_EXCERPT)}
+    if response["status"] >= 400:
+        actions.fail(ctx.recorder, action, receipt, f"HTTP {response['status']}")
+    else:
+        actions.succeed(ctx.recorder, action, receipt)
+    evidence = Evidence({**asked, "action": action.pk, "status": response["status"], "bytes": len(body), "body": bounded(body)})
+    if response["status"] >= 400:
+        raise StepFailed(f"HTTP {response['status']}", page_text=body, evidence=evidence)
+    try:
+        return json.loads(body), evidence
+    except ValueError:
+        return body, evidence
+
+
+def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False, position: str = "call") -> Any:
     """A flow ``tool`` step: the one tool-call path (``tasks.tools.call``), its refusals and
-    failures turned into the step's failure. ``NeedsApproval`` goes up to pause the flow."""
+    failures turned into the step's failure. ``NeedsApproval`` goes up to pause the flow,
+    ``ActionUnknown`` to ask the owner."""
 
     try:
-        return call(ctx, name, args, approved=frozenset({ApprovalKind.IRREVERSIBLE}) if approved else frozenset())
+        return call(ctx, name, args, approved=frozenset({ApprovalKind.IRREVERSIBLE}) if approved else frozenset(),
+                    position=position)
     except CallError as exc:
         raise StepFailed(exc.message) from exc
 
