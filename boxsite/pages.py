@@ -14,6 +14,8 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, Ht
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from approvals.models import Action
+from approvals.presenters import present_action
 from boxsite import services, signin
 from boxsite.account_views import set_device_cookie
 from boxsite.auth import DEVICE_COOKIE, device_for
@@ -22,6 +24,7 @@ from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from tasks import dependencies
 from tasks.consumers import TaskListConsumer
+from tasks.facts import redactor_for
 from tasks.model import present_settings as model_settings
 from tasks.models import Task, Workspace
 from tasks.presenters import present_task
@@ -152,6 +155,9 @@ def tasks(request: HttpRequest) -> HttpResponse:
     })
 
 
+PAGE_ACTIONS = 50  # the newest actions the task window lists (the API pages them all)
+
+
 def live_cursor() -> int:
     """The list stream's cursor as of now (the newest event id)."""
 
@@ -164,7 +170,10 @@ def task_window(request: HttpRequest, task_id: str) -> HttpResponse:
         task = get_task_for(Principal.session(_owner(request)), task_id)
     except NotFound as exc:
         raise Http404(exc.message) from exc
-    return render(request, "portal/task.html", {"active": "tasks", "task": task, "graph": dependencies.graph(task)})
+    redact = redactor_for(task)
+    recent = Action.objects.filter(task=task).select_related("run", "reconciled_by").order_by("-created_at", "-pk")
+    return render(request, "portal/task.html", {"active": "tasks", "task": task, "graph": dependencies.graph(task),
+                                                "actions": [present_action(a, redact) for a in recent[:PAGE_ACTIONS]]})
 
 
 @login_required

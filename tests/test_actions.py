@@ -264,3 +264,14 @@ def test_the_actions_page_has_a_cursor_bound_to_its_sort(box: Box, shop: Any) ->
         refused = box.api.get(f"/api/tasks/{task['id']}/actions", bad)
         assert refused.status_code == 400 and refused.json()["field"] in bad
     assert box.api.get("/api/tasks/tk0nothere/actions").status_code == 404
+
+
+def test_the_task_window_shows_actions_with_their_receipts(box: Box, shop: Any, client: Any) -> None:
+    task = make_order(box, shop, constraints={"allow_destructive": True})
+    box.wait_state(task["id"], "done")
+    client.force_login(box.owner)
+    page = client.get(f"/tasks/{task['id']}").content.decode()
+    section = page[page.index('id="action-records"'):]
+    section = section[:section.index("</section>")]
+    assert f"POST {shop.url}" in section and "succeeded" in section and "HTTP 201" in section and "sha256:" in section
+    assert SECRET not in page
