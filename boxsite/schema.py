@@ -427,19 +427,19 @@ class RunPage(s.Serializer):
 
 
 class ActionReconciliation(s.Serializer):
-    answer = s.ChoiceField(choices=["happened", "did_not_happen", "fail"])
+    answer = Str(help_text="happened, did_not_happen or fail")
     by = Str(allow_null=True)
     at = Str(allow_null=True)
 
 
 class ActionView(s.Serializer):
     id = Int()
-    kind = s.ChoiceField(choices=["tool", "http"], help_text="an irreversible tool, or an http step with stop_before")
+    kind = Str(help_text="tool (an irreversible tool) or http (an http step with stop_before)")
     target = Str(help_text="the tool's name, or the request's method and URL (redacted)")
     position = Str(help_text="where it stands in the task: step:N in a flow, call for a process's call")
     args = Obj(help_text="the call's arguments, redacted")
     idempotencyKey = Str(help_text="the same task, position and arguments give the same key")
-    state = s.ChoiceField(choices=["proposed", "approved", "executing", "succeeded", "failed", "unknown", "cancelled"])
+    state = Str(help_text="proposed, approved, executing, succeeded, failed, unknown or cancelled")
     taskVersion = Int(help_text="the task's version when it was proposed")
     policy = Obj(help_text="what let it through, as it stood when proposed")
     run = Int(allow_null=True, help_text="the number of the run that proposed or attempted it")

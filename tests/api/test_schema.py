@@ -120,6 +120,7 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("POST", f"/api/approvals/{approval['id']}/deny", {}), 409)  # the error shape is declared too
     ok(api.call("GET", f"/api/tasks/{guarded['id']}/report"))
     ok(api.call("GET", f"/api/tasks/{guarded['id']}/runs", limit=1))
+    ok(api.call("GET", f"/api/tasks/{guarded['id']}/actions", limit=1))
     ok(api.call("POST", f"/api/tasks/{guarded['id']}/keep"), 409)
     ok(api.call("POST", f"/api/tasks/{guarded['id']}/rerun", {"title": "again"}), 201)
     ok(api.call("POST", f"/api/tasks/{guarded['id']}/retry", {}), 409)  # only a recoverable failure
