@@ -25,6 +25,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from approvals import actions
 from approvals.models import ApprovalKind
 from tasks import budget
 from tasks.context import RunContext
@@ -242,6 +243,10 @@ class AgentLoop:
             return Turn(outcome=Paused(
                 WaitingFor.APPROVAL, need.summary, approval=ApprovalRequest(
                     need.kind, need.summary, {**need.detail, "call": call.id}, {**need.guard, "tool_call": call.id}, need.amount_cents)))
+        except actions.ActionUnknown as unknown:
+            # Never called again by itself: the owner says what happened; the next run comes
+            # back to this call and answers from what they said.
+            return Turn(outcome=Paused(WaitingFor.HUMAN, f"{unknown}; did it happen?", reconcile=unknown.action.pk))
         except StepFailed as exc:
             data = {"call": call.id, "tool": call.name, "ok": False, "error": exc.message, **exc.evidence.data}
             ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} failed: {exc.message}"[:300], data, artifacts=exc.evidence.artifacts)

@@ -66,3 +66,16 @@ def test_a_flow_tool_step_over_the_budget_pauses_first_and_approving_runs_it(box
     assert view["state"] == "done", view["error"]
     assert marks.made(task["id"]) == [{"what": "ticket"}]
     assert view["costCents"] == 25 and view["budgetCents"] == 25
+
+
+def test_the_same_irreversible_call_twice_in_one_task_is_one_action(box: Any, marks: Marks) -> None:
+    call = "box tool owner.launch --args '{\"go\": 1}'"
+    task = box.create(title="t", prompt="p", worker="command", tools=["owner.launch"],
+                      constraints={"allow_destructive": True}, command=sh(f"{call} && {call} > second.json && cat second.json"))
+    view = box.wait_state(task["id"], "done", "failed", "waiting")
+    assert view["state"] == "done", view
+    assert marks.made(task["id"]) == [{"go": 1}]  # the provider was called once
+    (action,) = box.api.get(f"/api/tasks/{task['id']}/actions").json()["results"]
+    assert (action["kind"], action["position"], action["state"]) == ("tool", "call", "succeeded")
+    replayed = [e for e in events_of(box, task["id"], "tool_result") if e["data"].get("replayed")]
+    assert len(replayed) == 1 and replayed[0]["data"]["receipt"]["result"] == {"done": True}
