@@ -105,7 +105,14 @@ def propose(recorder: StepRecorder, run_id: int, *, kind: ActionKind, target: st
                 task_id=task_id, run_id=run_id, kind=kind, tool=recorder.redactor.text(target)[:500], position=position,
                 args=recorder.redactor.redact(args), idempotency_key=key, task_version=version, policy=policy,
             )
-        if action.state == ActionState.EXECUTING and not (action.run_id == run_id and action.lease_token == recorder.token):
+        if action.state == ActionState.CANCELLED:
+            # Cancelled when the task ended before it started, and the task goes on again (a
+            # retry in place): it never reached a provider, so it is proposed anew.
+            version = Task.objects.values_list("version", flat=True).get(pk=task_id)
+            Action.objects.filter(pk=action.pk, state=ActionState.CANCELLED).update(
+                state=ActionState.PROPOSED, run_id=run_id, approval=None, settled_at=None, task_version=version)
+            action.refresh_from_db()
+        elif action.state == ActionState.EXECUTING and not (action.run_id == run_id and action.lease_token == recorder.token):
             # This run holds the task's lease, so the run that attempted the call has lost its own.
             error = "the worker stopped between attempting the call and recording its receipt"
             Action.objects.filter(pk=action.pk, state=ActionState.EXECUTING, lease_token=action.lease_token).update(
@@ -129,8 +136,6 @@ def replayed_receipt(action: Action) -> dict[str, Any] | None:
         raise ActionFailedBefore(action)
     if action.state in (ActionState.UNKNOWN, ActionState.EXECUTING):
         raise ActionUnknown(action)
-    if action.state == ActionState.CANCELLED:
-        raise LeaseLost(f"action {action.pk} was cancelled with its task")
     return None
 
 

@@ -277,3 +277,20 @@ def test_the_task_window_shows_actions_with_their_receipts(box: Box, shop: Any, 
     section = section[:section.index("</section>")]
     assert f"POST {shop.url}" in section and "succeeded" in section and "HTTP 201" in section and "sha256:" in section
     assert SECRET not in page
+
+
+def test_an_action_cancelled_with_a_failure_is_proposed_anew_when_the_task_is_retried(box: Box, shop: Any) -> None:
+    steps = [{"write": {"path": "note.txt", "content": "the first action"}}, *order_flow(shop.url)["steps"]]
+    task = box.create(title="order a lamp", hosts=["127.0.0.1"], flow=flow(*steps), facts={"api_key": SECRET},
+                      secretFacts=["api_key"], limits={"max_actions": 1})
+    box.wait_state(task["id"], "waiting")
+    approve(box, task["id"])
+    failed = box.wait_state(task["id"], "failed")
+    assert "max_actions" in failed["error"] and shop.calls == []
+    assert [a["state"] for a in actions_of(box, task["id"])["results"]] == ["cancelled"]
+    retried = post(box, f"/api/tasks/{task['id']}/retry", {"limits": {"max_actions": 5}})
+    assert retried.status_code == 200, retried.json()
+    box.wait_state(task["id"], "done")
+    assert len(shop.calls) == 1
+    (action,) = actions_of(box, task["id"])["results"]
+    assert action["state"] == "succeeded" and action["receipt"]["status"] == 201
