@@ -91,8 +91,10 @@ def _meets_criteria(task: Task, run: Run, token: str, recorder: StepRecorder) ->
     charged = Run.objects.filter(task=task, started_at__isnull=False, charged=True).count()
     if charged >= settings.BOX_MAX_RUN_ATTEMPTS:
         runs.finish(run.pk, token, "criteria failed", why)
-        services.fail_task(task, f"completion criteria not met after {charged} attempts: {why}", recoverable=True,
-                           hint="see the completion report in the log; raise BOX_MAX_RUN_ATTEMPTS or fix the criteria and rerun")
+        # Not recoverable: a retry resumes after the last step, so it would only check the same
+        # files again. What helps is changed work or criteria: Run again, edited.
+        services.fail_task(task, f"completion criteria not met after {charged} attempts: {why}", recoverable=False,
+                           hint="see the completion report in the log; fix the work or the criteria and run it again")
     elif not Run.objects.filter(task=task, kind=RunKind.REPAIR).exists():
         # Logged while the run still holds its lease: a write after ``runs.finish`` is refused.
         recorder.event(EventKind.NOTE, "one automatic repair run: the task runs again", {"repair": why})

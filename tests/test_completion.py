@@ -96,6 +96,7 @@ def test_one_automatic_repair_then_one_question_then_failure_when_attempts_run_o
     assert answered.status_code == 200, answered.json()
     failed = box.wait_state(task["id"], "failed")
     assert failed["error"].startswith("completion criteria not met after 3 attempts: outputs/r.txt: no such file")
+    assert failed["recoverable"] is False and "retry" not in failed["next"]  # a retry would check the same files
     assert len(kinds(task["id"])) == 3
 
 
