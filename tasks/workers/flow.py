@@ -458,14 +458,7 @@ class FlowWorker:
                 raise StepFailed(str(exc), evidence=Evidence({**asked, "blocked": str(exc)})) from exc
             except OSError as exc:
                 raise StepFailed(f"request failed: {exc}", evidence=Evidence({**asked, "error": str(exc)})) from exc
-            body = response["body"]
-            evidence = Evidence({**asked, "status": response["status"], "bytes": len(body), "body": bounded(body)})
-            if response["status"] >= 400:
-                raise StepFailed(f"HTTP {response['status']}", page_text=body, evidence=evidence)
-            try:
-                return json.loads(body), evidence
-            except ValueError:
-                return body, evidence
+            return http_answer(response, asked)
         if kind in browser_steps.KINDS:
             session = self.browser(ctx, index, known)
             value, grounding = ground_target(ctx, session, kind, value, step, index)
@@ -633,7 +626,14 @@ def consequential_http(ctx: RunContext, index: int, spec: dict[str, Any], asked:
         actions.fail(ctx.recorder, action, receipt, f"HTTP {response['status']}")
     else:
         actions.succeed(ctx.recorder, action, receipt)
-    evidence = Evidence({**asked, "action": action.pk, "status": response["status"], "bytes": len(body), "body": bounded(body)})
+    return http_answer(response, {**asked, "action": action.pk})
+
+
+def http_answer(response: dict[str, Any], asked: dict[str, Any]) -> tuple[Any, Evidence]:
+    """An ``http`` step's value (the body, parsed when it is JSON) and its evidence; a status of
+    400 or more fails the step with the page's text."""
+    body = response["body"]
+    evidence = Evidence({**asked, "status": response["status"], "bytes": len(body), "body": bounded(body)})
     if response["status"] >= 400:
         raise StepFailed(f"HTTP {response['status']}", page_text=body, evidence=evidence)
     try:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import PHONE, create_owner, screenshot
-from tests.e2e.test_phone import pairing_code
+from tests.e2e.conftest import create_owner, screenshot
+from tests.e2e.test_phone import paired_phone
 from tests.fakemodel import FakeModel, call, fake_model, say  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -17,13 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_with_a_model_the_phone_and_the_portal_get_answers(page: Any, browser: Any, live_box: Any,
                                                            fake_model: FakeModel) -> None:  # noqa: F811
     create_owner(page)
-    code = pairing_code(page)
-    phone_context = browser.new_context(base_url=live_box.url, **PHONE)
-    phone_context.set_default_timeout(20_000)
-    phone = phone_context.new_page()
-    phone.goto(f"/pair?code={code}")
-    phone.get_by_label("Name for this phone").fill("Test phone")
-    phone.get_by_role("button", name="Pair this phone").click()
+    phone = paired_phone(page, browser, live_box)
 
     # No model yet: the phone says what the owner must configure, and links to it.
     phone.get_by_label("What should the box do?").fill("What is in the readme?")

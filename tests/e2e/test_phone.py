@@ -22,6 +22,18 @@ def pairing_code(page: Any) -> str:
     return code
 
 
+def paired_phone(page: Any, browser: Any, live_box: Any) -> Any:
+    """A phone-sized page paired with the box (by the owner signed in on ``page``), on Ask the box."""
+    code = pairing_code(page)
+    phone = browser.new_context(base_url=live_box.url, **PHONE).new_page()
+    phone.context.set_default_timeout(20_000)
+    phone.goto(f"/pair?code={code}")
+    phone.get_by_label("Name for this phone").fill("Test phone")
+    phone.get_by_role("button", name="Pair this phone").click()
+    expect(phone.get_by_label("What should the box do?")).to_be_visible()
+    return phone
+
+
 def test_a_phone_pairs_once_asks_the_box_and_approves_with_one_tap(page: Any, browser: Any, live_box: Any) -> None:
     create_owner(page)
     code = pairing_code(page)
@@ -92,12 +104,7 @@ def test_a_tap_before_the_page_script_has_run_is_held_and_sent_not_lost(page: An
     """On a slow phone the Ask button is visible before the page's script has attached itself;
     a tap in that window is sent once the script runs, never turned into a reload of the page."""
     create_owner(page)
-    code = pairing_code(page)
-    phone = browser.new_context(base_url=live_box.url, **PHONE).new_page()
-    phone.set_default_timeout(20_000)
-    phone.goto(f"/pair?code={code}")
-    phone.get_by_role("button", name="Pair this phone").click()
-    expect(phone.get_by_label("What should the box do?")).to_be_visible()
+    phone = paired_phone(page, browser, live_box)
 
     held: list[Any] = []
     phone.route("**/js/ask.js", lambda route: held.append(route))  # the page's script does not arrive until released
@@ -117,14 +124,7 @@ def test_a_tap_before_the_page_script_has_run_is_held_and_sent_not_lost(page: An
 
 def test_the_phones_recent_list_retries_a_task_that_ran_out_of_actions(page: Any, browser: Any, live_box: Any) -> None:
     create_owner(page)
-    code = pairing_code(page)
-    phone_context = browser.new_context(base_url=live_box.url, **PHONE)
-    phone_context.set_default_timeout(20_000)
-    phone = phone_context.new_page()
-    phone.goto(f"/pair?code={code}")
-    phone.get_by_label("Name for this phone").fill("Test phone")
-    phone.get_by_role("button", name="Pair this phone").click()
-    expect(phone.get_by_label("What should the box do?")).to_be_visible()
+    phone = paired_phone(page, browser, live_box)
     spec = {"title": "Two steps", "flow": {"steps": [{"run": "echo one"}, {"run": "echo two"}]}, "limits": {"max_actions": 1}}
     made = phone.evaluate("""async (spec) => {
         const token = document.querySelector('meta[name="csrf-token"]').content;
@@ -140,4 +140,4 @@ def test_the_phones_recent_list_retries_a_task_that_ran_out_of_actions(page: Any
     retry.get_by_role("button", name="Retry").tap()
     expect(row.locator(".badge")).to_have_text("done", timeout=30_000)
     expect(row.get_by_role("form")).to_have_count(0)
-    phone_context.close()
+    phone.context.close()
