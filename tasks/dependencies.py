@@ -92,10 +92,12 @@ def parse_edges(value: Any) -> list[EdgeSpec]:
     return edges
 
 
-def lock_owner(owner_id: int) -> None:
+def lock_owner(owner_id: int, *, skip_locked: bool = False) -> bool:
     """Edges of one owner's tasks are added one transaction at a time: the cycle check reads the
-    graph, and two concurrent insertions (A->B, B->A) must not both pass it."""
-    list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
+    graph, and two concurrent insertions (A->B, B->A) must not both pass it. ``skip_locked``:
+    do not wait; False when another transaction holds the lock."""
+    rows = get_user_model().objects.select_for_update(skip_locked=skip_locked).filter(pk=owner_id)
+    return bool(list(rows.values_list("pk", flat=True)))
 
 
 def _reaches(start: str, target: str) -> bool:
@@ -207,12 +209,15 @@ def recovery_due(edge: Dependency) -> bool:
     return root_of(edge.task_id) != root_of(edge.on_id)
 
 
-def dependents_of(task_id: str, *, reading_layer: bool = True) -> list[str]:
+def dependents_of(task_id: str, *, reading_layer: bool = True, only_reading: bool = False) -> list[str]:
     """Tasks that wait on ``task_id`` and have not started (``queued``); without
-    ``reading_layer``, not those whose edge checks its layer for an artifact."""
+    ``reading_layer``, not those whose edge checks its layer for an artifact; with
+    ``only_reading``, only those."""
     edges = Dependency.objects.filter(on_id=task_id, task__state=State.QUEUED)
     if not reading_layer:
         edges = edges.exclude(condition=Condition.ARTIFACT)
+    if only_reading:
+        edges = edges.filter(condition=Condition.ARTIFACT)
     return list(edges.values_list("task_id", flat=True).distinct())
 
 

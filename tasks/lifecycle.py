@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,18 +38,21 @@ log = logging.getLogger(__name__)
 _REFILL = ""  # a janitor job that is not a task id: make free pool users
 
 
+Then = Callable[[], None] | None  # what to do once a release is complete
+
+
 class Janitor:
     """One background thread per process: releases ended tasks and refills the user pool."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: queue.Queue[str] = queue.Queue()
+        self._jobs: queue.Queue[tuple[str, Then]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._idle = threading.Event()
         self._idle.set()
 
-    def submit(self, job: str) -> None:
+    def submit(self, job: str, then: Then = None) -> None:
         with self._lock:
             if self._pid != os.getpid():  # a forked child (a django-q2 worker) starts its own thread
                 self._jobs, self._pid = queue.Queue(), os.getpid()
@@ -58,17 +61,19 @@ class Janitor:
                 atexit.register(self.drain)  # an ordinary exit (a management command)
                 multiprocessing.util.Finalize(self, self.drain, exitpriority=10)  # a django-q2 worker's exit
             self._idle.clear()
-            self._jobs.put(job)
+            self._jobs.put((job, then))
 
-    def _work(self, jobs: queue.Queue[str]) -> None:
+    def _work(self, jobs: queue.Queue[tuple[str, Then]]) -> None:
         while True:
-            job = jobs.get()
+            job, then = jobs.get()
             try:
                 if job == _REFILL:
                     if sandbox.available():
                         users.fill_pool()
                 else:
                     release(job)
+                    if then is not None:
+                        then()  # whatever waited for this release to be complete
                     if sandbox.available() and users.refill_wanted():
                         users.fill_pool()
             except Exception:  # noqa: BLE001 - the janitor outlives one failure; reconcile retries
@@ -93,9 +98,10 @@ class Janitor:
 janitor = Janitor()
 
 
-def release_soon(task_id: str) -> None:
-    """After a final move commits: the janitor releases the task (see the module's docstring)."""
-    janitor.submit(task_id)
+def release_soon(task_id: str, *, then: Then = None) -> None:
+    """After a final move commits: the janitor releases the task (see the module's docstring),
+    then calls ``then`` (also when a release step failed: ``release`` logged it)."""
+    janitor.submit(task_id, then)
 
 
 def refill_soon() -> None:

@@ -36,20 +36,28 @@ def lease_delta() -> timedelta:
 
 
 def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, delay_s: float = 0.0, attempt: int = 1) -> Run:
-    """Create a queued run. Call inside the transaction that decided it; it is enqueued after commit."""
+    """Create a queued run. Call inside the transaction that decided it; it is sent to the queue
+    after commit. A run due now is written as sent (``enqueued_at``) in that transaction: if the
+    process dies between the commit and the send, the scheduler sends it again after
+    ``BOX_RESEND_S`` (``stranded_runs``), as it does for a message the queue lost."""
     number = (Run.objects.filter(task=task).aggregate(n=Max("number"))["n"] or 0) + 1
     now = timezone.now()
     run = Run.objects.create(
         task=task, number=number, kind=kind, attempt=attempt, resume=resume or {},
-        available_at=now + timedelta(seconds=delay_s),
+        available_at=now + timedelta(seconds=delay_s), enqueued_at=now if delay_s <= 0 else None,
     )
     if delay_s <= 0:
-        transaction.on_commit(lambda: enqueue(run.pk))
+        transaction.on_commit(lambda: send(run.pk))
     return run
 
 
 def enqueue(run_id: int) -> None:
+    """Mark a queued run sent, then send it (a run that came due, or one sent again)."""
     Run.objects.filter(pk=run_id, state=RunState.QUEUED).update(enqueued_at=timezone.now())
+    send(run_id)
+
+
+def send(run_id: int) -> None:
     async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -72,12 +72,14 @@ def transition(
     *,
     summary: str | None = None,
     data: dict[str, Any] | None = None,
+    wake: bool = True,
     **fields: Any,
 ) -> Task:
     """Move ``task`` to ``new_state`` if it is still where the caller saw it (``_write_task``).
 
     The move must be in the table (``tasks.states.ALLOWED``). Appends a ``status`` event and runs
-    the final-state cleanup when the task ends.
+    the final-state cleanup when the task ends, which starts or fails the tasks waiting on it
+    (``wake=False``: the caller wakes them later in its transaction, ``cancel_task``).
 
     Lock order, everywhere: the task row first, then its run rows. This update takes the task
     row before the final-state cleanup closes the runs; a worker's lease-guarded writes, the
@@ -114,14 +116,14 @@ def transition(
             layers.on_retry(task)  # the layer is the task's again; its next run reopens its files
         if new_state in FINAL and old_state in ACTIVE:
             _close_blockers(task)
-            ended = task.pk  # dependents start before the release's slow steps ...
-            transaction.on_commit(lambda: wake_dependents(ended, before_release=True))
+            # Dependents start (or fail) in this transaction: their first run is committed with
+            # the move that allows it and sent after commit. Those whose artifact edge reads this
+            # task's layer wait for its release, which seals the layer.
+            if wake:
+                wake_dependents(task.pk)
         if new_state in FINAL:
             task_id = task.pk  # also after done -> undone: the layer's files go, the view is rebuilt
-            transaction.on_commit(lambda: release_task(task_id))
-        if new_state in FINAL and old_state in ACTIVE:
-            # ... except those whose artifact edge reads its layer, sealed by the release
-            transaction.on_commit(lambda: wake_dependents(ended))
+            transaction.on_commit(lambda: release_task(task_id, wake_readers=old_state in ACTIVE))
     return task
 
 
@@ -146,24 +148,35 @@ def _close_blockers(task: Task) -> None:
     runs.cancel_open_runs(task)
 
 
-def release_task(task_id: str) -> None:
+def release_task(task_id: str, *, wake_readers: bool = False) -> None:
     """After a task ended: free what it held (processes, sockets, mounts, its user), in the
-    background (``lifecycle.release_soon``)."""
+    background (``lifecycle.release_soon``); ``wake_readers``: then wake the dependents whose
+    artifact edge reads its layer, which the release has sealed."""
 
-    lifecycle.release_soon(task_id)
+    lifecycle.release_soon(task_id, then=(lambda: wake_dependents(task_id, after_release=True)) if wake_readers else None)
 
 
 # --- dependencies (tasks.dependencies holds the edges; the moves are here) ----------------------
 
-def wake_dependents(task_id: str, *, before_release: bool = False) -> None:
-    """After ``task_id`` ended: start, or fail, each task that waited on it (``before_release``:
-    those that do not read its layer). Best effort: the scheduler's sweep (``release_waiting``)
-    repairs a wake-up lost to a crash."""
-    for dependent in dependencies.dependents_of(task_id, reading_layer=not before_release):
+def wake_dependents(task_id: str, *, after_release: bool = False) -> None:
+    """``task_id`` ended: start, or fail, each task that waited on it. Called inside the
+    transaction of the final move for those that do not read its layer (each in a savepoint of
+    its own, so one that cannot be woken never undoes the move), and ``after_release`` for those
+    whose artifact edge reads it. Best effort: the scheduler's sweep (``release_waiting``) repairs
+    a wake-up lost to a crash or a failure here."""
+    found = dependencies.dependents_of(task_id, reading_layer=after_release, only_reading=after_release)
+    for dependent in found:
         try:
-            release_if_ready(dependent)
-        except Exception:  # noqa: BLE001 - the commit that called this already happened; the sweep retries
+            release_if_ready(dependent, if_free=not after_release)
+        except Exception:  # noqa: BLE001 - the savepoint is rolled back; the sweep retries
             log.exception("waking task %s after its dependency %s ended failed; the scheduler retries", dependent, task_id)
+
+
+def _release_logged(task_id: str) -> None:
+    try:
+        release_if_ready(task_id)
+    except Exception:  # noqa: BLE001 - after commit: the sweep retries
+        log.exception("starting task %s after its dependency ended failed; the scheduler retries", task_id)
 
 
 def held_back() -> list[str]:
@@ -184,16 +197,33 @@ class _RecoveryNeedsLocks(Exception):
     creation does), so the decision is taken again with it."""
 
 
-def release_if_ready(task_id: str) -> bool:
+class _Busy(Exception):
+    """Inside a dependency's final move: a lock the decision needs is held by another
+    transaction, which is not waited for there."""
+
+
+def release_if_ready(task_id: str, *, if_free: bool = False) -> bool:
     """Queue the first run of a held-back task whose edges are all resolved, or fail it when a
-    required edge can never be satisfied (or open its recovery review). True when it moved."""
+    required edge can never be satisfied (or open its recovery review). True when it moved.
+
+    ``if_free`` (inside a dependency's final move, which holds that task's row): no lock is
+    waited for there, since whoever holds it may be waiting for the dependency's row (a cancel
+    locks a parent, then its children; an edge writer holds the owner's lock), and no recovery
+    review is opened there (it takes the settings row's lock first). The decision is then taken
+    again right after the move commits."""
     try:
-        return _release_if_ready(task_id, creating=False)
-    except _RecoveryNeedsLocks:
-        return _release_if_ready(task_id, creating=True)
+        return _release_if_ready(task_id, creating=False, if_free=if_free)
+    except (_RecoveryNeedsLocks, _Busy) as why:
+        if if_free:
+            transaction.on_commit(lambda: _release_logged(task_id))
+            return False
+        if isinstance(why, _Busy):  # pragma: no cover - only ``if_free`` skips locks
+            raise
+        return _release_if_ready(task_id, creating=True, if_free=False)
 
 
-def _release_if_ready(task_id: str, *, creating: bool) -> bool:
+def _release_if_ready(task_id: str, *, creating: bool, if_free: bool) -> bool:
+    skip = if_free and connection.features.has_select_for_update_skip_locked
     with transaction.atomic():
         owner_id = Task.objects.filter(pk=task_id).values_list("owner_id", flat=True).first()
         if owner_id is None:
@@ -202,8 +232,12 @@ def _release_if_ready(task_id: str, *, creating: bool) -> bool:
             BoxSettings.objects.select_for_update().get_or_create(pk=1)
         # The owner's lock before the task row: the lock order of every edge writer (a recovery
         # review adds an edge), and two sweeps deciding the same task take turns.
-        dependencies.lock_owner(owner_id)
-        task = Task.objects.select_for_update().filter(pk=task_id, state=State.QUEUED).first()
+        if not dependencies.lock_owner(owner_id, skip_locked=skip) and skip:
+            raise _Busy
+        rows = Task.objects.filter(pk=task_id, state=State.QUEUED)
+        task = rows.select_for_update(skip_locked=skip).first()
+        if task is None and skip and rows.exists():
+            raise _Busy
         if task is None or Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).exists():
             return False
         found = dependencies.verdict(task)
@@ -447,13 +481,19 @@ def cancel_task(principal: Principal, task_id: str) -> Task:
     if task.state not in ACTIVE:
         raise Conflict(f"a {task.state} task cannot be cancelled", field="state", state=task.state)
     by = {"by": principal.via}
-    transition(task, State.CANCELLED, summary=f"cancelled by the owner ({principal.via})", data=by)
+    # Dependents are woken once every descendant has moved: a descendant that also waits on
+    # the task is cancelled with it, not failed for its dependency.
+    transition(task, State.CANCELLED, summary=f"cancelled by the owner ({principal.via})", data=by, wake=False)
+    ended = [task.pk]
     for descendant in _descendants(task):
         # Top-down, each row locked before it moves (the lock order is always parent first).
         child = Task.objects.select_for_update().get(pk=descendant)
         if child.state in ACTIVE:
             transition(child, State.CANCELLED, summary=f"cancelled with task {task.pk}",
-                       data={**by, "with": task.pk})
+                       data={**by, "with": task.pk}, wake=False)
+            ended.append(child.pk)
+    for task_id in ended:
+        wake_dependents(task_id)
     return task
 
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from boxsite.auth import issue_api_token
 from tasks import services
 from tasks.models import Dependency, Run, RunKind, Task
-from tests.conftest import Box
+from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
 
 WRITE = {"write": {"path": "outputs/report.md", "content": "# report\n"}}
@@ -273,3 +273,61 @@ def test_the_dependent_reads_its_dependencys_file(box: Box) -> None:
     end(box, upstream["id"], "done")
     box.wait_state(dependent["id"], "done", "failed")
     assert box.task(dependent["id"])["state"] == "done", box.task(dependent["id"])["error"]
+
+
+def test_a_dependent_is_queued_in_the_transaction_that_ends_its_dependency(box: Box) -> None:
+    """No wake-up after commit sits between a dependency's end and its dependent's first run:
+    the run is written by the move that allows it, so a crash right after that commit loses no
+    wake-up (and a chain costs no extra transaction per link)."""
+    upstream = held(box)
+    dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}),
+                           dependsOn=[{"task": upstream["id"], "condition": "completion"}])
+    task = Task.objects.get(pk=upstream["id"])
+    with transaction.atomic():
+        services.transition(task, "cancelled", summary="cancelled by the test")
+        assert runs_of(dependent["id"]) == [RunKind.START]  # before commit
+        assert Run.objects.get(task_id=dependent["id"]).enqueued_at is not None  # sent after commit
+    box.wait_state(dependent["id"], "done")
+
+
+def test_a_descendant_that_also_waits_on_a_cancelled_task_is_cancelled_with_it(box: Box) -> None:
+    top = held(box, title="top")
+    child = box.create(title="child", flow=gated(), parent=top["id"], dependsOn=[top["id"]])
+    box.api.post(f"/api/tasks/{top['id']}/cancel")
+    ended = box.wait_state(child["id"], "cancelled", "failed")
+    assert ended["state"] == "cancelled", ended["error"]
+
+
+@pytest.mark.skipif(not settings.DB_IS_POSTGRES, reason="row locks are PostgreSQL's (SQLite serialises writers)")
+def test_a_dependent_locked_elsewhere_does_not_hold_up_its_dependencys_end(box: Box) -> None:
+    """The final move does not wait for a dependent's row another transaction holds (that one
+    may wait for the dependency's row: a deadlock); the dependent starts once it is free."""
+    upstream = held(box)
+    dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}),
+                           dependsOn=[{"task": upstream["id"], "condition": "completion"}])
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        try:
+            with transaction.atomic():
+                list(Task.objects.select_for_update().filter(pk=dependent["id"]))
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        ended = threading.Thread(target=lambda: (box.api.post(f"/api/tasks/{upstream['id']}/cancel"), connection.close()))
+        ended.start()
+        # committed while the dependent's row is still held: the move did not wait for it
+        wait_for(lambda: Task.objects.get(pk=upstream["id"]).state == "cancelled", timeout=20,
+                 what="the dependency's final move to commit")
+        assert runs_of(dependent["id"]) == []  # not yet: its row is held
+    finally:
+        release.set()
+        holder.join()
+    ended.join(60)
+    box.wait_state(dependent["id"], "done")
