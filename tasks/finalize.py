@@ -1,43 +1,69 @@
 """The edges of a run: moving the task to running when it starts, and applying its outcome."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.conf import settings
+from django.db import connection, transaction
 
 from approvals.blockers import open_blockers_for_pause
 from tasks import completion, runs, services
 from tasks.facts import Redactor
 from tasks.isolation import record_isolation
 from tasks.models import EventKind, Run, RunKind, RunState, Task
-from tasks.recorder import StepRecorder
+from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, StepRecorder
 from tasks.states import Review, State, WaitingFor
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
 
-def begin_run(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:
-    """Move a queued task to running. False (and the run closed) when the task already ended."""
+def begin_run(run_id: int) -> tuple[Run, str, bool] | None:
+    """Claim run ``run_id`` and move its task to running, with its isolation note: one
+    transaction, the task's row locked before the run's (the one lock order). None when
+    someone else has the run (a second delivery) or it is closed. Else the run, its lease token,
+    and whether to go on: False when the task already ended, or another run of it still holds
+    a live process; the run is closed in the same transaction then.
 
-    def write() -> bool:
-        task.refresh_from_db()
-        if task.is_final():
-            runs.finish(run.pk, token, "cancelled", f"the task is already {task.state}")
-            return False
-        if Run.objects.filter(task=task, state=RunState.RUNNING).exclude(pk=run.pk).exists():
-            # Another run still holds a live process that waits on the owner in its broker
-            # (tasks.broker.holds); it goes on by itself once the pause is decided.
-            runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
-            return False
-        if task.state == State.QUEUED and task.started_at is None:
-            services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
-            record_isolation(task)  # the task's first words after it starts: what confines it
-        elif task.state == State.QUEUED:  # retried after a failure (services.retry_task)
-            services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
-        elif task.state == State.WAITING:
-            services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
-        return True
+    A transient database fault is tried again in place (nothing is held until the commit); past
+    a lease the fault goes up, and the run, still queued, is sent again by the scheduler."""
+    deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
+    while True:
+        try:
+            with transaction.atomic():
+                return _claim_and_begin(run_id)
+        except TRANSIENT_DB_ERRORS:
+            if connection.in_atomic_block or time.monotonic() > deadline:
+                raise
+            connection.close()
+            time.sleep(RETRY_PAUSE_S)
 
-    return recorder.guarded(write)
+
+def _claim_and_begin(run_id: int) -> tuple[Run, str, bool] | None:
+    task_id = Run.objects.filter(pk=run_id, state=RunState.QUEUED).values_list("task_id", flat=True).first()
+    if task_id is None:
+        return None
+    runs.lock_task(task_id)
+    claimed = runs.claim(run_id)
+    if claimed is None:
+        return None
+    run, token = claimed
+    task = run.task
+    if task.is_final():
+        runs.finish(run.pk, token, "cancelled", f"the task is already {task.state}")
+        return run, token, False
+    if Run.objects.filter(task=task, state=RunState.RUNNING).exclude(pk=run.pk).exists():
+        # Another run still holds a live process that waits on the owner in its broker
+        # (tasks.broker.holds); it goes on by itself once the pause is decided.
+        runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
+        return run, token, False
+    if task.state == State.QUEUED and task.started_at is None:
+        services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
+        record_isolation(task)  # the task's first words after it starts: what confines it
+    elif task.state == State.QUEUED:  # retried after a failure (services.retry_task)
+        services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
+    elif task.state == State.WAITING:
+        services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
+    return run, token, True
 
 
 def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> bool:

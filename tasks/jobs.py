@@ -73,29 +73,34 @@ def execute_run(run_id: int) -> None:
     if handing_back.is_set():
         return  # the cluster is stopping: the run stays queued and is sent again at start-up
     close_old_connections()
-    claimed = runs.claim(run_id)
-    if claimed is None:
+    started = time.monotonic()
+    try:
+        begun = begin_run(run_id)  # claimed, and the task running: one transaction
+    except TRANSIENT_DB_ERRORS as exc:
+        log.warning("run %s could not be claimed (a database fault: %s); the scheduler sends it again", run_id, _first_line(exc))
+        return
+    if begun is None:
         log.info("run %s is already taken or closed; nothing to do", run_id)
         return
-    run, token = claimed
+    run, token, go = begun
+    if not go:
+        return  # the task had ended, or another run holds it: the run was closed
     task = run.task
     try:
         facts = Facts.of(task)
+        redactor = facts.redactor()
     except TRANSIENT_DB_ERRORS as exc:
         _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
         return
-    recorder = StepRecorder(task, run.pk, token, facts.redactor())
+    recorder = StepRecorder(task, run.pk, token, redactor)
     stop = _current_stop = threading.Event()
     if handing_back.is_set():
         stop.set()
     heartbeat = Heartbeat(run.pk, token, stop)
     heartbeat.start()
-    started = time.monotonic()
     outcome: Outcome
     ctx: RunContext | None = None
     try:
-        if not begin_run(task, run, token, recorder):
-            return
         remaining = task.limit("max_elapsed_ms")
         deadline = None if remaining is None else started + max(0, remaining - task.spent.get("elapsed_ms", 0)) / 1000
         workdir = lifecycle.prepare(task)

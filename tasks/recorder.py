@@ -73,12 +73,17 @@ class StepRecorder:
 
     def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
               artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None,
-              resume: dict[str, Any] | None = None, records: dict[str, Any] | None = None) -> None:
+              resume: dict[str, Any] | None = None, records: dict[str, Any] | None = None,
+              counts: tuple[str, str | None] | None = None) -> None:
         """Record an event; with ``resume``/``records``, save progress in the same transaction
         (a step's result and the resume point past it are one write: a run cut off between
-        them would otherwise run a step again whose result the log already shows)."""
+        them would otherwise run a step again whose result the log already shows). ``counts``
+        (counter, limit name): count one action first, in the same transaction (``count``);
+        past the limit nothing is recorded and ``LimitReached`` goes up."""
 
         def write() -> None:
+            if counts is not None:
+                self._count(*counts)
             updates: dict[str, Any] = {}
             if resume is not None:
                 updates["resume"] = resume
@@ -100,8 +105,9 @@ class StepRecorder:
         if records is not None:
             self.task.records = records
 
-    def step(self, summary: str, data: dict[str, Any] | None = None, *, progress: float | None = None) -> None:
-        self.event(EventKind.STEP, summary, data, doing_now=True, progress=progress)
+    def step(self, summary: str, data: dict[str, Any] | None = None, *, progress: float | None = None,
+             counts: tuple[str, str | None] | None = None) -> None:
+        self.event(EventKind.STEP, summary, data, doing_now=True, progress=progress, counts=counts)
 
     def note(self, summary: str, data: dict[str, Any] | None = None) -> None:
         self.event(EventKind.NOTE, summary, data)
@@ -130,19 +136,19 @@ class StepRecorder:
     def count(self, counter: str, limit_name: str | None, amount: int = 1) -> None:
         """Count an action, model call or plan in ``spent``, against the task's limit when it has
         one (``limit_name``); ``LimitReached`` past it."""
+        self.guarded(lambda: self._count(counter, limit_name, amount))
 
-        def write() -> None:
-            task = Task.objects.select_for_update().get(pk=self.task.pk)  # read-modify-write of spent
-            spent = dict(task.spent)
-            limit = task.limit(limit_name) if limit_name else None
-            if limit_name and limit is not None and spent.get(counter, 0) + amount > limit:
-                raise LimitReached(
-                    limit_name,
-                    f"the task used all of its {limit_name} ({limit})",
-                    f"raise limits.{limit_name} above {limit} and retry the task",
-                )
-            spent[counter] = spent.get(counter, 0) + amount
-            Task.objects.filter(pk=task.pk).update(spent=spent)
-            self.task.spent = spent
-
-        self.guarded(write)
+    def _count(self, counter: str, limit_name: str | None, amount: int = 1) -> None:
+        """``count``'s write, inside a lease-checked transaction."""
+        task = Task.objects.select_for_update().only("spent", "limits").get(pk=self.task.pk)  # read-modify-write of spent
+        spent = dict(task.spent)
+        limit = task.limit(limit_name) if limit_name else None
+        if limit_name and limit is not None and spent.get(counter, 0) + amount > limit:
+            raise LimitReached(
+                limit_name,
+                f"the task used all of its {limit_name} ({limit})",
+                f"raise limits.{limit_name} above {limit} and retry the task",
+            )
+        spent[counter] = spent.get(counter, 0) + amount
+        Task.objects.filter(pk=task.pk).update(spent=spent)
+        self.task.spent = spent

@@ -256,13 +256,14 @@ class FlowWorker:
                     guard = {**guard, "action": action.pk}
                 return self._ask_approval(index, ApprovalKind.IRREVERSIBLE, step["stop_before"], guard,
                                           detail=planned_action(ctx, kind, substitute(step[kind], known), step, known))
-            if STEP_KINDS[kind].acts and kind != "tool":  # a tool call counts itself (tasks.tools.call)
-                ctx.recorder.count("actions", "max_actions")
             began, clock = timezone.now(), time.monotonic()
             started = self._start_data(ctx, index, total, kind, start)
             # The summary shows values, not ${names} (a secret value is masked back to its name).
+            # An acting step is counted in the write that records its start (a tool call counts
+            # itself, tasks.tools.call): past the limit, nothing is recorded.
+            acts = STEP_KINDS[kind].acts and kind != "tool"
             ctx.recorder.step(describe(substitute(step, known), index, total) + (" (retry)" if started.get("retry") else ""), started,
-                              progress=index / total)
+                              progress=index / total, counts=("actions", "max_actions") if acts else None)
             resolved = step[kind] if kind == "run" else substitute(step[kind], self._for_model(ctx, known) if kind == "model" else known)
             try:
                 result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index,
