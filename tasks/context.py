@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ class RunContext:
     # time: it neither uses up max_elapsed_ms nor counts in spent.elapsed_ms.
     held_s: float = 0.0
     held_since: float | None = None
+    # Called before each process the run starts (tasks.sandbox.launcher): opens the run's broker
+    # the first time (tasks.broker.server.serving).
+    before_process: Callable[[], None] | None = None
 
     @property
     def resume(self) -> dict[str, Any]:

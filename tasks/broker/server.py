@@ -1,7 +1,7 @@
 """The per-task broker socket: a Unix stream socket speaking JSON lines (``protocol``).
 
-Started by ``tasks.jobs.execute_run`` before the worker's process starts, closed when the run
-ends. Its accept loop waits on the listening socket and a wake-up pipe together, so closing takes
+Opened by a run when it starts its first process (``serving``; a run that starts none never
+opens one), closed when the run ends. Its accept loop waits on the listening socket and a wake-up pipe together, so closing takes
 no poll interval: the close writes one byte to the pipe and the loop returns at once. Only the
 box's own user and the task's Linux user may connect: each connection's peer credentials are
 checked, and the socket lives in the task's private runtime directory. Each connection is served
@@ -150,6 +150,10 @@ class BrokerServer:
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
 
+    @property
+    def started(self) -> bool:
+        return self._server is not None
+
     def start(self) -> Path:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.path.exists() or self.path.is_symlink():
@@ -249,10 +253,22 @@ class BrokerServer:
 
 @contextmanager
 def serving(ctx: RunContext) -> Iterator[BrokerServer]:
-    """The run's broker, open for the duration of the ``with`` block."""
+    """The run's broker for the duration of the ``with`` block. It opens when the run starts its
+    first process (``ctx.before_process``, which ``tasks.sandbox.launcher.popen`` calls): a run
+    that starts none (a flow of file steps) never binds a socket or starts a thread."""
     broker = BrokerServer(ctx)
-    broker.start()
+    opened = threading.Lock()
+
+    def open_broker() -> None:
+        with opened:
+            if not broker.started:
+                broker.start()
+
+    ctx.before_process = open_broker
     try:
         yield broker
     finally:
-        broker.close()
+        ctx.before_process = None
+        with opened:
+            if broker.started:
+                broker.close()

@@ -59,6 +59,8 @@ def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
     """
     if not argv:
         raise FileNotFoundError(errno.ENOENT, "no command given")
+    if ctx.before_process is not None:
+        ctx.before_process()  # the run's broker, there before the process can call it
     if support.available():
         return _popen_sandboxed(ctx, argv, env=env, cwd=cwd, script=script, profile=profile)
     return _popen_plain(ctx, argv, env=env, cwd=cwd, script=script)
