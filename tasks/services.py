@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -320,10 +320,31 @@ def add_dependency(principal: Principal, task_id: str, body: Any) -> Task:
     return task
 
 
-@transaction.atomic
-def create_task(body: Any, principal: Principal, *, source: str | None = None) -> Task:
-    """The one way tasks are born: API, phone, schedules and triggers all call this."""
+# PostgreSQL's answers to a transaction it chose to abort so others could go on (a deadlock, a
+# serialisation failure): nothing of it was written, so it may run again.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+CREATE_ATTEMPTS = 3
 
+
+def create_task(body: Any, principal: Principal, *, source: str | None = None) -> Task:
+    """The one way tasks are born: API, phone, schedules and triggers all call this.
+
+    A creation with dependencies locks rows other transactions lock too (its dependencies' rows
+    through the edges' foreign keys, the owner's, the settings row), and PostgreSQL may pick it as
+    a deadlock's victim; on its own (outside a caller's transaction) it is then tried again."""
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            return _create_task(body, principal, source=source)
+        except OperationalError as exc:
+            sqlstate = getattr(exc.__cause__, "sqlstate", None)
+            if sqlstate not in RETRYABLE_SQLSTATES or connection.in_atomic_block or attempt == CREATE_ATTEMPTS:
+                raise
+            log.warning("creating a task was aborted by the database (%s); trying again", sqlstate)
+    raise AssertionError("unreachable")
+
+
+@transaction.atomic
+def _create_task(body: Any, principal: Principal, *, source: str | None) -> Task:
     # At capacity the answer is 429 before the spec is even read: a refusal costs one count.
     _refuse_at_capacity(BoxSettings.current().max_active_tasks)
     spec = parse_spec(body, principal, source=source)

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from boxsite.auth import issue_api_token
+from boxsite.models import BoxSettings
 from tasks import services
 from tasks.models import Dependency, Run, RunKind, Task
 from tests.conftest import Box, wait_for
@@ -331,3 +332,42 @@ def test_a_dependent_locked_elsewhere_does_not_hold_up_its_dependencys_end(box: 
         holder.join()
     ended.join(60)
     box.wait_state(dependent["id"], "done")
+
+
+@pytest.mark.skipif(not settings.DB_IS_POSTGRES, reason="deadlock detection is PostgreSQL's (SQLite serialises writers)")
+def test_a_creation_chosen_as_a_deadlocks_victim_is_tried_again_not_a_500(box: Box) -> None:
+    """A creation with a dependency waits for the dependency's row (the edge's foreign key) while
+    holding the settings row; another transaction holding the dependency's row then waits for
+    the settings row. PostgreSQL aborts the creation: the client still gets its task."""
+    upstream = held(box)
+    BoxSettings.current()
+    locked = threading.Event()
+    crossed: list[str] = []
+
+    def lock_waiters() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            return int(cursor.fetchone()[0])
+
+    def hold_then_cross() -> None:
+        try:
+            with transaction.atomic():
+                list(Task.objects.select_for_update().filter(pk=upstream["id"]))
+                locked.set()
+                wait_for(lambda: lock_waiters() > 0, timeout=30, what="the creation to wait for the dependency's row")
+                list(BoxSettings.objects.select_for_update().filter(pk=1))  # the creation holds it
+                crossed.append("got the settings row")
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_then_cross)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        response = box.api.post("/api/tasks", {"title": "downstream", "flow": gated(),
+                                               "dependsOn": [upstream["id"]]}, format="json")
+    finally:
+        holder.join(60)
+    assert response.status_code == 201, response.json()
+    assert crossed == ["got the settings row"]  # the other transaction went on: the creation was the victim
+    assert Dependency.objects.filter(task_id=response.json()["id"], on_id=upstream["id"]).count() == 1
