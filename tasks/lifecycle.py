@@ -205,6 +205,9 @@ def empty_spare_pool() -> None:
     call, and the stop makes one after its processes are gone."""
     if sandbox.available():
         try:
+            # A process killed while it made a pool user leaves that user claimed as "filling"
+            # by a pid that is gone: the claim is dropped first, so the user goes too.
+            users.drop_stale_claims()
             users.empty_pool()
         except Exception:  # noqa: BLE001 - the next start tries again
             log.exception("removing the pool of task users at stop failed; the next start tries again")

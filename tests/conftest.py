@@ -20,7 +20,6 @@ from boxsite.auth import issue_api_token
 from tasks import lifecycle, sandbox
 from tasks.layers import unmount_views
 from tasks.models import Task, Workspace
-from tasks.sandbox import users
 from tests.factories import make_owner
 
 
@@ -47,8 +46,7 @@ def _worker_data_dir(worker_id: str) -> Iterator[None]:
     yield
     if sandbox.available():
         lifecycle.janitor.drain()
-        users.drop_stale_claims()
-        users.empty_pool()  # the pool's free task users (claimed ones are released by each test)
+        lifecycle.empty_spare_pool()  # the pool's free task users (claimed ones are released by each test)
 
 
 @pytest.fixture(autouse=True, scope="session")

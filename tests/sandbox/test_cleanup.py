@@ -6,10 +6,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
 
+from tasks import lifecycle
 from tasks.models import Task
 from tasks.sandbox import paths, users
 from tasks.sandbox.cleanup import release
@@ -131,3 +133,19 @@ def test_a_cluster_stopped_while_a_release_is_pending_finishes_it(sandboxed, clu
         assert leader.wait(timeout=60) == 0
         assert _mounts_of(task["id"]) == []
         assert uid_of(task["id"]) is None and not _processes(uid)  # given back, scrubbed
+
+
+def test_the_stop_removes_a_pool_user_whose_maker_was_killed_while_making_it(settings: Any) -> None:
+    """A worker killed at the stop while it made a pool user leaves it claimed as being made by a
+    process that is gone; the stop's sweep of the pool still removes that user."""
+    settings.BOX_USER_POOL = 1
+    users.empty_pool()
+    users.fill_pool()
+    [ident] = [i for i in users.pool_users() if i.name not in users.claims()]
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    os.symlink(f".fill-{gone.pid}", users.pool_dir() / ident.name)  # as fill_pool leaves it when killed
+    assert ident.name in users.claims()
+    lifecycle.empty_spare_pool()
+    assert ident.name not in [i.name for i in users.pool_users()]
+    assert ident.name not in users.claims()
