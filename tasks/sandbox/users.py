@@ -358,8 +358,9 @@ def _group_exists(name: str) -> bool:
 
 def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
     # Box processes take turns (``_accounts_lock``); the host's own tools may still hold
-    # /etc/passwd's lock, and the shadow tools then give up at once (exit 10, or 1 with a lock
-    # message). userdel also refuses while a process of the user is still exiting (exit 8).
+    # /etc/passwd's lock (or /etc/subgid's: another box on the machine), and the shadow tools
+    # then give up at once (exit 10, or another code with a lock message: 1, 18 for subgid).
+    # userdel also refuses while a process of the user is still exiting (exit 8).
     # All of these pass: retry for up to a minute.
     deadline = time.monotonic() + 60
     delay = 0.01
@@ -368,7 +369,7 @@ def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode in ok_codes:
             return
-        busy = done.returncode in (8, 10) or (done.returncode == 1 and any(m in done.stderr for m in _LOCK_BUSY))
+        busy = done.returncode in (8, 10) or any(m in done.stderr for m in _LOCK_BUSY)
         if not busy or time.monotonic() > deadline:
             raise SandboxError(f"{argv[0]} {argv[-1]} failed ({done.returncode}): {done.stderr.strip()}", field="user")
         time.sleep(delay)
