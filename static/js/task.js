@@ -220,14 +220,23 @@ function resultDetails(event) {
   return el("details", { class: "result" }, el("summary", {}, data.ok === false ? `${label} (failed)` : label), resultBody(data, event.artifacts));
 }
 
+// A step run again (after a restart, a lost worker or a retry) says so in its label, and the
+// note that the box restarted is labelled as what it is, not as a bare note.
+function kindLabel(event, data) {
+  if (event.kind === "step" && data.retry) return "Retry";
+  if (event.kind === "note" && data.restart) return "Restart";
+  return KIND_LABELS[event.kind] ?? event.kind;
+}
+
 function appendEvent(event) {
   const log = $("log");
   const data = event.data ?? {};
   if (Array.isArray(data.conflicts)) loggedConflicts = data.conflicts;
-  const row = el("li", { class: `event kind-${event.kind}`, "data-seq": String(event.seq) },
+  const marked = (event.kind === "step" && data.retry) || (event.kind === "note" && data.restart);
+  const row = el("li", { class: `event kind-${event.kind}${marked ? " again" : ""}`, "data-seq": String(event.seq) },
     el("div", { class: "event-line" },
       el("time", { datetime: event.createdAt }, time(event.createdAt)),
-      el("span", { class: `kind kind-${event.kind}` }, KIND_LABELS[event.kind] ?? event.kind),
+      el("span", { class: `kind kind-${event.kind}` }, kindLabel(event, data)),
       el("span", { class: "summary" }, event.summary),
       event.costCents ? el("span", { class: "cost" }, cents(event.costCents)) : null),
     // A status line says it all in its summary; other kinds carry details worth opening.
