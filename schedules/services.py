@@ -175,9 +175,10 @@ def resume_schedule(principal: Principal, schedule_id: Any, *, by_task: Any = No
 
 
 def run_schedule_now(principal: Principal, schedule_id: Any) -> Any:
-    """Start the schedule's task now, by hand ("Run now"): recorded as a firing, and the
-    schedule's own next run is left where it was. Paused and disabled schedules run too (that is
-    what trying one out means). Returns the task."""
+    """Start the schedule's task now, by hand ("Run now"): recorded as a firing and as the
+    schedule's last run (a run by hand is a run), and the schedule's own next run is left where
+    it was. Paused and disabled schedules run too (that is what trying one out means). Returns
+    the task."""
     schedule = get_schedule_for(principal, schedule_id)
     if "job" in schedule.template:
         raise Conflict("a built-in job runs on its own schedule; it starts no task", field="id")
@@ -188,6 +189,7 @@ def run_schedule_now(principal: Principal, schedule_id: Any) -> Any:
         task_services.note(task, f"started by hand from schedule '{schedule.name}' (Run now)",
                            {"schedule": schedule.name, "scheduleId": schedule.pk, "byHand": True})
         Firing.objects.create(schedule=schedule, occurrence=now, fired_at=now, task=task)
+        Schedule.objects.filter(pk=schedule.pk).update(last_run_at=now, last_task=task, updated_at=now)
     return task
 
 

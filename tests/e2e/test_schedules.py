@@ -156,6 +156,28 @@ def test_a_schedule_made_from_the_form_pauses_resumes_and_shows_its_catch_up_fir
     fits_a_phone(page, "schedules-narrow")
 
 
+def test_run_now_is_the_schedules_last_run_and_links_its_task(page: Any) -> None:
+    create_owner(page)
+    page.goto("/schedules")
+    form = page.get_by_role("region", name="New schedule")
+    form.get_by_label("Name").fill("nightly")
+    form.get_by_label("Cron expression").fill("0 3 * * *")
+    fill_template(form, "Nightly note")
+    form.get_by_role("button", name="Create schedule").click()
+    schedule = row(page, "Schedules", "nightly")
+    last_run = schedule.locator("dl.facts > div").filter(has=page.get_by_text("Last run", exact=True)).locator("dd")
+    expect(last_run).to_have_text("never")
+    schedule.get_by_role("button", name="Run now nightly").click()
+    expect(page.get_by_role("status")).to_contain_text("Started “Nightly note” from nightly")
+    expect(last_run).not_to_have_text("never")
+    expect(last_run.locator("time")).to_have_attribute("datetime", re.compile(r"^\d{4}-\d\d-\d\dT"))
+    page.reload()  # from the stored schedule, not only the page's memory of the click
+    expect(last_run.locator("time")).to_be_visible()
+    last_run.get_by_role("link", name="its task").click()
+    expect(page.get_by_role("heading", name="Nightly note")).to_be_visible()
+    expect(page.locator("#task-state")).to_have_text("done", timeout=30_000)
+
+
 def test_a_webhook_shows_its_secret_once_and_a_signed_delivery_starts_a_task(page: Any, live_box: Any, tmp_path: Path) -> None:
     create_owner(page)
     page.goto("/triggers")

@@ -20,6 +20,10 @@ def test_run_now_starts_the_task_and_leaves_the_timetable_alone(box):
     assert [(f["task"], f["taskTitle"], f["taskState"]) for f in firings] == [(task["id"], "nightly build", "done")]
     after = box.api.get(f"/api/schedules/{schedule['id']}").json()
     assert after["nextRunAt"] == schedule["nextRunAt"] and after["nextRunAt"] is not None  # 03:00 stays 03:00
+    # A run by hand is a run: the schedule's last run is it, and names its task.
+    assert schedule["lastRunAt"] is None
+    assert after["lastRunAt"] is not None and after["lastTask"] == task["id"]
+    assert after["lastRunAt"] == firings[0]["firedAt"]
 
 
 def test_run_now_answers_404_for_an_unknown_or_anothers_schedule(box):
