@@ -122,8 +122,9 @@ def check_call(task: Any, name: str, args: Any) -> Tool:
 
 
 def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalKind] = frozenset(),
-         position: str = "call") -> Any:
-    """Call tool ``name`` for the task in ``ctx``; returns the tool's result.
+         position: str = "call", replays: list[dict[str, Any]] | None = None) -> Any:
+    """Call tool ``name`` for the task in ``ctx``; returns the tool's result (a call answered
+    from an earlier call's receipt appends its action and receipt to ``replays``, when given).
 
     ``approved`` holds the approval kinds the owner already gave for exactly this call
     (``"irreversible"``, ``"spending"``). Raises ``NeedsApproval`` before acting when one is
@@ -156,6 +157,8 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalK
         if receipt is not None:
             recorder.event(EventKind.TOOL_RESULT, f"{name}: done before (action {action.pk}), not called again",
                            {"tool": name, "ok": True, "action": action.pk, "replayed": True, "receipt": receipt})
+            if replays is not None:
+                replays.append({"action": action.pk, "receipt": receipt})
             return receipt.get("result")
         if action.state == ActionState.PROPOSED and not allowed and ApprovalKind.IRREVERSIBLE not in approved:
             raise NeedsApproval(ApprovalKind.IRREVERSIBLE, f"call {name}, which acts irreversibly",

@@ -133,6 +133,50 @@ def test_a_resumed_run_answers_from_the_receipt_and_never_calls_again(box: Box, 
     assert action["state"] == "succeeded" and action["policy"]["allowDestructive"] is True
     results = [e for e in box.events(task["id"]) if e["kind"] == "step_result" and e["data"].get("kind") == "http"]
     assert [r["data"].get("replayed") for r in results] == [True]
+    # The log says plainly where the answer came from, and shows what the receipt holds.
+    (result,) = results
+    assert f"not sent again: answered from the earlier call's receipt (action {action['id']})" in result["summary"]
+    assert result["data"]["receipt"] == action["receipt"] and "body" not in result["data"]
+
+
+def _fault_once_recording(monkeypatch: Any, step_kind: str) -> list[int]:
+    """The database goes away once, right after a ``step_kind`` step acted and before its result
+    was recorded: the run is handed back and its retry comes to the same step again."""
+    real = flow_worker.record_result
+    faults: list[int] = []
+
+    def flaky(ctx: Any, index: int, total: int, kind: str, *args: Any, **kwargs: Any) -> None:
+        if kind == step_kind and not faults:
+            faults.append(index)
+            raise OperationalError("the database went away")
+        real(ctx, index, total, kind, *args, **kwargs)
+
+    monkeypatch.setattr(flow_worker, "record_result", flaky)
+    return faults
+
+
+def test_a_resumed_tool_step_says_it_was_answered_from_the_receipt(box: Box, tmp_path: Path, monkeypatch, settings) -> None:
+    settings.BOX_RETRY_BACKOFF_SECONDS = 0
+    effects = tmp_path / "effects.txt"
+    script = tmp_path / "send.sh"
+    script.write_text(f"#!/bin/sh\necho sent >> {effects}\necho '{{\"sent\": true}}'\n")
+    script.chmod(0o755)
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "mail.send", "command": [str(script)], "irreversible": True,
+                                  "schema": {"type": "object", "properties": {"to": {"type": "string"}}}}]))
+    settings.BOX_TOOLS_FILE = str(tools)
+    faults = _fault_once_recording(monkeypatch, "tool")
+    task = box.create(title="mail", tools=["mail.send"], constraints={"allow_destructive": True},
+                      flow=flow({"tool": "mail.send", "args": {"to": "a@example.com"}}))
+    box.wait_state(task["id"], "queued", "running", "done")
+    runs.dispatch_due(timezone.now() + timedelta(seconds=60))
+    box.wait_state(task["id"], "done")
+    assert faults == [0] and effects.read_text() == "sent\n"  # called once
+    (action,) = actions_of(box, task["id"])["results"]
+    (result,) = [e for e in box.events(task["id"]) if e["kind"] == "step_result"]
+    assert f"mail.send returned; not called again: answered from the earlier call's receipt (action {action['id']})" in result["summary"]
+    assert result["data"]["replayed"] is True and result["data"]["receipt"] == action["receipt"]
+    assert result["data"]["receipt"]["result"] == {"sent": True}
 
 
 def _unknown(box: Box, shop: Any) -> tuple[dict[str, Any], dict[str, Any]]:

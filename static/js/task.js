@@ -203,13 +203,39 @@ const RESULT_BLOCKS = [["command", "Command"], ["stdout", "Output (stdout, last 
   ["body", "Body"], ["tool", "Tool"], ["args", "Arguments"], ["result", "Result"], ["element", "Element chosen"], ["records", "Records"],
   ["error", "Error"]];
 
+function outputBlock(label, value) {
+  return el("div", { class: "result-block" }, el("h4", {}, label),
+    el("pre", { class: "mono output", tabindex: "0", "aria-label": label }, typeof value === "string" ? value : JSON.stringify(value, null, 2)));
+}
+
+// A step answered from an earlier call's receipt (a resumed run found the call done): say so in
+// plain words and show what the receipt holds, never the excerpt dressed up as the whole body.
+function receiptPart(data) {
+  const receipt = data.receipt ?? {};
+  const verb = data.kind === "tool" ? "called" : "sent";
+  const action = data.action ? ` (action ${data.action})` : "";
+  if (receipt.reconciled !== undefined) {
+    return el("p", { class: "hint replayed" }, `Not ${verb} again: the owner said the earlier attempt${action} happened, so there is no response to show.`);
+  }
+  const facts = [["bytes", "Size of the response (bytes)"], ["digest", "Digest of the response"]]
+    .filter(([key]) => receipt[key] !== undefined && receipt[key] !== null);
+  return el("div", { class: "receipt" },
+    el("p", { class: "hint replayed" }, `Not ${verb} again: answered from the earlier call's receipt${action}. `
+      + "A receipt keeps the status, the size and a digest of the response and only its first characters; that is what is shown here."),
+    facts.length ? el("dl", { class: "result-facts" }, facts.map(([key, label]) => el("div", {}, el("dt", {}, label), el("dd", { class: "mono" }, String(receipt[key]))))) : null,
+    receipt.excerpt !== undefined && receipt.excerpt !== "" ? outputBlock("Start of the response (kept in the receipt)", receipt.excerpt) : null,
+    receipt.result !== undefined ? outputBlock("Result (kept in the receipt)", receipt.result) : null);
+}
+
 function resultBody(data, artifacts) {
   const facts = RESULT_FACTS.filter(([key]) => data[key] !== undefined && data[key] !== null);
-  const blocks = RESULT_BLOCKS.filter(([key]) => data[key] !== undefined && data[key] !== null && data[key] !== "");
+  // A replayed step's result is the receipt's: it is shown once, in the receipt's part.
+  const blocks = RESULT_BLOCKS.filter(([key]) => data[key] !== undefined && data[key] !== null && data[key] !== ""
+    && !(data.replayed && ["body", "result"].includes(key)));
   return el("div", { class: "step-result" },
+    data.replayed ? receiptPart(data) : null,
     facts.length ? el("dl", { class: "result-facts" }, facts.map(([key, label]) => el("div", {}, el("dt", {}, label), el("dd", { class: "mono" }, String(data[key]))))) : null,
-    blocks.map(([key, label]) => el("div", { class: "result-block" }, el("h4", {}, label),
-      el("pre", { class: "mono output", tabindex: "0", "aria-label": label }, typeof data[key] === "string" ? data[key] : JSON.stringify(data[key], null, 2)))),
+    blocks.map(([key, label]) => outputBlock(label, data[key])),
     (artifacts ?? []).filter((a) => !isImage(a)).length ? el("p", { class: "artifacts" }, "Files: ",
       artifacts.filter((a) => !isImage(a)).map((a) => el("a", { href: a.url, target: "_blank", rel: "noopener" }, `${a.name} (${a.size} bytes)`))) : null);
 }
@@ -217,7 +243,8 @@ function resultBody(data, artifacts) {
 function resultDetails(event) {
   const data = event.data ?? {};
   const label = ["run", "command"].includes(data.kind) ? "Output" : "Result";
-  return el("details", { class: "result" }, el("summary", {}, data.ok === false ? `${label} (failed)` : label), resultBody(data, event.artifacts));
+  const shown = data.ok === false ? `${label} (failed)` : data.replayed ? `${label} (from the earlier call's receipt)` : label;
+  return el("details", { class: "result" }, el("summary", {}, shown), resultBody(data, event.artifacts));
 }
 
 // A step run again (after a restart, a lost worker or a retry) says so in its label, and the

@@ -474,12 +474,15 @@ class FlowWorker:
             return result, evidence
         if kind == "tool":
             args = substitute(step.get("args", {}), known)
+            replays: list[dict[str, Any]] = []
             try:
-                result = call_tool(ctx, value, args, approved=approved, position=position)
+                result = call_tool(ctx, value, args, approved=approved, position=position, replays=replays)
             except StepFailed as exc:
                 exc.evidence = Evidence({"tool": value, "args": bounded(args), "error": exc.message})
                 raise
-            return result, Evidence({"tool": value, "args": bounded(args), "result": bounded(result)})
+            # Answered from an earlier call's receipt: the result is what the receipt kept, and the log says so.
+            replayed = {"replayed": True, **replays[0]} if replays else {}
+            return result, Evidence({"tool": value, "args": bounded(args), "result": bounded(result), **replayed})
         if kind == "model":
             return model_step(ctx, value)
         raise StepFailed(f"'{kind}' is not executable")
@@ -572,13 +575,25 @@ def result_words(kind: str, data: dict[str, Any]) -> str:
         return f"wrote {data['path']} ({data['bytes']} bytes){took}"
     if kind == "delete":
         return f"deleted {data['path']} ({data['bytes']} bytes){took}"
+    if kind == "http" and data.get("replayed"):
+        return f"{data['method']} {data['url'][:200]} → {data['status']}; {from_receipt(data, 'sent')}{took}"
     if kind == "http":
         return f"{data['method']} {data['url'][:200]} → {data['status']}{took}"
+    if kind == "tool" and data.get("replayed"):
+        return f"{data['tool']} returned; {from_receipt(data, 'called')}{took}"
     if kind == "tool":
         return f"{data['tool']} {'failed' if 'error' in data else 'returned'}{took}"
     if kind == "model":
         return f"answered: {str(data.get('answer', ''))[:120]}{took}"
     return f"passed{took}"
+
+
+def from_receipt(data: dict[str, Any], verb: str) -> str:
+    """A replayed step's words: it was not done again, and what answered it instead."""
+    receipt = data.get("receipt") or {}
+    if "reconciled" in receipt:
+        return f"not {verb} again: the owner said the earlier attempt (action {data.get('action')}) happened"
+    return f"not {verb} again: answered from the earlier call's receipt (action {data.get('action')})"
 
 
 def step_position(index: int) -> str:
@@ -643,14 +658,15 @@ def http_answer(response: dict[str, Any], asked: dict[str, Any]) -> tuple[Any, E
         return body, evidence
 
 
-def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False, position: str = "call") -> Any:
+def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False, position: str = "call",
+              replays: list[dict[str, Any]] | None = None) -> Any:
     """A flow ``tool`` step: the one tool-call path (``tasks.tools.call``), its refusals and
     failures turned into the step's failure. ``NeedsApproval`` goes up to pause the flow,
     ``ActionUnknown`` to ask the owner."""
 
     try:
         return call(ctx, name, args, approved=frozenset({ApprovalKind.IRREVERSIBLE}) if approved else frozenset(),
-                    position=position)
+                    position=position, replays=replays)
     except CallError as exc:
         raise StepFailed(exc.message) from exc
 
