@@ -274,9 +274,12 @@ export function questionCard(question, { version, onDone, showTask = false, big 
     error.hidden = true;
     if (!form.reportValidity()) return;
     const data = new FormData(form);
-    const body = fields.length
-      ? { inputs: Object.fromEntries(fields.map((f) => [f.name, String(data.get(f.name) ?? "")])) }
-      : { answer: String(data.get("answer") ?? "") };
+    // What became of an action is one choice, sent as the answer (the box refuses it as inputs).
+    const body = question.kind === "action" && fields.length
+      ? { answer: String(data.get(fields[0].name) ?? "") }
+      : fields.length
+        ? { inputs: Object.fromEntries(fields.map((f) => [f.name, String(data.get(f.name) ?? "")])) }
+        : { answer: String(data.get("answer") ?? "") };
     if (version ?? task?.version) body.version = version ?? task.version;
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;

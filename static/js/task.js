@@ -186,6 +186,47 @@ function refreshSoon() {
   refreshTimer = setTimeout(() => refresh().catch((err) => say(err.message)), 150);
 }
 
+// --- the actions table (the same cells the page's first paint drew) -----------------------------
+function receiptCell(a) {
+  const r = a.receipt;
+  const outcome = r?.status ? `HTTP ${r.status}, ${r.bytes} bytes` : r?.reconciled ? "confirmed by the owner" : r ? (r.ok ? "ok" : "failed") : null;
+  return el("td", { "data-label": "Receipt" },
+    outcome,
+    r?.digest ? [" ", el("small", {}, el("code", { title: r.digest }, r.digest.length > 19 ? `${r.digest.slice(0, 18)}…` : r.digest))] : null,
+    r?.excerpt ? [" ", el("small", { class: "excerpt" }, r.excerpt.length > 120 ? `${r.excerpt.slice(0, 119)}…` : r.excerpt)] : null,
+    a.error ? [" ", el("small", { class: "error" }, a.error)] : null,
+    !r && !a.error ? "—" : null);
+}
+
+function actionRow(a) {
+  return el("tr", { "data-action": String(a.id) },
+    el("td", {}, el("code", {}, a.target), " ", el("small", {}, a.position)),
+    el("td", {}, el("span", { class: `badge action-${a.state}` }, a.state),
+      a.reconciliation ? [" ", el("small", {}, `the owner said: ${a.reconciliation.answer}`)] : null),
+    receiptCell(a),
+    el("td", { "data-label": "Attempted" }, a.attemptedAt ? el("time", { datetime: a.attemptedAt }, time(a.attemptedAt)) : "not yet"));
+}
+
+let actionsTimer = null;
+let actionsShownKey = null;
+
+async function loadActions() {
+  const page = await api("GET", `/api/tasks/${taskId}/actions?limit=50`);
+  // Redrawn only when something in it changed, so a live frame leaves the table (and any
+  // selection in it) alone.
+  const key = JSON.stringify(page.results);
+  if (key === actionsShownKey) return;
+  actionsShownKey = key;
+  put($("action-rows"), ...page.results.map(actionRow));
+  $("action-records").hidden = page.results.length === 0;
+}
+
+// Actions move with the log (proposed, executing, settled, reconciled): one read per burst of events.
+function actionsSoon() {
+  clearTimeout(actionsTimer);
+  actionsTimer = setTimeout(() => loadActions().catch((err) => say(err.message)), 200);
+}
+
 // --- the action log ---------------------------------------------------------------------------
 function artifactNode(artifact) {
   const item = typeof artifact === "string" ? { url: artifact } : artifact ?? {};
@@ -243,7 +284,8 @@ function resultBody(data, artifacts) {
 function resultDetails(event) {
   const data = event.data ?? {};
   const label = ["run", "command"].includes(data.kind) ? "Output" : "Result";
-  const shown = data.ok === false ? `${label} (failed)` : data.replayed ? `${label} (from the earlier call's receipt)` : label;
+  const again = data.receipt?.reconciled !== undefined ? "(not sent again)" : "(from the earlier call's receipt)";
+  const shown = data.ok === false ? `${label} (failed)` : data.replayed ? `${label} ${again}` : label;
   return el("details", { class: "result" }, el("summary", {}, shown), resultBody(data, event.artifacts));
 }
 
@@ -361,11 +403,14 @@ async function start() {
   for (const event of view.log.events) appendEvent(event);
   renderHeader(view);
   renderBlockers();
+  // The first paint's table has the server's raw times: drawn once more the way live updates draw it.
+  if (!$("action-records").hidden) actionsSoon();
   stream = new TaskStream(taskId, {
     after: view.log.nextAfter,
     onEvent: (event) => {
       appendEvent(event);
       if (["status", "approval", "question"].includes(event.kind)) refreshSoon();
+      if (event.kind !== "cost") actionsSoon();
     },
     onTask: (t) => { if (!task || t.version >= task.version) renderHeader({ ...task, ...t }); },
     onStatus: statusBadge($("stream-status")),
