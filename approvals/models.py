@@ -135,7 +135,9 @@ class Action(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        indexes = [models.Index(fields=["task", "state"], name="action_task_state")]
+        indexes = [models.Index(fields=["task", "state"], name="action_task_state"),
+                   # a task's actions in the API's order: each page seeks to its cursor
+                   models.Index(fields=["task", "created_at", "id"], name="action_task_created")]
 
 
 class ActionDay(models.Model):

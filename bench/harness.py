@@ -60,7 +60,8 @@ def free_port() -> int:
 
 
 class BenchBox:
-    def __init__(self, *, postgres: bool = False, redis: bool = False, workers: int = 2, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, *, postgres: bool = False, redis: bool = False, workers: int = 2, extra_env: dict[str, str] | None = None,
+                 cluster: str = "qcluster") -> None:
         self.data = Path(tempfile.mkdtemp(prefix="box-bench-"))
         self.port = free_port()
         self.env = dict(os.environ)
@@ -75,6 +76,7 @@ class BenchBox:
         self.env.update(extra_env or {})
         self.procs: list[subprocess.Popen[bytes]] = []
         self.token = ""
+        self.cluster = cluster  # the worker command: django-q2's qcluster, or runcluster as runbox starts it
 
     def _claim_redis(self) -> None:
         number = os.environ.get("BOX_BENCH_REDIS_DB", "7")
@@ -102,7 +104,7 @@ class BenchBox:
         self.token = self.manage("createtoken").splitlines()[-1]
         logs = (self.data / "box.log").open("ab")
         for argv in (["-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "boxsite.asgi:application"],
-                     [str(ROOT / "manage.py"), "qcluster"], [str(ROOT / "manage.py"), "runscheduler"]):
+                     [str(ROOT / "manage.py"), self.cluster], [str(ROOT / "manage.py"), "runscheduler"]):
             self.procs.append(subprocess.Popen([PYTHON, *argv], env=self.env, cwd=ROOT, stdout=logs, stderr=logs, start_new_session=True))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -53,7 +53,11 @@ def page(qs: QuerySet[Any], sorts: dict[str, Sort], sort_name: str, cursor: str 
     if sort is None:
         raise InvalidRequest(f"unknown sort '{sort_name}' (one of {', '.join(sorts)})", field="sort")
     f = F(sort.field)
-    order = [f.desc(nulls_last=True) if sort.descending else f.asc(nulls_last=True), "-pk" if sort.descending else "pk"]
+    # NULLS LAST only where there can be NULLs: on a NOT NULL column it would keep PostgreSQL from
+    # reading the order from an index (scanned either way), and every page would sort the rows.
+    nulls_last = True if sort.nullable else None
+    order = [f.desc(nulls_last=nulls_last) if sort.descending else f.asc(nulls_last=nulls_last),
+             "-pk" if sort.descending else "pk"]
     qs = qs.order_by(*order)
     if cursor:
         payload = _decode(cursor)
@@ -67,8 +71,13 @@ def page(qs: QuerySet[Any], sorts: dict[str, Sort], sort_name: str, cursor: str 
         else:
             beyond = Q(**{f"{sort.field}__lt" if sort.descending else f"{sort.field}__gt": value})
             same = Q(**{sort.field: value}) & after_pk
-            nulls = Q(**{f"{sort.field}__isnull": True}) if sort.nullable else Q(pk__in=[])
-            qs = qs.filter(beyond | same | nulls)
+            if sort.nullable:
+                qs = qs.filter(beyond | same | Q(**{f"{sort.field}__isnull": True}))
+            else:
+                # The bound alone is what an index can seek to: a page deep in the list starts
+                # there instead of reading (and dropping) every row before it.
+                bound = Q(**{f"{sort.field}__lte" if sort.descending else f"{sort.field}__gte": value})
+                qs = qs.filter(bound, beyond | same)
     rows = list(qs[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]

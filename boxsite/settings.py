@@ -54,8 +54,9 @@ if BOX_PUBLIC_URL:
     ALLOWED_HOSTS.append(urlsplit(BOX_PUBLIC_URL).hostname or "")
     CSRF_TRUSTED_ORIGINS.append(BOX_PUBLIC_URL)
 
+# Not "daphne": the web process is daphne itself, and its app (for `runserver` only) would load
+# Twisted into every worker and scheduler process too (~16 MB each).
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -168,6 +169,10 @@ Q_CLUSTER: dict[str, object] = {
     "save_limit": -1,
     "catch_up": False,
     "poll": env_float("BOX_QUEUE_POLL_S", 0.2),
+    # A worker process is replaced by a fresh fork after this many jobs (each a run), so what a
+    # long-lived worker accumulates (caches, fragmented heap, a model client) is given back; its
+    # janitor finishes the releases in hand first. 0: never.
+    "recycle": env_int("BOX_WORKER_RECYCLE", 100, minimum=0),
     "label": "Queue",
 }
 if REDIS_URL:

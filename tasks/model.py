@@ -17,16 +17,18 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import openai
 from django.conf import settings
 from django.db import transaction
 
 from boxsite.errors import InvalidRequest
 from boxsite.models import BoxSettings
 from tasks.vault import read_secret, set_secret, validate_name
+
+if TYPE_CHECKING:
+    import openai
 
 # A rough count of tokens for the budget's look-ahead: about four characters a token.
 CHARS_PER_TOKEN = 4
@@ -174,6 +176,8 @@ def call_model(config: ModelConfig, messages: list[dict[str, Any]], *, tools: li
     """One chat-completions call. ``tools``: function tools the model may call; ``schema``: a
     JSON Schema its answer must follow (asked for as a JSON object; the caller validates it).
     Raises ``ModelError`` (never hangs past the timeout) or ``KeyMissing``."""
+    import openai  # noqa: PLC0415 - ~40 MB a process holds once imported: only where a model is called
+
     client = _client(config.base_url, key if key is not None else read_key(config))
     kwargs: dict[str, Any] = {"model": config.model, "messages": messages, "max_tokens": config.max_output_tokens,
                               "timeout": timeout_s or config.timeout_s}
@@ -203,6 +207,8 @@ _clients_lock = threading.Lock()
 def _client(base_url: str, key: str) -> openai.OpenAI:
     """One client per endpoint and key, kept for the process: making one builds a TLS context,
     which costs more than a local model's whole answer."""
+    import openai  # noqa: PLC0415 - see call_model
+
     with _clients_lock:
         client = _clients.get((base_url, key))
         if client is None:

@@ -26,6 +26,7 @@ from approvals.models import ApprovalKind
 from boxsite.cards import looks_like_card
 from tasks import artifacts
 from tasks.browser import origins
+from tasks.browser.kinds import ACTING, DEFAULT_TIMEOUT_S, KINDS, PaymentStop
 from tasks.browser.session import BrowserSession
 from tasks.evidence import Evidence, StepFailed, bounded
 from tasks.flows import TARGET_KEYS
@@ -35,10 +36,8 @@ from tasks.tools import NeedsApproval
 if TYPE_CHECKING:
     from tasks.context import RunContext
 
-ACTING = ("browse", "click", "fill", "pick")
-KINDS = (*ACTING, "extract", "screenshot")
+__all__ = ["ACTING", "DEFAULT_TIMEOUT_S", "KINDS", "PaymentStop", "execute"]
 
-DEFAULT_TIMEOUT_S = 15.0
 PAGE_TEXT_CHARS = 20_000
 SECRET_MARK = "data-box-secret"
 # A secret field is drawn empty: its text and caret transparent (the field itself stays).
@@ -46,15 +45,6 @@ _MASK_CSS = f"[{SECRET_MARK}] {{ color: transparent !important; text-shadow: non
 _PAYS = re.compile(r"\b(pay( now)?|place (your )?order|purchase|buy now|complete (the )?(purchase|order|payment)|"
                    r"confirm (and )?pay|submit payment|checkout and pay)\b", re.I)
 _CARD_FIELD = r"card.?num|cc-?num|cardnumber|\bcvv|\bcvc|security.?code|expir|\bexp\b|card.?holder|name.?on.?card"
-
-
-class PaymentStop(Exception):
-    """The flow reached a payment page under ``stop_at_payment``: a person pays, the task stops."""
-
-    def __init__(self, message: str, evidence: Evidence) -> None:
-        super().__init__(message)
-        self.message = message
-        self.evidence = evidence
 
 
 @dataclass

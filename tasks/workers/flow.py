@@ -14,16 +14,14 @@ import stat
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from approvals import actions
 from approvals.models import ActionKind, ApprovalKind
 from tasks.broker.protocol import CallError
-from tasks.browser import grounding
-from tasks.browser import steps as browser_steps
-from tasks.browser.session import BrowserSession
+from tasks.browser import kinds as browser_kinds
 from tasks.context import RunContext
 from tasks.evidence import Evidence, StepFailed, bounded
 from tasks.facts import guess_kind, open_records, seal_records
@@ -40,6 +38,9 @@ from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused, needs_key
 from tasks.workers.planner import after_owner, plan, replan
 from tasks.workers.rescuer import rescue
+
+if TYPE_CHECKING:
+    from tasks.browser.session import BrowserSession
 
 GATES = ("approve", "checkpoint", "ask")
 
@@ -177,6 +178,8 @@ class FlowWorker:
         other run that starts in the middle of the flow (after a pause, a retry) opens a fresh
         browser, so it first re-opens the page: the steps since the last ``browse`` run again,
         without evidence."""
+        from tasks.browser.session import BrowserSession  # noqa: PLC0415 - Playwright: only for a flow with a browser step
+
         if self._browser is None:
             self._browser = BrowserSession(ctx)
         if self._browser.started:
@@ -190,7 +193,9 @@ class FlowWorker:
         opened = [i for i in range(index) if step_kind(steps[i]) == "browse"]
         if step_kind(steps[index]) == "browse" or not opened:
             return self._browser
-        replay = [i for i in range(opened[-1], index) if step_kind(steps[i]) in browser_steps.ACTING]
+        from tasks.browser import steps as browser_steps  # noqa: PLC0415 - as above
+
+        replay = [i for i in range(opened[-1], index) if step_kind(steps[i]) in browser_kinds.ACTING]
         ctx.recorder.note(f"re-opening the page: steps {', '.join(str(i + 1) for i in replay)} again",
                           {"browser": True, "replayed": [i + 1 for i in replay]})
         for i in replay:
@@ -198,7 +203,7 @@ class FlowWorker:
             try:
                 value, _ = ground_target(ctx, self._browser, kind, substitute(steps[i][kind], known), steps[i], i)
                 browser_steps.execute(ctx, self._browser, kind, value, steps[i], index=i, approved=False, replay=True)
-            except (StepFailed, browser_steps.PaymentStop, NeedsApproval) as exc:
+            except (StepFailed, browser_kinds.PaymentStop, NeedsApproval) as exc:
                 raise StepFailed(f"re-opening the page failed at step {i + 1}: {exc}") from exc
         return self._browser
 
@@ -283,7 +288,7 @@ class FlowWorker:
                 guard = {**guard, **need.guard, "step": index}
                 detail = {**planned_action(ctx, kind, resolved, step, known), **(need.detail or {})}
                 return self._ask_approval(index, need.kind, need.summary, guard, detail=detail, amount_cents=need.amount_cents)
-            except browser_steps.PaymentStop as stop:
+            except browser_kinds.PaymentStop as stop:
                 self._at_payment = True
                 record_result(ctx, index, total, kind, began, clock, stop.evidence, error=stop.message)
                 # Paying is never automatic: a person pays, and only cancel ends the task.
@@ -316,7 +321,7 @@ class FlowWorker:
             # in the log never runs again.
             record_result(ctx, index, total, kind, began, clock, evidence, resume={"step": index + 1},
                           records=seal_records(records, ctx.recorder.redactor))
-            if only and is_approved and index + 1 < total and kind not in browser_steps.KINDS:
+            if only and is_approved and index + 1 < total and kind not in browser_kinds.KINDS:
                 # A browser step goes on in this run: a new run's fresh browser would have to
                 # re-open the page by replaying steps, and the approved step must never run twice.
                 return Continue(resume={"step": index + 1})
@@ -460,7 +465,9 @@ class FlowWorker:
             except OSError as exc:
                 raise StepFailed(f"request failed: {exc}", evidence=Evidence({**asked, "error": str(exc)})) from exc
             return http_answer(response, asked)
-        if kind in browser_steps.KINDS:
+        if kind in browser_kinds.KINDS:
+            from tasks.browser import steps as browser_steps  # noqa: PLC0415 - Playwright: only for a browser step
+
             session = self.browser(ctx, index, known)
             value, grounding = ground_target(ctx, session, kind, value, step, index)
             try:
@@ -495,7 +502,9 @@ def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: An
         return value, None
     if kind not in ("click", "fill"):
         raise StepFailed(f"'describe' finds the element of a click or fill step, not of a '{kind}' step")
-    timeout_s = float(step.get("timeout_s") or browser_steps.DEFAULT_TIMEOUT_S)
+    timeout_s = float(step.get("timeout_s") or browser_kinds.DEFAULT_TIMEOUT_S)
+    from tasks.browser import grounding  # noqa: PLC0415 - Playwright: only for a browser step
+
     found, how = grounding.ground(ctx, session, kind, value, index=index, timeout_s=timeout_s,
                                   trace=bool((ctx.task.flow or {}).get("trace")))
     return found, how

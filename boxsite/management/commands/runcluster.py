@@ -15,6 +15,7 @@ the supervisor (``runbox``) only restarts a leader that is wedged itself.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connections
 from django_q.cluster import Cluster
+from django_q.signals import post_spawn
 
 from tasks import lifecycle, runs
 from tasks.jobs import hand_back_on_signal
@@ -82,6 +84,15 @@ def hand_back_all() -> None:
                 pass
 
 
+def name_worker(**_: Any) -> None:
+    """A django-q2 worker, just forked, is called ``box-worker`` (``ps``, /proc/<pid>/comm), apart
+    from the cluster's sentinel, monitor and pusher."""
+    try:
+        Path("/proc/self/comm").write_text("box-worker")
+    except OSError:
+        pass
+
+
 def start_cluster(on_stop: Any) -> Cluster:
     # The cluster forks from this process: no database connection of ours may be inherited.
     connections.close_all()
@@ -89,6 +100,10 @@ def start_cluster(on_stop: Any) -> Cluster:
     # django-q2's Cluster takes SIGTERM/SIGINT for itself; the stop is this command's.
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
+    # What the workers inherit stays shared with this process: a frozen object is never visited
+    # by a collection in a worker, which would otherwise write to (and so copy) its page.
+    gc.collect()
+    gc.freeze()
     cluster.start()
     return cluster
 
@@ -175,11 +190,15 @@ class Watchdog:
 
 class Command(BaseCommand):
     help = "Run the worker cluster; SIGTERM/SIGINT hand running runs back and stop it."
+    # Django's checks import the URLconf, and with it every view, DRF and the schema generator:
+    # web-only modules the workers, forked from this process, would all carry (~8 MB each).
+    requires_system_checks: list[str] = []
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings.SECRET_KEY  # noqa: B018 - jobs are signed with it: fail now if it is missing
         # Installed before the cluster forks, so every worker process inherits it.
         signal.signal(signal.SIGUSR1, hand_back_on_signal)
+        post_spawn.connect(name_worker, dispatch_uid="box-name-worker")
         stopping = threading.Event()
 
         def on_stop(*_: Any) -> None:

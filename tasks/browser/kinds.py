@@ -1,0 +1,24 @@
+"""What the flow worker needs to know of the browser steps without loading Playwright: their
+kinds, the default timeout and the pause in front of a payment. Playwright (~20 MB in every
+process that imports it) is loaded by ``tasks.browser.steps`` only when a flow has a browser step.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.evidence import Evidence
+
+ACTING = ("browse", "click", "fill", "pick")
+KINDS = (*ACTING, "extract", "screenshot")
+
+DEFAULT_TIMEOUT_S = 15.0
+
+
+class PaymentStop(Exception):
+    """The flow reached a payment page under ``stop_at_payment``: a person pays, the task stops."""
+
+    def __init__(self, message: str, evidence: Evidence) -> None:
+        super().__init__(message)
+        self.message = message
+        self.evidence = evidence
