@@ -171,16 +171,19 @@ def _settle(recorder: StepRecorder, action: Action, state: ActionState, receipt:
     """Store a confirmed outcome, only while this run's fence holds (else the action stays
     ``executing`` and the next run finds it ``unknown``)."""
 
+    stored_error = recorder.redactor.text(error)[:500]
+
     def write() -> None:
         moved = Action.objects.filter(pk=action.pk, state=ActionState.EXECUTING, run_id=recorder.run_id,
                                       lease_token=recorder.token).update(
-            state=state, receipt=None if receipt is None else recorder.redactor.redact(receipt), error=recorder.redactor.text(error)[:500],
+            state=state, receipt=None if receipt is None else recorder.redactor.redact(receipt), error=stored_error,
             settled_at=timezone.now())
         if moved != 1:
             raise LeaseLost(f"action {action.pk} is no longer this run's")
 
     recorder.guarded(write)
-    action.state = state
+    # The caller may go on to say why (``ActionUnknown``): with this call's own reason, not a guess.
+    action.state, action.error = state, stored_error
 
 
 def owner_day(box: BoxSettings, when: datetime) -> date:

@@ -186,6 +186,8 @@ def _unknown(box: Box, shop: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     assert view["waitingFor"] == "human"
     (question,) = open_questions(box, task["id"])
     assert question["kind"] == "action" and question["fields"][0]["options"] == ["happened", "did_not_happen", "fail"]
+    # It says what happened: the connection was cut after the request went out (no worker stopped).
+    assert "is unknown: request failed:" in question["prompt"] and "worker stopped" not in question["prompt"]
     (action,) = actions_of(box, task["id"])["results"]
     assert action["state"] == "unknown" and action["receipt"] is None
     assert len(shop.calls) == 1
