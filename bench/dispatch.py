@@ -14,8 +14,14 @@ phase by phase (medians of the latency tasks, and of the chain's links).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import fcntl
 import os
+import pwd
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -86,17 +92,123 @@ def first_step_latency(box: BenchBox, n: int) -> tuple[list[float], list[float],
     return to_step, to_done, marks
 
 
-def throughput(box: BenchBox, n: int) -> float:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def box_cpu_s(box: BenchBox) -> dict[str, float]:
+    """CPU seconds used so far by each of the box's processes with every descendant (web;
+    the cluster: its workers, their janitor threads, each sandboxed child and account tool, counted
+    in its parent once waited for; the scheduler)."""
+    parents, times = {}, {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = sum(int(f) for f in fields[11:15]) / _TICK
+    found = {}
+    for role, proc in zip(("web", "cluster", "scheduler"), box.procs, strict=True):
+        tree, grew = {proc.pid}, True
+        while grew:
+            more = {pid for pid, parent in parents.items() if parent in tree} - tree
+            grew = bool(more)
+            tree |= more
+        found[role] = sum(times.get(pid, 0.0) for pid in tree)
+    return found
+
+
+def throughput(box: BenchBox, n: int) -> tuple[float, dict[str, float]]:
+    """Trivial tasks completed per second for ``n`` posted at once, and the box's CPU ms per task
+    by process (web, cluster, scheduler)."""
+    cpu_before = box_cpu_s(box)
     start = time.time()
     ids = [box.post("/api/tasks", {"title": f"bulk {i}", "flow": TRIVIAL})["id"] for i in range(n)]
-    pending = set(ids)
+    pending, failed = set(ids), 0
     while pending:
-        page = box.get("/api/tasks?state=done&limit=200")
-        done = {t["id"] for t in page["results"]}
-        pending -= done
+        # Polled every 0.1 s: each answer is a page of tasks, and the web process that builds it
+        # is one of the box's processes whose CPU is counted per task.
+        page = box.get(f"/api/tasks?state=done,failed&limit={n + 10}")
+        ended = {t["id"] for t in page["results"] if t["id"] in pending}
+        failed += sum(1 for t in page["results"] if t["id"] in ended and t["state"] == "failed")
+        pending -= ended
         if pending:
-            time.sleep(0.05)
-    return n / (time.time() - start)
+            time.sleep(0.1)
+    if failed:
+        print(f"  ({failed} of the {n} burst tasks failed; see the box's log)", flush=True)
+    rate = n / (time.time() - start)
+    released(box)  # the janitors' release of the last tasks is part of their cost
+    cpu_after = box_cpu_s(box)
+    return rate, {role: (cpu_after[role] - cpu_before[role]) * 1000 / n for role in cpu_after}
+
+
+def released(box: BenchBox, timeout: float = 60) -> None:
+    """Wait until no task holds a user of the pool: every ended task's release is complete."""
+    claims = box.data / "users"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = [e for e in os.scandir(claims) if not e.name.startswith(".") and not os.readlink(e.path).startswith(".")] \
+            if claims.is_dir() else []
+        if not held:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"task users still claimed {timeout:.0f} s after the burst")
+
+
+_UNSHARE = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--ipc", "--uts", "/bin/true"]
+
+
+def _cpu_ms() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime) * 1000
+
+
+def floors(n: int) -> dict[str, tuple[float, float]]:
+    """The sandbox's floors on this machine, now: median wall ms and mean CPU ms of a bare ``unshare``
+    with the task's namespaces, a bare overlay mount and unmount, and a bare claim and give-back
+    of a pool user (a lock, the account list read, a link made and removed)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    scratch = Path(tempfile.mkdtemp(prefix="box-bench-floor-"))
+    for name in ("lower", "upper", "work", "merged", "users"):
+        (scratch / name).mkdir()
+    (scratch / "lower" / "file.txt").write_text("x")
+    options = f"lowerdir={scratch / 'lower'},upperdir={scratch / 'upper'},workdir={scratch / 'work'}".encode()
+    merged = str(scratch / "merged").encode()
+
+    def overlay() -> None:
+        if libc.mount(b"overlay", merged, b"overlay", 0, options) != 0:
+            raise OSError(ctypes.get_errno(), "overlay mount")
+        libc.umount2(merged, 0)
+
+    def claim() -> None:
+        fd = os.open(scratch / "users" / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            [e.pw_name for e in pwd.getpwall() if e.pw_name.startswith("box-")]
+            list(os.scandir(scratch / "users"))
+            os.symlink("task", scratch / "users" / "user")
+        finally:
+            os.close(fd)
+        os.unlink(scratch / "users" / "user")
+
+    found = {}
+    try:
+        for name, step in (("unshare", lambda: subprocess.run(_UNSHARE, check=True)), ("overlay mount", overlay),
+                           ("user claim", claim)):
+            wall, cpu_before = [], _cpu_ms()
+            for _ in range(n):
+                start = time.perf_counter()
+                step()
+                wall.append((time.perf_counter() - start) * 1000)
+            found[name] = (percentile(wall, 50), (_cpu_ms() - cpu_before) / n)  # CPU: the mean (tick-sized samples)
+    finally:
+        libc.umount2(merged, 2)
+        subprocess.run(["rm", "-rf", str(scratch)], check=False)
+    return found
 
 
 def flow_steps(box: BenchBox, n: int) -> float:
@@ -160,6 +272,20 @@ def print_phases(title: str, tables: dict[str, list[tuple[str, float]]]) -> None
     print(f"{'sum of medians':58}" + "".join(f" {sum(ms for _, ms in tables[label]):12.0f}" for label in labels))
 
 
+def print_overhead(floor: dict[str, tuple[float, float]], rows: list[tuple[str, float, float]]) -> None:
+    """The box's cost per trivial task beyond the sandbox's floors, as a multiple of them: wall
+    (a task's POST -> done, one at a time) and CPU (the burst's CPU per task)."""
+    wall, cpu = sum(w for w, _ in floor.values()), sum(c for _, c in floor.values())
+    print(f"\n{'sandbox floors (measured now)':40} {'wall ms':>8} {'cpu ms':>8}   load {os.getloadavg()[0]:.1f}")
+    for name, (w, c) in floor.items():
+        print(f"  {name:38} {w:8.1f} {c:8.1f}")
+    print(f"  {'sum (the floor)':38} {wall:8.1f} {cpu:8.1f}")
+    print(f"\n{'box overhead beyond the floor':40} {'wall x':>8} {'cpu x':>8} {'target':>7}")
+    for label, done_ms, cpu_ms in rows:
+        print(f"{label:40} {(done_ms - wall) / wall:8.1f} {(cpu_ms - cpu) / cpu:8.1f} {'<= 3':>7}")
+    print("(overhead: (the box's per-task figure - the floor) / the floor; wall from done p50, CPU from the burst)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latency", type=int, default=30)
@@ -172,21 +298,26 @@ def main() -> None:
     configs = [CONFIGS[name] for name in args.configs.split(",")]
     print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
     print(f"\n{'configuration':40} {'p50 ms':>8} {'p95 ms':>8} {'target p50':>11} {'done p50':>9} {'tasks/s':>8} {'target':>7}"
-          f" {'steps/s':>8} {'target':>7} {'load':>5}")
+          f" {'cpu ms/task':>12} {'steps/s':>8} {'target':>7} {'load':>5}")
     phases: dict[str, list[tuple[str, float]]] = {}
+    overheads: list[tuple[str, float, float]] = []
     for label, pg, redis, target in configs:
         with BenchBox(postgres=pg, redis=redis) as box:
             box.request("PATCH", "/api/settings", {"maxActiveTasks": args.throughput + 10})
             lat, done, marks = first_step_latency(box, args.latency)
-            rate = throughput(box, args.throughput)
+            rate, cpu_by_role = throughput(box, args.throughput)
+            cpu_per_task = sum(cpu_by_role.values())
             steps = flow_steps(box, args.steps)
         p50, p95, done_p50 = percentile(lat, 50), percentile(lat, 95), percentile(done, 50)
         phases[label.split(" ")[0]] = phase_table(marks)
+        overheads.append((label, done_p50, cpu_per_task))
         print(f"{label:40} {p50:8.0f} {p95:8.0f} {'<= ' + str(target):>11} {done_p50:9.0f} {rate:8.1f} {'>= 20':>7}"
-              f" {steps:8.0f} {'>= 100':>7} {os.getloadavg()[0]:5.1f}", flush=True)
+              f" {cpu_per_task:12.0f} {steps:8.0f} {'>= 100':>7} {os.getloadavg()[0]:5.1f}", flush=True)
+        print(f"{'  cpu ms/task by process':40} " + ", ".join(f"{role} {ms:.0f}" for role, ms in cpu_by_role.items()), flush=True)
     print(f"\n({args.latency} sequential tasks for latency; {args.throughput} trivial flow tasks posted at once for throughput;"
           f" one task of {args.steps} write steps for steps/s; load: the 1-minute load average after each row)")
     print_phases("a trivial task, median ms per phase (latency tasks)", phases)
+    print_overhead(floors(args.latency), overheads)
     if args.skip_chain:
         return
     print(f"\n{'configuration':40} {'dependsOn s':>12} {'client s':>9} {'target':>7} {'load':>5}   ({args.chain} tasks chained)")

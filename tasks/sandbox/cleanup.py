@@ -4,7 +4,9 @@
 scan of /proc catches anything else running as that uid), closes the task's egress proxy and
 sockets, removes its control groups, empties the uid's keyrings, hands back to root every file
 the user owned in the task's directories, and only then gives the user back to the pool
-(``users.give_back``), so the next task that claims it finds nothing of this one. A step that
+(``users.give_back``), so the next task that claims it finds nothing of this one. The process
+and keyring sweeps run only for a user a process ran as (``users.ran_processes``): a task of
+file steps alone costs neither a /proc scan nor a start of the system Python. A step that
 fails leaves the user claimed: nobody gets it, and reconcile tries again. Every step is
 idempotent.
 """
@@ -33,9 +35,11 @@ def release(task_id: str) -> None:
         with users.task_lock(task_id):
             ident = users.find_user(task_id)
             if ident is not None:
-                users.kill_processes(ident.uid)
+                if users.ran_processes(ident):  # a task of file steps only never started one
+                    users.kill_processes(ident.uid)
+                    users.clear_keyrings(ident)
+                    users.swept(ident)
                 cgroups.remove(task_id)
-                users.clear_keyrings(ident)
                 disown_files(task_id, ident)
                 users.give_back(task_id, ident)
     runtime = paths.runtime_dir(task_id)
@@ -50,7 +54,7 @@ def stop_leftovers(task_id: str) -> int:
     """Kill processes a lost run of the task left behind (before a new run starts), except the
     browser an earlier run kept across its pause (it lives in a PID namespace of its own)."""
     ident = users.find_user(task_id)
-    if ident is None or os.geteuid() != 0:
+    if ident is None or os.geteuid() != 0 or not users.ran_processes(ident):
         return 0
     return users.kill_processes(ident.uid, spare_namespace=_kept_browser_namespace(task_id))
 

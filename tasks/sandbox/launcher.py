@@ -107,6 +107,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
                      script: str | None, profile: Path | None = None) -> subprocess.Popen[bytes]:
     task = ctx.task
     ident = users.ensure_user(task.pk)
+    users.mark_ran(ident)  # before anything runs as the user: its release sweeps processes and keys
     paths.harden_data_dir()
     runtime = paths.ensure_runtime_dir(task.pk, ident.uid, ident.gid)
     view = paths.view_mount(task.pk)
@@ -171,7 +172,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         # The task ended while this process was starting (a cancel from another process): its
         # release may have run before the user existed again, so undo what this start made.
         kill(proc)
-
+        users.mark_ran(ident)  # a release that ran meanwhile cleared the mark before this process started
         release(task.pk)
     return proc
 

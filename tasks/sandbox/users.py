@@ -459,6 +459,27 @@ def clear_keyrings(ident: Identity) -> None:
         raise SandboxError(f"could not empty the keyrings of {ident.name}: {done.stderr.decode().strip()}", field="user")
 
 
+def mark_ran(ident: Identity) -> None:
+    """Before any process runs as ``ident`` (the launcher's only way to start one): from now on
+    its uid may hold processes and keys, so its release sweeps them (``ran_processes``)."""
+    directory = pool_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(directory / f".ran-{ident.name}", os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def ran_processes(ident: Identity) -> bool:
+    """Whether a process may have run as ``ident`` since its last complete sweep. A pool user
+    is made by ``useradd`` with no process and no key, and only the launcher starts processes
+    as it, after ``mark_ran``: without the mark, the /proc scan and the keyring sweep (a start
+    of the system Python) would find nothing, and are skipped."""
+    return (pool_dir() / f".ran-{ident.name}").exists()
+
+
+def swept(ident: Identity) -> None:
+    """After ``ident``'s processes were killed and its keyrings emptied: nothing of it is left."""
+    _unlink(pool_dir() / f".ran-{ident.name}")
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:

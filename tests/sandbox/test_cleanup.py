@@ -85,6 +85,7 @@ def test_start_up_reconciles_users_of_ended_and_unknown_tasks_and_spares_active_
         # What a crash leaves: the user, a runtime directory, and a process still running as it.
         ident = users.ensure_user(task_id)
         paths.ensure_runtime_dir(task_id, ident.uid, ident.gid)
+        users.mark_ran(ident)  # as the launcher does before it starts a process as the user
         sleepers.append(subprocess.Popen(["setpriv", f"--reuid={ident.uid}", f"--regid={ident.gid}", "--clear-groups",
                                           "sleep", "1003"], start_new_session=True))
     assert Task.objects.filter(pk=active["id"], state="waiting").exists()
@@ -106,6 +107,29 @@ def test_start_up_reconciles_users_of_ended_and_unknown_tasks_and_spares_active_
             sleeper.wait()
 
         release(unknown_id)
+
+
+def test_a_task_of_file_steps_alone_is_released_without_sweeping_processes_or_keyrings(sandboxed, monkeypatch):
+    """The /proc scan and the keyring sweep (a start of the system Python) cost most of a trivial
+    task's release; a user no process ran as has nothing for them to find. A task that ran a
+    command is still swept."""
+    swept: list[str] = []
+    kill_processes, clear_keyrings = users.kill_processes, users.clear_keyrings
+    monkeypatch.setattr(users, "kill_processes", lambda uid, **kw: swept.append("processes") or kill_processes(uid, **kw))
+    monkeypatch.setattr(users, "clear_keyrings", lambda ident: swept.append("keyrings") or clear_keyrings(ident))
+
+    def run(steps: dict[str, Any]) -> str:
+        task = sandboxed.create(title="release", flow=flow(steps))
+        assert sandboxed.wait_state(task["id"], "done", "failed")["state"] == "done"
+        lifecycle.janitor.drain()
+        assert uid_of(task["id"]) is None  # released: its user is back in the pool
+        return str(task["id"])
+
+    run({"write": {"path": "a.txt", "content": "a"}})
+    assert swept == []
+    run({"run": "true"})
+    assert swept == ["processes", "keyrings"]
+    assert not any(users.ran_processes(ident) for ident in users.pool_users())  # swept: no user is left marked
 
 
 def _mounts_of(task_id: str) -> list[str]:

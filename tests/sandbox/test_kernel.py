@@ -111,6 +111,7 @@ def test_release_empties_the_user_keyring_a_task_left(sandboxed):
     task = Task.objects.create(owner=sandboxed.owner, title="left keys", prompt="p", worker="command", state="cancelled",
                                workspace=Workspace.objects.get(name="home"))
     ident = users.ensure_user(task.pk)
+    users.mark_ran(ident)  # as the launcher does before it starts a process (which could add keys) as the user
     _plant_key(ident.uid, ident.gid, "box-left-behind")
     assert "box-left-behind" in _keys_of(ident)
     cleanup.release(task.pk)
