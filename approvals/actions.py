@@ -234,6 +234,23 @@ def cancel_not_started(task: Task) -> int:
         state=ActionState.CANCELLED, settled_at=timezone.now())
 
 
+def close_in_flight(task: Task, why: str, *, run_id: int | None = None) -> int:
+    """Call inside the transaction that ends ``task`` (or, with ``run_id``, that marks that run
+    lost): a call in flight (``executing``) whose run will never record its receipt becomes
+    ``unknown``, since nobody can say whether it reached its provider. The log says so."""
+    in_flight = Action.objects.filter(task=task, state=ActionState.EXECUTING)
+    if run_id is not None:
+        in_flight = in_flight.filter(run_id=run_id)
+    closed = 0
+    for action in in_flight:
+        closed += Action.objects.filter(pk=action.pk, state=ActionState.EXECUTING).update(
+            state=ActionState.UNKNOWN, settled_at=timezone.now(), error=why[:500])
+        record_event(task, EventKind.NOTE, f"action {action.pk} ({action.tool}): outcome unknown ({why}); "
+                     "it will not be called again unless the owner says it did not happen",
+                     {"action": action.pk, "state": ActionState.UNKNOWN})
+    return closed
+
+
 def action_for_question(question: Question) -> Action | None:
     return Action.objects.filter(question=question, state=ActionState.UNKNOWN).first()
 

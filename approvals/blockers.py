@@ -176,12 +176,14 @@ def bind_to_version(task: Task, old_version: int) -> None:
 
 def close_for_final_move(task: Task) -> None:
     """Call inside the transaction that ends ``task``: pending approvals are denied, open and
-    staged questions cancelled, actions that have not started cancelled."""
+    staged questions cancelled, actions that have not started cancelled, and a call in flight
+    closed as ``unknown`` (its worker's receipt can no longer be recorded)."""
     Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(
         state=ApprovalState.DENIED, decided_via=ENDED_WITH_TASK, decided_at=timezone.now())
     Question.objects.filter(task=task, state__in=[QuestionState.STAGED, QuestionState.OPEN]).update(
         state=QuestionState.CANCELLED)
     actions.cancel_not_started(task)
+    actions.close_in_flight(task, "the task ended while the call was in flight")
 
 
 # --- resuming ---------------------------------------------------------------------------------

@@ -9,11 +9,12 @@ ended (or the deadline passed) it stops the box with Ctrl-C and prints:
 - lost: tasks still queued at the end (never run);
 - stuck: tasks still running or waiting at the end;
 - failed by faults: tasks that failed (none of these tasks can fail by itself);
-- steps run twice: step completions beyond one per step (each step appends a line as it ends),
-  split into those whose first completion was recorded (a step result in the log, then the step
-  ran again: a bug, the bar is 0) and those cut off between the step's last action and its
-  record (a kill or a fault in that window cannot be told from one mid-step: the step runs
-  again, by design; the log marks it interrupted);
+- steps run twice: step completions beyond one per step (each step appends a line as it ends);
+  of them, those whose first completion was recorded (a step result in the log, then the step
+  ran again). A kill between a step's last action and its record no longer runs it again: the
+  step's receipt, written the moment its process is reaped, gives the retry its result
+  ("from receipt" counts those); only a kill in the instant between the process's exit and
+  that write would still run the step again (the log marks it interrupted);
 - leftovers: task users, their processes and mounts in the data dir after the stop.
 
 All zero is the bar. Usage: .venv/bin/python bench/chaos.py [--tasks N] [--kills K] [--db-faults T]
@@ -208,6 +209,12 @@ def _recorded_twice(box: ChaosBox, task_id: str) -> int:
     return sum(results.count(step) - 1 for step in set(results))
 
 
+def _from_receipt(box: ChaosBox, task_id: str) -> int:
+    """Steps whose result a retry recorded from the receipt a lost run left (not run again)."""
+    events = box.request("GET", f"/api/tasks/{task_id}/events?limit=1000")["events"]
+    return sum(1 for e in events if e["kind"] == "step_result" and e["data"].get("fromReceipt"))
+
+
 def _leftovers(box: ChaosBox) -> list[str]:
     """What the stopped box left on the host: its task users (with their processes), mounts in
     its data dir. The users are found by the box's own code (their comment names the box)."""
@@ -231,6 +238,7 @@ def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: floa
         rng = random.Random(17)
         crash_at = max(1, kills // 2)
         started = time.monotonic()
+        load_start = os.getloadavg()[0]
         while killed < kills and time.monotonic() - started < deadline_s / 2:
             busy = box.busy_workers()
             if busy:
@@ -252,6 +260,8 @@ def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: floa
             states = _states(box, ids)
         done = [t for t, s in states.items() if s == "done"]
         recorded_twice = sum(_recorded_twice(box, t) for t in done)
+        from_receipt = sum(_from_receipt(box, t) for t in done)
+        load_end = os.getloadavg()[0]
         stop_s = box.stop()
         twice = sum(max(0, _step_completions(box.data, t) - STEPS) for t in done)
         return {
@@ -260,7 +270,8 @@ def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: floa
             "lost": sum(s == "queued" for s in states.values()),
             "stuck": sum(s in ("running", "waiting") for s in states.values()),
             "failed": sum(s == "failed" for s in states.values()),
-            "twice": twice, "recorded_twice": recorded_twice, "leftovers": _leftovers(box), "stop_s": stop_s,
+            "twice": twice, "recorded_twice": recorded_twice, "from_receipt": from_receipt,
+            "load": (load_start, load_end), "leftovers": _leftovers(box), "stop_s": stop_s,
             "elapsed_s": time.monotonic() - started,
         }
     finally:
@@ -286,16 +297,17 @@ def main() -> None:
             continue
         rows.append((label, run(pg, args.tasks, args.kills, args.db_faults, args.deadline)))
     print(f"\n{'configuration':30} {'tasks':>5} {'kills':>5} {'db':>3} {'done':>5} {'lost':>5} {'stuck':>5} "
-          f"{'failed':>6} {'twice':>5} {'rec.twice':>9} {'left':>5} {'stop s':>6} {'total s':>7}")
+          f"{'failed':>6} {'twice':>5} {'rec.twice':>9} {'receipt':>7} {'left':>5} {'stop s':>6} {'total s':>7} load")
     for label, r in rows:
         print(f"{label:30} {r['tasks']:5} {r['kills']:5} {r['db_faults']:3} {r['done']:5} {r['lost']:5} {r['stuck']:5} "
-              f"{r['failed']:6} {r['twice']:5} {r['recorded_twice']:9} {len(r['leftovers']):5} {r['stop_s']:6.1f} {r['elapsed_s']:7.0f}")
+              f"{r['failed']:6} {r['twice']:5} {r['recorded_twice']:9} {r['from_receipt']:7} {len(r['leftovers']):5} "
+              f"{r['stop_s']:6.1f} {r['elapsed_s']:7.0f} {r['load'][0]:.1f}-{r['load'][1]:.1f}")
     for label, r in rows:
         for leftover in r["leftovers"]:
             print(f"left by {label}: {leftover}")
-    print("\n(bar: lost, stuck, failed, rec.twice and left all 0; twice counts every step completion beyond one,"
-          "\n also those cut off before their record, which run again by design; each run also kills and restarts"
-          "\n the whole box once)")
+    print("\n(bar: lost, stuck, failed, twice, rec.twice and left all 0; receipt: steps recorded from the receipt a"
+          "\n lost run left instead of running again; load: the 1-minute load average at the first kill and at the"
+          "\n end; each run also kills and restarts the whole box once)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals import actions
 from tasks import runs, services
+from tasks import step_receipts as receipts
 from tasks.models import EventKind, Run, RunKind, RunState, Task, TaskEvent
 from tasks.states import ACTIVE
 
@@ -66,13 +68,14 @@ def _lose(run_id: int, token: str, *, outcome: str, error: str, plan: Callable[[
             return Lost(False)
         run = Run.objects.select_related("task").get(pk=run_id)
         task = run.task
+        actions.close_in_flight(task, f"its run was lost: {error}", run_id=run.pk)
         if task.state not in ACTIVE:
             return Lost(True)
         retry = plan(run)
         if retry.attempt > settings.BOX_MAX_RUN_ATTEMPTS:
             services.fail_task(task, retry.give_up, recoverable=True, hint=retry.hint)
             return Lost(True, active=True)
-        mark_interrupted_step(task, retry.interrupted)
+        mark_interrupted_step(task, retry.interrupted, run)
         if retry.doing_now:
             Task.objects.filter(pk=task.pk).update(step=retry.doing_now)
         services.note(task, retry.note, retry.note_data)
@@ -168,18 +171,21 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def mark_interrupted_step(task: Task, why: str) -> None:
+def mark_interrupted_step(task: Task, why: str, run: Run | None = None) -> None:
     """Say in the log that the step a lost run was in the middle of did not finish.
 
     A step that finished saved its resume point past itself, so the last step event names an
     unfinished step exactly when its index is still where the task resumes. The retry runs it
-    again from its start."""
+    again from its start, unless ``run`` left the step's receipt (its process had ended): then
+    the retry records the step's result from it, and nothing was interrupted."""
     last = TaskEvent.objects.filter(task=task, kind=EventKind.STEP).order_by("-seq").values_list("summary", "data").first()
     if last is None:
         return
     summary, data = last
     # Step events number steps from 1 (as their summaries do); the resume point is the 0-based index.
     if not isinstance(data, dict) or data.get("step") != int((task.resume or {}).get("step", 0)) + 1:
+        return
+    if run is not None and receipts.finished_in(task.pk, data["step"] - 1, run):
         return
     services.note(task, f"interrupted: {summary} ({why}); it runs again from its start",
                   {"interrupted": True, "step": data.get("step")})

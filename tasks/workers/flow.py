@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from approvals import actions
 from approvals.models import ActionKind, ApprovalKind
+from tasks import step_receipts as receipts
 from tasks.broker.protocol import CallError
 from tasks.browser import kinds as browser_kinds
 from tasks.context import RunContext
@@ -262,17 +263,23 @@ class FlowWorker:
                 return self._ask_approval(index, ApprovalKind.IRREVERSIBLE, step["stop_before"], guard,
                                           detail=planned_action(ctx, kind, substitute(step[kind], known), step, known))
             began, clock = timezone.now(), time.monotonic()
-            started = self._start_data(ctx, index, total, kind, start)
-            # The summary shows values, not ${names} (a secret value is masked back to its name).
-            # An acting step is counted in the write that records its start (a tool call counts
-            # itself, tasks.tools.call): past the limit, nothing is recorded.
-            acts = STEP_KINDS[kind].acts and kind != "tool"
-            ctx.recorder.step(describe(substitute(step, known), index, total) + (" (retry)" if started.get("retry") else ""), started,
-                              progress=index / total, counts=("actions", "max_actions") if acts else None)
+            # A lost run whose step's process had ended left its receipt: the step is not run again.
+            receipt = receipts.find(ctx, index) if kind == "run" and index == start and ctx.run.number > 1 else None
+            if receipt is None:
+                started = self._start_data(ctx, index, total, kind, start)
+                # The summary shows values, not ${names} (a secret value is masked back to its name).
+                # An acting step is counted in the write that records its start (a tool call counts
+                # itself, tasks.tools.call): past the limit, nothing is recorded.
+                acts = STEP_KINDS[kind].acts and kind != "tool"
+                ctx.recorder.step(describe(substitute(step, known), index, total) + (" (retry)" if started.get("retry") else ""),
+                                  started, progress=index / total, counts=("actions", "max_actions") if acts else None)
             resolved = step[kind] if kind == "run" else substitute(step[kind], self._for_model(ctx, known) if kind == "model" else known)
             try:
-                result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index,
-                                                 position=step_position(index))
+                if receipt is not None:
+                    result, evidence = from_step_receipt(ctx, step, receipt)
+                else:
+                    result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index,
+                                                     position=step_position(index))
             except actions.ActionUnknown as unknown:
                 # Never called again by itself: the owner says what happened, and the run that
                 # follows the answer comes back to this step (an OK given for it still holds).
@@ -419,15 +426,8 @@ class FlowWorker:
                 for path in spool:
                     path.unlink(missing_ok=True)
                 raise LeaseLost("stopped")
-            evidence = process.output_evidence(ctx, name, done, spool)
-            evidence.data = {"command": written, **evidence.data}
-            if done.timed_out:
-                check_time(ctx)  # the task's running time is up: that is a limit, not a step failure
-                raise StepFailed(f"timed out after {timeout}s", evidence=evidence)
-            if done.code != 0:
-                raise StepFailed(f"exit {done.code}: {done.last_error_line()}", page_text=done.stdout + done.stderr,
-                                 evidence=evidence)
-            return done.stdout.strip(), evidence
+            receipts.write(ctx, index, name, done, spool)  # before anything else: a kill from here on runs nothing again
+            return run_result(ctx, written, name, done, spool, timeout)
         if kind == "write":
             target = inside(ctx.workdir, value["path"])
             content = value["content"] if isinstance(value["content"], str) else json.dumps(value["content"])
@@ -493,6 +493,35 @@ class FlowWorker:
         if kind == "model":
             return model_step(ctx, value)
         raise StepFailed(f"'{kind}' is not executable")
+
+
+def run_result(ctx: RunContext, written: str, name: str, done: process.Finished, spool: tuple[Path, Path],
+               timeout: Any) -> tuple[Any, Evidence]:
+    """A ``run`` step's ended process as its result and evidence; ``StepFailed`` when it failed."""
+    evidence = process.output_evidence(ctx, name, done, spool)
+    evidence.data = {"command": written, **evidence.data}
+    if done.timed_out:
+        check_time(ctx)  # the task's running time is up: that is a limit, not a step failure
+        raise StepFailed(f"timed out after {timeout}s", evidence=evidence)
+    if done.code != 0:
+        raise StepFailed(f"exit {done.code}: {done.last_error_line()}", page_text=done.stdout + done.stderr,
+                         evidence=evidence)
+    return done.stdout.strip(), evidence
+
+
+def from_step_receipt(ctx: RunContext, step: dict[str, Any], receipt: receipts.Receipt) -> tuple[Any, Evidence]:
+    """A ``run`` step's result from the receipt a lost earlier run left when the step's process
+    had ended (``tasks.step_receipts``): recorded, not run again."""
+    done = process.Finished(receipt.code, receipt.stdout, receipt.stderr, timed_out=receipt.timed_out)
+    value = step["run"]
+    written = value if isinstance(value, str) else value["cmd"]
+    try:
+        result, evidence = run_result(ctx, written, receipt.name, done, receipt.spool, step.get("timeout_s"))
+    except StepFailed as exc:
+        exc.evidence.data.update(fromReceipt=True, receiptRun=receipt.run_number)
+        raise
+    evidence.data.update(fromReceipt=True, receiptRun=receipt.run_number)
+    return result, evidence
 
 
 def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: Any, step: dict[str, Any],
@@ -571,6 +600,8 @@ def record_result(ctx: RunContext, index: int, total: int, kind: str, began: dat
         data["error"] = error
     ctx.recorder.event(EventKind.STEP_RESULT, f"step {index + 1}/{total} {kind}: {result_words(kind, data)}", data,
                        artifacts=evidence.artifacts, resume=resume, records=records)
+    if kind == "run":
+        receipts.discard(ctx.task.pk, index)  # the log has the result now
 
 
 def result_words(kind: str, data: dict[str, Any]) -> str:
@@ -578,6 +609,9 @@ def result_words(kind: str, data: dict[str, Any]) -> str:
     took = f" in {data['durationMs'] / 1000:.1f} s"
     if "error" in data and "exitCode" not in data and "status" not in data:
         return f"failed: {data['error']}"[:300]
+    if kind in ("run", "command") and data.get("fromReceipt"):
+        return (f"exit {data.get('exitCode')}{' (timed out)' if data.get('timedOut') else ''}; not run again: "
+                f"recorded after a restart from the step's receipt (run {data.get('receiptRun')})")
     if kind in ("run", "command"):
         return f"exit {data.get('exitCode')}{' (timed out)' if data.get('timedOut') else ''}{took}"
     if kind == "write":

@@ -76,3 +76,42 @@ def test_a_worker_killed_mid_call_leaves_the_action_unknown_and_it_is_never_sent
     assert Action.objects.get(task_id=task["id"]).state == "succeeded"
     runs = list(Run.objects.filter(task_id=task["id"]).order_by("number").values_list("state", flat=True))
     assert runs[0] == "lost" and len(runs) == 3, runs
+
+
+def _order_task(box: Any, port: int) -> dict[str, Any]:
+    spec = flow({"http": {"url": f"http://127.0.0.1:{port}/orders", "method": "POST", "body": {"item": "lamp"}},
+                 "stop_before": "places a real order"}, {"run": "echo after"})
+    return box.create(title="order once", hosts=["127.0.0.1"], flow=spec, constraints={"allow_destructive": True})
+
+
+def test_a_task_cancelled_mid_call_closes_its_action_as_unknown(box, tmp_path):
+    shop = type("SlowShopForTest", (SlowShop,), {"calls": [], "release": threading.Event()})
+    with serving(shop) as port, running_box(tmp_path):
+        try:
+            task = _order_task(box, port)
+            wait_for(lambda: _mid_call(task["id"], shop), timeout=60, what="the worker to be mid-call")
+            response = box.api.post(f"/api/tasks/{task['id']}/cancel")
+            assert response.status_code == 200, response.json()
+            (action,) = box.api.get(f"/api/tasks/{task['id']}/actions").json()["results"]
+        finally:
+            shop.release.set()
+    assert action["state"] == "unknown" and action["receipt"] is None, action
+    notes = [e["summary"] for e in box.events(task["id"]) if e["kind"] == "note" and e["data"].get("action")]
+    assert len(notes) == 1 and "the task ended while the call was in flight" in notes[0], notes
+
+
+def test_a_run_lost_mid_call_with_no_attempt_left_closes_its_action_as_unknown(box, tmp_path, settings):
+    settings.BOX_MAX_RUN_ATTEMPTS = 1
+    shop = type("SlowShopForTest", (SlowShop,), {"calls": [], "release": threading.Event()})
+    with serving(shop) as port, running_box(tmp_path, BOX_MAX_RUN_ATTEMPTS="1"):
+        try:
+            task = _order_task(box, port)
+            run = wait_for(lambda: _mid_call(task["id"], shop), timeout=60, what="the worker to be mid-call")
+            os.kill(run.worker_pid, signal.SIGKILL)
+            view = box.wait_state(task["id"], "failed", "done", timeout=90)
+        finally:
+            shop.release.set()
+    assert view["state"] == "failed", view
+    (action,) = box.api.get(f"/api/tasks/{task['id']}/actions").json()["results"]
+    assert action["state"] == "unknown" and action["receipt"] is None, action
+    assert len(shop.calls) == 1

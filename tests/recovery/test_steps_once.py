@@ -7,7 +7,10 @@ import signal
 from pathlib import Path
 
 import pytest
+from django.db import transaction
 
+from tasks import runs, step_receipts
+from tasks.layers import paths as layer_paths
 from tasks.models import Run, Task
 from tasks.sandbox import users
 from tests.cluster import running_box
@@ -75,3 +78,38 @@ def test_a_killed_workers_step_dies_with_it_and_runs_exactly_once_more(box, tmp_
     assert len(interrupted) == 1, notes
     assert "step 1/2" in interrupted[0]["summary"] and "paid call" in interrupted[0]["summary"]
     assert interrupted[0]["data"]["step"] == 1  # the same number as "step 1/2"
+
+
+# The step's last action is its effect, once the test says go; then its process exits.
+EFFECT_LAST = flow(
+    {"run": "while [ ! -e go ]; do sleep 0.02; done; echo effect >> effects.txt", "name": "paid call"},
+    {"run": "cat effects.txt", "save": "effects"},
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
+def test_a_worker_killed_after_its_step_ended_but_before_recording_it_does_not_run_the_step_again(box, tmp_path):
+    with running_box(tmp_path):
+        task = box.create(title="paid once, recorded late", flow=EFFECT_LAST)
+        first = wait_for(lambda: _mid_step(task["id"]), timeout=60, what="the first run to be mid-step")
+        receipt = step_receipts.path_of(task["id"], 0)
+        # Holding the task's row keeps the worker from recording anything: the step's process
+        # ends (its effect done), its receipt is written, and the worker waits to record the
+        # result. That is where it dies.
+        with transaction.atomic():
+            runs.lock_task(task["id"])
+            (layer_paths.view_dir(task["id"]) / "go").touch()
+            wait_for(receipt.exists, timeout=30, interval=0.01, what="the step's receipt")
+            os.kill(first.worker_pid, signal.SIGKILL)
+        view = box.wait_state(task["id"], "done", "failed", timeout=90)
+    assert view["state"] == "done", view
+    events = box.events(task["id"])
+    assert Task.objects.get(pk=task["id"]).records["effects"] == "effect"  # the effect happened once
+    results = [e for e in events if e["kind"] == "step_result" and e["data"]["step"] == 1]
+    assert len(results) == 1, results
+    assert "recorded after a restart from the step's receipt" in results[0]["summary"], results[0]
+    assert results[0]["data"]["exitCode"] == 0 and results[0]["data"]["receiptRun"] == 1
+    starts = [e for e in events if e["kind"] == "step" and e["data"]["step"] == 1]
+    assert len(starts) == 1, starts  # not started again
+    assert not [e for e in events if e["kind"] == "note" and e["data"].get("interrupted")]
+    assert not receipt.exists()  # gone once the log has the result
