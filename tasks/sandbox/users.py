@@ -9,8 +9,11 @@ user, emptied its keyrings, removed its control groups and handed back every fil
 The claims are symlinks in ``BOX_LOCAL_DIR/users/`` (by default ``BOX_DATA_DIR``): ``<user name> -> <task id>``, made and
 removed under a lock file there, so every process of the box (web, workers, scheduler) agrees.
 ``BOX_USER_POOL`` free users are kept ready: refilled in the background after a claim
-(``fill_pool``), and a user given back when that many are already free is deleted. When the pool
-is empty a task makes one more user on its own path (the old cost, once).
+(``fill_pool``), and a user given back when twice that many are already free is deleted. The
+gap between the two marks keeps a steady stream of tasks from paying a ``useradd`` and a
+``userdel`` each (a refill after every claim, a deletion at every give-back): the pool settles at
+the spares plus the tasks running at once. When the pool is empty a task makes one more user on
+its own path (the old cost, once).
 
 Pool users are named ``box-<box digest>-<n>`` and carry a marker in their comment field naming the
 box that created them (a hash of its local data directory), so reconciling one box never touches the
@@ -232,13 +235,13 @@ def _unlink(path: Path) -> None:
 
 def give_back(task_id: str, ident: Identity) -> None:
     """After the release scrubbed ``ident``: the task no longer holds it. It stays in the pool
-    unless ``BOX_USER_POOL`` users are free already, then it is deleted."""
+    unless twice ``BOX_USER_POOL`` users are free already, then it is deleted."""
     with _pool_lock():
         held = claims()
         if held.get(ident.name) != task_id:
             return
         free = [i for i in pool_users() if i.name not in held]
-        keep = len(free) < settings.BOX_USER_POOL
+        keep = len(free) < 2 * settings.BOX_USER_POOL
         if keep:
             _unlink(_claim_path(ident.name))
             return

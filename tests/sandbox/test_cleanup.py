@@ -132,6 +132,24 @@ def test_a_task_of_file_steps_alone_is_released_without_sweeping_processes_or_ke
     assert not any(users.ran_processes(ident) for ident in users.pool_users())  # swept: no user is left marked
 
 
+def test_tasks_one_after_another_reuse_the_pool_users_without_making_or_deleting_any(sandboxed, monkeypatch):
+    """A refill after each claim and a deletion at each give-back would cost every task a
+    ``useradd`` and a ``userdel`` (tens of ms of CPU each, under a machine-wide lock)."""
+    made: list[str] = []
+    deleted: list[str] = []
+    create, remove = users._create, users.remove_user
+    monkeypatch.setattr(users, "_create", lambda name: made.append(name) or create(name))
+    users.fill_pool()  # as the box's start does
+    monkeypatch.setattr(users, "remove_user", lambda name: deleted.append(name) or remove(name))
+    for i in range(4):
+        task = sandboxed.create(title=f"trivial {i}", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+        assert sandboxed.wait_state(task["id"], "done", "failed")["state"] == "done"
+        lifecycle.janitor.drain()
+        if i == 0:  # the first claim tops the spares up once; the pool then holds them and the one running
+            made.clear()
+    assert (made, deleted) == ([], [])
+
+
 def _mounts_of(task_id: str) -> list[str]:
     data_dir = str(django_settings.BOX_DATA_DIR)
     return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if data_dir in line and task_id in line]
