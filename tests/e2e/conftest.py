@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect, sync_playwright
 
+from tasks import lifecycle
 from tasks.models import Workspace
 from tests.cluster import spawn, stop
 from tests.conftest import database_env, wait_for
@@ -37,8 +38,7 @@ def _free_port() -> int:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    # qcluster sometimes takes long to wind down its guard; these tests are not about a clean
-    # stop (the recovery tests are), so they do not wait for it.
+    # These tests are not about a clean stop (the recovery tests are), so they wait for it briefly.
     stop(proc, grace=4)
 
 
@@ -71,7 +71,7 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     manage = str(Path(settings.BASE_DIR) / "manage.py")
     procs = [
         spawn([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "boxsite.asgi:application"], env, logs / "web.log"),
-        spawn([python, manage, "qcluster"], env, logs / "qcluster.log"),
+        spawn([python, manage, "runcluster"], env, logs / "cluster.log"),  # the worker process `runbox` starts
     ]
     url = f"http://127.0.0.1:{port}"
 
@@ -88,6 +88,10 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     finally:
         for proc in procs:
             _stop(proc)
+        # What the box's own stop does after its processes: a task left running or waiting gives
+        # up its processes, user and mounts (its rows are flushed next), ended ones are released.
+        lifecycle.janitor.drain()
+        lifecycle.release_host()
 
 
 @pytest.fixture(scope="module")
