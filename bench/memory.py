@@ -173,7 +173,7 @@ def wait_done(box: BenchBox, ids: list[str]) -> None:
         if pending:
             failed = box.get("/api/tasks?state=failed&limit=200")["results"]
             if failed:
-                raise RuntimeError(f"a trivial task failed: {failed[0]['id']}")
+                raise RuntimeError(f"a trivial task failed: {failed[0]['id']}: {failed[0].get('error')}")
             time.sleep(0.1)
 
 
