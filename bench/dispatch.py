@@ -9,7 +9,10 @@ Usage: .venv/bin/python bench/dispatch.py [--latency N] [--throughput N] [--step
 [--configs embedded,pg] [--skip-chain]
 Also the chained case: N trivial tasks chained by ``dependsOn`` (all posted at once), end to end,
 beside the same N created one after another by a client; and where a trivial task's time goes,
-phase by phase (medians of the latency tasks, and of the chain's links).
+phase by phase (medians of the latency tasks, and of the chain's links). The burst also gives
+the box's CPU per task (web, cluster, scheduler), and the box's per-task cost beyond the
+sandbox's floors measured in the same run (bare ``unshare``, overlay mount, pool claim) as a
+multiple of them.
 """
 from __future__ import annotations
 
