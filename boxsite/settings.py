@@ -153,13 +153,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- redis, queue, live updates ---------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
 
-BOX_JOB_RETRY_S = env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10) + 300
+BOX_JOB_TIMEOUT_S = env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10)
+BOX_JOB_RETRY_S = BOX_JOB_TIMEOUT_S + 300
 Q_CLUSTER: dict[str, object] = {
     "name": env_str("BOX_QUEUE_NAME", "box"),
     "workers": env_int("BOX_WORKERS", 2, minimum=1),
     # A run heartbeats its lease; django-q2's own timeout only guards against a hung job.
     # retry must exceed timeout, or django-q2 hands a slow job to a second worker.
-    "timeout": env_int("BOX_JOB_TIMEOUT_S", 3600, minimum=10),
+    "timeout": BOX_JOB_TIMEOUT_S,
     "retry": BOX_JOB_RETRY_S,
     # Recovery is the reaper's job (leases, backoff, a finite attempt count), so django-q2
     # delivers each job once and never re-queues a failed one on its own.

@@ -7,7 +7,8 @@ runs after every final move and again when the box starts, for tasks a crash lef
 The release after a final move is not on the path of whoever made the move: ``release_soon``
 hands it to the process's **janitor**, a background thread, so a worker takes its next run at
 once. Nothing waits on the janitor for correctness: a task that stacks an ended task's layer
-releases that task itself first if the janitor has not yet (``tasks.layers.seal_layer``), a
+stops and seals that task itself first if the janitor has not yet (``tasks.layers.seal_layer``;
+the janitor seals before the slow rest of a release, so a dependent rarely waits at all), a
 user goes back to the pool only after its release scrubbed it (``tasks.sandbox.cleanup``), and
 what a process leaves undone when it dies is finished by start-up reconcile. The janitor also
 refills the pool of task users after a claim took one.
@@ -144,10 +145,14 @@ def release(task_id: str) -> bool:
 
 def _release_steps(task_id: str) -> bool:
     ok = True
-    # processes, broker socket, the task's user; then mounts, and the layer joins, stays apart, or goes
-    for name, step in (("sandbox", sandbox.release), ("layers", layers.release)):
+    # processes gone and files handed back; then mounts, and the layer seals and joins, stays
+    # apart, or goes (a dependent waits for the seal); then the rest: keyrings, broker socket, user
+    steps: tuple[tuple[str, Callable[[], None]], ...] = (
+        ("sandbox", lambda: sandbox.stop(task_id)), ("layers", lambda: layers.release(task_id, stopped=ok)),
+        ("sandbox", lambda: sandbox.release(task_id, stopped=ok)))  # ok: the stop (and all before) completed
+    for name, step in steps:
         try:
-            step(task_id)
+            step()
         except Exception:  # noqa: BLE001 - the next step must still run; reconcile retries this one
             log.exception("releasing the %s of task %s failed; start-up reconcile will try again", name, task_id)
             ok = False

@@ -6,10 +6,13 @@ write. Runs that end without finishing (an expired lease, a hand-back) are ``tas
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import socket
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +25,8 @@ from django_q.tasks import async_task
 from tasks.models import Run, RunState, Task
 
 log = logging.getLogger(__name__)
+
+_sending = threading.local()  # ``sent_here``'s list while one is open in this thread
 
 
 def lock_task(task_id: str) -> None:
@@ -59,6 +64,21 @@ def enqueue(run_id: int) -> None:
 
 def send(run_id: int) -> None:
     async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}")
+    sent = getattr(_sending, "runs", None)
+    if sent is not None:
+        sent.append(run_id)
+
+
+@contextlib.contextmanager
+def sent_here() -> Iterator[list[int]]:
+    """The ids of the runs this thread sends to the queue inside the block, in order (a run's
+    finish sends the first runs of the dependents it starts)."""
+    sent: list[int] = []
+    _sending.runs = sent
+    try:
+        yield sent
+    finally:
+        _sending.runs = None
 
 
 def claim(run_id: int) -> tuple[Run, str] | None:

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 
 from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
-from tasks import services
+from tasks import jobs, services
 from tasks.models import Dependency, Run, RunKind, Task
 from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
@@ -371,3 +371,20 @@ def test_a_creation_chosen_as_a_deadlocks_victim_is_tried_again_not_a_500(box: B
     assert response.status_code == 201, response.json()
     assert crossed == ["got the settings row"]  # the other transaction went on: the creation was the victim
     assert Dependency.objects.filter(task_id=response.json()["id"], on_id=upstream["id"]).count() == 1
+
+
+def test_the_worker_that_ends_a_task_runs_its_dependent_next_and_each_run_once(box: Box, settings: Any) -> None:
+    """A chain does not wait for the queue at each link: the worker whose run ends a task goes on
+    with the dependent that became due. The queue still gets the run; its delivery finds it taken."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}  # nobody takes runs from the queue now
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    third = box.create(title="third", flow=flow({"write": {"path": "c.txt", "content": "c"}}), dependsOn=[second["id"]])
+    assert runs_of(second["id"]) == [] and runs_of(third["id"]) == []
+    jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)  # one delivery, as a worker takes it
+    for task in (first, second, third):
+        assert box.task(task["id"])["state"] == "done"
+    for task in (second, third):
+        run = Run.objects.get(task_id=task["id"])
+        jobs.execute_run(run.pk)  # the queue's own delivery, later
+        assert runs_of(task["id"]) == [RunKind.START] and Run.objects.get(pk=run.pk).state == run.state == "finished"

@@ -226,9 +226,10 @@ def _to_native(directory: Path, meta: Meta) -> None:
     meta.save(directory)
 
 
-def seal_layer(task_id: str, *, native: bool = False) -> None:
+def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> None:
     """Leave an ended task's layer final: view stopped, changes in the layer format. A no-op for
-    an active task (it still writes), a sealed layer, or a deleted one."""
+    an active task (it still writes), a sealed layer, or a deleted one. ``stopped``: the caller
+    completed ``sandbox.stop`` for the task just before (the janitor)."""
     with layer_lock(task_id):
         directory = paths.layer_dir(task_id)
         if not directory.is_dir():
@@ -240,10 +241,12 @@ def seal_layer(task_id: str, *, native: bool = False) -> None:
             if task is None or layer is None or task.state in ACTIVE:
                 return
             # The task's release runs in the background (tasks.lifecycle's janitor). Its layer
-            # joins no stack before its sandbox is released: its processes gone and every file
+            # joins no stack before its sandbox is stopped: its processes gone and every file
             # its user owned handed back, or a later task's id-mapped view would show them as
-            # nobody's. Idempotent: a no-op when the janitor got there first.
-            sandbox.release(task_id)
+            # nobody's. Idempotent: a no-op when the janitor got there first. The rest of the
+            # sandbox's release (keyrings, the user back to the pool) is not waited for here.
+            if not stopped:
+                sandbox.stop(task_id)
             driver = get_driver(layer.driver)
             if driver.name == "overlay" and disk.limited(task_id):
                 # the upper leaves its image before the seal rewrites it (a full image has no
@@ -334,8 +337,9 @@ def _remove_view(task_id: str) -> None:
         pass
 
 
-def release(task_id: str) -> None:
-    """After ``task_id`` ended (or at start-up): unmount, seal, settle its layer. Idempotent."""
+def release(task_id: str, *, stopped: bool = False) -> None:
+    """After ``task_id`` ended (or at start-up): unmount, seal, settle its layer. Idempotent.
+    ``stopped``: ``sandbox.stop`` completed for the task just before."""
     task = Task.objects.filter(pk=task_id).select_related("workspace").first()
     if task is not None and task.state in ACTIVE:
         log.warning("release(%s) called while the task is %s; its view is left alone", task_id, task.state)
@@ -346,7 +350,7 @@ def release(task_id: str) -> None:
         _remove_view(task_id)
         return
     if Layer.objects.filter(task=task).exists():
-        seal_layer(task_id)
+        seal_layer(task_id, stopped=stopped)
     _remove_view(task_id)
     if task.folders:
         if task.state == State.UNDONE:

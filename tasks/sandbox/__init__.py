@@ -9,7 +9,7 @@ task's view mounted for its user), ``launcher`` (the one place task processes st
 from __future__ import annotations
 
 from tasks.sandbox import paths, users
-from tasks.sandbox.cleanup import reconcile, release, stop_leftovers
+from tasks.sandbox.cleanup import reconcile, release, stop, stop_leftovers
 from tasks.sandbox.paths import runtime_dir
 from tasks.sandbox.support import available
 
@@ -28,4 +28,4 @@ def prepare(task_id: str) -> None:
     paths.ensure_runtime_dir(task_id, ident.uid, ident.gid)  # before the broker binds its socket in it
 
 
-__all__ = ["available", "prepare", "reconcile", "release", "runtime_dir", "stop_leftovers"]
+__all__ = ["available", "prepare", "reconcile", "release", "runtime_dir", "stop", "stop_leftovers"]

@@ -9,6 +9,10 @@ and keyring sweeps run only for a user a process ran as (``users.ran_processes``
 file steps alone costs neither a /proc scan nor a start of the system Python. A step that
 fails leaves the user claimed: nobody gets it, and reconcile tries again. Every step is
 idempotent.
+
+``stop`` is the part a task's layer waits for (its processes gone, its files handed back): the
+seal runs right after it, and the slower rest (control groups, the keyring sweep, giving the
+user back) after the seal, so a dependent opening its view over the layer does not wait for it.
 """
 from __future__ import annotations
 
@@ -28,15 +32,33 @@ from tasks.states import ACTIVE
 log = logging.getLogger(__name__)
 
 
-def release(task_id: str) -> None:
-    """Free everything the task's sandbox held. Safe to call any number of times, anywhere."""
+def stop(task_id: str) -> None:
+    """What an ended task's layer needs before it seals and joins a stack: no process of the
+    task left, and every file its user owned handed back to root (or a later task's id-mapped
+    view would show them as nobody's). The first half of ``release``, and all a dependent waits
+    for (``tasks.layers.seal_layer``); the rest of the release comes after the seal."""
+    egress.release(task_id, all_users=True)
+    if os.geteuid() == 0:
+        with users.task_lock(task_id):
+            ident = users.find_user(task_id)
+            if ident is not None:
+                if users.ran_processes(ident):  # the mark stays: ``release`` sweeps the keyrings
+                    users.kill_processes(ident.uid)
+                disown_files(task_id, ident)
+
+
+def release(task_id: str, *, stopped: bool = False) -> None:
+    """Free everything the task's sandbox held. Safe to call any number of times, anywhere.
+    ``stopped``: ``stop`` completed for the task (its processes were killed), so the /proc scan
+    is not done again."""
     egress.release(task_id, all_users=True)
     if os.geteuid() == 0:
         with users.task_lock(task_id):
             ident = users.find_user(task_id)
             if ident is not None:
                 if users.ran_processes(ident):  # a task of file steps only never started one
-                    users.kill_processes(ident.uid)
+                    if not stopped:
+                        users.kill_processes(ident.uid)
                     users.clear_keyrings(ident)
                     users.swept(ident)
                 cgroups.remove(task_id)

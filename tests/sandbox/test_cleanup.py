@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,40 @@ def test_the_stop_removes_a_pool_user_whose_maker_was_killed_while_making_it(set
     lifecycle.empty_spare_pool()
     assert ident.name not in [i.name for i in users.pool_users()]
     assert ident.name not in users.claims()
+
+
+def test_a_dependent_starts_on_its_dependencys_sealed_layer_without_waiting_for_the_rest_of_its_release(
+        sandboxed, monkeypatch):
+    """A task that ended is released in the background: processes killed and files handed back,
+    the layer sealed, then the slow rest (the keyring sweep, the user back to the pool). A task
+    that depends on it waits only for the seal: it runs, and sees the files its dependency made
+    as root's (never as nobody's), while the keyring sweep is still going on."""
+    sweeping, go_on, swept = threading.Event(), threading.Event(), threading.Event()
+    sweep = users.clear_keyrings
+
+    def slow_sweep(ident: users.Identity) -> None:
+        sweeping.set()
+        go_on.wait(timeout=20)
+        sweep(ident)
+        swept.set()
+
+    monkeypatch.setattr(users, "clear_keyrings", slow_sweep)
+    try:
+        upstream = sandboxed.create(title="makes a file", flow=flow({"run": "echo made > made.txt"}))
+        assert sandboxed.wait_state(upstream["id"], "done", "failed")["state"] == "done"
+        wait_for(sweeping.is_set, timeout=30, what="the upstream's release to reach its keyring sweep")
+        dependent = sandboxed.create(title="reads it", dependsOn=[upstream["id"]],
+                                     flow=flow({"run": "cat made.txt && stat -c owner=%u made.txt"}))
+        view = sandboxed.wait_state(dependent["id"], "done", "failed", timeout=30)
+        assert not swept.is_set(), "the dependent waited for its dependency's keyring sweep"
+        assert view["state"] == "done", view
+        [result] = [e["data"] for e in sandboxed.events(dependent["id"]) if e["kind"] == "step_result"]
+        assert result["stdout"].startswith("made\nowner="), result
+        assert result["stdout"] != "made\nowner=65534", result  # an owner outside its id map: "nobody"
+        layer_file = Path(django_settings.BOX_DATA_DIR) / "layers" / upstream["id"] / "upper" / "made.txt"
+        assert layer_file.stat().st_uid == 0
+        assert uid_of(upstream["id"]) is not None  # its user is not back in the pool before the sweep
+    finally:
+        go_on.set()
+    lifecycle.janitor.drain()
+    assert swept.is_set() and uid_of(upstream["id"]) is None  # then the sweep ran and the user went back
