@@ -43,35 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import PYTHON, ROOT, api_request, free_port  # noqa: E402
 
+from boxsite import procs  # noqa: E402 - the repository's root is on the path once harness is imported
+
 STEPS = 3
 # Each step appends a line to a file of its task's own (the workspace's stack shows every
 # earlier task's files to later tasks), as the last thing it does.
 FLOW = {"steps": [{"run": f"sleep 1.{2 * i}; echo step{i} >> .effects-$BOX_TASK_ID", "name": f"step {i}"} for i in range(STEPS)]}
 # The bench's queue has a name of its own in this database: nothing else in it is touched.
 REDIS_DB = os.environ.get("BOX_BENCH_REDIS_DB", "7")
-
-
-def _children(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier} - found
-        found |= frontier
-    return found
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError):
-        return 0
 
 
 def _cmdline(pid: int) -> bytes:
@@ -130,12 +109,12 @@ class ChaosBox:
     def busy_workers(self) -> list[int]:
         """django-q2 worker processes that are running a task's processes right now."""
         assert self.proc is not None
-        leader = next((p for p in _children(self.proc.pid) if b"runcluster" in _cmdline(p) and _parent(p) == self.proc.pid), None)
+        leader = next((p for p in procs.descendants(self.proc.pid) if b"runcluster" in _cmdline(p) and procs.parent(p) == self.proc.pid), None)
         if leader is None:
             return []
         busy = []
-        for pid in _children(leader):
-            kids = _children(pid)
+        for pid in procs.descendants(leader):
+            kids = set(procs.descendants(pid))
             running_a_task = any(b"setpriv" in _cmdline(k) or b"unshare" in _cmdline(k) for k in kids)
             is_worker = not any(b"runcluster" in _cmdline(k) for k in kids)  # not the sentinel above the workers
             if b"runcluster" in _cmdline(pid) and running_a_task and is_worker:
@@ -145,7 +124,7 @@ class ChaosBox:
     def crash(self) -> None:
         """SIGKILL the supervisor and every process below it at once, like a power cut."""
         assert self.proc is not None
-        family = _children(self.proc.pid) | {self.proc.pid}
+        family = set(procs.descendants(self.proc.pid)) | {self.proc.pid}
         for pid in family:
             try:
                 os.kill(pid, signal.SIGSTOP)  # freeze first, so nothing reacts to the others dying

@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import BenchBox, percentile  # noqa: E402
 
+from boxsite import procs  # noqa: E402 - the repository's root is on the path once harness is imported
+
 TRIVIAL = {"steps": [{"write": {"path": "out.txt", "content": "x"}}]}
 WEB_TARGET_MB = 150
 WORKER_TARGET_MB = 80
@@ -82,19 +84,6 @@ def memory_of(pid: int) -> dict[str, int]:
     return {"rss": fields["Rss"], "pss": fields["Pss"], "uss": fields["Private_Clean"] + fields["Private_Dirty"]}
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return sorted(found)
-
-
 def comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -105,21 +94,14 @@ def comm(pid: int) -> str:
 def cluster_processes(leader: int) -> dict[str, list[int]]:
     """The cluster's processes by role: the leader, django-q2's sentinel, its workers (named
     ``box-worker`` by the box) and the rest (its monitor and pusher)."""
-    sentinels = children(leader)
-    below = [pid for s in sentinels for pid in children(s)]
+    sentinels = procs.children(leader)
+    below = [pid for s in sentinels for pid in procs.children(s)]
     workers = [pid for pid in below if comm(pid) == "box-worker"]
     return {"leader": [leader], "sentinel": sentinels, "worker": workers, "other": [p for p in below if p not in workers]}
 
 
 def cpu_ticks(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total
+    return sum(procs.cpu_ticks(pid) for pid in pids)
 
 
 def wait_idle(pids: list[int], quiet_s: float = 1.0, deadline_s: float = 60.0) -> None:
@@ -178,9 +160,9 @@ def wait_done(box: BenchBox, ids: list[str]) -> None:
 
 
 def show_cluster(label: str, leader: int) -> None:
-    procs = cluster_processes(leader)
+    family = cluster_processes(leader)
     for role in ("worker", "leader", "sentinel", "other"):
-        for pid in procs[role]:
+        for pid in family[role]:
             m = memory_of(pid)
             target = f"<= {WORKER_TARGET_MB}" if role == "worker" else ""
             print(f"  {label:28} {role:9} {pid:>8} {mb(m['rss']):7.1f} {target:>7} {mb(m['pss']):7.1f} {mb(m['uss']):7.1f}"
@@ -213,8 +195,8 @@ def worker_memory(box: BenchBox, tasks: int) -> None:
     show_cluster("idle at start", leader)
     ids = [box.post("/api/tasks", {"title": f"memory {i}", "flow": TRIVIAL})["id"] for i in range(tasks)]
     wait_done(box, ids)
-    procs = cluster_processes(leader)
-    wait_idle(procs["worker"] + procs["other"])
+    family = cluster_processes(leader)
+    wait_idle(family["worker"] + family["other"])
     show_cluster(f"idle after {tasks} tasks", leader)
 
 

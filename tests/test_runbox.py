@@ -17,6 +17,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from boxsite import procs
 from tests.conftest import wait_for
 
 ROOT = Path(settings.BASE_DIR)
@@ -29,20 +30,8 @@ def _free_port() -> int:
 
 
 def _children(pid: int) -> set[int]:
-    """Every descendant of ``pid``, read from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
+    """Every descendant of ``pid``."""
+    return set(procs.descendants(pid))
 
 
 def python_start_s() -> float:
@@ -54,15 +43,7 @@ def python_start_s() -> float:
 
 
 def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
+    return {pid for pid in pids if procs.alive(pid)}
 
 
 @pytest.fixture(params=["embedded", "postgres+redis"])

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
+from boxsite import procs
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -26,8 +26,8 @@ def cluster_mode(settings):
 
 def _pool(leader: int) -> list[int]:
     """The processes below the cluster's sentinel: its workers, pusher and monitor."""
-    sentinels = [pid for pid in _children(leader) if _parent(pid) == leader]
-    return sorted(pid for sentinel in sentinels for pid in _children(sentinel) if _parent(pid) == sentinel)
+    sentinels = [pid for pid in _children(leader) if procs.parent(pid) == leader]
+    return sorted(pid for sentinel in sentinels for pid in _children(sentinel) if procs.parent(pid) == sentinel)
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -37,11 +37,7 @@ def _signal(pid: int, signum: int) -> None:
         pass  # gone already (the cluster's watchdog may be restarting it)
 
 
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return 0
+
 
 
 def test_killed_idle_workers_and_a_frozen_pool_never_strand_tasks(box, tmp_path):

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
+from boxsite import procs
 from tasks import lifecycle
 from tasks.models import Run, RunState, Task
 from tests.cluster import MANAGE, spawn, stop
@@ -30,20 +31,7 @@ MACHINE_ENV = {"BOX_LEASE_SECONDS": "3", "BOX_HEARTBEAT_SECONDS": "0.5", "BOX_RE
 
 
 def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        current = todo.pop()
-        found.add(current)
-        todo.extend(children.get(current, []))
-    return found
+    return {pid, *procs.descendants(pid)}
 
 
 @contextmanager

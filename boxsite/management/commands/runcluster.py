@@ -31,6 +31,7 @@ from django.db import close_old_connections, connections
 from django_q.cluster import Cluster
 from django_q.signals import post_spawn
 
+from boxsite.procs import descendants
 from tasks import lifecycle, runs
 from tasks.jobs import hand_back_on_signal
 from tasks.models import Run, RunState
@@ -42,24 +43,6 @@ WATCH_EVERY_S = 1.0
 # How long a stopping cluster gets before what is left of it is killed: a restart by the
 # watchdog (the cluster is wedged), or a stop (the supervisor kills after its own grace).
 RESTART_GRACE_S = 5.0
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, from /proc."""
-    parents: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: list[int] = []
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found.extend(frontier)
-    return found
 
 
 def catches_sigusr1(pid: int) -> bool:
