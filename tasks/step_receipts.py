@@ -90,18 +90,29 @@ def find(ctx: RunContext, index: int) -> Receipt | None:
         return None
     run_id = body.get("run")
     run = Run.objects.filter(pk=run_id, task_id=ctx.task.pk).first() if isinstance(run_id, int) else None
-    directory = artifacts.spool_dir(ctx.task.pk)
-    spool = tuple(directory / str(entry.get("path", "")) for entry in body.get("spool", []))
-    complete = (
-        run is not None and run.state == RunState.LOST and run.number < ctx.run.number
-        and body.get("runNumber") == run.number and len(spool) == 2
-        and all(p.parent == directory and p.exists() and p.stat().st_size == entry.get("size")
-                or (entry.get("size") is None and not p.exists())
-                for p, entry in zip(spool, body["spool"]))
-    )
-    if not complete or run is None:
+    receipt = None
+    if run is not None and run.state == RunState.LOST and run.number < ctx.run.number and body.get("runNumber") == run.number:
+        try:
+            receipt = _complete(ctx.task.pk, run, body)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            receipt = None  # not the shape ``write`` leaves: not a receipt
+    if receipt is None:
         discard(ctx.task.pk, index)
+    return receipt
+
+
+def _complete(task_id: str, run: Run, body: dict[str, Any]) -> Receipt | None:
+    """The receipt ``body`` holds when every output file it names is there with its size."""
+    directory = artifacts.spool_dir(task_id)
+    entries = body["spool"]
+    spool = tuple(directory / str(entry["path"]) for entry in entries)
+    if len(spool) != len(STREAMS):
         return None
+    for path, entry in zip(spool, entries):
+        size = entry["size"]
+        there = path.parent == directory and path.exists()
+        if (size is None and there) or (size is not None and not (there and path.stat().st_size == size)):
+            return None
     return Receipt(run.number, str(body["name"]), int(body["code"]), str(body["stdout"]), str(body["stderr"]),
                    bool(body["timedOut"]), (spool[0], spool[1]))
 

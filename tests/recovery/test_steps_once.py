@@ -2,13 +2,17 @@
 its own and then run again in the retry, and the log says which step was interrupted."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import transaction
 
+from boxsite import procs
 from tasks import runs, step_receipts
 from tasks.layers import paths as layer_paths
 from tasks.models import Run, Task
@@ -46,12 +50,12 @@ def _task_processes(task_id: str) -> list[str]:
     ident = users.find_user(task_id)
     found = []
     for pid in [] if ident is None else users.processes_of(ident.uid):
+        state = procs.state(pid)
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if state != "Z":
+        if state not in (None, "Z"):
             found.append(f"{pid} {state} {cmdline}")
     return found
 
@@ -88,9 +92,13 @@ EFFECT_LAST = flow(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
-def test_a_worker_killed_after_its_step_ended_but_before_recording_it_does_not_run_the_step_again(box, tmp_path):
+def _killed_after_the_receipt(box: Any, tmp_path: Path, title: str, damage: Callable[[Path], None] | None = None
+                              ) -> tuple[dict[str, Any], Path]:
+    """A task whose worker dies after the first step's process ended and its receipt was written,
+    before the result is recorded (``damage``, if given, is done to the receipt meanwhile); the
+    task once it ended, and where the receipt was."""
     with running_box(tmp_path):
-        task = box.create(title="paid once, recorded late", flow=EFFECT_LAST)
+        task = box.create(title=title, flow=EFFECT_LAST)
         first = wait_for(lambda: _mid_step(task["id"]), timeout=60, what="the first run to be mid-step")
         receipt = step_receipts.path_of(task["id"], 0)
         # Holding the task's row keeps the worker from recording anything: the step's process
@@ -101,10 +109,17 @@ def test_a_worker_killed_after_its_step_ended_but_before_recording_it_does_not_r
             (layer_paths.view_dir(task["id"]) / "go").touch()
             wait_for(receipt.exists, timeout=30, interval=0.01, what="the step's receipt")
             os.kill(first.worker_pid, signal.SIGKILL)
-        view = box.wait_state(task["id"], "done", "failed", timeout=90)
+            if damage is not None:
+                damage(receipt)
+        return box.wait_state(task["id"], "done", "failed", timeout=90), receipt
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
+def test_a_worker_killed_after_its_step_ended_but_before_recording_it_does_not_run_the_step_again(box, tmp_path):
+    view, receipt = _killed_after_the_receipt(box, tmp_path, "paid once, recorded late")
     assert view["state"] == "done", view
-    events = box.events(task["id"])
-    assert Task.objects.get(pk=task["id"]).records["effects"] == "effect"  # the effect happened once
+    events = box.events(view["id"])
+    assert Task.objects.get(pk=view["id"]).records["effects"] == "effect"  # the effect happened once
     results = [e for e in events if e["kind"] == "step_result" and e["data"]["step"] == 1]
     assert len(results) == 1, results
     assert "recorded after a restart from the step's receipt" in results[0]["summary"], results[0]
@@ -113,3 +128,20 @@ def test_a_worker_killed_after_its_step_ended_but_before_recording_it_does_not_r
     assert len(starts) == 1, starts  # not started again
     assert not [e for e in events if e["kind"] == "note" and e["data"].get("interrupted")]
     assert not receipt.exists()  # gone once the log has the result
+
+
+def _without_exit_code(receipt: Path) -> None:
+    body = json.loads(receipt.read_text())
+    del body["code"]
+    receipt.write_text(json.dumps(body))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
+def test_a_receipt_not_in_the_shape_the_worker_writes_is_no_receipt_and_the_step_runs_again(box, tmp_path):
+    view, receipt = _killed_after_the_receipt(box, tmp_path, "recorded late, receipt damaged", _without_exit_code)
+    assert view["state"] == "done", view
+    # Nothing says how the first attempt ended: the step ran again, as one cut off mid-way does.
+    assert Task.objects.get(pk=view["id"]).records["effects"] == "effect\neffect"
+    results = [e for e in box.events(view["id"]) if e["kind"] == "step_result" and e["data"]["step"] == 1]
+    assert len(results) == 1 and not results[0]["data"].get("fromReceipt"), results
+    assert not receipt.exists()
