@@ -139,6 +139,19 @@ def test_a_resumed_run_answers_from_the_receipt_and_never_calls_again(box: Box, 
     assert result["data"]["receipt"] == action["receipt"] and "body" not in result["data"]
 
 
+def mail_tool(tmp_path: Path, settings: Any) -> Path:
+    """An irreversible tool ``mail.send`` that appends a line to the file returned (its effect)."""
+    effects = tmp_path / "effects.txt"
+    script = tmp_path / "send.sh"
+    script.write_text(f"#!/bin/sh\necho sent >> {effects}\necho '{{\"sent\": true}}'\n")
+    script.chmod(0o755)
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "mail.send", "command": [str(script)], "irreversible": True,
+                                  "schema": {"type": "object", "properties": {"to": {"type": "string"}}}}]))
+    settings.BOX_TOOLS_FILE = str(tools)
+    return effects
+
+
 def _fault_once_recording(monkeypatch: Any, step_kind: str) -> list[int]:
     """The database goes away once, right after a ``step_kind`` step acted and before its result
     was recorded: the run is handed back and its retry comes to the same step again."""
@@ -157,14 +170,7 @@ def _fault_once_recording(monkeypatch: Any, step_kind: str) -> list[int]:
 
 def test_a_resumed_tool_step_says_it_was_answered_from_the_receipt(box: Box, tmp_path: Path, monkeypatch, settings) -> None:
     settings.BOX_RETRY_BACKOFF_SECONDS = 0
-    effects = tmp_path / "effects.txt"
-    script = tmp_path / "send.sh"
-    script.write_text(f"#!/bin/sh\necho sent >> {effects}\necho '{{\"sent\": true}}'\n")
-    script.chmod(0o755)
-    tools = tmp_path / "tools.json"
-    tools.write_text(json.dumps([{"name": "mail.send", "command": [str(script)], "irreversible": True,
-                                  "schema": {"type": "object", "properties": {"to": {"type": "string"}}}}]))
-    settings.BOX_TOOLS_FILE = str(tools)
+    effects = mail_tool(tmp_path, settings)
     faults = _fault_once_recording(monkeypatch, "tool")
     task = box.create(title="mail", tools=["mail.send"], constraints={"allow_destructive": True},
                       flow=flow({"tool": "mail.send", "args": {"to": "a@example.com"}}))
@@ -273,14 +279,7 @@ def test_no_maximum_is_a_choice(box: Box) -> None:
 
 
 def test_an_irreversible_tool_is_an_action_called_once(box: Box, tmp_path: Path, settings) -> None:
-    effects = tmp_path / "effects.txt"
-    script = tmp_path / "send.sh"
-    script.write_text(f"#!/bin/sh\necho sent >> {effects}\necho '{{\"sent\": true}}'\n")
-    script.chmod(0o755)
-    tools = tmp_path / "tools.json"
-    tools.write_text(json.dumps([{"name": "mail.send", "command": [str(script)], "irreversible": True,
-                                  "schema": {"type": "object", "properties": {"to": {"type": "string"}}}}]))
-    settings.BOX_TOOLS_FILE = str(tools)
+    effects = mail_tool(tmp_path, settings)
     task = box.create(title="mail", tools=["mail.send"], flow=flow({"tool": "mail.send", "args": {"to": "a@example.com"}}))
     box.wait_state(task["id"], "waiting")
     (proposed,) = actions_of(box, task["id"])["results"]

@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.conftest import PHONE, create_owner
 from tests.e2e.test_portal import new_task, task_row
-from tests.e2e.test_schedules import fill_template, row
+from tests.e2e.test_schedules import create_nightly, fill_template, row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,12 +78,7 @@ def test_on_a_phone_an_approval_card_says_what_it_approves_and_a_done_task_runs_
 def test_on_a_phone_a_schedule_runs_now_and_a_webhook_takes_a_test_delivery(phone: Any) -> None:
     create_owner(phone)
     phone.goto("/schedules")
-    form = phone.get_by_role("region", name="New schedule")
-    form.get_by_label("Name").fill("nightly")
-    form.get_by_label("Cron expression").fill("0 3 * * *")
-    fill_template(form, "Nightly note")
-    form.get_by_role("button", name="Create schedule").tap()
-    schedule = row(phone, "Schedules", "nightly")
+    schedule = create_nightly(phone, tap=True)
     expect(schedule).to_contain_text("every day at 03:00")
     fits(phone)
     thumb_sized(schedule.locator(".buttons").get_by_role("button"))
