@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from boxsite import procs
 from tasks.sandbox.users import processes_of
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for
@@ -18,11 +19,15 @@ CARD = "4111111111111111"
 
 
 def chromium_of(task_id: str) -> list[int]:
+    """The task user's Chromium processes still alive (one killed but not yet reaped by its
+    namespace, a zombie, holds nothing and runs nothing)."""
     uid = uid_of(task_id)
     if uid is None:
         return []
     found = []
     for pid in processes_of(uid):
+        if not procs.alive(pid):
+            continue
         try:
             with open(f"/proc/{pid}/comm") as handle:
                 if "chrom" in handle.read():
