@@ -109,7 +109,7 @@ class ChaosBox:
     def busy_workers(self) -> list[int]:
         """django-q2 worker processes that are running a task's processes right now."""
         assert self.proc is not None
-        leader = next((p for p in procs.descendants(self.proc.pid) if b"runcluster" in _cmdline(p) and procs.parent(p) == self.proc.pid), None)
+        leader = next((p for p in procs.children(self.proc.pid) if b"runcluster" in _cmdline(p)), None)
         if leader is None:
             return []
         busy = []

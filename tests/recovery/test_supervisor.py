@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
+from boxsite import procs
 from tasks.sandbox import users
 from tests.conftest import wait_for
 from tests.test_runbox import ROOT, _alive, _call, _children, _manage
@@ -150,7 +151,9 @@ def _sentinel_children(leader: int) -> list[int]:
 
 
 def _cluster_leader(supervisor: int) -> int:
-    for pid in _children(supervisor):
+    """The supervisor's own runcluster child (its sentinel and workers, forked from it, carry the
+    same command line one level further down)."""
+    for pid in procs.children(supervisor):
         try:
             if b"runcluster" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
