@@ -88,28 +88,44 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def mounts_under(prefix: Path) -> list[Path]:
-    """Mount points at or below ``prefix``, deepest first (the order to unmount them in)."""
-    root = str(prefix).rstrip("/")
-    found: list[Path] = []
+def _mount_table() -> str:
     try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        with open("/proc/self/mountinfo", "rb") as handle:
+            return handle.read().decode("utf-8", "surrogateescape")
     except OSError:
-        return found  # not Linux: nothing can be mounted by this box
-    for line in lines:
-        fields = line.split(" ")
+        return ""  # not Linux: nothing can be mounted by this box
+
+
+def _escape(path: str) -> str:
+    return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+
+def mounts_under(*prefixes: Path) -> list[Path]:
+    """Mount points at or below each of ``prefixes``, deepest first (the order to unmount them
+    in), the first prefix's before the next's; from one reading of the mount table."""
+    table = _mount_table()
+    roots = [str(prefix).rstrip("/") for prefix in prefixes]
+    roots = [root for root in roots if _escape(root) in table]  # most questions find nothing
+    if not roots:
+        return []
+    found: list[list[Path]] = [[] for _ in roots]
+    for line in table.splitlines():
+        fields = line.split(" ", 5)
         if len(fields) < 5:
             continue
         point = _unescape(fields[4])
-        if point == root or point.startswith(root + "/"):
-            found.append(Path(point))
-    found.sort(key=lambda p: len(p.parts), reverse=True)
-    return found
+        for index, root in enumerate(roots):
+            if point == root or point.startswith(root + "/"):
+                found[index].append(Path(point))
+                break
+    for points in found:
+        points.sort(key=lambda p: len(p.parts), reverse=True)
+    return [point for points in found for point in points]
 
 
-def unmount_all_under(prefix: Path) -> int:
+def unmount_all_under(*prefixes: Path) -> int:
     count = 0
-    for point in mounts_under(prefix):
+    for point in mounts_under(*prefixes):
         # a mount stacked on the same point shows up once per layer; unmount until it is gone
         while unmount(point):
             count += 1

@@ -144,6 +144,7 @@ def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[P
 
     namespaces: dict[tuple[int, int], int] = {}
     mapped: list[Path] = []
+    attached = set(mounts.mounts_under(under))  # one reading of the mount table for every layer
     try:
         for index, lower in enumerate(lowers):
             st = os.stat(lower)
@@ -151,7 +152,7 @@ def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[P
             if key not in namespaces:
                 namespaces[key] = userns_mapping(owner[0], owner[1], st.st_uid, st.st_gid)
             target = under / str(index)
-            if not mounts.is_mounted(target):
+            if target not in attached:
                 mounts.attach_idmapped(lower, target, namespaces[key])
             mapped.append(target)
     finally:

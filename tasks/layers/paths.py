@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import functools
 import posixpath
 import threading
 from collections.abc import Callable
@@ -24,9 +25,23 @@ from django.conf import settings
 
 from boxsite.errors import InvalidRequest
 
+_cached_dirs: dict[str, tuple[object, Path]] = {}
+
+
+def _dir_setting(name: str) -> Path:
+    """``settings.<name>`` as a Path, parsed again only when the setting changes (tests
+    override it): layers and views name paths under it many times per task."""
+    raw = getattr(settings, name)
+    cached = _cached_dirs.get(name)
+    if cached is not None and cached[0] == raw:
+        return cached[1]
+    path = Path(raw)
+    _cached_dirs[name] = (raw, path)
+    return path
+
 
 def data_dir() -> Path:
-    return Path(settings.BOX_DATA_DIR)
+    return _dir_setting("BOX_DATA_DIR")
 
 
 _probe_lock = threading.Lock()
@@ -45,12 +60,17 @@ def probed(name: str, probe: Callable[[Path], str | None]) -> str | None:
 
 
 def layer_dir(task_id: str) -> Path:
-    return data_dir() / "layers" / task_id
+    return _layer_dir(data_dir(), task_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_dir(root: Path, task_id: str) -> Path:
+    return root / "layers" / task_id
 
 
 def local_dir() -> Path:
     """This machine's part of the data directory (``BOX_LOCAL_DIR``): views, mounts, trash."""
-    return Path(settings.BOX_LOCAL_DIR or settings.BOX_DATA_DIR)
+    return _dir_setting("BOX_LOCAL_DIR") if settings.BOX_LOCAL_DIR else data_dir()
 
 
 def views_root() -> Path:

@@ -230,8 +230,12 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> 
     """Leave an ended task's layer final: view stopped, changes in the layer format. A no-op for
     an active task (it still writes), a sealed layer, or a deleted one. ``stopped``: the caller
     completed ``sandbox.stop`` for the task just before (the janitor)."""
+    directory = paths.layer_dir(task_id)
+    if _is_final(Meta.load(directory), native):
+        # Opening and refreshing seal every layer of a stack; most are long final. The meta is
+        # replaced whole, and only once the seal (or conversion) completed: no lock needed to see it.
+        return
     with layer_lock(task_id):
-        directory = paths.layer_dir(task_id)
         if not directory.is_dir():
             return
         meta = Meta.load(directory)
@@ -268,6 +272,10 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> 
                 note_overrides(task, layer, LayerTree.of_layer(directory))
         if native and meta.format == "portable":
             _to_native(directory, meta)
+
+
+def _is_final(meta: Meta, native: bool) -> bool:
+    return meta.sealed and not (native and meta.format == "portable")
 
 
 def note_overrides(task: Task, layer: Layer, tree: LayerTree) -> None:
@@ -318,12 +326,11 @@ def summarise(changes: list[Change], limit: int = 500) -> dict[str, Any]:
 
 
 def _unmount(task_id: str) -> None:
-    for root in paths.mount_roots(task_id):  # the view first: it sits on the lower mounts
-        mounts.unmount_all_under(root)
+    mounts.unmount_all_under(*paths.mount_roots(task_id))  # the view first: it sits on the lower mounts
 
 
 def _remove_view(task_id: str) -> None:
-    if any(mounts.mounts_under(root) for root in paths.mount_roots(task_id)):
+    if mounts.mounts_under(*paths.mount_roots(task_id)):
         log.error("task %s still has mounts after unmounting; its view is left in place", task_id)
         return
     for leftover in (paths.view_dir(task_id), paths.lower_mounts_dir(task_id)):

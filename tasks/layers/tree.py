@@ -22,7 +22,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tasks.layers.paths import join, parent_of
 
@@ -43,6 +43,20 @@ class Entry:
     opaque: bool = False
 
 
+# A sealed layer's meta.json, by path: (the file's version, its content). Every stack a task
+# opens, seals or refreshes reads the meta of each of its layers, and sealed layers are most of
+# them and rarely change. A version is the file's identity and timestamps: every save replaces
+# the file (``write_atomically``: a new inode, while the old one is still held), so a rewrite
+# (a reopening, a conversion to native markers) is always a new version. Only plain values are
+# kept, so the cache holds across fork and threads.
+_SEALED_METAS_MAX = 4096
+_sealed_metas: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+
+
+def _version(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 @dataclass
 class Meta:
     """A layer's ``meta.json``. ``sealed``: the layer is final and will not change again."""
@@ -55,9 +69,22 @@ class Meta:
 
     @classmethod
     def load(cls, directory: Path) -> Meta:
+        """A fresh copy each time (callers change it and save it). A sealed layer's meta is
+        read from disk once per process and version of the file (``_sealed_metas``)."""
+        name = os.path.join(directory, "meta.json")
+        cached = _sealed_metas.get(name)
         try:
-            raw = json.loads((directory / "meta.json").read_text())
-        except FileNotFoundError:
+            if cached is not None and cached[0] == _version(os.stat(name)):
+                raw = cached[1]
+            else:
+                with open(name, "rb") as handle:
+                    version = _version(os.fstat(handle.fileno()))
+                    raw = json.loads(handle.read())
+                if raw.get("sealed"):
+                    if len(_sealed_metas) >= _SEALED_METAS_MAX:
+                        _sealed_metas.clear()
+                    _sealed_metas[name] = (version, raw)
+        except (FileNotFoundError, NotADirectoryError):
             return cls()
         return cls(format=raw.get("format", "native"), driver=raw.get("driver", ""),
                    deleted=set(raw.get("deleted", [])), opaque=set(raw.get("opaque", [])),
@@ -67,6 +94,7 @@ class Meta:
         body = {"format": self.format, "driver": self.driver, "deleted": sorted(self.deleted),
                 "opaque": sorted(self.opaque), "sealed": self.sealed}
         write_atomically(directory / "meta.json", json.dumps(body).encode())
+        _sealed_metas.pop(os.path.join(directory, "meta.json"), None)
 
 
 def write_atomically(target: Path, data: bytes) -> None:

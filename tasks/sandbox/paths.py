@@ -28,13 +28,28 @@ _PRIVATE_SUFFIXES = (".sqlite3", ".sqlite3-wal", ".sqlite3-shm", ".sqlite3-journ
 _PRIVATE_NAMES = ("vault.key", "django-secret-key")
 
 
+_cached_dirs: dict[str, tuple[object, Path]] = {}
+
+
+def _dir_setting(name: str) -> Path:
+    """``settings.<name>`` as a Path, parsed again only when the setting changes (tests
+    override it): a sandboxed start and release name paths under it dozens of times."""
+    raw = getattr(settings, name)
+    cached = _cached_dirs.get(name)
+    if cached is not None and cached[0] == raw:
+        return cached[1]
+    path = Path(raw)
+    _cached_dirs[name] = (raw, path)
+    return path
+
+
 def data_dir() -> Path:
-    return Path(settings.BOX_DATA_DIR)
+    return _dir_setting("BOX_DATA_DIR")
 
 
 def local_dir() -> Path:
     """This machine's part of the data directory (``BOX_LOCAL_DIR``; by default the same)."""
-    return Path(settings.BOX_LOCAL_DIR or settings.BOX_DATA_DIR)
+    return _dir_setting("BOX_LOCAL_DIR") if settings.BOX_LOCAL_DIR else data_dir()
 
 
 def runtime_root() -> Path:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import grp
 import hashlib
 import logging
@@ -90,7 +91,15 @@ def _check_task_id(task_id: str) -> str:
 
 
 def _digest(local_dir: str | Path | None = None) -> str:
-    return hashlib.sha256(str(Path(local_dir or paths.local_dir()).resolve()).encode()).hexdigest()[:16]
+    name = str(local_dir or paths.local_dir())
+    return _digest_of(name) if os.path.isabs(name) else _digest_of.__wrapped__(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(local_dir: str) -> str:
+    """Resolved once per process and directory: every claim, lookup and release names the box's
+    pool by it."""
+    return hashlib.sha256(str(Path(local_dir).resolve()).encode()).hexdigest()[:16]
 
 
 def box_marker(local_dir: str | Path | None = None) -> str:
@@ -139,8 +148,31 @@ def pool_users(local_dir: str | Path | None = None) -> list[Identity]:
     """Every user of this box's pool (claimed or free), from the user database (of the box with
     ``local_dir``, by default this one)."""
     marker = box_marker(local_dir)
-    return sorted((Identity(e.pw_name, e.pw_uid, e.pw_gid) for e in pwd.getpwall()
-                   if e.pw_name.startswith(PREFIX) and e.pw_gecos == marker), key=lambda i: i.name)
+    return sorted((Identity(name, uid, gid) for name, uid, gid, gecos in _box_accounts()
+                   if gecos == marker), key=lambda i: i.name)
+
+
+_PASSWD = "/etc/passwd"
+_accounts_seen: tuple[tuple[int, ...], list[tuple[str, int, int, str]]] | None = None
+
+
+def _box_accounts() -> list[tuple[str, int, int, str]]:
+    """(name, uid, gid, comment) of every ``box-`` account. The whole user database is read
+    again only when /etc/passwd changed (useradd and userdel replace it), not at every claim,
+    release and refill."""
+    global _accounts_seen
+    try:
+        st = os.stat(_PASSWD)
+        version: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except OSError:
+        version = None
+    seen = _accounts_seen
+    if version is not None and seen is not None and seen[0] == version:
+        return seen[1]
+    found = [(e.pw_name, e.pw_uid, e.pw_gid, e.pw_gecos) for e in pwd.getpwall() if e.pw_name.startswith(PREFIX)]
+    if version is not None:
+        _accounts_seen = (version, found)
+    return found
 
 
 def claims() -> dict[str, str]:
