@@ -12,7 +12,10 @@ from tasks.layers import paths
 
 @contextmanager
 def _flock(*parts: str) -> Iterator[None]:
-    fd = os.open(paths.lock_file(*parts), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(paths.lock_path(*parts), os.O_RDWR | os.O_CREAT, 0o600)
+    except FileNotFoundError:  # the first lock of its kind: make its directory
+        fd = os.open(paths.lock_file(*parts), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -163,6 +163,15 @@ def _check(result: int, what: str) -> int:
     return result
 
 
+def _make_dir(path: Path) -> None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        path.mkdir(parents=True, exist_ok=True)
+
+
 def attach_idmapped(source: Path, target: Path, userns_fd: int) -> None:
     """Mount ``source`` read-only at ``target``, its owner's files shown as the ids ``userns_fd``
     maps them to. A lower layer mounted so lets a task's own user change files root owns on
@@ -174,7 +183,7 @@ def attach_idmapped(source: Path, target: Path, userns_fd: int) -> None:
         attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, userns_fd)
         _check(libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)),
                f"id-map {source}")
-        target.mkdir(parents=True, exist_ok=True)
+        _make_dir(target)
         _check(libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
                f"attach {source} at {target}")
     finally:
@@ -214,7 +223,8 @@ def attached_loop(image: Path) -> str | None:
         if not name.startswith("loop"):
             continue
         try:
-            backing = Path(f"/sys/block/{name}/loop/backing_file").read_text().strip()
+            with open(f"/sys/block/{name}/loop/backing_file") as handle:
+                backing = handle.read().strip()
         except OSError:
             continue
         if backing == wanted:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 import threading
 from collections.abc import Callable
@@ -107,11 +108,14 @@ def flats_dir(workspace_id: int) -> Path:
 
 
 def lock_file(*parts: str) -> Path:
-    path = data_dir() / "locks"
-    for part in parts[:-1]:
-        path = path / part
-    path.mkdir(parents=True, exist_ok=True)
-    return path / parts[-1]
+    path = Path(lock_path(*parts))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def lock_path(*parts: str) -> str:
+    """Where ``lock_file`` puts the lock ``parts`` (its directory may not exist yet)."""
+    return os.path.join(data_dir(), "locks", *parts)
 
 
 def private_dir(path: Path) -> Path:

@@ -106,7 +106,7 @@ def write_atomically(target: Path, data: bytes) -> None:
     os.replace(tmp, target)
 
 
-def _lstat(path: Path) -> os.stat_result | None:
+def _lstat(path: Path | str) -> os.stat_result | None:
     try:
         return os.lstat(path)
     except FileNotFoundError:
@@ -119,7 +119,7 @@ def is_whiteout(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
 
 
-def has_opaque_xattr(path: Path) -> bool:
+def has_opaque_xattr(path: Path | str) -> bool:
     try:
         return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
     except OSError:
@@ -155,6 +155,7 @@ class LayerTree:
 
     def __init__(self, root: Path, meta: Meta | None = None, *, plain: bool = False) -> None:
         self.root = root
+        self._root_name = os.fspath(root)
         self.plain = plain
         self.deleted = frozenset(meta.deleted) if meta else frozenset()
         self.opaque = frozenset(meta.opaque) if meta else frozenset()
@@ -173,7 +174,8 @@ class LayerTree:
         return self.root / rel if rel else self.root
 
     def entry(self, rel: str) -> Entry | None:
-        st = _lstat(self.path(rel))
+        name = f"{self._root_name}/{rel}" if rel else self._root_name
+        st = _lstat(name)
         if st is None:
             return Entry(WHITEOUT) if rel in self.deleted else None
         if self.plain:
@@ -181,7 +183,7 @@ class LayerTree:
         if is_whiteout(st):
             return Entry(WHITEOUT)
         if stat.S_ISDIR(st.st_mode):
-            return Entry(DIR, opaque=rel in self.opaque or has_opaque_xattr(self.path(rel)))
+            return Entry(DIR, opaque=rel in self.opaque or has_opaque_xattr(name))
         return Entry(kind_of(st))
 
     def children(self, rel: str) -> dict[str, Entry]:
