@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from boxsite.auth import issue_api_token
 from tasks import lifecycle, sandbox
-from tasks.layers import unmount_views
+from tasks.layers import disk, unmount_views
 from tasks.models import Task, Workspace
 from tests.factories import make_owner
 
@@ -46,7 +46,8 @@ def _worker_data_dir(worker_id: str) -> Iterator[None]:
     yield
     if sandbox.available():
         lifecycle.janitor.drain()
-        lifecycle.empty_spare_pool()  # the pool's free task users (claimed ones are released by each test)
+        lifecycle.empty_spare_pool()
+        disk.drop_spares()  # the pool's free task users (claimed ones are released by each test)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -137,6 +138,7 @@ def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
     for task_id in task_ids:  # ... and its Linux user (and processes): system uids are few
         sandbox.release(task_id)
     unmount_views(task_ids)
+    disk.drop_spares()  # kept mounted while a box runs; its stop drops them
 
 
 def database_env() -> dict[str, str]:

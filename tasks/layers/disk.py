@@ -28,14 +28,16 @@ says why; ``limits.disk_mb`` is then refused and ``/api/health`` says the disk i
 """
 from __future__ import annotations
 
+import _thread
 import errno
 import fcntl
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -172,23 +174,41 @@ def _mount(image: Path, point: Path) -> None:
 
 def _reserve(point: Path, limit_mb: int, used_bytes: int = 0) -> None:
     """Take every free block but ``limit_mb`` less ``used_bytes`` (what a retried task's layer
-    already holds), once: an existing ballast is kept."""
-    ballast = point / RESERVE
-    if ballast.exists():
-        return
-    st = os.statvfs(point)
-    extra = st.f_bavail * st.f_frsize - max(0, limit_mb * MB - used_bytes)
-    if extra < 0:
-        raise DiskError(errno.ENOSPC, f"the task's disk image has {st.f_bavail * st.f_frsize // MB} MB free, "
-                                      f"less than its limit of {limit_mb} MB")
-    partial = point / f"{RESERVE}.partial"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    already holds), once: an existing ballast is kept. Works through the mounted root itself, so
+    an image unmounted meanwhile (``sweep``) never sends the ballast to the data filesystem."""
+    root = os.open(point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if extra:
-            os.posix_fallocate(fd, 0, extra)
+        if os.fstat(root).st_dev == os.stat(point.parent).st_dev:
+            raise DiskError(errno.ENODEV, f"no disk image is mounted at {point}")
+        try:
+            os.stat(RESERVE, dir_fd=root)
+            return
+        except FileNotFoundError:
+            pass
+        st = os.fstatvfs(root)
+        extra = st.f_bavail * st.f_frsize - max(0, limit_mb * MB - used_bytes)
+        if extra < 0:
+            raise DiskError(errno.ENOSPC, f"the task's disk image has {st.f_bavail * st.f_frsize // MB} MB free, "
+                                          f"less than its limit of {limit_mb} MB")
+        partial = f"{RESERVE}.partial"
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600, dir_fd=root)
+        try:
+            if extra:
+                os.posix_fallocate(fd, 0, extra)
+        finally:
+            os.close(fd)
+        os.rename(partial, RESERVE, src_dir_fd=root, dst_dir_fd=root)
     finally:
-        os.close(fd)
-    os.rename(partial, ballast)
+        os.close(root)
+
+
+def _is_mount(point: Path) -> bool:
+    """An image is mounted at ``point``: it is on another filesystem than its parent (two
+    ``stat`` calls, where ``mounts.is_mounted`` reads every line of ``/proc/self/mountinfo``)."""
+    try:
+        return os.stat(point).st_dev != os.stat(point.parent).st_dev
+    except FileNotFoundError:
+        return False
 
 
 def limited(task_id: str) -> bool:
@@ -202,16 +222,20 @@ def create(task_id: str, limit_mb: int, *, content_bytes: int = 0, content_files
     image, point = image_path(task_id), mount_point(task_id)
     with _lock(task_id):
         if not image.exists():
-            if content_bytes or not _take_spare(limit_mb, image):
+            if content_bytes or not _take_spare(limit_mb, image, point):
                 _make_image(image, limit_mb=limit_mb, content_bytes=content_bytes, content_files=content_files)
             if not content_bytes:
                 make_spares(limit_mb)
-        if not mounts.is_mounted(point):
+        if not _is_mount(point):
             _mount(image, point)
     return point
 
 
 # --- spares: images made ahead, off the task's start ---------------------------------------
+# A spare is ``<limit>-<name>.img``, kept mounted (its ballast taken) at ``<limit>-<name>.mnt``: a
+# task takes the image by renaming it and its filesystem by a bind mount of that mount point, so
+# a start pays no loop device and no ext4 mount, and the maker no unmount. (``MS_MOVE`` would
+# spare the bind but is refused under shared mount propagation, where systemd hosts mount ``/``.)
 
 SPARES = 2  # per limit, per data directory
 
@@ -220,14 +244,47 @@ def _spares_dir() -> Path:
     return paths.data_dir() / "layers" / ".disk-spares"  # a dot: never taken for a task's layer
 
 
-def _take_spare(limit_mb: int, image: Path) -> bool:
+def _take_spare(limit_mb: int, image: Path, point: Path) -> bool:
     for spare in sorted(_spares_dir().glob(f"{limit_mb}-*.img")):
         try:
             os.rename(spare, image)  # atomic: of two processes one gets it
-            return True
         except FileNotFoundError:
             continue
+        _adopt(spare.with_suffix(".mnt"), point)
+        return True
     return False
+
+
+def _adopt(source: Path, point: Path) -> None:
+    """Show the spare's filesystem, mounted at ``source``, at ``point`` too, then drop ``source``.
+    Checked after the bind: had the spare's mount gone first (``sweep``), the bind showed the
+    empty directory under it, which is undone; the caller then mounts the image itself."""
+    try:
+        device = os.stat(source).st_dev
+        if device == os.stat(source.parent).st_dev:
+            return  # not mounted (made by an earlier process, or swept)
+        point.mkdir(parents=True, exist_ok=True)
+        mounts.bind(source, point)
+        if os.stat(point).st_dev != device:
+            mounts.unmount(point)
+    except OSError:
+        pass
+    _in_background(_detach, source)
+
+
+def _detach(source: Path) -> None:
+    try:
+        mounts.unmount(source)
+        source.rmdir()
+    except OSError:
+        pass  # ``sweep`` drops what is left
+
+
+def _in_background(work: Callable[..., None], *args: object) -> None:
+    """Run ``work`` in a thread of its own without waiting for it to be scheduled, as
+    ``threading.Thread.start`` does (2-3 ms on a loaded machine, on the task's path). Like a
+    daemon thread, it does not hold up the process's exit."""
+    _thread.start_new_thread(work, args)
 
 
 _making: set[tuple[str, int]] = set()
@@ -248,20 +305,21 @@ def make_spares(limit_mb: int) -> None:
             directory.mkdir(parents=True, exist_ok=True)
             while len(list(directory.glob(f"{limit_mb}-*.img"))) < SPARES:
                 name = f"{limit_mb}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-                image, point = directory / f".{name}.making", directory / f".{name}.mount"
+                image, point = directory / f".{name}.making", directory / f"{name}.mnt"
                 try:
                     _make_image(image, limit_mb=limit_mb, content_bytes=0, content_files=0)
                     point.mkdir()
                     _mount(image, point)
                     try:
                         _reserve(point, limit_mb)  # the ballast too: allocating it is most of a start's cost
-                    finally:
+                        os.rename(image, directory / f"{name}.img")
+                    except BaseException:
                         while mounts.unmount(point):
                             pass
-                    os.rename(image, directory / f"{name}.img")
+                        raise
                 finally:
                     image.unlink(missing_ok=True)
-                    if point.is_dir():
+                    if not _is_mount(point):
                         point.rmdir()
         except (OSError, subprocess.SubprocessError):
             pass  # a task then makes its own image, as without spares
@@ -269,7 +327,7 @@ def make_spares(limit_mb: int) -> None:
             with _making_lock:
                 _making.discard(key)
 
-    threading.Thread(target=make, name="layers-disk-spares", daemon=True).start()
+    _in_background(make)
 
 
 def mounted(task_id: str) -> Path | None:
@@ -278,15 +336,17 @@ def mounted(task_id: str) -> Path | None:
     image, point = image_path(task_id), mount_point(task_id)
     if not image.exists():
         return None
-    if mounts.is_mounted(point):
+    if _is_mount(point):
         return point
     with _lock(task_id):
         if not image.exists():
             return None
-        if not mounts.is_mounted(point):
-            # not mounted since a restart (or a crash): a filesystem without a journal is checked
-            # first (-p: repairs what is safe, fails on anything else)
-            subprocess.run(["e2fsck", "-p", str(image)], capture_output=True, timeout=300)
+        if not _is_mount(point):
+            if mounts.attached_loop(image) is None:
+                # not mounted since a restart (or a crash): a filesystem without a journal is
+                # checked first (-p: repairs what is safe, fails on anything else). One still on a
+                # loop device is mounted somewhere (a spare's mount a crash left): it is live.
+                subprocess.run(["e2fsck", "-p", str(image)], capture_output=True, timeout=300)
             _mount(image, point)
     return point
 
@@ -296,7 +356,7 @@ def reserve(task_id: str, limit_mb: int, *, used_bytes: int = 0) -> None:
     exactly ``limit_mb`` to write, less ``used_bytes`` its reopened layer already holds. A spare
     image has its ballast already."""
     point = mount_point(task_id)
-    if not (point / RESERVE).exists() and mounts.is_mounted(point):
+    if not (point / RESERVE).exists() and _is_mount(point):
         _reserve(point, limit_mb, used_bytes)
 
 
@@ -312,7 +372,7 @@ def reached(task_id: str, limit_mb: int) -> bool:
     """True when the task has used its disk: (almost) no space or no inode left in its image.
     Never mounts anything (a task whose image is not mounted is not writing)."""
     point = mount_point(task_id)
-    if not mounts.is_mounted(point):
+    if not _is_mount(point):
         return False
     st = os.statvfs(point)
     # ext4 refuses a write a little before the last block is used (per-CPU counters, metadata
@@ -341,9 +401,11 @@ def settle(task_id: str) -> None:
     if source.is_dir():
         partial = layer / ".upper.settling"
         shutil.rmtree(partial, ignore_errors=True)
-        # cp -a keeps what a layer is made of: whiteouts (0/0 devices), overlayfs's xattrs,
-        # modes, times, hard links; --sparse keeps holes.
-        subprocess.run(["cp", "-a", "--sparse=always", f"{source}/.", str(partial)], check=True, capture_output=True)
+        if not _copy_small(source, partial):
+            shutil.rmtree(partial, ignore_errors=True)
+            # cp -a keeps what a layer is made of: whiteouts (0/0 devices), overlayfs's xattrs,
+            # modes, times, hard links; --sparse keeps holes.
+            subprocess.run(["cp", "-a", "--sparse=always", f"{source}/.", str(partial)], check=True, capture_output=True)
         _give_to_root(partial)
         if target.exists():
             shutil.rmtree(target)  # a settle cut short after the rename: this copy replaces it
@@ -359,7 +421,72 @@ def settle(task_id: str) -> None:
             os.rename(image_path(task_id), aside)
         except FileNotFoundError:
             pass
-    threading.Thread(target=_drop, args=(task_id, point, aside), name="layers-disk-drop", daemon=True).start()
+    _in_background(_drop, task_id, point, aside)
+
+
+SMALL_ENTRIES = 64
+SMALL_BYTES = MB
+
+
+def _copy_small(source: Path, target: Path) -> bool:
+    """Copy the upper ``source`` to ``target`` as ``cp -a`` would, without a process, when it is
+    small and plain: directories, whole (not sparse) files with one link, symlinks and whiteouts
+    (0/0 character devices), with owners, modes, xattrs (overlayfs's) and times. False, having
+    written nothing, for anything else (``cp`` then keeps hard links and holes)."""
+    entries: list[tuple[str, os.stat_result]] = []
+    size = 0
+    for current, dirs, files in os.walk(source):
+        for name in (*dirs, *files):
+            path = os.path.join(current, name)
+            st = os.lstat(path)
+            mode = st.st_mode
+            if stat.S_ISREG(mode):
+                if st.st_nlink != 1 or st.st_blocks * 512 < st.st_size:
+                    return False
+                size += st.st_size
+            elif stat.S_ISLNK(mode):
+                if os.listxattr(path, follow_symlinks=False):
+                    return False
+            elif not (stat.S_ISDIR(mode) or (stat.S_ISCHR(mode) and st.st_rdev == 0)):
+                return False
+            entries.append((path, st))
+            if len(entries) > SMALL_ENTRIES or size > SMALL_BYTES:
+                return False
+    top = os.lstat(source)
+    os.mkdir(target, 0o700)
+    _copy_attributes(str(source), str(target), top)
+    dirs_done: list[tuple[str, os.stat_result]] = [(str(target), top)]
+    for path, st in entries:
+        copy = os.path.join(target, os.path.relpath(path, source))
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            os.mkdir(copy, 0o700)
+            dirs_done.append((copy, st))
+        elif stat.S_ISLNK(mode):
+            os.symlink(os.readlink(path), copy)
+        elif stat.S_ISCHR(mode):
+            os.mknod(copy, stat.S_IFCHR | 0o600, 0)
+        else:
+            with open(path, "rb") as src, open(copy, "xb") as dst:
+                shutil.copyfileobj(src, dst)
+        _copy_attributes(path, copy, st)
+    for copy, st in reversed(dirs_done):  # a directory's times after its entries are written
+        os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return True
+
+
+def _copy_attributes(path: str, copy: str, st: os.stat_result) -> None:
+    """Owner first (a chown clears set-id bits and file capabilities), then mode, xattrs, times."""
+    link = stat.S_ISLNK(st.st_mode)
+    os.chown(copy, st.st_uid, st.st_gid, follow_symlinks=False)
+    if link:
+        os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+        return
+    os.chmod(copy, stat.S_IMODE(st.st_mode))
+    for name in os.listxattr(path, follow_symlinks=False):
+        os.setxattr(copy, name, os.getxattr(path, name, follow_symlinks=False), follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _drop(task_id: str, point: Path, image: Path) -> None:
@@ -378,8 +505,9 @@ def _aside_dir() -> Path:
 
 
 def sweep() -> None:
-    """At start-up: unmount the images of settled layers a stopped process left mounted, and
-    delete the images set aside that no loop device holds any more."""
+    """At start-up and stop: unmount the images of settled layers a stopped process left mounted,
+    delete the images set aside that no loop device holds any more, and drop the spares (one a
+    crash left mounted may not have been written out cleanly; the next task's start makes more)."""
     for point in mounts.mounts_under(paths.data_dir() / "layers"):
         if point.name == "disk" and not (point.parent / "disk.img").exists():
             while mounts.unmount(point):
@@ -388,6 +516,23 @@ def sweep() -> None:
         for image in _aside_dir().iterdir():
             if mounts.attached_loop(image) is None:
                 image.unlink(missing_ok=True)
+    drop_spares()
+
+
+def drop_spares() -> None:
+    """Unmount and delete the spare images (at stop: the box leaves no mount behind), once this
+    process's makers are done."""
+    deadline = time.monotonic() + 60
+    while _making and time.monotonic() < deadline:
+        time.sleep(0.01)
+    spares = _spares_dir()
+    if spares.is_dir():
+        mounts.unmount_all_under(spares)
+        for entry in spares.iterdir():
+            try:
+                entry.rmdir() if entry.suffix == ".mnt" else entry.unlink()
+            except OSError:
+                pass
 
 
 def _give_to_root(root: Path) -> None:

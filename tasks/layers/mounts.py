@@ -238,6 +238,18 @@ def mount_image(image: Path, target: Path, options: str = "discard") -> None:
     libc = _lib()
     device = attached_loop(image)
     loop_fd = -1
+    if device is not None:
+        # Held open until the mount has it: a device whose last user goes between finding it
+        # and mounting it is cleared by autoclear (mounting it then fails with EIO) and may be
+        # given to another image. Checked again once held.
+        try:
+            loop_fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            device = None
+        else:
+            if attached_loop(image) != device:
+                os.close(loop_fd)
+                loop_fd, device = -1, None
     if device is None:
         image_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
         try:

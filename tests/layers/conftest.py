@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tasks.layers import mounts
+from tasks.layers import disk, mounts
 from tests.conftest import Box
 
 DRIVERS = ["overlay", "copy"]
@@ -26,6 +26,7 @@ def driver(request: Any, settings: Any, tmp_path: Path) -> Iterator[str]:
     settings.BOX_DATA_DIR = data
     settings.BOX_LAYER_DRIVER = request.param
     yield request.param
+    disk.drop_spares()  # kept mounted while a box runs; its stop drops them
     leftover = mounts.mounts_under(data)
     mounts.unmount_all_under(data)
     shutil.rmtree(data, ignore_errors=True)

@@ -1,0 +1,170 @@
+"""The disk limit's images themselves (tasks.layers.disk): spares handed over already mounted, the
+ballast never outside an image, the upper settled out without a process, a loop device found
+attached but gone before the mount."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.layers import disk, mounts
+from tests.conftest import wait_for
+from tests.sandbox.conftest import needs_sandbox
+
+pytestmark = needs_sandbox
+
+LIMIT = 16
+
+
+@pytest.fixture
+def data(settings: Any) -> Iterator[Path]:
+    where = Path(tempfile.mkdtemp(prefix="bd-", dir="/tmp"))
+    settings.BOX_DATA_DIR = where
+    (where / "layers").mkdir()
+    yield where
+    wait_for(lambda: not disk._making, timeout=30, what="the spare maker done")
+    leftover = mounts.mounts_under(where)
+    mounts.unmount_all_under(where)
+    shutil.rmtree(where, ignore_errors=True)
+    assert not [p for p in leftover if ".disk-spares" not in str(p) and p.name != "disk"], leftover
+
+
+def _spares() -> list[Path]:
+    wait_for(lambda: not disk._making and len(list(disk._spares_dir().glob(f"{LIMIT}-*.img"))) == disk.SPARES,
+             timeout=30, what="the spares made")
+    return sorted(disk._spares_dir().glob(f"{LIMIT}-*.img"))
+
+
+def _free_mb(point: Path) -> float:
+    st = os.statvfs(point)
+    return st.f_bavail * st.f_frsize / disk.MB
+
+
+def test_a_task_takes_a_spare_already_mounted_with_its_ballast(data: Path) -> None:
+    disk.make_spares(LIMIT)
+    spare = _spares()[0]
+    spare_mount = spare.with_suffix(".mnt")
+    assert disk._is_mount(spare_mount)  # kept mounted, ballast taken
+    device = os.stat(spare_mount).st_dev
+
+    (data / "layers" / "t1").mkdir()
+    point = disk.create("t1", LIMIT)
+
+    assert os.stat(point).st_dev == device  # the spare's own filesystem: no second mount of the image
+    wait_for(lambda: not spare_mount.exists(), timeout=10, what="the spare's own mount point dropped")
+    assert (point / disk.RESERVE).exists()
+    assert LIMIT - 2 <= _free_mb(point) <= LIMIT
+    with pytest.raises(OSError) as raised:
+        (point / "fill").write_bytes(b"x" * (LIMIT + 2) * disk.MB)
+    assert raised.value.errno == errno.ENOSPC
+
+
+def test_a_spare_whose_mount_went_is_mounted_by_the_task_itself(data: Path) -> None:
+    disk.make_spares(LIMIT)
+    for spare in _spares():
+        mounts.unmount(spare.with_suffix(".mnt"))  # as a sweep at stop leaves them
+
+    (data / "layers" / "t2").mkdir()
+    point = disk.create("t2", LIMIT)
+
+    assert disk._is_mount(point) and (point / disk.RESERVE).exists()
+    assert LIMIT - 2 <= _free_mb(point) <= LIMIT
+    assert mounts.attached_loop(disk.image_path("t2")) is not None
+
+
+def test_the_ballast_is_never_made_where_no_image_is_mounted(data: Path) -> None:
+    bare = data / "layers" / "bare"
+    bare.mkdir()
+    with pytest.raises(disk.DiskError) as raised:
+        disk._reserve(bare, 10**9)
+    assert raised.value.errno == errno.ENODEV
+    assert not list(bare.iterdir())
+
+
+def test_sweep_drops_the_spares_and_their_mounts(data: Path) -> None:
+    disk.make_spares(LIMIT)
+    _spares()
+    disk.sweep()
+    assert not mounts.mounts_under(disk._spares_dir())
+    assert not list(disk._spares_dir().iterdir())
+
+
+def _upper(root: Path) -> None:
+    root.mkdir()
+    (root / "dir").mkdir(mode=0o750)
+    (root / "dir" / "file.txt").write_text("kept\n")
+    os.chmod(root / "dir" / "file.txt", 0o4755)
+    os.chown(root / "dir" / "file.txt", 200_001, 200_002)
+    os.setxattr(root / "dir", "trusted.overlay.opaque", b"y")
+    os.setxattr(root / "dir" / "file.txt", "user.note", b"v")
+    os.mknod(root / "gone", stat.S_IFCHR | 0o644, 0)  # a whiteout
+    os.symlink("dir/file.txt", root / "link")
+    os.utime(root / "dir" / "file.txt", ns=(1_000_000_123, 2_000_000_456))
+    os.utime(root / "dir", ns=(3_000_000_000, 4_000_000_000))
+
+
+def _listing(root: Path) -> list[tuple[Any, ...]]:
+    out = []
+    for current, dirs, files in os.walk(root):
+        for name in sorted((*dirs, *files)):
+            path = os.path.join(current, name)
+            st = os.lstat(path)
+            xattrs = {} if stat.S_ISLNK(st.st_mode) else {x: os.getxattr(path, x) for x in os.listxattr(path)}
+            content = Path(path).read_bytes() if stat.S_ISREG(st.st_mode) else None
+            out.append((os.path.relpath(path, root), st.st_mode, st.st_uid, st.st_gid, st.st_rdev, st.st_mtime_ns,
+                        xattrs, content, os.readlink(path) if stat.S_ISLNK(st.st_mode) else None))
+    return out
+
+
+def test_a_small_upper_is_copied_as_cp_a_would_without_a_process(tmp_path: Path) -> None:
+    _upper(tmp_path / "upper")
+    subprocess.run(["cp", "-a", f"{tmp_path / 'upper'}/.", str(tmp_path / "by-cp")], check=True)
+
+    assert disk._copy_small(tmp_path / "upper", tmp_path / "by-python")
+
+    assert _listing(tmp_path / "by-python") == _listing(tmp_path / "by-cp")
+    assert os.stat(tmp_path / "by-python").st_mode == os.stat(tmp_path / "by-cp").st_mode
+
+
+@pytest.mark.parametrize("odd", ["hard link", "sparse", "fifo"])
+def test_an_upper_with_hard_links_holes_or_odd_files_is_left_to_cp(tmp_path: Path, odd: str) -> None:
+    _upper(tmp_path / "upper")
+    if odd == "hard link":
+        os.link(tmp_path / "upper" / "dir" / "file.txt", tmp_path / "upper" / "again")
+    elif odd == "sparse":
+        with open(tmp_path / "upper" / "holes", "wb") as handle:
+            handle.truncate(disk.MB // 2)
+    else:
+        os.mkfifo(tmp_path / "upper" / "pipe")
+    assert not disk._copy_small(tmp_path / "upper", tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
+
+
+def test_a_loop_device_found_attached_but_cleared_before_the_mount_is_not_mounted(
+        data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device whose last user went between finding it and mounting it is cleared (autoclear):
+    mounted then, it gave EIO under load. Seen stale once held, a device of its own is taken."""
+    image, point = data / "layers" / "img", data / "layers" / "point"
+    point.mkdir()
+    disk._make_image(image, limit_mb=LIMIT, content_bytes=0, content_files=0)
+    control = os.open("/dev/loop-control", os.O_RDWR)
+    try:
+        stale = f"/dev/loop{mounts._lib().ioctl(control, mounts._LOOP_CTL_GET_FREE)}"  # attached to nothing
+    finally:
+        os.close(control)
+    answers = iter([stale])
+    real = mounts.attached_loop
+    monkeypatch.setattr(mounts, "attached_loop", lambda wanted: next(answers, None) or real(wanted))
+
+    mounts.mount_image(image, point)
+
+    assert disk._is_mount(point)
+    mounts.unmount(point)
