@@ -6,7 +6,7 @@ The box runs with its default queue poll, so the figures are what a default box 
 Runs a real box (daphne + qcluster + scheduler) for the embedded default and for
 PostgreSQL + Redis, and prints the figures beside the targets in docs/performance.md.
 Usage: .venv/bin/python bench/dispatch.py [--latency N] [--throughput N] [--steps N] [--chain N]
-[--configs embedded,pg] [--skip-chain]
+[--configs embedded,pg] [--skip-chain] [--workers N]
 Also the chained case: N trivial tasks chained by ``dependsOn`` (all posted at once), end to end,
 beside the same N created one after another by a client; and where a trivial task's time goes,
 phase by phase (medians of the latency tasks, and of the chain's links). The burst also gives
@@ -224,16 +224,19 @@ def flow_steps(box: BenchBox, n: int) -> float:
     return (len(steps) - 1) / (steps[-1] - steps[0]) if len(steps) > 1 else float("nan")
 
 
-def _wait_done(box: BenchBox, task_id: str) -> str:
+def _wait_done(box: BenchBox, task_id: str, poll_s: float = 0.005) -> str:
     while not (finished := box.get(f"/api/tasks/{task_id}")["finishedAt"]):
-        time.sleep(0.005)
+        time.sleep(poll_s)
     return str(finished)
 
 
-def chained_by_depends_on(box: BenchBox, n: int) -> tuple[float, list[dict[str, float]]]:
+def chained_by_depends_on(box: BenchBox, n: int) -> tuple[float, list[dict[str, float]], dict[str, float]]:
     """``n`` trivial tasks, each depending on the one before, all posted at once: seconds from the
-    first POST to the last task done, and each link's marks from the moment the task before it
-    finished. The box starts each as the one before ends."""
+    first POST to the last task done, each link's marks from the moment the task before it
+    finished, and the box's CPU ms per task by process (the releases included). The box starts
+    each as the one before ends; the end is the box's own record, so the last task is polled
+    every 0.05 s (a client polling every 5 ms would keep the web busy on one of two cores)."""
+    cpu_before = box_cpu_s(box)
     start = time.time()
     previous: str | None = None
     ids = []
@@ -243,10 +246,13 @@ def chained_by_depends_on(box: BenchBox, n: int) -> tuple[float, list[dict[str, 
             body["dependsOn"] = [previous]
         previous = box.post("/api/tasks", body)["id"]
         ids.append(previous)
-    last = _wait_done(box, ids[-1])
+    last = _wait_done(box, ids[-1], poll_s=0.05)
+    released(box)
+    cpu_after = box_cpu_s(box)
     links = [marks_of(box, later, _ts(box.get(f"/api/tasks/{earlier}")["finishedAt"]))
              for earlier, later in zip(ids, ids[1:], strict=False)]
-    return datetime.fromisoformat(last).timestamp() - start, links
+    cpu = {role: (cpu_after[role] - cpu_before[role]) * 1000 / n for role in cpu_after}
+    return datetime.fromisoformat(last).timestamp() - start, links, cpu
 
 
 def chained_by_client(box: BenchBox, n: int) -> float:
@@ -293,6 +299,7 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=40)
     parser.add_argument("--configs", default="embedded,pg", help="embedded, pg, or both (comma separated)")
     parser.add_argument("--skip-chain", action="store_true")
+    parser.add_argument("--workers", type=int, default=2, help="the cluster's worker processes (BOX_WORKERS)")
     args = parser.parse_args()
     configs = [CONFIGS[name] for name in args.configs.split(",")]
     print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
@@ -301,7 +308,7 @@ def main() -> None:
     phases: dict[str, list[tuple[str, float]]] = {}
     overheads: list[tuple[str, float, float]] = []
     for label, pg, redis, target in configs:
-        with BenchBox(postgres=pg, redis=redis) as box:
+        with BenchBox(postgres=pg, redis=redis, workers=args.workers) as box:
             box.request("PATCH", "/api/settings", {"maxActiveTasks": args.throughput + 10})
             lat, done, marks = first_step_latency(box, args.latency)
             rate, cpu_by_role = throughput(box, args.throughput)
@@ -322,12 +329,14 @@ def main() -> None:
     print(f"\n{'configuration':40} {'dependsOn s':>12} {'client s':>9} {'target':>7} {'load':>5}   ({args.chain} tasks chained)")
     links: dict[str, list[tuple[str, float]]] = {}
     for label, pg, redis, _ in configs:
-        with BenchBox(postgres=pg, redis=redis) as box:
+        with BenchBox(postgres=pg, redis=redis, workers=args.workers) as box:
             box.request("PATCH", "/api/settings", {"maxActiveTasks": args.chain + 10})
-            by_edges, marks = chained_by_depends_on(box, args.chain)
+            by_edges, marks, cpu_by_role = chained_by_depends_on(box, args.chain)
             by_client = chained_by_client(box, args.chain)
         links[label.split(" ")[0]] = phase_table(marks)
         print(f"{label:40} {by_edges:12.1f} {by_client:9.1f} {'<= 2':>7} {os.getloadavg()[0]:5.1f}", flush=True)
+        print(f"{'  dependsOn cpu ms/task by process':40} " + ", ".join(f"{role} {ms:.0f}" for role, ms in cpu_by_role.items()),
+              flush=True)
     print_phases("a chain's link, median ms per phase (from the task before done)", links)
     print("(the first phase of a link: the dependency done -> its dependent's first run committed)")
 

@@ -70,20 +70,37 @@ def execute_run(run_id: int) -> None:
     """Claim run ``run_id`` and execute it. A second delivery finds it claimed and returns.
 
     A run whose finish started another task's run (a dependent that was waiting on it) goes on
-    with that run in the same worker: it is sent to the queue as always, and whichever of this
-    worker and the queue's delivery claims it first runs it (``begin_run``: exactly once), so a
-    chain of tasks does not wait for the queue at each link. Only while this job is young (under
-    a tenth of django-q2's job timeout), so a run taken this way has nearly a job's time of its own.
+    with that run in the same worker, so a chain of tasks does not wait for the queue at each
+    link. That run is held back from the queue (``runs.hold_first``): the other worker is not
+    woken only to find it taken. It is sent after all when this worker does not take it (the
+    cluster is stopping, or this job is past a tenth of django-q2's job timeout, so a run taken
+    this way has nearly a job's time of its own); if the process dies holding it, the scheduler
+    sends it again (it was written as sent), and the claim runs each run once either way.
     """
     began = time.monotonic()
     budget = settings.BOX_JOB_TIMEOUT_S / 10
-    next_run = _execute(run_id)
-    while next_run is not None and not handing_back.is_set() and time.monotonic() - began < budget:
-        next_run = _execute(next_run)
+    held = _execute(run_id)
+    while held is not None:
+        if handing_back.is_set() or time.monotonic() - began >= budget:
+            _send(held)
+            return
+        try:
+            held = _execute(held)
+        except BaseException:
+            _send(held)  # perhaps claimed already: then that delivery finds it taken
+            raise
+
+
+def _send(run_id: int) -> None:
+    """Send a held run to the queue after all; if that fails, the scheduler sends it again."""
+    try:
+        runs.send(run_id)
+    except Exception:  # noqa: BLE001 - the run is written as sent: ``stranded_runs`` finds it
+        log.warning("run %s could not be sent; the scheduler sends it again", run_id, exc_info=True)
 
 
 def _execute(run_id: int) -> int | None:
-    """Claim run ``run_id`` and execute it; the first run its finish sent, if any."""
+    """Claim run ``run_id`` and execute it; the run its finish held back for this worker, if any."""
 
     global _current_stop
     if handing_back.is_set():
@@ -154,12 +171,12 @@ def _execute(run_id: int) -> int | None:
     held_s = ctx.held_s if ctx is not None else 0.0  # waiting for the owner is not running time
     elapsed_ms = int((time.monotonic() - started - held_s) * 1000)
     try:
-        with runs.sent_here() as sent:
+        with runs.hold_first() as held:
             if finish_run(task, run, token, recorder, outcome, elapsed_ms):
                 # Ended meanwhile, maybe by a process on another machine whose release could not
                 # reach what this run holds here (its user, its mounts): release it on this one.
                 lifecycle.release_soon(task.pk)
-        return sent[0] if sent else None
+        return held[0] if held else None
     except LeaseLost:
         log.info("run %s lost its lease before finishing; its outcome was dropped", run_id)
         _release_if_ended(task.pk)

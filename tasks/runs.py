@@ -26,7 +26,7 @@ from tasks.models import Run, RunState, Task
 
 log = logging.getLogger(__name__)
 
-_sending = threading.local()  # ``sent_here``'s list while one is open in this thread
+_sending = threading.local()  # ``hold_first``'s list while one is open in this thread
 
 
 def lock_task(task_id: str) -> None:
@@ -63,22 +63,25 @@ def enqueue(run_id: int) -> None:
 
 
 def send(run_id: int) -> None:
+    held = getattr(_sending, "held", None)
+    if held is not None and not held:
+        held.append(run_id)  # ``hold_first``: the caller runs it next, or sends it
+        return
     async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}")
-    sent = getattr(_sending, "runs", None)
-    if sent is not None:
-        sent.append(run_id)
 
 
 @contextlib.contextmanager
-def sent_here() -> Iterator[list[int]]:
-    """The ids of the runs this thread sends to the queue inside the block, in order (a run's
-    finish sends the first runs of the dependents it starts)."""
-    sent: list[int] = []
-    _sending.runs = sent
+def hold_first() -> Iterator[list[int]]:
+    """The first run this thread sends inside the block is held back from the queue instead, for
+    the caller to run next or else ``send``: no second delivery to another worker, which only
+    finds the run taken. It was written as sent, so if the process dies holding it, the
+    scheduler sends it again after ``BOX_RESEND_S`` (``stranded_runs``)."""
+    held: list[int] = []
+    _sending.held = held
     try:
-        yield sent
+        yield held
     finally:
-        _sending.runs = None
+        _sending.held = None
 
 
 def claim(run_id: int) -> tuple[Run, str] | None:

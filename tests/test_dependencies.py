@@ -3,15 +3,18 @@ on allow it, fails with the reason when they never can, and sees their done laye
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
+from django_q.brokers import get_broker
 
 from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
-from tasks import jobs, services
+from tasks import jobs, runs, services
 from tasks.models import Dependency, Run, RunKind, Task
 from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
@@ -375,16 +378,52 @@ def test_a_creation_chosen_as_a_deadlocks_victim_is_tried_again_not_a_500(box: B
 
 def test_the_worker_that_ends_a_task_runs_its_dependent_next_and_each_run_once(box: Box, settings: Any) -> None:
     """A chain does not wait for the queue at each link: the worker whose run ends a task goes on
-    with the dependent that became due. The queue still gets the run; its delivery finds it taken."""
+    with the dependent that became due, held back from the queue (no second delivery to wake the
+    other worker for nothing). A delivery of it anyway (the scheduler's re-send) finds it taken."""
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}  # nobody takes runs from the queue now
     first = box.create(title="first", flow=flow(WRITE))
     second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
     third = box.create(title="third", flow=flow({"write": {"path": "c.txt", "content": "c"}}), dependsOn=[second["id"]])
     assert runs_of(second["id"]) == [] and runs_of(third["id"]) == []
+    get_broker().purge_queue()
     jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)  # one delivery, as a worker takes it
     for task in (first, second, third):
         assert box.task(task["id"])["state"] == "done"
+    assert get_broker().queue_size() == 0
     for task in (second, third):
         run = Run.objects.get(task_id=task["id"])
-        jobs.execute_run(run.pk)  # the queue's own delivery, later
+        jobs.execute_run(run.pk)  # a delivery later: nothing to do
         assert runs_of(task["id"]) == [RunKind.START] and Run.objects.get(pk=run.pk).state == run.state == "finished"
+
+
+def test_a_held_dependent_the_worker_does_not_take_goes_to_the_queue(box: Box, settings: Any) -> None:
+    """Past the worker's budget for going on (a tenth of the job timeout), the held run is sent."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+    settings.BOX_JOB_TIMEOUT_S = 0
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    get_broker().purge_queue()
+    jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
+    run = Run.objects.get(task_id=second["id"])
+    assert run.state == "queued" and get_broker().queue_size() == 1
+    jobs.execute_run(run.pk)
+    assert box.task(second["id"])["state"] == "done"
+
+
+def test_a_held_dependent_whose_worker_died_is_sent_again_by_the_scheduler(box: Box, settings: Any, monkeypatch: Any) -> None:
+    """The held run was written as sent in the finish's transaction: a worker that dies before it
+    claims or sends it leaves it to ``stranded_runs``, as a message the queue lost."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+    settings.BOX_JOB_TIMEOUT_S = 0
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    get_broker().purge_queue()
+    monkeypatch.setattr(jobs, "_send", lambda run_id: None)  # the process died holding it
+    jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
+    run = Run.objects.get(task_id=second["id"])
+    assert run.state == "queued" and run.enqueued_at is not None and get_broker().queue_size() == 0
+    later = timezone.now() + timedelta(seconds=settings.BOX_RESEND_S + 1)
+    assert runs.stranded_runs(later) == [run.pk]
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": True}
+    assert runs.dispatch_due(later) == 1
+    assert box.task(second["id"])["state"] == "done" and runs_of(second["id"]) == [RunKind.START]
