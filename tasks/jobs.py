@@ -84,10 +84,11 @@ def execute_run(run_id: int) -> None:
         if handing_back.is_set() or time.monotonic() - began >= budget:
             _send(held)
             return
+        taking = held
         try:
-            held = _execute(held)
+            held = _execute(taking)
         except BaseException:
-            _send(held)  # perhaps claimed already: then that delivery finds it taken
+            _send(taking)  # perhaps claimed already: then that delivery finds it taken
             raise
 
 

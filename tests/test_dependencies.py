@@ -427,3 +427,23 @@ def test_a_held_dependent_whose_worker_died_is_sent_again_by_the_scheduler(box: 
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": True}
     assert runs.dispatch_due(later) == 1
     assert box.task(second["id"])["state"] == "done" and runs_of(second["id"]) == [RunKind.START]
+
+def test_a_held_dependent_whose_run_crashed_the_job_is_sent(box: Box, settings: Any, monkeypatch: Any) -> None:
+    """A job that breaks while it takes the held run sends that run: no wait for the re-send."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    get_broker().purge_queue()
+    execute = jobs._execute
+    calls: list[int] = []
+
+    def breaks_on_the_second(run_id: int) -> int | None:
+        calls.append(run_id)
+        if len(calls) > 1:
+            raise RuntimeError("the job broke")
+        return execute(run_id)
+
+    monkeypatch.setattr(jobs, "_execute", breaks_on_the_second)
+    with pytest.raises(RuntimeError):
+        jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
+    assert Run.objects.get(task_id=second["id"]).state == "queued" and get_broker().queue_size() == 1
