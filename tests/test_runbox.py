@@ -18,6 +18,7 @@ import redis
 from django.conf import settings
 
 from boxsite import procs
+from tasks.layers import mounts
 from tests.conftest import wait_for
 
 ROOT = Path(settings.BASE_DIR)
@@ -157,3 +158,5 @@ def test_a_killed_supervisor_takes_web_worker_and_scheduler_with_it(tmp_path):
     finally:
         for pid in _alive(family):
             os.kill(pid, signal.SIGKILL)
+        # a box killed, not stopped, leaves its spare disk images mounted (its next start drops them)
+        mounts.unmount_all_under(tmp_path / "data" / "layers" / ".disk-spares")

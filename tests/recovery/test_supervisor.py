@@ -15,6 +15,7 @@ import pytest
 from django.test import override_settings
 
 from boxsite import procs
+from tasks.layers import mounts
 from tasks.sandbox import users
 from tests.conftest import wait_for
 from tests.test_runbox import ROOT, _alive, _call, _children, _manage
@@ -77,6 +78,8 @@ def runbox(env: dict[str, str], token: str, log: Path) -> Iterator[RunningBox]:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # a box killed, not stopped, leaves its spare disk images mounted (its next start drops them)
+        mounts.unmount_all_under(Path(env["BOX_DATA_DIR"]) / "layers" / ".disk-spares")
 
 
 def _stop(box: RunningBox) -> float:
