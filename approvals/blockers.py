@@ -17,11 +17,21 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from approvals import actions
-from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
+from approvals.models import (
+    NOT_STARTED,
+    Action,
+    ActionState,
+    Approval,
+    ApprovalKind,
+    ApprovalState,
+    Question,
+    QuestionKind,
+    QuestionState,
+)
 from tasks import runs
 from tasks.events import record_event
 from tasks.facts import guess_kind, redactor_for
@@ -177,13 +187,27 @@ def bind_to_version(task: Task, old_version: int) -> None:
 def close_for_final_move(task: Task) -> None:
     """Call inside the transaction that ends ``task``: pending approvals are denied, open and
     staged questions cancelled, actions that have not started cancelled, and a call in flight
-    closed as ``unknown`` (its worker's receipt can no longer be recorded)."""
+    closed as ``unknown`` (its worker's receipt can no longer be recorded). One query first says
+    whether anything is open: most tasks end with nothing to close."""
+    if not _has_open(task):
+        return
     Approval.objects.filter(task=task, state=ApprovalState.PENDING).update(
         state=ApprovalState.DENIED, decided_via=ENDED_WITH_TASK, decided_at=timezone.now())
     Question.objects.filter(task=task, state__in=[QuestionState.STAGED, QuestionState.OPEN]).update(
         state=QuestionState.CANCELLED)
     actions.cancel_not_started(task)
     actions.close_in_flight(task, "the task ended while the call was in flight")
+
+
+def _has_open(task: Task) -> bool:
+    """``task`` has a row ``close_for_final_move`` would change."""
+    found = Task.objects.filter(pk=task.pk).annotate(
+        open_approval=Exists(Approval.objects.filter(task=OuterRef("pk"), state=ApprovalState.PENDING)),
+        open_question=Exists(Question.objects.filter(task=OuterRef("pk"),
+                                                     state__in=[QuestionState.STAGED, QuestionState.OPEN])),
+        open_action=Exists(Action.objects.filter(task=OuterRef("pk"), state__in=[*NOT_STARTED, ActionState.EXECUTING])),
+    ).values_list("open_approval", "open_question", "open_action").first()
+    return found is None or any(found)
 
 
 # --- resuming ---------------------------------------------------------------------------------

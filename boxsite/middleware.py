@@ -3,7 +3,8 @@
 On ``/api/`` and ``/hooks/`` paths a request whose path or query holds a NUL character (which
 PostgreSQL cannot compare or store) is ``400``, and one that declares a body over the limit is
 ``413`` before a byte of it is read. Unknown paths and unexpected errors there are answered by
-``boxsite.views.api_not_found`` / ``server_error`` (see ``boxsite.urls``).
+``boxsite.views.api_not_found`` / ``server_error`` (see ``boxsite.urls``). Every request is one
+``boxsite.reads`` scope.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from boxsite import reads
 from boxsite.errors import BoxError, InvalidRequest, PayloadTooLarge
 
 API_PREFIXES = ("/api/", "/hooks/")
@@ -50,4 +52,5 @@ class ApiEdgeMiddleware:
                 _check(request)
             except BoxError as exc:
                 return JsonResponse(exc.as_dict(), status=exc.status)
-        return self.get_response(request)
+        with reads.read_once():  # the settings row and the vault read once per request
+            return self.get_response(request)

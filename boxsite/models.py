@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from django.conf import settings
 from django.db import models
+
+from boxsite import reads
 
 
 def hash_key(raw: str) -> str:
@@ -81,8 +84,12 @@ class BoxSettings(models.Model):
 
     @classmethod
     def current(cls) -> BoxSettings:
-        row, _ = cls.objects.get_or_create(pk=1)
-        return row
+        """The row; read once per request or task creation (``boxsite.reads``)."""
+        return reads.held("box_settings", lambda: cls.objects.get_or_create(pk=1)[0])
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        super().save(*args, **kwargs)
+        reads.keep("box_settings", self)
 
     @property
     def memory_mb_in_force(self) -> int:

@@ -83,10 +83,7 @@ def record_event(
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_event must run inside the transaction that made the change")
     redact = redactor or redactor_for(task)
-    # The UPDATE takes the task row's lock until commit, so concurrent writers get
-    # consecutive numbers and a rolled-back writer leaves no gap.
-    Task.objects.filter(pk=task.pk).update(event_seq=F("event_seq") + 1)
-    seq = Task.objects.filter(pk=task.pk).values_list("event_seq", flat=True).get()
+    seq = _next_seq(task.pk)
     event = TaskEvent.objects.create(
         task_id=task.pk,
         seq=seq,
@@ -100,6 +97,24 @@ def record_event(
     owner_id = task.owner_id
     transaction.on_commit(lambda: publish_event(task.pk, owner_id, event.pk, seq, kind))
     return event
+
+
+def _next_seq(task_id: str) -> int:
+    """The task's next event number. The UPDATE takes the task row's lock until commit, so
+    concurrent writers get consecutive numbers and a rolled-back writer leaves no gap; RETURNING
+    (PostgreSQL, SQLite 3.35+) reads the number in the same statement."""
+    connection = transaction.get_connection()
+    if not connection.features.can_return_rows_from_bulk_insert:  # pragma: no cover - a database without RETURNING
+        Task.objects.filter(pk=task_id).update(event_seq=F("event_seq") + 1)
+        return Task.objects.filter(pk=task_id).values_list("event_seq", flat=True).get()
+    quote = connection.ops.quote_name
+    table, key, column = quote(Task._meta.db_table), quote(Task._meta.pk.column), quote(Task._meta.get_field("event_seq").column)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {column} = {column} + 1 WHERE {key} = %s RETURNING {column}", [task_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise Task.DoesNotExist(f"no task '{task_id}'")
+    return int(row[0])
 
 
 def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: str) -> None:

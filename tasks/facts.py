@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from django.db.models import Count, Max
 
+from boxsite import reads
 from boxsite.cards import looks_like_card, mask_cards
 from tasks import crypto
 from tasks.crypto import decrypt, encrypt, encrypted_with_first_key, reencrypt
@@ -173,13 +174,19 @@ class Redactor:
         return value
 
 
+VAULT_READ = "vault"  # its name in a ``boxsite.reads`` scope
 # The vault's values as last read, under the stamp they were read at (see vault_values).
 _vault_cache: tuple[tuple[Any, ...], dict[str, str]] = ((), {})
 
 
 def vault_values() -> dict[str, str]:
     """Every secret in the vault, by name: what a run may be given (preset, tool and model
-    keys). Read again only when the vault changed; one small query says whether it did."""
+    keys). Read again only when the vault changed; one small query says whether it did, once
+    per request (``boxsite.reads``; a vault write in it drops what was read)."""
+    return reads.held(VAULT_READ, _vault_values_now)
+
+
+def _vault_values_now() -> dict[str, str]:
     global _vault_cache
     stamp = VaultSecret.objects.aggregate(n=Count("pk"), last=Max("updated_at"), top=Max("pk"))
     key = (stamp["n"], stamp["last"], stamp["top"])

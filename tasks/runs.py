@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 from django_q.tasks import async_task
@@ -32,7 +32,10 @@ _sending = threading.local()  # ``hold_first``'s list while one is open in this 
 def lock_task(task_id: str) -> None:
     """Lock the task's row for the rest of the transaction. Every transaction that writes a task
     and its runs takes the task row first (see ``services.transition``), so two of them wait for
-    each other instead of deadlocking. (SQLite's write transactions are serial anyway.)"""
+    each other instead of deadlocking. SQLite has no row locks: the box opens its transactions
+    there with BEGIN IMMEDIATE, which already holds the one write lock, so nothing is read."""
+    if not connection.features.has_select_for_update:
+        return
     list(Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True))
 
 

@@ -9,6 +9,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from approvals import blockers
+from boxsite import reads
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
@@ -334,7 +335,8 @@ def create_task(body: Any, principal: Principal, *, source: str | None = None) -
     a deadlock's victim; on its own (outside a caller's transaction) it is then tried again."""
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
-            return _create_task(body, principal, source=source)
+            with reads.read_once():  # the settings row once, not once per spec default
+                return _create_task(body, principal, source=source)
         except OperationalError as exc:
             sqlstate = getattr(exc.__cause__, "sqlstate", None)
             if sqlstate not in RETRYABLE_SQLSTATES or connection.in_atomic_block or attempt == CREATE_ATTEMPTS:
@@ -363,10 +365,10 @@ def _refuse_at_capacity(limit: int) -> None:
 def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     fields = dict(spec.fields)
     fields["facts"] = seal_facts(fields["facts"], fields["secret_facts"])  # secret values encrypted at rest
-    task = Task.objects.create(owner=principal.user, device=principal.device, review="",
-                               created_by_task=principal.task, created_by_run=principal.run, **fields)
-    task.user = f"box-{task.pk}"
-    Task.objects.filter(pk=task.pk).update(user=task.user)
+    task = Task(owner=principal.user, device=principal.device, review="",
+                created_by_task=principal.task, created_by_run=principal.run, **fields)
+    task.user = f"box-{task.pk}"  # the id is made before the insert (``new_task_id``)
+    task.save(force_insert=True)
     queued: dict[str, Any] = {"to": State.QUEUED, "version": task.version, "source": task.source}
     if principal.task is not None:
         queued["createdBy"] = {"task": principal.task.pk, "run": principal.run}

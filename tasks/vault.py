@@ -9,9 +9,10 @@ import re
 
 from django.db import transaction
 
+from boxsite import reads
 from boxsite.errors import InvalidRequest, NotFound
 from tasks import crypto
-from tasks.facts import resealed, sealed_on_old_keys
+from tasks.facts import VAULT_READ, resealed, sealed_on_old_keys
 from tasks.models import Task, VaultSecret
 
 # Secrets become environment variables of the same name, so names are valid variable names.
@@ -36,6 +37,7 @@ def set_secret(name: object, value: object) -> VaultSecret:
     if len(value) > MAX_VALUE:
         raise InvalidRequest(f"'value' is longer than {MAX_VALUE} characters", field="value")
     row, _ = VaultSecret.objects.update_or_create(name=name, defaults={"ciphertext": crypto.encrypt(value)})
+    reads.forget(VAULT_READ)
     return row
 
 
@@ -48,6 +50,7 @@ def read_secret(name: str) -> str | None:
 
 def delete_secret(name: str) -> None:
     deleted, _ = VaultSecret.objects.filter(name=validate_name(name)).delete()
+    reads.forget(VAULT_READ)
     if not deleted:
         raise NotFound(f"the vault has no '{name}'", field="name")
 
