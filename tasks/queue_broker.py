@@ -27,6 +27,7 @@ from django.conf import settings
 from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
+from django_q.models import OrmQ
 
 
 def _wake_dir(list_key: str) -> Path:
@@ -48,9 +49,13 @@ class WakingORM(ORM):
         self._listener_pid = 0
 
     def enqueue(self, task: Any) -> Any:
-        job_id = super().enqueue(task)
+        # django-q2's broker first closes the caller's connection when it is past its age (for
+        # its own pusher thread); every process that enqueues here already manages its own (a
+        # request's end, a job's end, the scheduler's phases), and the web paid a reconnect for
+        # it twice per POST.
+        job = OrmQ.objects.using(Conf.ORM).create(key=self.list_key or Conf.CLUSTER_NAME, payload=task, lock=timezone.now())
         self._wake_pushers()
-        return job_id
+        return job.pk
 
     def dequeue(self) -> list[tuple[Any, Any]] | None:
         now = timezone.now()
