@@ -26,6 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+if str(ROOT) not in sys.path:  # a bench imports the box's own helpers (boxsite.procs) after this module
+    sys.path.append(str(ROOT))
 
 
 def setup_django(data: Path, *, sandbox: str = "off", migrate: bool = True) -> None:
