@@ -25,24 +25,11 @@ from pathlib import Path
 from django.conf import settings
 
 from boxsite.errors import InvalidRequest
-
-_cached_dirs: dict[str, tuple[object, Path]] = {}
-
-
-def _dir_setting(name: str) -> Path:
-    """``settings.<name>`` as a Path, parsed again only when the setting changes (tests
-    override it): layers and views name paths under it many times per task."""
-    raw = getattr(settings, name)
-    cached = _cached_dirs.get(name)
-    if cached is not None and cached[0] == raw:
-        return cached[1]
-    path = Path(raw)
-    _cached_dirs[name] = (raw, path)
-    return path
+from boxsite.setting_paths import path_setting
 
 
 def data_dir() -> Path:
-    return _dir_setting("BOX_DATA_DIR")
+    return path_setting("BOX_DATA_DIR")
 
 
 _probe_lock = threading.Lock()
@@ -71,7 +58,7 @@ def _layer_dir(root: Path, task_id: str) -> Path:
 
 def local_dir() -> Path:
     """This machine's part of the data directory (``BOX_LOCAL_DIR``): views, mounts, trash."""
-    return _dir_setting("BOX_LOCAL_DIR") if settings.BOX_LOCAL_DIR else data_dir()
+    return path_setting("BOX_LOCAL_DIR") if settings.BOX_LOCAL_DIR else data_dir()
 
 
 def views_root() -> Path:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from boxsite.setting_paths import path_setting
+
 BOX_BIN_DIR = Path("/usr/local/lib/box/bin")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # after the client's directory
 
@@ -28,28 +30,13 @@ _PRIVATE_SUFFIXES = (".sqlite3", ".sqlite3-wal", ".sqlite3-shm", ".sqlite3-journ
 _PRIVATE_NAMES = ("vault.key", "django-secret-key")
 
 
-_cached_dirs: dict[str, tuple[object, Path]] = {}
-
-
-def _dir_setting(name: str) -> Path:
-    """``settings.<name>`` as a Path, parsed again only when the setting changes (tests
-    override it): a sandboxed start and release name paths under it dozens of times."""
-    raw = getattr(settings, name)
-    cached = _cached_dirs.get(name)
-    if cached is not None and cached[0] == raw:
-        return cached[1]
-    path = Path(raw)
-    _cached_dirs[name] = (raw, path)
-    return path
-
-
 def data_dir() -> Path:
-    return _dir_setting("BOX_DATA_DIR")
+    return path_setting("BOX_DATA_DIR")
 
 
 def local_dir() -> Path:
     """This machine's part of the data directory (``BOX_LOCAL_DIR``; by default the same)."""
-    return _dir_setting("BOX_LOCAL_DIR") if settings.BOX_LOCAL_DIR else data_dir()
+    return path_setting("BOX_LOCAL_DIR") if settings.BOX_LOCAL_DIR else data_dir()
 
 
 def runtime_root() -> Path:
