@@ -37,6 +37,10 @@ from tasks.states import ACTIVE, FINAL
 log = logging.getLogger(__name__)
 
 _REFILL = ""  # a janitor job that is not a task id: make free pool users
+# A release with a failed step (a mount still busy, a process not yet gone) is run again after
+# each of these pauses before it is left to start-up reconcile: a pool user stays claimed, and a
+# layer unsealed, only if every try failed.
+RELEASE_RETRY_S = (0.5, 2.0)
 
 
 Then = Callable[[], None] | None  # what to do once a release is complete
@@ -72,7 +76,7 @@ class Janitor:
                     if sandbox.available():
                         users.fill_pool()
                 else:
-                    release(job)
+                    self._release(job)
                     if then is not None:
                         then()  # whatever waited for this release to be complete
                     if sandbox.available() and users.refill_wanted():
@@ -84,6 +88,16 @@ class Janitor:
                 if jobs.unfinished_tasks == 0:
                     connection.close()  # hold no database connection while idle
                     self._idle.set()
+
+    @staticmethod
+    def _release(task_id: str) -> None:
+        if release(task_id):
+            return
+        for pause in RELEASE_RETRY_S:
+            time.sleep(pause)
+            if release(task_id):
+                log.info("the release of task %s completed when tried again", task_id)
+                return
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until every job submitted in this process is done (False at the timeout)."""
@@ -154,7 +168,7 @@ def _release_steps(task_id: str) -> bool:
         try:
             step()
         except Exception:  # noqa: BLE001 - the next step must still run; reconcile retries this one
-            log.exception("releasing the %s of task %s failed; start-up reconcile will try again", name, task_id)
+            log.exception("releasing the %s of task %s failed; it is tried again (the janitor, start-up reconcile)", name, task_id)
             ok = False
     return ok
 

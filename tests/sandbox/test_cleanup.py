@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from tasks import lifecycle
+from tasks import lifecycle, sandbox
 from tasks.models import Task
 from tasks.sandbox import paths, users
 from tasks.sandbox.cleanup import release
@@ -131,6 +131,27 @@ def test_a_task_of_file_steps_alone_is_released_without_sweeping_processes_or_ke
     run({"run": "true"})
     assert swept == ["processes", "keyrings"]
     assert not any(users.ran_processes(ident) for ident in users.pool_users())  # swept: no user is left marked
+
+
+def test_a_release_that_failed_a_step_is_tried_again_and_the_user_goes_back_to_the_pool(sandboxed, monkeypatch):
+    """A release step that fails once (a mount still busy, a process not yet gone) used to leave
+    the task's user claimed until the box's next start."""
+    failed: list[str] = []
+    release_rest = sandbox.release
+
+    def fails_once(task_id: str, **kw: Any) -> None:
+        if not failed:
+            failed.append(task_id)
+            raise OSError("busy for a moment")
+        release_rest(task_id, **kw)
+
+    monkeypatch.setattr(sandbox, "release", fails_once)
+    monkeypatch.setattr(lifecycle, "RELEASE_RETRY_S", (0.01, 0.01))
+    task = sandboxed.create(title="release", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+    assert sandboxed.wait_state(task["id"], "done", "failed")["state"] == "done"
+    lifecycle.janitor.drain()
+    assert failed == [task["id"]]
+    assert uid_of(task["id"]) is None  # released on the second try: its user is back in the pool
 
 
 def test_tasks_one_after_another_reuse_the_pool_users_without_making_or_deleting_any(sandboxed, monkeypatch):
