@@ -196,6 +196,8 @@ def reconcile() -> None:
     """At start-up: release every ended task whose resources a crash may have left behind."""
     release_ended()
     refill_soon()  # free task users ready before the first task asks
+    if sandbox.available():
+        layers.disk.warm()  # and spare disk images
 
 
 def release_host() -> None:

@@ -117,13 +117,20 @@ def _run_probe(data: Path) -> str | None:
                     raise
         finally:
             mounts.unmount(point)
-        if settings.BOX_TASK_DISK_MB:
-            make_spares(settings.BOX_TASK_DISK_MB)  # so the first tasks need not make their own
         return None
     except (OSError, subprocess.CalledProcessError) as exc:
         return f"a loop-mounted ext4 image cannot be used on {data}: {_reason(exc)}"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def warm() -> None:
+    """At the box's start: spare images for the default limit, so the first tasks need not make
+    their own. Not part of the probe: spares stay mounted until the box's stop drops them, and a
+    process that only asked whether the disk can be bounded (a command, a test collecting) would
+    leave them mounted behind it."""
+    if settings.BOX_TASK_DISK_MB and unavailable() is None:
+        make_spares(settings.BOX_TASK_DISK_MB)
 
 
 def _reason(exc: BaseException) -> str:

@@ -168,3 +168,14 @@ def test_a_loop_device_found_attached_but_cleared_before_the_mount_is_not_mounte
 
     assert disk._is_mount(point)
     mounts.unmount(point)
+
+
+def test_asking_whether_the_disk_can_be_bounded_leaves_nothing_mounted(data: Path, settings: Any) -> None:
+    """A process that only asks (a management command, a test module collected) makes no spare
+    images: they stay mounted until a box's stop drops them, and such a process has no stop."""
+    settings.BOX_TASK_DISK_MB = LIMIT
+    assert disk.unavailable() is None
+    assert not disk._making
+    assert not mounts.mounts_under(data)
+    disk.warm()  # the box's start does make them
+    assert len(_spares()) == disk.SPARES
