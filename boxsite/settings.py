@@ -136,7 +136,8 @@ else:
     _sqlite_path = env_path("BOX_SQLITE_PATH", str(BOX_DATA_DIR / "box.sqlite3"))
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            # Django's SQLite backend whose writers queue on a file lock (boxsite/db/sqlite).
+            "ENGINE": "boxsite.db.sqlite",
             "NAME": str(_sqlite_path),
             "OPTIONS": {
                 "timeout": env_float("BOX_SQLITE_BUSY_TIMEOUT_S", 20.0),

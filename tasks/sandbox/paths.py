@@ -25,8 +25,8 @@ BOX_BIN_DIR = Path("/usr/local/lib/box/bin")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # after the client's directory
 
 # Files in the data directory a task must never read, whatever their path: the database (and its
-# WAL and shared-memory files), the vault key, Django's signing key.
-_PRIVATE_SUFFIXES = (".sqlite3", ".sqlite3-wal", ".sqlite3-shm", ".sqlite3-journal")
+# WAL, shared-memory and writer-gate files), the vault key, Django's signing key.
+_PRIVATE_SUFFIXES = (".sqlite3", ".sqlite3-wal", ".sqlite3-shm", ".sqlite3-journal", ".sqlite3-gate")
 _PRIVATE_NAMES = ("vault.key", "django-secret-key")
 
 
@@ -111,7 +111,7 @@ def harden_data_dir() -> None:
 def _database_files() -> list[Path]:
     """The SQLite database and its side files, wherever BOX_SQLITE_PATH put them."""
     db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.sqlite3":
+    if settings.DB_IS_POSTGRES:
         return []
     main = Path(str(db["NAME"]))
-    return [main, Path(f"{main}-wal"), Path(f"{main}-shm"), Path(f"{main}-journal")]
+    return [main, Path(f"{main}-wal"), Path(f"{main}-shm"), Path(f"{main}-journal"), Path(f"{main}-gate")]

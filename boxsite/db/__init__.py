@@ -1,0 +1,1 @@
+"""The box's database backends: Django's own, with what the box needs on top."""
