@@ -181,8 +181,11 @@ def _release_logged(task_id: str) -> None:
 
 
 def held_back() -> list[str]:
-    """Queued tasks with dependencies and no open run: those still waiting for their edges."""
-    return list(Task.objects.filter(state=State.QUEUED, dependency_edges__isnull=False)
+    """Queued tasks with no open run and a dependency that has ended: those whose edges may now
+    let them start (or fail them). One whose every dependency is still active is waiting for
+    sure, and is passed over without the decision's transaction (on SQLite, the one write lock:
+    a sweep during a long chain took it for every link still to come)."""
+    return list(Task.objects.filter(state=State.QUEUED, dependency_edges__on__state__in=FINAL)
                 .exclude(runs__state__in=[RunState.QUEUED, RunState.RUNNING])
                 .values_list("pk", flat=True).distinct())
 

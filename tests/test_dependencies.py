@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.brokers import get_broker
 
@@ -68,6 +69,16 @@ def test_a_dependent_waits_without_a_run_then_starts_when_its_dependency_is_done
     assert runs_of(dependent["id"]) == [RunKind.START]
     files = box.api.get("/api/workspaces/home/files", {"path": "outputs"}).json()
     assert "report.md" in str(files)
+
+
+def test_the_sweep_reads_once_and_decides_nothing_while_every_dependency_is_active(box: Box) -> None:
+    upstream = held(box)
+    box.create(title="downstream", flow=flow(WRITE), dependsOn=[upstream["id"]])
+
+    with CaptureQueriesContext(connection) as sweep:
+        assert services.release_waiting() == 0
+
+    assert len(sweep.captured_queries) == 1  # no transaction per waiting task (SQLite's write lock)
 
 
 # (dependency's final state, condition, required) -> does the dependent run?
