@@ -17,7 +17,10 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 # The portal's CSS/JS are a handful of small files served by the box itself (no CDN, no separate
 # web server to set up); Django's static handler serves /static/ from the app's own directory.
-django_app = ASGIStaticFilesHandler(get_asgi_application())
+get_asgi_application()  # django.setup()
+from boxsite.handler import OneStepASGIHandler  # noqa: E402
+
+django_app = ASGIStaticFilesHandler(OneStepASGIHandler())
 
 from boxsite.ws_auth import DeviceCookieMiddleware  # noqa: E402
 from tasks.routing import websocket_urlpatterns  # noqa: E402

@@ -88,6 +88,8 @@ MIDDLEWARE = [
 ROOT_URLCONF = "boxsite.urls"
 ASGI_APPLICATION = "boxsite.asgi.application"
 WSGI_APPLICATION = "boxsite.wsgi.application"
+# Threads the web process serves requests on (boxsite.handler); kept for the process's life.
+BOX_WEB_THREADS = env_int("BOX_WEB_THREADS", 8, minimum=1)
 
 TEMPLATES = [
     {
@@ -122,9 +124,8 @@ if DATABASE_URL:
     # A connection the database dropped (a restart, a terminated backend) is replaced before use.
     _db["CONN_HEALTH_CHECKS"] = True
     if env_bool("BOX_WEB_PROCESS", False):
-        # The web process (ASGI, set by boxsite.asgi) serves each request in a thread of its own:
-        # persistent connections there pile up with the threads. It borrows from one bounded pool
-        # instead; a request finding it empty waits for a connection rather than failing.
+        # The web process (ASGI, set by boxsite.asgi) borrows from one bounded pool for each
+        # request; a request finding it empty waits for a connection rather than failing.
         _db["CONN_MAX_AGE"] = 0
         _db.setdefault("OPTIONS", {})["pool"] = {
             "min_size": 1,
@@ -148,6 +149,10 @@ else:
             "TEST": {"NAME": env_str("BOX_TEST_SQLITE_PATH") or str(BOX_DATA_DIR / "test.sqlite3")},
         }
     }
+    if env_bool("BOX_WEB_PROCESS", False):
+        # The web process serves requests on a few threads kept for its life (boxsite.handler):
+        # each keeps its connection instead of opening and closing one per request.
+        DATABASES["default"]["CONN_MAX_AGE"] = env_int("BOX_DB_CONN_MAX_AGE", 60)
 DB_IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
