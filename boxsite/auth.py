@@ -26,10 +26,11 @@ def issue_api_token(user: Any, name: str, *, can_use_folders: bool = False) -> t
 
 
 def token_for(raw: str) -> ApiToken | None:
-    token = ApiToken.objects.select_related("user").filter(key_hash=hash_key(raw), revoked_at__isnull=True).first()
-    if token is None or not token.user.is_active:
+    try:  # the hash is unique: get() asks for no ordering (first() would sort by id)
+        token = ApiToken.objects.select_related("user").get(key_hash=hash_key(raw), revoked_at__isnull=True)
+    except ApiToken.DoesNotExist:
         return None
-    return token
+    return token if token.user.is_active else None
 
 
 def device_for(raw: str) -> Device | None:

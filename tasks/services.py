@@ -34,10 +34,10 @@ def get_task_for(principal: Principal, task_id: str, *, for_update: bool = False
     qs = Task.objects.reachable_by(principal).filter(pk=task_id)
     if for_update:
         qs = qs.select_for_update()
-    task = qs.first()
-    if task is None:
-        raise NotFound(f"no task '{task_id}'")
-    return task
+    try:  # by its key: get() asks for no ordering (first() would sort by id)
+        return qs.get()
+    except Task.DoesNotExist:
+        raise NotFound(f"no task '{task_id}'") from None
 
 
 def _write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None,

@@ -1,0 +1,57 @@
+"""What the requests a client makes for every task cost the database, in statements: creating a
+trivial task, then following it (its view, its events, the list of what is still going). A
+figure that grows is a statement added to every task's path (issue 19); lower it here when a
+change takes one away."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.conftest import Box, queue_through_the_cluster
+from tests.factories import flow
+
+TRIVIAL = flow({"write": {"path": "out.txt", "content": "x"}})
+
+# The most statements each request may take, on either database.
+MOST = {"create": 15, "view": 7, "events": 4, "list": 3}
+
+
+@pytest.fixture
+def followed(box: Box, settings: Any) -> tuple[Box, str]:
+    queue_through_the_cluster(settings)
+    box.create(title="first", flow=TRIVIAL)  # the settings row exists from here on
+    return box, box.create(title="followed", flow=TRIVIAL)["id"]
+
+
+def _statements(call: Any) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        response = call()
+    assert response.status_code in (200, 201), response.json()
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def test_creating_a_trivial_task_takes_at_most_its_statements(followed: tuple[Box, str]) -> None:
+    box, _ = followed
+    statements = _statements(lambda: box.api.post("/api/tasks", {"title": "t", "flow": TRIVIAL}, format="json"))
+    assert len(statements) <= MOST["create"], statements
+
+
+def test_a_tasks_view_takes_at_most_its_statements(followed: tuple[Box, str]) -> None:
+    box, task_id = followed
+    statements = _statements(lambda: box.api.get(f"/api/tasks/{task_id}"))
+    assert len(statements) <= MOST["view"], statements
+
+
+def test_a_tasks_events_take_at_most_their_statements(followed: tuple[Box, str]) -> None:
+    box, task_id = followed
+    statements = _statements(lambda: box.api.get(f"/api/tasks/{task_id}/events?after=0"))
+    assert len(statements) <= MOST["events"], statements
+
+
+def test_the_list_of_what_is_still_going_takes_at_most_its_statements(followed: tuple[Box, str]) -> None:
+    box, _ = followed
+    statements = _statements(lambda: box.api.get("/api/tasks?state=queued,running,waiting&limit=1"))
+    assert len(statements) <= MOST["list"], statements
