@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from django.core.signals import request_started
+from django.db import connections
 
-from boxsite.asgi import application
+from boxsite.asgi import application, django_app
 from tests.conftest import Box
 
 
@@ -52,6 +53,8 @@ def serving_threads() -> Iterator[list[str]]:
     request_started.connect(started)
     yield names
     request_started.disconnect(started)
+    for lane in django_app.application.lanes:  # the test database is dropped at the end: let go of it
+        lane.executor.submit(connections.close_all).result()
 
 
 def test_requests_one_after_another_are_served_on_a_thread_kept_for_them(box: Box, serving_threads: list[str]) -> None:
