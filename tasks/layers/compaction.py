@@ -13,10 +13,13 @@ task still running keeps the flat it mounted until it ends.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -56,7 +59,7 @@ def split(newest_first: list[str], markers: str) -> tuple[list[str], str | None,
 
 def lower_trees(workspace: Workspace, newest_first: list[str], markers: str) -> list[LayerTree]:
     """The lower directories a task mounts, newest first, the base last. Builds a missing flat
-    (takes the workspace lock); the layers must already be sealed."""
+    (takes the workspace lock); ``to_seal`` layers must already be sealed."""
     own, key, inside = split(newest_first, markers)
     trees = [LayerTree.of_layer(paths.layer_dir(task_id)) for task_id in own]
     if key is not None:
@@ -68,12 +71,94 @@ def lower_trees(workspace: Workspace, newest_first: list[str], markers: str) -> 
     return trees
 
 
+def to_seal(workspace: Workspace, newest_first: list[str], markers: str) -> list[str]:
+    """The layers of a stack that must be sealed before a task mounts it: those stacked on
+    their own, and those its flat is built from when it is missing, beyond the longest cached
+    flat it extends. A cached flat holds only sealed layers (``ensure_flat``), and a sealed
+    layer in a stack stays sealed (only a failed task's layer is reopened): at most about
+    ``max_depth`` layers whatever the number of done tasks."""
+    own, key, inside = split(newest_first, markers)
+    if key is None:
+        return own
+    root = paths.flats_dir(workspace.pk)
+    if (root / key / "ids.json").exists():
+        return own
+    _, start_len = _longest_cached(root, inside, markers)
+    return [*own, *inside[start_len:]]
+
+
+@contextmanager
+def read_trees(workspace: Workspace | None, newest_first: list[str]) -> Iterator[list[LayerTree]]:
+    """The layers of a stack as trees to read (newest first, no base), for the seal's
+    comparisons with what lies beneath: the layers above the longest cached flat the stack
+    begins with, then that flat, which resolves every path as its layers would. The flat is
+    held (a shared ``flock`` on its directory) while the caller reads it: ``sweep_flats`` leaves
+    a held flat alone, so it is not deleted under the reader."""
+    oldest_first = list(reversed(newest_first))
+    start: Path | None = None
+    start_len, held = 0, -1
+    if workspace is not None and newest_first:
+        root = paths.flats_dir(workspace.pk)
+        while True:
+            start, start_len = _longest_cached(root, oldest_first, None)
+            if start is None:
+                break
+            held = _hold(start, fcntl.LOCK_SH)
+            if held >= 0:
+                break
+    try:
+        trees = [LayerTree.of_layer(paths.layer_dir(task_id)) for task_id in reversed(oldest_first[start_len:])]
+        if start is not None:
+            trees.append(LayerTree.of_layer(start))
+        yield trees
+    finally:
+        if held >= 0:
+            os.close(held)
+
+
+def _hold(flat: Path, operation: int) -> int:
+    """An fd holding ``flock(operation)`` on the flat's directory while it is complete, or -1
+    (deleted meanwhile, or held the other way with ``LOCK_NB``)."""
+    try:
+        fd = os.open(flat, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    try:
+        fcntl.flock(fd, operation)
+        os.stat("ids.json", dir_fd=fd)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
+
+
 def _read_ids(directory: Path) -> list[str] | None:
     try:
         ids: list[str] = json.loads((directory / "ids.json").read_text())
         return ids
     except (FileNotFoundError, ValueError):
         return None
+
+
+def _longest_cached(root: Path, oldest_first: list[str], markers: str | None) -> tuple[Path | None, int]:
+    """The longest complete flat in ``root`` whose layers begin ``oldest_first`` (any marker
+    spelling when ``markers`` is None), and how many layers it holds."""
+    start: Path | None = None
+    start_len = 0
+    try:
+        candidates = list(root.iterdir())
+    except FileNotFoundError:
+        return None, 0
+    for candidate in candidates:
+        if candidate.name.startswith("."):
+            continue
+        ids = _read_ids(candidate)
+        if ids is None or len(ids) <= start_len or ids != oldest_first[: len(ids)]:
+            continue
+        if markers is not None and Meta.load(candidate).format != markers:
+            continue
+        start, start_len = candidate, len(ids)
+    return start, start_len
 
 
 def ensure_flat(workspace: Workspace, oldest_first: list[str], markers: str) -> Path:
@@ -83,15 +168,11 @@ def ensure_flat(workspace: Workspace, oldest_first: list[str], markers: str) -> 
     target = root / key
     if (target / "ids.json").exists():
         return target
-    start: Path | None = None
-    start_len = 0
-    for candidate in root.iterdir():
-        ids = _read_ids(candidate)
-        if ids is None or len(ids) <= start_len or ids != oldest_first[: len(ids)]:
-            continue
-        if Meta.load(candidate).format != markers:
-            continue
-        start, start_len = candidate, len(ids)
+    start, start_len = _longest_cached(root, oldest_first, markers)
+    unsealed = [task_id for task_id in oldest_first[start_len:]
+                if not Meta.load(paths.layer_dir(task_id)).sealed and paths.layer_dir(task_id).is_dir()]
+    if unsealed:
+        raise RuntimeError(f"a flat holds sealed layers only; not sealed yet: {', '.join(unsealed)}")
     build = root / f".build-{key}-{os.getpid()}"
     shutil.rmtree(build, ignore_errors=True)
     meta = Meta(format=markers, driver="flat", sealed=True)
@@ -114,7 +195,15 @@ def sweep_flats(workspace: Workspace, keep: set[str]) -> int:
         return 0
     removed = 0
     for candidate in root.iterdir():
-        if candidate.name not in keep:
+        if candidate.name in keep:
+            continue
+        held = _hold(candidate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if held < 0 and (candidate / "ids.json").exists():
+            continue  # a seal reads it (``read_trees``): a later sweep deletes it
+        try:
             shutil.rmtree(candidate, ignore_errors=True)
             removed += 1
+        finally:
+            if held >= 0:
+                os.close(held)
     return removed

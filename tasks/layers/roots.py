@@ -44,9 +44,10 @@ def tree_for(layer_root: Path, meta: Meta, name: str) -> LayerTree:
     return LayerTree(layer_root / "upper" / name, sub)
 
 
-def roots_for(task: Task, layer: Layer, *, for_mount: bool) -> list[Root]:
+def roots_for(task: Task, layer: Layer, *, for_mount: bool, layers: list[LayerTree] | None = None) -> list[Root]:
     """The writable views of ``task``. ``for_mount`` bounds the stack's depth with a flat (the
-    flat must then be buildable: its layers sealed); otherwise every layer is listed.
+    flat must then be buildable: its layers sealed); otherwise ``layers`` are the lower layers
+    (``compaction.read_trees``), or every layer is listed.
 
     A task with a disk limit writes into its own image (``tasks.layers.disk``) until its layer
     is settled: its upper, workdir, manifests and the copy driver's working copy are there."""
@@ -69,7 +70,7 @@ def roots_for(task: Task, layer: Layer, *, for_mount: bool) -> list[Root]:
     if for_mount:
         lowers = compaction.lower_trees(task.workspace, list(task.layers), markers)
     else:
-        lowers = [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
+        lowers = list(layers) if layers is not None else [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
         lowers.append(LayerTree(task.workspace.base_path(), plain=True))
     return [Root("", lowers, upper / "upper", own / "ovl-work", vdir, manifests / "manifest.json", lower_dir / "_")]
 

@@ -73,8 +73,8 @@ def open_view(task: Task) -> Path:
     task's sealed layer is reopened first (``_reopen``): its view shows what its earlier runs wrote."""
     layer = _record_layer(task)
     driver = get_driver(layer.driver)
-    for lower_id in task.layers:
-        seal_layer(lower_id, native=driver.markers == "native")
+    if not task.folders:
+        seal_stack(task.workspace, list(task.layers), driver.markers)
     held = _reopen(task, layer)
     disk_mb = _open_disk(task, layer)
     roots = roots_for(task, layer, for_mount=True)
@@ -119,8 +119,9 @@ def _open_disk(task: Task, layer: Layer) -> int | None:
         return None  # opened before, without an image
     content = (0, 0)
     if layer.driver == "copy":  # the working copy goes into the image too
-        trees = [tree.root for root in roots_for(task, layer, for_mount=False) for tree in root.lowers]
-        content = disk.content_size(trees)
+        with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
+            content = disk.content_size([tree.root for root in roots_for(task, layer, for_mount=False, layers=lowers)
+                                         for tree in root.lowers])
     paths.private_dir(directory)
     with layer_lock(task.pk):
         disk.create(task.pk, limit, content_bytes=content[0], content_files=content[1])
@@ -155,8 +156,9 @@ def _reopen(task: Task, layer: Layer) -> int:
                 upper.mkdir()
             meta.deleted, meta.opaque = set(), set()
             if limit is not None:
-                lowers = [tree.root for root in roots_for(task, layer, for_mount=False) for tree in root.lowers]
-                content = disk.content_size([*lowers, aside / "upper"])
+                with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
+                    trees = [tree.root for root in roots_for(task, layer, for_mount=False, layers=lowers) for tree in root.lowers]
+                    content = disk.content_size([*trees, aside / "upper"])
                 disk.create(task.pk, limit, content_bytes=content[0], content_files=content[1])
         elif limit is not None:
             point = disk.create(task.pk, limit, content_bytes=held_bytes, content_files=held_files)
@@ -211,6 +213,16 @@ def _sandbox_owner(task: Task) -> tuple[int, int] | None:
 
 # --- sealing and ending ----------------------------------------------------------------------
 
+def seal_stack(workspace: Workspace, newest_first: list[str], markers: str) -> None:
+    """Before a stack is mounted or compacted: seal the layers it stacks on their own (in
+    ``markers``: overlayfs stacks native ones only) and those a missing flat is built from
+    (``compaction.to_seal``). The rest are in a cached flat and long sealed: the work is bounded
+    by the compaction depth, not by the number of done tasks."""
+    own, _, _ = compaction.split(newest_first, markers)
+    for task_id in compaction.to_seal(workspace, newest_first, markers):
+        seal_layer(task_id, native=markers == "native" and task_id in own)
+
+
 def _to_native(directory: Path, meta: Meta) -> None:
     """Rewrite a portable layer's markers as whiteouts and xattrs so overlayfs can stack it."""
 
@@ -257,19 +269,23 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> 
                 # room for the whiteouts the seal writes)
                 _unmount(task_id)
                 disk.settle(task_id)
-            roots = roots_for(task, layer, for_mount=False)
-            _restore_set_aside(directory, meta, roots)
-            for root in roots:
-                driver.seal(root, meta)
-            disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
-            meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
-            meta.save(directory)
-            summary = summarise(changes_of(task, layer, roots, meta))
+            with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
+                roots = roots_for(task, layer, for_mount=False, layers=lowers)
+                _restore_set_aside(directory, meta, roots)
+                for root in roots:
+                    driver.seal(root, meta)
+                disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
+                meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
+                summary = summarise(changes_of(task, layer, roots, meta))
             Layer.objects.filter(pk=layer.pk).update(manifest=summary)
+            # The meta is saved sealed last: a reader that finds the layer sealed (and so skips
+            # sealing it) finds its manifest and its log's notes written too.
             if task.folders:
+                meta.save(directory)  # record_touched reads the sealed layer (its lock is held here)
                 review.record_touched(task, roots)
             else:
-                note_overrides(task, layer, LayerTree.of_layer(directory))
+                note_overrides(task, layer, LayerTree(directory / "upper", meta))
+                meta.save(directory)
         if native and meta.format == "portable":
             _to_native(directory, meta)
 
@@ -378,14 +394,13 @@ def refresh_workspace(workspace: Workspace) -> None:
     """After a layer joined or left: build the flat the next task needs, and delete undone
     layers and flats that no active task reads any more."""
     stack = current_stack(workspace)
-    for task_id in stack:
-        seal_layer(task_id)
+    markers = get_driver(driver_name()).markers
+    seal_stack(workspace, stack, markers)
     with workspace_lock(workspace.pk):
         active = list(Task.objects.filter(workspace=workspace, folders=[], state__in=ACTIVE).values_list("pk", "layers"))
         readers = {layer_id for _, layers in active for layer_id in layers}
         layer_rows = dict(Layer.objects.filter(task_id__in=[pk for pk, _ in active]).values_list("task_id", "driver"))
         keep: set[str] = set()
-        markers = get_driver(driver_name()).markers
         _, key, inside = compaction.split(stack, markers)
         if key is not None:
             compaction.ensure_flat(workspace, inside, markers)

@@ -18,7 +18,7 @@ from tasks.layers.base import driver_name, get_driver
 from tasks.layers.copy import copy_tree
 from tasks.layers.nofollow import NotRegular, open_regular
 from tasks.layers.stack import DIR, LINK, SPECIAL, Stack
-from tasks.layers.task_view import current_stack, seal_layer
+from tasks.layers.task_view import current_stack, seal_stack
 from tasks.layers.tree import special_type
 from tasks.models import Workspace
 
@@ -86,9 +86,9 @@ def _import_source(principal: Principal, raw: Any) -> Path:
 def view_of(workspace: Workspace) -> Stack:
     """The workspace as new tasks see it: base plus done layers, newest first."""
     ids = current_stack(workspace)
-    for task_id in ids:
-        seal_layer(task_id)
-    return Stack(compaction.lower_trees(workspace, ids, get_driver(driver_name()).markers))
+    markers = get_driver(driver_name()).markers
+    seal_stack(workspace, ids, markers)
+    return Stack(compaction.lower_trees(workspace, ids, markers))
 
 
 def describe(workspace: Workspace) -> dict[str, Any]:

@@ -1,6 +1,15 @@
 """The stack: what later tasks see, and how endings and undo change it (the reference scenarios)."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+from tasks import lifecycle
+from tasks.layers import compaction, task_view
+from tasks.layers import paths as layer_paths
+from tasks.layers.locks import workspace_lock
+from tasks.layers.tree import Meta
+from tasks.models import Workspace
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
 
@@ -121,3 +130,55 @@ def test_deep_stacks_are_compacted_without_losing_a_file_and_rebuilt_after_an_un
     expected = {k: v for k, v in expected.items() if k not in ("f2.txt", "f6.txt")} | {"f0.txt": "0\n"}
     assert read(lbox, "after.out") == "".join(f"{k}={v}" for k, v in sorted(expected.items()))
     assert done[2] not in lbox.api.get("/api/workspaces/home").json()["stack"]["compacted"]
+
+
+def test_a_start_and_a_release_over_a_compacted_stack_leave_the_layers_inside_its_flat_alone(lbox, settings, monkeypatch):
+    """Issue 19: the layer work of a start and a release is bounded by the compaction depth. A
+    layer inside a cached flat is sealed for good: neither is it sealed again, nor its meta read."""
+    settings.BOX_LAYER_MAX_DEPTH = 4
+    for n in range(10):
+        task = lbox.create(title=f"t{n}", flow=flow({"write": {"path": f"f{n}.txt", "content": f"{n}\n"}}))
+        assert lbox.wait_state(task["id"], "done", "failed")["state"] == "done"
+    assert lifecycle.janitor.drain()
+    inside = set(lbox.api.get("/api/workspaces/home").json()["stack"]["compacted"])
+    assert len(inside) == 8
+
+    sealed: list[str] = []
+    read_metas: list[str] = []
+    seal_layer, load = task_view.seal_layer, Meta.load
+
+    def counting_seal(task_id: str, **options: Any) -> None:
+        sealed.append(task_id)
+        seal_layer(task_id, **options)
+
+    def counting_load(directory: Path) -> Meta:
+        read_metas.append(Path(directory).name)
+        return load(directory)
+
+    monkeypatch.setattr(task_view, "seal_layer", counting_seal)
+    monkeypatch.setattr(Meta, "load", counting_load)
+    last = lbox.create(title="over the flat", flow=flow({"run": "cat f0.txt f9.txt > both.out"}))
+    last = lbox.wait_state(last["id"], "done", "failed")
+    assert last["state"] == "done", last["error"]
+    assert lifecycle.janitor.drain()
+    assert read(lbox, "both.out") == "0\n9\n"
+    assert last["id"] in sealed and not inside & set(sealed)
+    assert not inside & set(read_metas)
+
+
+def test_a_flat_a_seal_reads_is_not_swept_until_the_seal_is_done(lbox, settings):
+    settings.BOX_LAYER_MAX_DEPTH = 2
+    for n in range(4):
+        task = lbox.create(title=f"t{n}", flow=flow({"write": {"path": f"f{n}.txt", "content": f"{n}\n"}}))
+        assert lbox.wait_state(task["id"], "done", "failed")["state"] == "done"
+    assert lifecycle.janitor.drain()
+    workspace = Workspace.objects.get(name="home")
+    with compaction.read_trees(workspace, task_view.current_stack(workspace)) as trees:
+        flat = trees[-1].root.parent
+        assert flat.parent == layer_paths.flats_dir(workspace.pk)
+        with workspace_lock(workspace.pk):
+            compaction.sweep_flats(workspace, set())
+        assert (flat / "ids.json").exists()
+    with workspace_lock(workspace.pk):
+        compaction.sweep_flats(workspace, set())
+    assert not flat.exists()
