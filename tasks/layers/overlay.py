@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tasks.layers import mounts
+from tasks.layers import mounts, paths
 from tasks.layers.diff import Change, layer_changes
 from tasks.layers.driver import Root
 from tasks.layers.paths import join
@@ -139,12 +139,26 @@ def drop_unchanged_copies(tree: LayerTree, lower: Stack) -> None:
 
 
 def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[Path]:
-    """Each lower layer mounted again, id-mapped so its owner's files appear as the task user's
-    (overlayfs itself cannot be id-mapped, its layers can). Unmounted with the view."""
+    """The lower layers as the task's user sees them: its owner's files shown as the user's
+    (overlayfs itself cannot be id-mapped, its layers can). Unmounted with the view.
 
+    Each directory of the data directory that holds lower layers (``layers``, ``flats``,
+    ``workspaces``) is mounted once per task and owner on disk, id-mapped and read-only, without
+    what is mounted below it (other tasks' views and images); each lower layer in it is given to
+    overlayfs as a symbolic link into that mount, so the view's mount options name
+    ``under/<n>``, no layer's task. A lower layer elsewhere, or below another mount, is mounted
+    again on its own. ``under`` is root's alone (0700): these mounts show root's files as the
+    task user's. The sandbox never sees any of them: its root holds the view alone
+    (``tasks.sandbox.init``)."""
+    data = paths.data_dir()
+    table = mounts.mounts_under(under, data)  # one reading of the mount table for every layer
+    attached = {point for point in table if point == under or under in point.parents}
+    below = [f"{point}/" for point in table if point != data and point not in attached]
+    if not attached:
+        for directory in (under.parent, under):
+            _private(directory)
     namespaces: dict[tuple[int, int], int] = {}
     mapped: list[Path] = []
-    attached = set(mounts.mounts_under(under))  # one reading of the mount table for every layer
     try:
         for index, lower in enumerate(lowers):
             st = os.stat(lower)
@@ -152,10 +166,37 @@ def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[P
             if key not in namespaces:
                 namespaces[key] = userns_mapping(owner[0], owner[1], st.st_uid, st.st_gid)
             target = under / str(index)
-            if target not in attached:
+            inside = lower.relative_to(data).parts if lower.is_relative_to(data) else ()
+            if len(inside) > 1 and not any(f"{lower}/".startswith(point) for point in below):
+                area = under / f"{inside[0]}-{key[0]}-{key[1]}"
+                if area not in attached:
+                    mounts.attach_idmapped(data / inside[0], area, namespaces[key])
+                    attached.add(area)
+                _link(target, area.joinpath(*inside[1:]))
+            elif target not in attached:
                 mounts.attach_idmapped(lower, target, namespaces[key])
             mapped.append(target)
     finally:
         for fd in namespaces.values():
             os.close(fd)
     return mapped
+
+
+def _link(link: Path, target: Path) -> None:
+    try:
+        os.symlink(target, link)
+    except FileExistsError:
+        if os.path.islink(link) and os.readlink(link) == str(target):
+            return
+        (os.unlink if os.path.islink(link) else os.rmdir)(link)  # left by an earlier opening
+        os.symlink(target, link)
+
+
+def _private(directory: Path) -> None:
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        os.chmod(directory, 0o700)
+    except FileNotFoundError:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(directory, 0o700)
