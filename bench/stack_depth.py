@@ -6,13 +6,18 @@ workspace with ``--depths`` done tasks (each one small file), tasks are started 
 one after the other; each line gives the median ms per start and per release, the calls of
 ``seal_layer`` and ``Meta.load`` per task, and the floor: one overlay mount and unmount of the
 same lower directories. Times are this thread's CPU (user + system), not wall clock. The sandbox is off (no task user): this measures the layers alone.
-Usage: .venv/bin/python bench/stack_depth.py [-n 5] [--depths 5,200]
+With ``--owner UID`` each view is opened for that user, as for a sandboxed task (id-mapped lower
+layers); under ``strace -f -c`` the difference of two runs with different ``-n`` gives the
+mkdir, mount and unmount calls per task.
+Usage: .venv/bin/python bench/stack_depth.py [-n 5] [--depths 5,200] [--owner 65534]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -41,7 +46,7 @@ def ms(action: Callable[[], object]) -> float:
     return (time.thread_time() - start) * 1000
 
 
-def one_task(workspace: Any, owner: Any, n: int) -> tuple[float, float, float, int]:
+def one_task(workspace: Any, owner: Any, n: int, owner_uid: int | None = None) -> tuple[float, float, float, int]:
     """Start a task, write a file, end it done: (start ms, release ms, floor ms, lower dirs mounted)."""
     from django.conf import settings
 
@@ -62,6 +67,8 @@ def one_task(workspace: Any, owner: Any, n: int) -> tuple[float, float, float, i
         target = Path(settings.BOX_DATA_DIR) / "floor"
         for name in ("view", "upper", "work"):
             (target / name).mkdir(parents=True, exist_ok=True)
+        owner = (paths.layer_dir(task.pk) / "upper").stat()
+        os.chown(target / "upper", owner.st_uid, owner.st_gid)  # as the task's (its user's, with --owner)
         line = next(ln for ln in options.splitlines() if f" {paths.view_dir(task.pk)} " in ln)
         lowerdirs = line.split("lowerdir=", 1)[1].split(",", 1)[0].split(":")
 
@@ -75,6 +82,8 @@ def one_task(workspace: Any, owner: Any, n: int) -> tuple[float, float, float, i
     task.refresh_from_db()
     task_view.on_final_move(task, State.DONE)
     release = ms(lambda: task_view.release(task.pk))
+    if owner_uid is not None:  # the sandbox's stop hands a task's files back to root
+        subprocess.run(["chown", "-R", "0:0", str(paths.layer_dir(task.pk))], check=True)
     assert Layer.objects.get(task=task).state == "applied"
     return start, release, floor, len(lowerdirs)
 
@@ -84,6 +93,8 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=5)
     parser.add_argument("--depths", default="5,200")
     parser.add_argument("--driver", default="overlay")
+    parser.add_argument("--owner", type=int, default=None,
+                        help="open each view for this uid (and gid), as for a sandboxed task: id-mapped lower layers")
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="box-bench-depth-", dir="/var/tmp"))
     try:
@@ -95,6 +106,8 @@ def main() -> None:
         from tasks.models import Workspace
 
         settings.BOX_LAYER_DRIVER = args.driver
+        if args.owner is not None:
+            task_view._sandbox_owner = lambda task: (args.owner, args.owner)  # type: ignore[assignment]
         counts: Counter[str] = Counter()
         counting(task_view, "seal_layer", counts)
         counting(tree.Meta, "load", counts)
@@ -105,9 +118,9 @@ def main() -> None:
             workspace.base_path().mkdir(parents=True, exist_ok=True)
             (workspace.base_path() / "README").write_text("base\n")
             for n in range(depth):
-                one_task(workspace, owner, n)
+                one_task(workspace, owner, n, args.owner)
             counts.clear()
-            results = [one_task(workspace, owner, depth + n) for n in range(args.n)]
+            results = [one_task(workspace, owner, depth + n, args.owner) for n in range(args.n)]
             mounted = max(r[3] for r in results)
             print(f"{depth:>6} {mounted:>8} {statistics.median(r[0] for r in results):>9.2f} "
                   f"{statistics.median(r[1] for r in results):>11.2f} {statistics.median(r[2] for r in results):>9.2f} "

@@ -143,11 +143,12 @@ def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[P
     (overlayfs itself cannot be id-mapped, its layers can). Unmounted with the view.
 
     Each directory of the data directory that holds lower layers (``layers``, ``flats``,
-    ``workspaces``) is mounted once per task and owner on disk, id-mapped and read-only, without
-    what is mounted below it (other tasks' views and images); each lower layer in it is given to
-    overlayfs as a symbolic link into that mount, so the view's mount options name
-    ``under/<n>``, no layer's task. A lower layer elsewhere, or below another mount, is mounted
-    again on its own. ``under`` is root's alone (0700): these mounts show root's files as the
+    ``workspaces``) is mounted once per task, id-mapped (root's files shown as the user's) and
+    read-only, without what is mounted below it (other tasks' views and images); each lower
+    layer in it is given to overlayfs as a symbolic link into that mount, so the view's mount
+    options name ``under/<n>``, no layer's task. The box makes every directory on the way as
+    root: a path through such a mount is walked on root's ids. A lower layer another user owns,
+    one outside the data directory, or one below another mount is mounted again on its own. ``under`` is root's alone (0700): these mounts show root's files as the
     task user's. The sandbox never sees any of them: its root holds the view alone
     (``tasks.sandbox.init``)."""
     data = paths.data_dir()
@@ -166,9 +167,9 @@ def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[P
             if key not in namespaces:
                 namespaces[key] = userns_mapping(owner[0], owner[1], st.st_uid, st.st_gid)
             target = under / str(index)
-            inside = lower.relative_to(data).parts if lower.is_relative_to(data) else ()
+            inside = lower.relative_to(data).parts if lower.is_relative_to(data) and key == (0, 0) else ()
             if len(inside) > 1 and not any(f"{lower}/".startswith(point) for point in below):
-                area = under / f"{inside[0]}-{key[0]}-{key[1]}"
+                area = under / inside[0]
                 if area not in attached:
                     mounts.attach_idmapped(data / inside[0], area, namespaces[key])
                     attached.add(area)
