@@ -209,15 +209,18 @@ def recovery_due(edge: Dependency) -> bool:
     return root_of(edge.task_id) != root_of(edge.on_id)
 
 
-def dependents_of(task_id: str, *, reading_layer: bool = True, only_reading: bool = False) -> list[str]:
+def dependents_of(task_id: str, *, reading_layer: bool = True, only_reading: bool = False,
+                  with_condition: bool = False) -> list[Any]:
     """Tasks that wait on ``task_id`` and have not started (``queued``); without
     ``reading_layer``, not those whose edge checks its layer for an artifact; with
-    ``only_reading``, only those."""
+    ``only_reading``, only those. ``with_condition``: (task id, edge condition) pairs."""
     edges = Dependency.objects.filter(on_id=task_id, task__state=State.QUEUED)
     if not reading_layer:
         edges = edges.exclude(condition=Condition.ARTIFACT)
     if only_reading:
         edges = edges.filter(condition=Condition.ARTIFACT)
+    if with_condition:
+        return list(edges.values_list("task_id", "condition").distinct())
     return list(edges.values_list("task_id", flat=True).distinct())
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
+from django.db.models.sql import UpdateQuery
 
 from tasks.facts import Redactor, redactor_for
 from tasks.models import Task, TaskEvent
@@ -78,12 +79,15 @@ def record_event(
     cost_cents: int = 0,
     artifacts: list[Any] | None = None,
     redactor: Redactor | None = None,
+    seq: int | None = None,
 ) -> TaskEvent:
-    """Append one event to ``task``'s log. Call inside the transaction that made the change."""
+    """Append one event to ``task``'s log. Call inside the transaction that made the change.
+    ``seq``: the number the change's own update already took (``numbered_update``)."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_event must run inside the transaction that made the change")
     redact = redactor or redactor_for(task)
-    seq = _next_seq(task.pk)
+    if seq is None:
+        seq = _next_seq(task.pk)
     event = TaskEvent.objects.create(
         task_id=task.pk,
         seq=seq,
@@ -115,6 +119,27 @@ def _next_seq(task_id: str) -> int:
     if row is None:
         raise Task.DoesNotExist(f"no task '{task_id}'")
     return int(row[0])
+
+
+def numbered_update(rows: QuerySet[Task], **values: Any) -> int | None:
+    """``rows.update(**values)`` that also takes the task's next event number, in one statement:
+    the number of the event that records the change, or None when no row matched (nothing was
+    written). ``rows`` selects one task."""
+    connection = transaction.get_connection()
+    if not connection.features.can_return_rows_from_bulk_insert:  # pragma: no cover - a database without RETURNING
+        if rows.update(**values) != 1:
+            return None
+        return _next_seq(rows.values_list("pk", flat=True).get())
+    query: UpdateQuery = rows.query.chain(UpdateQuery)  # type: ignore[assignment]  # as QuerySet.update builds it
+    query.add_update_values({**values, "event_seq": F("event_seq") + 1})
+    statement, params = query.get_compiler(rows.db).as_sql()
+    column = connection.ops.quote_name(Task._meta.get_field("event_seq").column)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{statement} RETURNING {column}", params)
+        found = cursor.fetchall()
+    if len(found) != 1:
+        return None
+    return int(found[0][0])
 
 
 def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: str) -> None:

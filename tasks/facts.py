@@ -18,6 +18,7 @@ import base64
 import json
 import logging
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +147,7 @@ class Redactor:
     """
 
     secrets: Mapping[str, str] = field(default_factory=dict)
+    vault_stamp: tuple[Any, ...] | None = None  # the vault it was built with (``refreshed``)
     _pattern: re.Pattern[str] | None = field(init=False, default=None)
     _names: dict[str, str] = field(init=False, default_factory=dict)
 
@@ -177,16 +179,27 @@ class Redactor:
 VAULT_READ = "vault"  # its name in a ``boxsite.reads`` scope
 # The vault's values as last read, under the stamp they were read at (see vault_values).
 _vault_cache: tuple[tuple[Any, ...], dict[str, str]] = ((), {})
+# Redactors built lately, by (vault stamp, the task's own secrets): a run asks for its task's
+# redactor at its start, its finish and for each blocker it opens; each build compiles one
+# pattern from every form of every secret, so the same set of secrets is compiled once.
+_redactors: dict[tuple[Any, ...], Redactor] = {}
+_REDACTORS_KEPT = 64
+_redactors_lock = threading.Lock()
 
 
 def vault_values() -> dict[str, str]:
     """Every secret in the vault, by name: what a run may be given (preset, tool and model
     keys). Read again only when the vault changed; one small query says whether it did, once
     per request (``boxsite.reads``; a vault write in it drops what was read)."""
-    return reads.held(VAULT_READ, _vault_values_now)
+    return _vault()[1]
 
 
-def _vault_values_now() -> dict[str, str]:
+def _vault() -> tuple[tuple[Any, ...], dict[str, str]]:
+    """The vault's stamp and values (``vault_values``)."""
+    return reads.held(VAULT_READ, _vault_now)
+
+
+def _vault_now() -> tuple[tuple[Any, ...], dict[str, str]]:
     global _vault_cache
     stamp = VaultSecret.objects.aggregate(n=Count("pk"), last=Max("updated_at"), top=Max("pk"))
     key = (stamp["n"], stamp["last"], stamp["top"])
@@ -194,7 +207,34 @@ def _vault_values_now() -> dict[str, str]:
     if cached_key != key:
         values = {row.name: crypto.decrypt(bytes(row.ciphertext)) for row in VaultSecret.objects.all()}
         _vault_cache = (key, values)
-    return values
+    return key, values
+
+
+def redactor_of(own: Mapping[str, str]) -> Redactor:
+    """A redactor for ``own`` secrets and every vault value, as the vault stands now."""
+    stamp, vault = _vault()
+    return _redactor(stamp, {**vault, **own})
+
+
+def refreshed(redactor: Redactor) -> Redactor:
+    """``redactor`` with every vault value as the vault stands now: a secret added to the vault
+    since it was built is masked too. The same redactor when the vault has not changed."""
+    stamp, vault = _vault()
+    if redactor.vault_stamp == stamp:
+        return redactor
+    return _redactor(stamp, {**redactor.secrets, **vault})
+
+
+def _redactor(stamp: tuple[Any, ...], secrets: dict[str, str]) -> Redactor:
+    key = (stamp, tuple(sorted(secrets.items())))
+    redactor = _redactors.get(key)
+    if redactor is None:
+        redactor = Redactor(secrets, vault_stamp=stamp)
+        with _redactors_lock:
+            if len(_redactors) >= _REDACTORS_KEPT:
+                _redactors.pop(next(iter(_redactors)))
+            _redactors[key] = redactor
+    return redactor
 
 
 def _is_sealed(value: Any) -> bool:
@@ -275,7 +315,7 @@ class Facts:
 
     def redactor(self) -> Redactor:
         """The run's redactor: these facts' secrets and every vault value (the module docstring)."""
-        return Redactor({**vault_values(), **self.secrets()})
+        return redactor_of(self.secrets())
 
 
 def seal_facts(values: Mapping[str, Any], declared_secret: Iterable[str] = ()) -> dict[str, Any]:

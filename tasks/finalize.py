@@ -9,8 +9,8 @@ from django.db import connection, transaction
 
 from approvals.blockers import open_blockers_for_pause
 from tasks import completion, runs, services
-from tasks.facts import Redactor
-from tasks.isolation import record_isolation
+from tasks.facts import Redactor, redactor_for, refreshed
+from tasks.isolation import isolation_of, record_isolation
 from tasks.models import EventKind, Run, RunKind, RunState, Task
 from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, StepRecorder
 from tasks.states import Review, State, WaitingFor
@@ -51,17 +51,19 @@ def _claim_and_begin(run_id: int) -> tuple[Run, str, bool] | None:
     if task.is_final():
         runs.finish(run.pk, token, "cancelled", f"the task is already {task.state}")
         return run, token, False
-    if Run.objects.filter(task=task, state=RunState.RUNNING).exclude(pk=run.pk).exists():
+    if run.others_running:  # type: ignore[attr-defined]  # annotated by runs.claim
         # Another run still holds a live process that waits on the owner in its broker
         # (tasks.broker.holds); it goes on by itself once the pause is decided.
         runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
         return run, token, False
     if task.state == State.QUEUED and task.started_at is None:
-        services.transition(task, State.RUNNING, summary="running", data={"run": run.number})
-        record_isolation(task)  # the task's first words after it starts: what confines it
-    elif task.state == State.QUEUED:  # retried after a failure (services.retry_task)
-        services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
-    elif task.state == State.WAITING:
+        # The task's first words after it starts: what confines it (stored with the move).
+        line, described = isolation_of(task)
+        redactor = redactor_for(task)
+        services.transition(task, State.RUNNING, summary="running", data={"run": run.number}, redactor=redactor,
+                            isolation=line)
+        record_isolation(task, described, redactor)
+    elif task.state in (State.QUEUED, State.WAITING):  # retried after a failure (services.retry_task), or resumed
         services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
     return run, token, True
 
@@ -70,11 +72,15 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
     """Apply a run's outcome to its task, in one transaction that proves the lease first. True
     when the task had ended meanwhile (cancelled, perhaps by a process on another machine)."""
 
-    redact = recorder.redactor
+    # As the vault stands now: a secret added while the run ran is masked in its outcome too.
+    redact = recorder.redactor = refreshed(recorder.redactor)
 
     def write() -> bool:
-        Task.objects.filter(pk=task.pk).update(spent=_add_elapsed(task, elapsed_ms))
         task.refresh_from_db()
+        task.spent = {**task.spent, "elapsed_ms": task.spent.get("elapsed_ms", 0) + elapsed_ms}
+        spent_with_move = isinstance(outcome, Done) and not task.is_final() and not task.criteria
+        if not spent_with_move:
+            Task.objects.filter(pk=task.pk).update(spent=task.spent)
         if task.is_final():
             runs.finish(run.pk, token, "cancelled", f"the task became {task.state} meanwhile")
             return True
@@ -84,13 +90,15 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
         if isinstance(outcome, Done):
             runs.finish(run.pk, token, "done")
             review: dict[str, Any] = {"review": Review.PENDING} if task.folders else {}  # a folder task waits for Keep/Undo
-            services.transition(task, State.DONE, summary=outcome.summary, progress=1.0, **review)
+            if spent_with_move:
+                review["spent"] = task.spent
+            services.transition(task, State.DONE, summary=outcome.summary, progress=1.0, redactor=redact, **review)
         elif isinstance(outcome, Failed):
             # An error often quotes what a step printed; it is stored and shown only redacted.
             error, hint = redact.text(outcome.error), redact.text(outcome.hint)
             recorder.event(EventKind.ERROR, error, {"recoverable": outcome.recoverable, "hint": hint})
             runs.finish(run.pk, token, "failed", error)
-            services.fail_task(task, error, recoverable=outcome.recoverable, hint=hint)
+            services.fail_task(task, error, recoverable=outcome.recoverable, hint=hint, redactor=redact)
         elif isinstance(outcome, Paused):
             _pause(task, run, token, outcome, redact)
         elif isinstance(outcome, Continue):
@@ -132,13 +140,6 @@ def _meets_criteria(task: Task, run: Run, token: str, recorder: StepRecorder) ->
             message=f"the task finished but its completion criteria are not met ({why}); "
                     "fix what is needed, then continue to run it again"), recorder.redactor, charged=True)
     return False
-
-
-def _add_elapsed(task: Task, elapsed_ms: int) -> dict[str, Any]:
-    current = Task.objects.filter(pk=task.pk).values_list("spent", flat=True).get()
-    spent = dict(current)
-    spent["elapsed_ms"] = spent.get("elapsed_ms", 0) + elapsed_ms
-    return spent
 
 
 def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor, *, charged: bool = False) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from tasks.events import record_event
+from tasks.facts import Redactor
 from tasks.layers import disk
 from tasks.layers.base import driver_name
 from tasks.models import EventKind, Task
@@ -82,14 +83,17 @@ def describe_isolation() -> dict[str, Any]:
     }
 
 
-def record_isolation(task: Task) -> None:
-    """Store and log what confines ``task``. Call inside the transaction that started it."""
-
+def isolation_of(task: Task) -> tuple[str, dict[str, Any]]:
+    """What confines ``task``: the line its row stores (``Task.isolation``) and the full account."""
     described = describe_isolation()
     if described["sandbox"]:
         line = f"sandboxed as {task.user or 'box-' + task.pk}: own PID, network and mount namespaces"
     else:
         line = f"not sandboxed: {described['reason']}; proxy environment variables only"
-    task.isolation = line[:200]
-    Task.objects.filter(pk=task.pk).update(isolation=task.isolation)
-    record_event(task, EventKind.NOTE, f"isolation: {described['summary']}", {"isolation": described})
+    return line[:200], described
+
+
+def record_isolation(task: Task, described: dict[str, Any], redactor: Redactor | None = None) -> None:
+    """Log what confines ``task`` (``isolation_of``); its line is stored with the move that
+    started it. Call inside that transaction."""
+    record_event(task, EventKind.NOTE, f"isolation: {described['summary']}", {"isolation": described}, redactor=redactor)

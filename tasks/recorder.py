@@ -1,7 +1,8 @@
 """The step recorder: every write a worker makes, bound to its run's lease token.
 
-Each write opens a transaction, checks (and extends) the lease with a conditional update, and
-only then writes. A worker whose lease was taken over gets ``LeaseLost`` and writes nothing.
+Each write opens a transaction, takes the task's row, checks (and extends) the lease with a
+conditional update before anything else is written, and commits only then. A worker whose lease
+was taken over gets ``LeaseLost`` and writes nothing.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 
 from tasks import runs
-from tasks.events import record_event
+from tasks.events import numbered_update, record_event
 from tasks.facts import Redactor
 from tasks.models import EventKind, Task
 
 T = TypeVar("T")
+L = TypeVar("L")
 log = logging.getLogger(__name__)
 
 # Transient database errors: a restarted or busy database, a terminated connection, a deadlock
@@ -55,14 +57,22 @@ class StepRecorder:
         fault costs a moment, not the run (a hand-back would run the step in hand again, even
         one that had finished and was only being recorded). Past a lease the run's lease is gone
         anyway, and the fault goes up to the worker, which hands the run back."""
+        # The one lock order: the task row before its run rows.
+        return self._guarded(lambda: runs.lock_task(self.task.pk), lambda _: write())
+
+    def _guarded(self, locking: Callable[[], L], write: Callable[[L], T]) -> T:
+        """``guarded``, with ``locking`` as the transaction's first statement: a write (or a
+        locking read) of the task's row, in place of the row lock, so the lease is proven after
+        the task row is held (the lock order); undone with the rest if the lease is gone. What it
+        returns is handed to ``write``."""
         deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
         while True:
             try:
                 with transaction.atomic():
-                    runs.lock_task(self.task.pk)  # the one lock order: the task row before its run rows
+                    first = locking()
                     if not runs.holds_lease(self.run_id, self.token):
                         raise LeaseLost(f"run {self.run_id} no longer holds its lease")
-                    return write()
+                    return write(first)
             except TRANSIENT_DB_ERRORS as exc:
                 if connection.in_atomic_block or time.monotonic() > deadline:
                     raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
@@ -81,10 +91,11 @@ class StepRecorder:
         (counter, limit name): count one action first, in the same transaction (``count``);
         past the limit nothing is recorded and ``LimitReached`` goes up."""
 
-        def write() -> None:
-            if counts is not None:
-                self._count(*counts)
+        def locking() -> int | None:
+            """The task row's write: the counted action and the progress, with the event's number."""
             updates: dict[str, Any] = {}
+            if counts is not None:
+                updates["spent"] = self._counted(*counts)  # its read locks the row
             if resume is not None:
                 updates["resume"] = resume
             if records is not None:
@@ -95,11 +106,16 @@ class StepRecorder:
                 updates["progress"] = max(0.0, min(1.0, progress))
             if cost_cents:
                 updates["cost_cents"] = F("cost_cents") + cost_cents
-            if updates:
-                Task.objects.filter(pk=self.task.pk).update(**updates)
-            record_event(self.task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=self.redactor)
+            seq = numbered_update(Task.objects.filter(pk=self.task.pk), **updates)
+            if counts is not None:
+                self.task.spent = updates["spent"]
+            return seq
 
-        self.guarded(write)
+        def write(seq: int | None) -> None:
+            record_event(self.task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=self.redactor,
+                         seq=seq)
+
+        self._guarded(locking, write)
         if resume is not None:
             self.task.resume = resume
         if records is not None:
@@ -140,6 +156,12 @@ class StepRecorder:
 
     def _count(self, counter: str, limit_name: str | None, amount: int = 1) -> None:
         """``count``'s write, inside a lease-checked transaction."""
+        spent = self._counted(counter, limit_name, amount)
+        Task.objects.filter(pk=self.task.pk).update(spent=spent)
+        self.task.spent = spent
+
+    def _counted(self, counter: str, limit_name: str | None, amount: int = 1) -> dict[str, Any]:
+        """``spent`` with the action counted, for the caller to write; ``LimitReached`` past the limit."""
         task = Task.objects.select_for_update().only("spent", "limits").get(pk=self.task.pk)  # read-modify-write of spent
         spent = dict(task.spent)
         limit = task.limit(limit_name) if limit_name else None
@@ -150,5 +172,4 @@ class StepRecorder:
                 f"raise limits.{limit_name} above {limit} and retry the task",
             )
         spent[counter] = spent.get(counter, 0) + amount
-        Task.objects.filter(pk=task.pk).update(spent=spent)
-        self.task.spent = spent
+        return spent

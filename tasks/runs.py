@@ -18,7 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -88,7 +88,9 @@ def hold_first() -> Iterator[list[int]]:
 
 
 def claim(run_id: int) -> tuple[Run, str] | None:
-    """Take the run if nobody has. A second delivery of the same run finds it taken: None."""
+    """Take the run if nobody has. A second delivery of the same run finds it taken: None.
+    The run comes with its task, and ``others_running``: whether another run of the task is
+    running (a held one, ``tasks.finalize``)."""
     token = secrets.token_hex(16)
     now = timezone.now()
     taken = Run.objects.filter(pk=run_id, state=RunState.QUEUED).update(
@@ -102,7 +104,8 @@ def claim(run_id: int) -> tuple[Run, str] | None:
     )
     if taken != 1:
         return None
-    return Run.objects.select_related("task").get(pk=run_id), token
+    others = Run.objects.filter(task=OuterRef("task"), state=RunState.RUNNING).exclude(pk=OuterRef("pk"))
+    return Run.objects.select_related("task").annotate(others_running=Exists(others)).get(pk=run_id), token
 
 
 def heartbeat(run_id: int, token: str) -> bool:

@@ -14,7 +14,7 @@ from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooMan
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
 from tasks import dependencies, layers, lifecycle, runs
-from tasks.events import record_event
+from tasks.events import numbered_update, record_event
 from tasks.facts import Facts, Redactor, seal_facts
 from tasks.layers import review
 from tasks.layers.locks import layer_lock
@@ -49,22 +49,42 @@ def _write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *, re
     ``version``, updates ``task`` in memory and appends one event (published after commit).
     A ``review`` in ``fields`` must be an allowed review move (``tasks.states.REVIEW_MOVES``).
     """
+    _check_review(task, fields)
+    if not _try_write_task(task, kind, summary, data, redactor=redactor, **fields):
+        raise _moved_on(task)
+
+
+def _check_review(task: Task, fields: dict[str, Any]) -> None:
     if "review" in fields and fields["review"] != task.review and not can_move_review(task.review, fields["review"]):
         raise Conflict(f"a task with review '{task.review or 'none'}' cannot become '{fields['review']}'",
                        field="review", state=task.state)
+
+
+def _try_write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None,
+                    **fields: Any) -> bool:
+    """``_write_task`` without the raise: False when the task moved on, and nothing was written.
+
+    No savepoint of its own: a refused move writes nothing, so it never has to be undone apart
+    from its caller's transaction; any other error undoes the caller's transaction with it."""
     now = timezone.now()
-    with transaction.atomic():
-        moved = Task.objects.filter(pk=task.pk, state=task.state, version=task.version).update(
-            version=F("version") + 1, updated_at=now, **fields)
-        if moved != 1:
-            current = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
-            raise Conflict(f"the task moved on (it is {current or 'gone'}); reload and try again",
-                           field="version", state=current)
+    with transaction.atomic(savepoint=False):
+        # The event's number is taken in the same statement (``tasks.events.numbered_update``).
+        seq = numbered_update(Task.objects.filter(pk=task.pk, state=task.state, version=task.version),
+                              version=F("version") + 1, updated_at=now, **fields)
+        if seq is None:
+            return False
         task.version += 1
         task.updated_at = now
         for key, value in fields.items():
             setattr(task, key, value)
-        record_event(task, kind, summary, {**data, "version": task.version}, redactor=redactor)
+        record_event(task, kind, summary, {**data, "version": task.version}, redactor=redactor, seq=seq)
+    return True
+
+
+def _moved_on(task: Task) -> Conflict:
+    current = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
+    return Conflict(f"the task moved on (it is {current or 'gone'}); reload and try again",
+                    field="version", state=current)
 
 
 def transition(
@@ -74,6 +94,7 @@ def transition(
     summary: str | None = None,
     data: dict[str, Any] | None = None,
     wake: bool = True,
+    redactor: Redactor | None = None,
     **fields: Any,
 ) -> Task:
     """Move ``task`` to ``new_state`` if it is still where the caller saw it (``_write_task``).
@@ -109,23 +130,36 @@ def transition(
         detail["waiting_for"] = fields["waiting_for"]
     detail.update(data or {})
     summary = summary or _status_summary(new_state, fields["waiting_for"], fields.get("error", task.error))
-    with transaction.atomic():
-        _write_task(task, EventKind.STATUS, summary, detail, state=new_state, **fields)
-        if new_state in FINAL:
-            layers.on_final_move(task, new_state)  # the layer joins, stays apart or leaves, in this transaction
-        elif old_state in FINAL:
-            layers.on_retry(task)  # the layer is the task's again; its next run reopens its files
-        if new_state in FINAL and old_state in ACTIVE:
-            _close_blockers(task)
-            # Dependents start (or fail) in this transaction: their first run is committed with
-            # the move that allows it and sent after commit. Those whose artifact edge reads this
-            # task's layer wait for its release, which seals the layer.
-            if wake:
-                wake_dependents(task.pk)
-        if new_state in FINAL:
-            task_id = task.pk  # also after done -> undone: the layer's files go, the view is rebuilt
-            transaction.on_commit(lambda: release_task(task_id, wake_readers=old_state in ACTIVE))
+    _check_review(task, fields)
+    # No savepoint: a refused move writes nothing and raises after the block (``_try_write_task``).
+    with transaction.atomic(savepoint=False):
+        moved = _try_write_task(task, EventKind.STATUS, summary, detail, redactor=redactor, state=new_state, **fields)
+        if moved:
+            _after_move(task, old_state, new_state, wake=wake)
+    if not moved:
+        raise _moved_on(task)
     return task
+
+
+def _after_move(task: Task, old_state: str, new_state: str, *, wake: bool) -> None:
+    """What a move brings with it, in its transaction: the layer's move, the blockers and runs a
+    final move closes, the dependents it wakes, and the release after commit."""
+    readers = False
+    if new_state in FINAL:
+        layers.on_final_move(task, new_state)  # the layer joins, stays apart or leaves, in this transaction
+    elif old_state in FINAL:
+        layers.on_retry(task)  # the layer is the task's again; its next run reopens its files
+    if new_state in FINAL and old_state in ACTIVE:
+        _close_blockers(task)
+        # Dependents start (or fail) in this transaction: their first run is committed with
+        # the move that allows it and sent after commit. Those whose artifact edge reads this
+        # task's layer wait for its release, which seals the layer.
+        # ``wake=False``: the caller wakes them later; the readers are looked for after the release.
+        readers = wake_dependents(task.pk) if wake else True
+    if new_state in FINAL:
+        task_id = task.pk  # also after done -> undone: the layer's files go, the view is rebuilt
+        wake_readers = old_state in ACTIVE and readers
+        transaction.on_commit(lambda: release_task(task_id, wake_readers=wake_readers))
 
 
 def bump_version(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None,
@@ -154,23 +188,30 @@ def release_task(task_id: str, *, wake_readers: bool = False) -> None:
     background (``lifecycle.release_soon``); ``wake_readers``: then wake the dependents whose
     artifact edge reads its layer, which the release has sealed."""
 
-    lifecycle.release_soon(task_id, then=(lambda: wake_dependents(task_id, after_release=True)) if wake_readers else None)
+    def wake_readers_now() -> None:
+        wake_dependents(task_id, after_release=True)
+
+    lifecycle.release_soon(task_id, then=wake_readers_now if wake_readers else None)
 
 
 # --- dependencies (tasks.dependencies holds the edges; the moves are here) ----------------------
 
-def wake_dependents(task_id: str, *, after_release: bool = False) -> None:
+def wake_dependents(task_id: str, *, after_release: bool = False) -> bool:
     """``task_id`` ended: start, or fail, each task that waited on it. Called inside the
     transaction of the final move for those that do not read its layer (each in a savepoint of
     its own, so one that cannot be woken never undoes the move), and ``after_release`` for those
     whose artifact edge reads it. Best effort: the scheduler's sweep (``release_waiting``) repairs
-    a wake-up lost to a crash or a failure here."""
-    found = dependencies.dependents_of(task_id, reading_layer=after_release, only_reading=after_release)
-    for dependent in found:
+    a wake-up lost to a crash or a failure here. True when, at the move, some read its layer:
+    only then are they looked for again after the release (one lookup for a task without them)."""
+    found = dependencies.dependents_of(task_id, reading_layer=True, only_reading=after_release, with_condition=True)
+    readers = any(condition == Condition.ARTIFACT for _, condition in found)
+    waking = {dependent for dependent, condition in found if after_release or condition != Condition.ARTIFACT}
+    for dependent in sorted(waking):
         try:
             release_if_ready(dependent, if_free=not after_release)
         except Exception:  # noqa: BLE001 - the savepoint is rolled back; the sweep retries
             log.exception("waking task %s after its dependency %s ended failed; the scheduler retries", dependent, task_id)
+    return readers
 
 
 def _release_logged(task_id: str) -> None:
@@ -583,8 +624,9 @@ def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
     return task, []
 
 
-def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "") -> Task:
-    return transition(task, State.FAILED, error=error, recoverable=recoverable, hint=hint)
+def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "",
+              redactor: Redactor | None = None) -> Task:
+    return transition(task, State.FAILED, error=error, recoverable=recoverable, hint=hint, redactor=redactor)
 
 
 def note(task: Task, summary: str, data: dict[str, Any] | None = None) -> None:

@@ -1,0 +1,77 @@
+"""What one trivial run costs the database, counted in process (issue 19): a guard against the
+statements creeping back, and the vault read it saves without missing a secret added mid-run."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tasks.facts import Facts, refreshed
+from tasks.finalize import begin_run, finish_run
+from tasks.jobs import execute_run
+from tasks.models import EventKind, Run, Task, TaskEvent
+from tasks.recorder import StepRecorder
+from tasks.vault import set_secret
+from tasks.workers.base import Failed
+from tests.conftest import Box, queue_through_the_cluster
+from tests.factories import flow
+
+TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
+# Statements one trivial run executes in the worker's own thread, from its claim to its finish
+# (the queue's own statements, the release and the task's view are not counted). SQLite counts
+# its BEGIN IMMEDIATE and COMMIT; PostgreSQL its row locks (``runs.lock_task``).
+MOST = {"sqlite": 45, "postgresql": 47}
+LATE = "sk-live-added-while-it-ran-7c1d"
+
+
+def run_counted(box: Box, settings: Any, **spec: Any) -> tuple[str, list[str]]:
+    """Create a task (its run queued, not executed), then execute its run here, counting."""
+    queue_through_the_cluster(settings)
+    task = box.create(title="counted", flow=TRIVIAL, **spec)
+    run_id = Run.objects.get(task_id=task["id"]).pk
+    with CaptureQueriesContext(connection) as queries:
+        execute_run(run_id)
+    return task["id"], [q["sql"] for q in queries.captured_queries]
+
+
+def test_a_trivial_run_executes_no_more_statements_than_counted(box: Box, settings: Any) -> None:
+    task_id, statements = run_counted(box, settings)
+    assert box.task(task_id)["state"] == "done"
+    assert len(statements) <= MOST[connection.vendor], "\n".join(statements)
+
+
+def test_a_trivial_run_reads_the_vault_stamp_three_times_and_looks_for_dependents_once(box: Box, settings: Any) -> None:
+    task_id, statements = run_counted(box, settings)
+    assert box.task(task_id)["state"] == "done"
+    assert len([s for s in statements if "boxsite_vaultsecret" in s]) <= 3
+    assert len([s for s in statements if "tasks_dependency" in s]) == 1
+
+
+def test_a_secret_added_to_the_vault_while_a_run_ran_is_masked_in_its_outcome(box: Box, settings: Any) -> None:
+    queue_through_the_cluster(settings)
+    created = box.create(title="late secret", flow=TRIVIAL)
+    begun = begin_run(Run.objects.get(task_id=created["id"]).pk)
+    assert begun is not None
+    run, token, go = begun
+    assert go
+    task = Task.objects.get(pk=created["id"])
+    recorder = StepRecorder(task, run.pk, token, Facts.of(task).redactor())
+    set_secret("LATE_KEY", LATE)  # after the run's redactor was built
+    finish_run(task, run, token, recorder, Failed(f"the step printed {LATE}", recoverable=False), 5)
+    view = box.task(created["id"])
+    assert view["state"] == "failed"
+    assert LATE not in str(view)
+    logged = list(TaskEvent.objects.filter(task_id=task.pk).values_list("summary", "data"))
+    assert LATE not in str(logged)
+    assert any("${LATE_KEY}" in summary for summary, _ in logged if summary)
+    assert TaskEvent.objects.filter(task_id=task.pk, kind=EventKind.ERROR).exists()
+
+
+def test_a_redactor_is_built_again_only_when_the_vault_changed(db: Any) -> None:
+    redactor = Facts.build({"note": "x"}).redactor()
+    assert refreshed(redactor) is redactor
+    assert Facts.build({"note": "x"}).redactor() is redactor
+    set_secret("LATE_KEY", LATE)
+    fresh = refreshed(redactor)
+    assert fresh.text(f"key {LATE}") == "key ${LATE_KEY}"
