@@ -5,12 +5,16 @@ They skip (with the reason) where the box cannot sandbox; ``test_honesty`` cover
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tasks import lifecycle
+from tasks.layers import disk
 from tasks.models import Task
 from tasks.sandbox import cleanup, users
 from tasks.sandbox.support import missing_reason
@@ -51,6 +55,29 @@ def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.Monke
         cleanup.release(task_id)  # never leave a user behind, even when a test failed
     users.empty_pool()  # nor a free one of the pool
     assert not leftovers or all(_was_active(t) for t in leftovers), f"users left behind by ended tasks: {leftovers}"
+
+
+@contextmanager
+def data_dir_where_a_box_keeps_it(settings: Any, name: str) -> Iterator[Path]:
+    """A data directory of the test's own where a real box keeps it (not under /tmp, which the
+    sandbox hides anyway). Afterwards its tasks are released, its pool emptied, the worker's data
+    directory put back (so the ``sandboxed`` fixture's own clean-up makes nothing in this one),
+    and the directory removed."""
+    data = Path("/var/lib/box-sandbox-test") / f"{name}-{os.getpid()}"
+    data.mkdir(parents=True, exist_ok=True)
+    before, settings.BOX_DATA_DIR = settings.BOX_DATA_DIR, data
+    try:
+        yield data
+    finally:
+        lifecycle.janitor.drain()  # the releases of the test's tasks, then the pool of this data dir
+        for task_id in Task.objects.values_list("pk", flat=True):
+            lifecycle.release(task_id)
+        users.empty_pool()
+        disk.drop_spares()
+        settings.BOX_DATA_DIR = before
+        subprocess.run(["rm", "-rf", str(data)], check=True)
+        if not any(data.parent.iterdir()):
+            data.parent.rmdir()
 
 
 def _was_active(task_id: str) -> bool:

@@ -9,16 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks import lifecycle
 from tasks.broker.paths import client_dir
 from tasks.crypto import fernet
 from tasks.layers import disk
-from tasks.models import Task
-from tasks.sandbox import users
 from tasks.sandbox.paths import runtime_dir
 from tests.conftest import wait_for
 from tests.factories import flow
-from tests.sandbox.conftest import needs_sandbox, results, run_script
+from tests.sandbox.conftest import data_dir_where_a_box_keeps_it, needs_sandbox, results, run_script
 
 pytestmark = needs_sandbox
 
@@ -198,11 +195,7 @@ def test_no_keystroke_injection_and_no_way_to_root(sandboxed, tmp_path):
 
 
 def test_the_box_data_and_other_tasks_are_unreadable(sandboxed, settings, tmp_path):
-    # A data directory where a real box keeps it (not under /tmp, which the sandbox hides anyway).
-    data = Path("/var/lib/box-sandbox-test") / f"data-{os.getpid()}"
-    data.mkdir(parents=True, exist_ok=True)
-    settings.BOX_DATA_DIR = data
-    try:
+    with data_dir_where_a_box_keeps_it(settings, "data") as data:
         fernet()  # the vault key exists
         (data / "box.sqlite3").write_text("SQLite format 3 (a stand-in database file)")
         first = sandboxed.create(title="secret keeper", flow=flow({"write": {"path": "secret.txt", "content": "s3cret"}}))
@@ -236,15 +229,6 @@ def test_the_box_data_and_other_tasks_are_unreadable(sandboxed, settings, tmp_pa
         assert (data / "vault.key").stat().st_mode & 0o077 == 0
         assert (data / "box.sqlite3").stat().st_mode & 0o077 == 0
         assert data.stat().st_mode & 0o777 == 0o711
-    finally:
-        lifecycle.janitor.drain()  # the releases of both tasks, then the pool of this data dir
-        for task_id in Task.objects.values_list("pk", flat=True):
-            lifecycle.release(task_id)
-        users.empty_pool()
-        disk.drop_spares()
-        subprocess.run(["rm", "-rf", str(data)], check=True)
-        if not any(data.parent.iterdir()):
-            data.parent.rmdir()
 
 
 @pytest.mark.parametrize("command", [

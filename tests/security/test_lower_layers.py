@@ -8,18 +8,12 @@ view's mount options, /proc, its file descriptors, a walk of its tree) leads to 
 from __future__ import annotations
 
 import os
-import subprocess
 import textwrap
-from pathlib import Path
 
-from tasks import lifecycle
-from tasks.layers import disk
 from tasks.layers import paths as layer_paths
-from tasks.models import Task
-from tasks.sandbox import users
 from tests.conftest import wait_for
 from tests.factories import flow
-from tests.sandbox.conftest import needs_sandbox, results
+from tests.sandbox.conftest import data_dir_where_a_box_keeps_it, needs_sandbox, results
 
 pytestmark = needs_sandbox
 
@@ -71,11 +65,8 @@ HUNT = textwrap.dedent("""
 
 
 def test_a_task_cannot_reach_another_tasks_layer_through_its_views_lower_mounts(sandboxed, settings):
-    data = Path("/var/lib/box-sandbox-test") / f"lowers-{os.getpid()}"  # not under /tmp: the sandbox hides /tmp anyway
-    data.mkdir(parents=True, exist_ok=True)
-    settings.BOX_DATA_DIR = data
     secret_name = f"secret-{os.getpid()}.txt"
-    try:
+    with data_dir_where_a_box_keeps_it(settings, "lowers") as data:
         stacked = sandboxed.create(title="stacked", flow=flow({"write": {"path": "stacked.txt", "content": "mine\n"}}))
         assert sandboxed.wait_state(stacked["id"], "done")["state"] == "done"
         failed = sandboxed.create(title="secret keeper", flow=flow(
@@ -91,12 +82,3 @@ def test_a_task_cannot_reach_another_tasks_layer_through_its_views_lower_mounts(
         assert seen["own_view"] == "mine"  # the stacked layer is read through the view, as it should be
         assert seen["mentions_ids"] == "False"
         assert seen["found"] == ""
-    finally:
-        lifecycle.janitor.drain()
-        for task_id in Task.objects.values_list("pk", flat=True):
-            lifecycle.release(task_id)
-        users.empty_pool()
-        disk.drop_spares()
-        subprocess.run(["rm", "-rf", str(data)], check=True)
-        if not any(data.parent.iterdir()):
-            data.parent.rmdir()
