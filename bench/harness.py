@@ -46,6 +46,14 @@ def setup_django(data: Path, *, sandbox: str = "off", migrate: bool = True) -> N
         call_command("migrate", "--no-input", verbosity=0)
 
 
+def remove_data_dir(data: Path) -> None:
+    """Remove a bench's data directory set up by ``setup_django``, with every mount left under it."""
+    from tasks.layers import mounts  # the box's code imports only once ``setup_django`` configured Django
+
+    mounts.unmount_all_under(data)
+    shutil.rmtree(data, ignore_errors=True)
+
+
 def api_request(port: int, token: str, method: str, path: str, body: Any = None) -> Any:
     """One call to a bench box's API on ``port`` with ``token``: the JSON answer."""
     data = None if body is None else json.dumps(body).encode()

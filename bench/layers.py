@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import setup_django
+from harness import remove_data_dir, setup_django
 
 
 def make_tree(base: Path, files: int) -> None:
@@ -110,10 +110,7 @@ def main() -> None:
                     print(f"{size:>8} {name:>12} {result['start']:>10.1f} {result['diff']:>9.1f} {result['end']:>8.1f} "
                           f"{cp:>9.1f} {cp / result['start']:>8.0f}x", flush=True)
     finally:
-        from tasks.layers import mounts
-
-        mounts.unmount_all_under(data)
-        shutil.rmtree(data, ignore_errors=True)
+        remove_data_dir(data)
 
 
 if __name__ == "__main__":

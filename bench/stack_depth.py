@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import setup_django
+from harness import remove_data_dir, setup_django
 
 
 def counting(module: Any, name: str, counts: Counter[str]) -> None:
@@ -48,6 +48,7 @@ def ms(action: Callable[[], object]) -> float:
 
 def one_task(workspace: Any, owner: Any, n: int, owner_uid: int | None = None) -> tuple[float, float, float, int]:
     """Start a task, write a file, end it done: (start ms, release ms, floor ms, lower dirs mounted)."""
+    # The box's code imports only once main's ``setup_django`` configured Django on the bench's data dir.
     from django.conf import settings
 
     from tasks import layers, services
@@ -99,6 +100,7 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="box-bench-depth-", dir="/var/tmp"))
     try:
         setup_django(data, sandbox="off")
+        # imported only now: Django is configured by ``setup_django`` on this data directory
         from django.conf import settings
         from django.contrib.auth import get_user_model
 
@@ -126,10 +128,7 @@ def main() -> None:
                   f"{statistics.median(r[1] for r in results):>11.2f} {statistics.median(r[2] for r in results):>9.2f} "
                   f"{counts['seal_layer'] / args.n:>11.1f} {counts['load'] / args.n:>11.1f}", flush=True)
     finally:
-        from tasks.layers import mounts
-
-        mounts.unmount_all_under(data)
-        shutil.rmtree(data, ignore_errors=True)
+        remove_data_dir(data)
 
 
 if __name__ == "__main__":
