@@ -25,10 +25,12 @@ def test_a_task_whose_user_is_made_again_can_still_change_its_own_files(box):
     # What a stop does to an active task: its processes, user and view go; the next run makes them again.
     sandbox.release(task["id"])
     unmount_views([task["id"]])
-    # Another account takes the old uid, so the task's next user cannot get it back.
+    # Another account takes the old uid, so the task's next user cannot get it back. ``-o``: a user
+    # another test's box made meanwhile may have taken the freed uid first (useradd hands out the
+    # highest free one); the squatter shares it then, and the uid stays taken either way.
     squatter = f"boxsquat{os.getpid()}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "-u", str(before.uid),
-                    squatter], check=True, capture_output=True)
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "-o", "-u",
+                    str(before.uid), squatter], check=True, capture_output=True)
     try:
         response = box.api.post(f"/api/tasks/{task['id']}/continue", {"inputs": {"colour": "red"}}, format="json")
         assert response.status_code == 200, response.json()
