@@ -113,17 +113,29 @@ class BenchBox:
         self.manage("createowner", "bench", env={"BOX_OWNER_PASSWORD": "bench-password"})
         self.token = self.manage("createtoken").splitlines()[-1]
         logs = (self.data / "box.log").open("ab")
+        profiles = os.environ.get("BOX_BENCH_PROFILE", "")
         for argv in (["-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "boxsite.asgi:application"],
                      [str(ROOT / "manage.py"), self.cluster], [str(ROOT / "manage.py"), "runscheduler"]):
+            if profiles:  # bench/profiled.py runs the command: every thread of it profiled
+                argv = [str(ROOT / "bench" / "profiled.py"), profiles, *argv]
             self.procs.append(subprocess.Popen([PYTHON, *argv], env=self.env, cwd=ROOT, stdout=logs, stderr=logs, start_new_session=True))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 self.get("/api/health")
+                if profiles:
+                    self.profile_reset()
                 return self
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.1)
         raise RuntimeError("the bench box did not come up; see " + str(self.data / "box.log"))
+
+    def profile_reset(self) -> None:
+        """With ``BOX_BENCH_PROFILE``: clear the box's profiles (what ran so far is left out)."""
+        reset = Path(os.environ["BOX_BENCH_PROFILE"]) / "reset"
+        reset.parent.mkdir(parents=True, exist_ok=True)
+        reset.write_text(str(time.time()))
+        time.sleep(1.5)  # bench/profiled.py looks for it every second
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         return api_request(self.port, self.token, method, path, body)
