@@ -2,6 +2,18 @@
 questions; more than max_active_tasks unfinished tasks is 429 TOO_MANY_TASKS."""
 from __future__ import annotations
 
+from approvals.blockers import _has_open
+from approvals.models import (
+    NOT_STARTED,
+    Action,
+    ActionState,
+    Approval,
+    ApprovalKind,
+    ApprovalState,
+    Question,
+    QuestionKind,
+    QuestionState,
+)
 from boxsite.models import BoxSettings
 from tasks.models import Task
 from tests.factories import flow
@@ -43,3 +55,23 @@ def test_more_unfinished_tasks_than_allowed_is_429_and_nothing_is_dropped(box):
     assert all(box.task(t["id"])["state"] == "waiting" for t in waiting)  # none was evicted
     post(box, f"/api/tasks/{waiting[0]['id']}/cancel")
     box.create(title="now there is room", flow=flow({"run": "true"}))
+
+
+def test_an_ending_finds_each_kind_of_open_blocker_and_no_closed_one(box):
+    """``close_for_final_move`` asks first whether anything is open (one statement of its own)."""
+    task = Task.objects.get(pk=box.create(title="quiet", flow=flow({"run": "true"}))["id"])
+    box.wait_state(task.pk, "done")
+    kinds = [(Approval, {"kind": ApprovalKind.ACTION, "summary": "s", "task_version": 1}, ApprovalState),
+             (Question, {"kind": QuestionKind.INPUT}, QuestionState),
+             (Action, {"tool": "t"}, ActionState)]
+    for model, fields, states in kinds:
+        for state in states:
+            row = model.objects.create(task=task, state=state, **({"idempotency_key": state} if model is Action else {}), **fields)
+            assert _has_open(task) == model.objects.filter(pk=row.pk, **_OPEN[model]).exists(), (model, state)
+            row.delete()
+    assert not _has_open(task)
+
+
+_OPEN = {Approval: {"state": ApprovalState.PENDING},
+         Question: {"state__in": [QuestionState.STAGED, QuestionState.OPEN]},
+         Action: {"state__in": [*NOT_STARTED, ActionState.EXECUTING]}}
