@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from tasks.facts import Facts, refreshed
 from tasks.finalize import begin_run, finish_run
 from tasks.jobs import execute_run
-from tasks.models import EventKind, Run, Task, TaskEvent
+from tasks.models import EventKind, Run, Task, TaskEvent, VaultSecret
 from tasks.recorder import StepRecorder
 from tasks.vault import set_secret
 from tasks.workers.base import Failed
@@ -75,6 +75,11 @@ def test_a_redactor_is_built_again_only_when_the_vault_changed(db: Any) -> None:
     set_secret("LATE_KEY", LATE)
     fresh = refreshed(redactor)
     assert fresh.text(f"key {LATE}") == "key ${LATE_KEY}"
+    set_secret("LATE_KEY", "sk-replaced-value-0b9e")  # same count, same highest id
+    assert refreshed(fresh).text("sk-replaced-value-0b9e") == "${LATE_KEY}"
+    set_secret("OTHER_KEY", "sk-other-value-51aa")
+    VaultSecret.objects.filter(name="LATE_KEY").delete()  # as many secrets as before the other
+    assert refreshed(fresh).text("sk-replaced-value-0b9e") == "sk-replaced-value-0b9e"
 
 
 def test_a_worker_keeps_its_database_connection_from_one_run_to_the_next(box: Box, settings: Any) -> None:
