@@ -1,0 +1,51 @@
+"""A run's lease as the worker proves it (``tasks.runs``): the claim, the heartbeat, and whether
+another run of the task still runs. The hottest of these statements are written by hand (one per
+guarded write): here they are held to what the ORM reads back."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from tasks import runs
+from tasks.models import Run, RunKind, RunState, Task
+from tests.conftest import Box, queue_through_the_cluster
+from tests.factories import flow
+
+
+def queued_run(box: Box, settings: Any) -> Run:
+    queue_through_the_cluster(settings)
+    task = box.create(title="leased", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+    return Run.objects.get(task_id=task["id"])
+
+
+def test_a_heartbeat_extends_the_lease_of_the_run_that_holds_it_and_no_other(box: Box, settings: Any) -> None:
+    claimed = runs.claim(queued_run(box, settings).pk)
+    assert claimed is not None
+    run, token = claimed
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
+    before = timezone.now()
+    assert runs.heartbeat(run.pk, token)
+    run.refresh_from_db()
+    assert run.heartbeat_at is not None and before <= run.heartbeat_at <= timezone.now()
+    assert run.lease_expires_at == run.heartbeat_at + runs.lease_delta()
+    assert not runs.heartbeat(run.pk, "not-the-token")
+    assert runs.finish(run.pk, token, "done")
+    assert not runs.heartbeat(run.pk, token)  # a finished run holds no lease
+
+
+def test_a_claim_says_whether_another_run_of_the_task_is_running(box: Box, settings: Any) -> None:
+    first = queued_run(box, settings)
+    claimed = runs.claim(first.pk)
+    assert claimed is not None and claimed[0].others_running is False  # type: ignore[attr-defined]
+    assert runs.claim(first.pk) is None  # a second delivery
+    second = runs.create_run(Task.objects.get(pk=first.task_id), RunKind.RESUME)
+    again = runs.claim(second.pk)
+    assert again is not None and again[0].others_running is True  # type: ignore[attr-defined]
+    assert again[0].task.pk == first.task_id
+    Run.objects.filter(pk=first.pk).update(state=RunState.FINISHED)
+    third = runs.create_run(Task.objects.get(pk=first.task_id), RunKind.RESUME)
+    Run.objects.filter(pk=second.pk).update(state=RunState.FINISHED)
+    last = runs.claim(third.pk)
+    assert last is not None and last[0].others_running is False  # type: ignore[attr-defined]
