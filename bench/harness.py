@@ -46,10 +46,20 @@ def setup_django(data: Path, *, sandbox: str = "off", migrate: bool = True) -> N
         call_command("migrate", "--no-input", verbosity=0)
 
 
-def remove_data_dir(data: Path) -> None:
-    """Remove a bench's data directory set up by ``setup_django``, with every mount left under it."""
-    from tasks.layers import mounts  # the box's code imports only once ``setup_django`` configured Django
+def new_data_dir(prefix: str) -> Path:
+    """A fresh data directory for a bench set up by ``setup_django``: under /var/tmp (a real
+    disk, where the box keeps its data), or under ``TMPDIR`` when that is set."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR") or "/var/tmp"))
 
+
+def remove_data_dir(data: Path) -> None:
+    """Remove a bench's data directory set up by ``setup_django``, with every mount left under it.
+    The releases still running in this process's background janitor finish first: one that ran
+    on after the removal would make parts of the directory again (its lock files)."""
+    from tasks import lifecycle  # the box's code imports only once ``setup_django`` configured Django
+    from tasks.layers import mounts
+
+    lifecycle.janitor.drain()
     mounts.unmount_all_under(data)
     shutil.rmtree(data, ignore_errors=True)
 
@@ -147,6 +157,8 @@ class BenchBox:
         return self.request("POST", path, body)
 
     def stop(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -154,7 +166,17 @@ class BenchBox:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # what is left of its group, also after a clean exit
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        if self.procs:
+            # What runbox's stop does once its processes are gone (they were stopped, or killed
+            # before they could): the tasks' users and mounts released, the pool's users deleted.
+            subprocess.run([PYTHON, "-c", _RELEASE_HOST], env=self.env, cwd=ROOT, check=False, capture_output=True,
+                           timeout=300)
         # A task that ended just before the stop may still hold its view: do what the box's
         # start-up reconcile would, so benchmarks leave no mounts behind.
         mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
@@ -168,12 +190,18 @@ class BenchBox:
         shutil.rmtree(self.data, ignore_errors=True)
 
     def _remove_task_users(self) -> None:
-        # The box marks each of its task users with a digest of its data directory (tasks.sandbox.users).
+        # Whatever the box's own release left (it could not start, say). The box marks each of its
+        # task users with a digest of its data directory (tasks.sandbox.users).
         digest = hashlib.sha256(str(self.data.resolve()).encode()).hexdigest()[:16]
         for entry in pwd.getpwall():
             if entry.pw_name.startswith("box-") and entry.pw_gecos in (f"box task user {digest}", f"box pool user {digest}"):
-                subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
-                subprocess.run(["groupdel", entry.pw_name], check=False, capture_output=True)
+                for tool in ("userdel", "groupdel"):
+                    deadline = time.monotonic() + 30
+                    # exit 10 (8): another process holds /etc/passwd's lock (a process of the user is still exiting)
+                    while subprocess.run([tool, entry.pw_name], check=False, capture_output=True).returncode in (8, 10):
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.1)
 
     def __enter__(self) -> BenchBox:
         stop_on_signals()
@@ -185,6 +213,18 @@ class BenchBox:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+# Run with the bench box's environment, after its processes are gone.
+_RELEASE_HOST = """
+import django
+django.setup()
+from tasks import lifecycle
+from tasks.sandbox import users
+lifecycle.release_host()
+for ident in [*users.pool_users(), *users.legacy_users()]:
+    users.remove_user(ident.name)
+"""
 
 
 def redis_url(number: str | None = None) -> str:

@@ -20,12 +20,11 @@ import argparse
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import remove_data_dir, setup_django
+from harness import new_data_dir, remove_data_dir, setup_django
 
 
 def make_tree(base: Path, files: int) -> None:
@@ -37,13 +36,21 @@ def make_tree(base: Path, files: int) -> None:
         (directory / f"f{index % 100:03d}.txt").write_text(f"file {index}\n" * 8)
 
 
+def changed_files(files: int, count: int = 10) -> list[str]:
+    """The files a task changes, of the ``files`` ``make_tree`` made: the first of each of the
+    first ``count`` directories, or in a tree with fewer, ``count`` spread over it."""
+    picked = sorted({k * min(files, 100 * count) // count for k in range(count)})
+    return [f"d{index // 100:04d}/f{index % 100:03d}.txt" for index in picked]
+
+
 def timed(action: Callable[[], object]) -> float:
     start = time.perf_counter()
     action()
     return (time.perf_counter() - start) * 1000
 
 
-def run_driver(driver: str, workspace: object, owner: object, repeats: int, disk_mb: int | None = None) -> dict[str, float]:
+def run_driver(driver: str, workspace: object, owner: object, files: int, repeats: int,
+               disk_mb: int | None = None) -> dict[str, float]:
     from django.conf import settings
 
     from tasks import layers, services
@@ -60,8 +67,8 @@ def run_driver(driver: str, workspace: object, owner: object, repeats: int, disk
         services.transition(task, State.RUNNING)
         starts.append(timed(lambda: layers.open_view(task)))
         view = Path(settings.BOX_DATA_DIR) / "tasks" / task.pk / "view"
-        for k in range(10):
-            (view / f"d{k:04d}" / "f000.txt").write_text(f"changed by {task.pk}\n")
+        for name in changed_files(files):
+            (view / name).write_text(f"changed by {task.pk}\n")
         layer = Layer.objects.get(task=task)
         diffs.append(timed(lambda: diff.render(changes_of(task, layer))))
         ends.append(timed(lambda: services.transition(task, State.DONE)))  # release runs after commit
@@ -79,7 +86,7 @@ def main() -> None:
     parser.add_argument("--disk-mb", type=int, default=0,
                         help="also run each driver with this disk limit (needs root: a loop-mounted image per task)")
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="box-bench-layers-", dir="/var/tmp"))
+    data = new_data_dir("box-bench-layers-")
     try:
         # the sandbox is on only for the disk limit (which sandboxed tasks get); no task user is made here
         setup_django(data, sandbox="auto" if args.disk_mb else "off")
@@ -105,7 +112,7 @@ def main() -> None:
             cp = statistics.median(copies)
             for driver in drivers:
                 for disk_mb in ([None, args.disk_mb] if args.disk_mb else [None]):
-                    result = run_driver(driver, workspace, owner, args.n, disk_mb)
+                    result = run_driver(driver, workspace, owner, size, args.n, disk_mb)
                     name = f"{driver}+disk" if disk_mb else driver
                     print(f"{size:>8} {name:>12} {result['start']:>10.1f} {result['diff']:>9.1f} {result['end']:>8.1f} "
                           f"{cp:>9.1f} {cp / result['start']:>8.0f}x", flush=True)

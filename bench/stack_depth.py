@@ -18,14 +18,13 @@ import os
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import remove_data_dir, setup_django
+from harness import new_data_dir, remove_data_dir, setup_django
 
 
 def counting(module: Any, name: str, counts: Counter[str]) -> None:
@@ -97,7 +96,7 @@ def main() -> None:
     parser.add_argument("--owner", type=int, default=None,
                         help="open each view for this uid (and gid), as for a sandboxed task: id-mapped lower layers")
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="box-bench-depth-", dir="/var/tmp"))
+    data = new_data_dir("box-bench-depth-")
     try:
         setup_django(data, sandbox="off")
         # imported only now: Django is configured by ``setup_django`` on this data directory

@@ -11,13 +11,15 @@ from pathlib import Path
 
 from django.conf import settings
 
-from tests.conftest import database_env
+from tests.conftest import database_env, track_data_dir
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 
 
 def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """Start a process of the box in its own session, its output appended to ``log``."""
+    for directory in (env.get("BOX_DATA_DIR"), env.get("BOX_LOCAL_DIR")):  # its task users are marked with it
+        track_data_dir(directory)
     return subprocess.Popen(argv, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=settings.BASE_DIR)
 

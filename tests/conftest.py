@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.dispatch import receiver
 from django.test.signals import setting_changed
+from django.test.utils import override_settings
 from django_q.conf import Conf
 from rest_framework.test import APIClient
 
@@ -20,6 +22,7 @@ from boxsite.auth import issue_api_token
 from tasks import lifecycle, sandbox
 from tasks.layers import disk, unmount_views
 from tasks.models import Task, Workspace
+from tasks.sandbox import users
 from tests.factories import make_owner
 
 
@@ -35,19 +38,69 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0, interval: f
         time.sleep(interval)
 
 
+# Every data directory (and machine-local directory) this test worker gave a box, in this
+# process or a subprocess, with the test that first used it. A box's pool of task users is marked
+# with a digest of its directory (tasks.sandbox.users), which cannot be turned back into the
+# directory: the session keeps the list to find the users its boxes left behind.
+_data_dirs: dict[str, str] = {}
+
+
+def track_data_dir(path: str | Path | None) -> None:
+    """Call for a data directory a box started by a test uses (``database_env`` and
+    ``tests.cluster.spawn`` do, and so does a test's change of the setting)."""
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "the session's set-up").rsplit(" (", 1)[0]
+        _data_dirs.setdefault(str(Path(path).resolve()), test)
+
+
+@receiver(setting_changed)
+def _track_changed_data_dir(setting: str, value: Any, **kwargs: Any) -> None:
+    if setting in ("BOX_DATA_DIR", "BOX_LOCAL_DIR"):
+        track_data_dir(value)
+
+
+def empty_pool_of(data_dir: str | Path, local_dir: str | Path | None = None) -> None:
+    """What a box's stop does with its spare task users, for a box a test killed (or ran without
+    the supervisor that empties the pool: a bare ``runcluster``, ``runscheduler``)."""
+    with override_settings(BOX_DATA_DIR=Path(data_dir), BOX_LOCAL_DIR=Path(local_dir) if local_dir else None):
+        lifecycle.empty_spare_pool()
+
+
+def users_left_behind() -> dict[str, list[str]]:
+    """Task users (free or claimed) of a data directory this test worker used, by the test that
+    first used it. Once the session's boxes are stopped there must be none: nothing else removes
+    the users of a temporary data directory, which is gone by then. Those of a directory that is
+    gone are removed here (nobody can use them); the others only reported."""
+    left: dict[str, list[str]] = {}
+    for directory, test in _data_dirs.items():
+        found = users.pool_users(directory)
+        if not found:
+            continue
+        gone = not Path(directory).exists()
+        left[f"{directory} ({'gone; ' if gone else ''}first used by {test})"] = [ident.name for ident in found]
+        if gone:
+            for ident in found:
+                users.remove_user(ident.name)
+    return left
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _worker_data_dir(worker_id: str) -> Iterator[None]:
     """Each test worker is a box of its own, with its own data directory: start-up reconcile
     releases the users and mounts of tasks its database does not know, so two workers (two test
     databases) must never share one. Session-scoped, so module-scoped clusters see it too (they
-    share its vault key and sockets)."""
+    share its vault key and sockets). At the end, no task user of any data directory the worker
+    used may be left."""
     settings.BOX_DATA_DIR = Path(settings.BOX_DATA_DIR) / f"box-{worker_id}"
     settings.BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    track_data_dir(settings.BOX_DATA_DIR)
     yield
     if sandbox.available():
         lifecycle.janitor.drain()
         lifecycle.empty_spare_pool()
         disk.drop_spares()  # the pool's free task users (claimed ones are released by each test)
+    left = users_left_behind()
+    assert not left, f"the tests left task users of their boxes behind: {left}"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -66,6 +119,41 @@ def _worker_queue(worker_id: str) -> Iterator[None]:
         for key in client.scan_iter(match=f"django_q:{name}:*"):
             client.delete(key)
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def _database_sessions_name_their_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every PostgreSQL session opened during a test, by this process (any of its threads) or a
+    box it starts, names the test (libpq's ``PGAPPNAME``; PostgreSQL keeps 63 characters): the
+    session-end check below says which test left one open."""
+    if settings.DB_IS_POSTGRES:
+        monkeypatch.setenv("PGAPPNAME", request.node.name[:63])
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's, and before it drops the test database: no other session may still be on
+    it (a thread or a process a test left holding a connection). PostgreSQL refuses to drop a
+    database in use, which pytest-django reports as a warning naming no culprit; this one names
+    the test."""
+    yield
+    if not settings.DB_IS_POSTGRES:
+        return
+    query = ("SELECT pid, application_name, state, left(query, 120) FROM pg_stat_activity"
+             " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    with django_db_blocker.unblock():
+        deadline = time.monotonic() + 5  # a process just stopped may still be closing its own
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(query)
+                others = cursor.fetchall()
+            if not others or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        connection.close()
+    if others:  # reported, not failed: the drop's own failure is only a warning too
+        warnings.warn(pytest.PytestWarning("sessions left open on the test database (pid, the test that opened "
+                                           f"it, state, last query): {others}"), stacklevel=1)
 
 
 @receiver(setting_changed)
@@ -153,6 +241,7 @@ def database_env() -> dict[str, str]:
     else:
         env["BOX_SQLITE_PATH"] = str(name)
     env["BOX_DATA_DIR"] = str(settings.BOX_DATA_DIR)
+    track_data_dir(settings.BOX_DATA_DIR)
     env["BOX_USER_POOL"] = str(settings.BOX_USER_POOL)
     env["BOX_QUEUE_NAME"] = str(settings.Q_CLUSTER["name"])  # this test worker's own queue
     # Queued jobs are signed with this process's key, which came from the original data dir.

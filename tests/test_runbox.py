@@ -19,7 +19,7 @@ from django.conf import settings
 
 from boxsite import procs
 from tasks.layers import mounts
-from tests.conftest import wait_for
+from tests.conftest import empty_pool_of, track_data_dir, wait_for
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -52,6 +52,7 @@ def box_env(request, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME", "BOX_WEB_PROCESS")}
     env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_HOST": "127.0.0.1",
                 "BOX_QUEUE_NAME": f"runbox-{os.getpid()}-{request.param}", "BOX_QUEUE_POLL_S": "0.05"})
+    track_data_dir(env["BOX_DATA_DIR"])
     database = None
     if request.param == "postgres+redis":
         if not settings.DB_IS_POSTGRES:
@@ -63,6 +64,7 @@ def box_env(request, tmp_path):
         # only that queue's keys are removed after.
         env["REDIS_URL"] = settings.REDIS_URL or "redis://127.0.0.1:6379/13"
     yield env
+    empty_pool_of(env["BOX_DATA_DIR"])  # a box the test had to kill leaves its spare task users
     if database:
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"], check=False)
         client = redis.Redis.from_url(env["REDIS_URL"])
@@ -145,6 +147,7 @@ def test_runbox_serves_runs_a_task_and_stops_all_three_on_ctrl_c(box_env, tmp_pa
 def test_a_killed_supervisor_takes_web_worker_and_scheduler_with_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME", "BOX_WEB_PROCESS")}
     env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_QUEUE_NAME": f"runbox-kill-{os.getpid()}"})
+    track_data_dir(env["BOX_DATA_DIR"])
     _manage(env, "migrate", "--no-input")
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "runbox"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -158,5 +161,7 @@ def test_a_killed_supervisor_takes_web_worker_and_scheduler_with_it(tmp_path):
     finally:
         for pid in _alive(family):
             os.kill(pid, signal.SIGKILL)
-        # a box killed, not stopped, leaves its spare disk images mounted (its next start drops them)
+        # a box killed, not stopped, leaves its spare disk images mounted and its spare task users
+        # (its next start drops the images, its next stop the users)
         mounts.unmount_all_under(tmp_path / "data" / "layers" / ".disk-spares")
+        empty_pool_of(env["BOX_DATA_DIR"])

@@ -70,15 +70,20 @@ def runbox(env: dict[str, str], token: str, log: Path) -> Iterator[RunningBox]:
         yield box
     finally:
         leftovers = _alive(_children(proc.pid))
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in leftovers:
+        if proc.poll() is None:  # a test that did not stop the box: Ctrl-C, as its owner would
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for pid in _alive(leftovers):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        # a box killed, not stopped, leaves its spare disk images mounted (its next start drops them)
+        # a box killed, not stopped, leaves its spare disk images mounted (its next start drops
+        # them) and its spare task users (the box_env fixture removes them)
         mounts.unmount_all_under(Path(env["BOX_DATA_DIR"]) / "layers" / ".disk-spares")
 
 

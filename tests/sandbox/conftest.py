@@ -53,7 +53,7 @@ def sandboxed(box: Box, settings: Any, worker_id: str, monkeypatch: pytest.Monke
         if users.find_user(task_id) is not None:
             leftovers.append(task_id)
         cleanup.release(task_id)  # never leave a user behind, even when a test failed
-    users.empty_pool()  # nor a free one of the pool
+    lifecycle.empty_spare_pool()  # nor a free one of the pool (nor one a killed worker was making)
     assert not leftovers or all(_was_active(t) for t in leftovers), f"users left behind by ended tasks: {leftovers}"
 
 
@@ -72,7 +72,7 @@ def data_dir_where_a_box_keeps_it(settings: Any, name: str) -> Iterator[Path]:
         lifecycle.janitor.drain()  # the releases of the test's tasks, then the pool of this data dir
         for task_id in Task.objects.values_list("pk", flat=True):
             lifecycle.release(task_id)
-        users.empty_pool()
+        lifecycle.empty_spare_pool()
         disk.drop_spares()
         settings.BOX_DATA_DIR = before
         subprocess.run(["rm", "-rf", str(data)], check=True)
