@@ -222,7 +222,10 @@ def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
     yield Box(owner, raw, home)
     # a task the test left queued/running/waiting keeps its overlay mounted; its rows are flushed next
     task_ids = list(Task.objects.values_list("pk", flat=True))
-    lifecycle.janitor.drain()  # releases still running in this process's background thread
+    # Releases still running in this process's background thread. One that ran on past the test
+    # acts on the settings restored under it (a layer test's data directory removed, the pool back
+    # at its default): it makes users/ and locks/ there again, and may keep a pool user of it.
+    assert lifecycle.janitor.drain(timeout=120), "the janitor's releases did not finish within 120 s"
     for task_id in task_ids:  # ... and its Linux user (and processes): system uids are few
         sandbox.release(task_id)
     unmount_views(task_ids)
