@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 from tasks.sandbox.users import SandboxError
@@ -49,13 +50,41 @@ def _check(result: int, what: str, path: Path) -> int:
     return result
 
 
+# One user namespace per id-map, kept open for the life of the process: making one starts two
+# processes (``unshare``, ``sh``), and a view's opening needs one at every task start; the pool
+# hands out the same few uids again and again (``tasks.sandbox.users``). A namespace holds no
+# process and no privilege of its own: it only says which ids an id-mapped mount shows.
+_KEPT_MAPPINGS = 32
+_mappings: dict[tuple[int, int, int, int], int] = {}
+_mappings_pid = 0
+_mappings_lock = threading.Lock()
+
+
 def userns_mapping(uid: int, gid: int, disk_uid: int = 0, disk_gid: int = 0) -> int:
     """A user namespace fd mapping ``disk_uid``/``disk_gid`` (ids as stored on disk) to
-    ``uid``/``gid``: the id-map for an id-mapped mount.
+    ``uid``/``gid``: the id-map for an id-mapped mount. The caller closes it.
 
-    A namespace needs a process to be created in; a short-lived ``unshare`` provides it, and the
-    namespace outlives it as long as the returned fd is open.
-    """
+    The same map gives the same namespace again (a copy of the fd this process keeps, at most
+    ``_KEPT_MAPPINGS`` of them: the oldest is let go first)."""
+    global _mappings_pid
+    key = (uid, gid, disk_uid, disk_gid)
+    with _mappings_lock:
+        if _mappings_pid != os.getpid():  # a forked child: the parent's copies are not its to keep
+            for fd in _mappings.values():
+                os.close(fd)
+            _mappings.clear()
+            _mappings_pid = os.getpid()
+        kept = _mappings.get(key)
+        if kept is None:
+            kept = _mappings[key] = _new_mapping(*key)
+            while len(_mappings) > _KEPT_MAPPINGS:
+                os.close(_mappings.pop(next(iter(_mappings))))
+        return os.dup(kept)  # O_CLOEXEC, as ``os.dup`` makes every copy
+
+
+def _new_mapping(uid: int, gid: int, disk_uid: int, disk_gid: int) -> int:
+    """A namespace needs a process to be created in; a short-lived ``unshare`` provides it, and the
+    namespace outlives it as long as the returned fd is open."""
     # The child says "in" once it runs inside its new namespace: only then can its maps be written.
     holder = subprocess.Popen(["unshare", "--user", "--", "sh", "-c", "echo in; read _"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
