@@ -121,17 +121,22 @@ def _next_seq(task_id: str) -> int:
     return int(row[0])
 
 
-def numbered_update(rows: QuerySet[Task], **values: Any) -> int | None:
+def numbered_update(rows: QuerySet[Task], events: int = 1, /, **values: Any) -> int | None:
     """``rows.update(**values)`` that also takes the task's next event number, in one statement:
     the number of the event that records the change, or None when no row matched (nothing was
-    written). ``rows`` selects one task."""
+    written). ``rows`` selects one task. ``events`` > 1: that many numbers are taken, the first
+    returned (the change's event, then those recorded with it)."""
     connection = transaction.get_connection()
     if not connection.features.can_return_rows_from_bulk_insert:  # pragma: no cover - a database without RETURNING
         if rows.update(**values) != 1:
             return None
-        return _next_seq(rows.values_list("pk", flat=True).get())
+        task_id = rows.values_list("pk", flat=True).get()
+        first = _next_seq(task_id)
+        for _ in range(events - 1):
+            _next_seq(task_id)
+        return first
     query: UpdateQuery = rows.query.chain(UpdateQuery)  # type: ignore[assignment]  # as QuerySet.update builds it
-    query.add_update_values({**values, "event_seq": F("event_seq") + 1})
+    query.add_update_values({**values, "event_seq": F("event_seq") + events})
     statement, params = query.get_compiler(rows.db).as_sql()
     column = connection.ops.quote_name(Task._meta.get_field("event_seq").column)
     with connection.cursor() as cursor:
@@ -139,7 +144,7 @@ def numbered_update(rows: QuerySet[Task], **values: Any) -> int | None:
         found = cursor.fetchall()
     if len(found) != 1:
         return None
-    return int(found[0][0])
+    return int(found[0][0]) - events + 1
 
 
 def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: str) -> None:

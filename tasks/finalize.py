@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from approvals.blockers import open_blockers_for_pause
 from tasks import completion, runs, services
 from tasks.facts import Redactor, redactor_for, refreshed
-from tasks.isolation import isolation_of, record_isolation
+from tasks.isolation import isolation_note, isolation_of
 from tasks.models import EventKind, Run, RunKind, RunState, Task
 from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, StepRecorder
 from tasks.states import Review, State, WaitingFor
@@ -59,10 +59,8 @@ def _claim_and_begin(run_id: int) -> tuple[Run, str, bool] | None:
     if task.state == State.QUEUED and task.started_at is None:
         # The task's first words after it starts: what confines it (stored with the move).
         line, described = isolation_of(task)
-        redactor = redactor_for(task)
-        services.transition(task, State.RUNNING, summary="running", data={"run": run.number}, redactor=redactor,
-                            isolation=line)
-        record_isolation(task, described, redactor)
+        services.transition(task, State.RUNNING, summary="running", data={"run": run.number},
+                            redactor=redactor_for(task), isolation=line, notes=[isolation_note(described)])
     elif task.state in (State.QUEUED, State.WAITING):  # retried after a failure (services.retry_task), or resumed
         services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
     return run, token, True

@@ -9,11 +9,9 @@ from typing import Any
 
 from django.conf import settings
 
-from tasks.events import record_event
-from tasks.facts import Redactor
 from tasks.layers import disk
 from tasks.layers.base import driver_name
-from tasks.models import EventKind, Task
+from tasks.models import Task
 from tasks.sandbox import cgroups
 from tasks.sandbox.launcher import MAX_PROCESSES
 from tasks.sandbox.support import missing_reason, syscall_filter_dir
@@ -93,7 +91,7 @@ def isolation_of(task: Task) -> tuple[str, dict[str, Any]]:
     return line[:200], described
 
 
-def record_isolation(task: Task, described: dict[str, Any], redactor: Redactor | None = None) -> None:
-    """Log what confines ``task`` (``isolation_of``); its line is stored with the move that
-    started it. Call inside that transaction."""
-    record_event(task, EventKind.NOTE, f"isolation: {described['summary']}", {"isolation": described}, redactor=redactor)
+def isolation_note(described: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The note that logs what confines a task (``isolation_of``), recorded with the move that
+    starts it (``services.transition``'s ``notes``), which also stores its line."""
+    return f"isolation: {described['summary']}", {"isolation": described}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
@@ -60,17 +61,21 @@ def _check_review(task: Task, fields: dict[str, Any]) -> None:
                        field="review", state=task.state)
 
 
+Note = tuple[str, dict[str, Any]]  # a note recorded right after a move's own event: summary, data
+
+
 def _try_write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None,
-                    **fields: Any) -> bool:
+                    notes: Sequence[Note] = (), **fields: Any) -> bool:
     """``_write_task`` without the raise: False when the task moved on, and nothing was written.
+    ``notes`` are logged right after the change's event, numbered by the same update.
 
     No savepoint of its own: a refused move writes nothing, so it never has to be undone apart
     from its caller's transaction; any other error undoes the caller's transaction with it."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):
-        # The event's number is taken in the same statement (``tasks.events.numbered_update``).
+        # The events' numbers are taken in the same statement (``tasks.events.numbered_update``).
         seq = numbered_update(Task.objects.filter(pk=task.pk, state=task.state, version=task.version),
-                              version=F("version") + 1, updated_at=now, **fields)
+                              1 + len(notes), version=F("version") + 1, updated_at=now, **fields)
         if seq is None:
             return False
         task.version += 1
@@ -78,6 +83,8 @@ def _try_write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *
         for key, value in fields.items():
             setattr(task, key, value)
         record_event(task, kind, summary, {**data, "version": task.version}, redactor=redactor, seq=seq)
+        for number, (note, note_data) in enumerate(notes, start=seq + 1):
+            record_event(task, EventKind.NOTE, note, note_data, redactor=redactor, seq=number)
     return True
 
 
@@ -95,9 +102,11 @@ def transition(
     data: dict[str, Any] | None = None,
     wake: bool = True,
     redactor: Redactor | None = None,
+    notes: Sequence[Note] = (),
     **fields: Any,
 ) -> Task:
     """Move ``task`` to ``new_state`` if it is still where the caller saw it (``_write_task``).
+    ``notes``: logged right after the move's event, numbered by its update (the start's isolation).
 
     The move must be in the table (``tasks.states.ALLOWED``). Appends a ``status`` event and runs
     the final-state cleanup when the task ends, which starts or fails the tasks waiting on it
@@ -133,7 +142,8 @@ def transition(
     _check_review(task, fields)
     # No savepoint: a refused move writes nothing and raises after the block (``_try_write_task``).
     with transaction.atomic(savepoint=False):
-        moved = _try_write_task(task, EventKind.STATUS, summary, detail, redactor=redactor, state=new_state, **fields)
+        moved = _try_write_task(task, EventKind.STATUS, summary, detail, redactor=redactor, notes=notes,
+                                state=new_state, **fields)
         if moved:
             _after_move(task, old_state, new_state, wake=wake)
     if not moved:

@@ -21,7 +21,7 @@ TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
 # Statements one trivial run executes in the worker's own thread, from its claim to its finish
 # (the queue's own statements, the release and the task's view are not counted). SQLite counts
 # its BEGIN IMMEDIATE and COMMIT; PostgreSQL its row locks (``runs.lock_task``).
-MOST = {"sqlite": 45, "postgresql": 47}
+MOST = {"sqlite": 44, "postgresql": 46}
 LATE = "sk-live-added-while-it-ran-7c1d"
 
 
@@ -89,3 +89,18 @@ def test_a_worker_keeps_its_database_connection_from_one_run_to_the_next(box: Bo
     task_id, _ = run_counted(box, settings)
     assert box.task(task_id)["state"] == "done"
     assert kept is not None and connection.connection is kept
+
+
+def test_the_start_logs_its_move_then_its_isolation_numbered_by_the_moves_own_update(box: Box, settings: Any) -> None:
+    task_id, statements = run_counted(box, settings)
+    logged = list(TaskEvent.objects.filter(task_id=task_id).order_by("seq").values_list("seq", "kind", "summary"))
+    assert [seq for seq, _, _ in logged] == list(range(1, len(logged) + 1))  # no gap, no duplicate
+    running = next(i for i, (_, kind, summary) in enumerate(logged) if kind == EventKind.STATUS and summary == "running")
+    assert logged[running + 1][1:] == (EventKind.NOTE, logged[running + 1][2])
+    assert logged[running + 1][2].startswith("isolation: ")
+    assert Task.objects.get(pk=task_id).event_seq == logged[-1][0]
+    claim = next(i for i, sql in enumerate(statements) if "lease_token" in sql and sql.startswith("UPDATE"))
+    numbered = [sql for sql in statements[claim:] if "RETURNING" in sql and "event_seq" in sql]
+    # the move to running takes both its numbers; then the step, its result and the move to done
+    assert len(numbered) == 4, "\n".join(numbered)
+    assert "'running'" in numbered[0] and '"event_seq" + 2' in numbered[0]
