@@ -65,8 +65,8 @@ class Janitor:
                 self._thread.start()
                 atexit.register(self.drain)  # an ordinary exit (a management command)
                 multiprocessing.util.Finalize(self, self.drain, exitpriority=10)  # a django-q2 worker's exit
-            self._idle.clear()
             self._jobs.put((job, then))
+            self._idle.clear()  # under the lock, as ``_work``'s check: a drain never misses this job
 
     def _work(self, jobs: queue.Queue[tuple[str, Then]]) -> None:
         while True:
@@ -87,7 +87,9 @@ class Janitor:
                 jobs.task_done()
                 if jobs.unfinished_tasks == 0:
                     connection.close()  # hold no database connection while idle
-                    self._idle.set()
+                with self._lock:  # no job submitted between the count and the flag
+                    if jobs.unfinished_tasks == 0:
+                        self._idle.set()
 
     @staticmethod
     def _release(task_id: str) -> None:
