@@ -7,6 +7,7 @@ from typing import Any
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tasks import lifecycle
 from tasks.facts import Facts, refreshed
 from tasks.finalize import begin_run, finish_run
 from tasks.jobs import execute_run
@@ -104,3 +105,12 @@ def test_the_start_logs_its_move_then_its_isolation_numbered_by_the_moves_own_up
     # the move to running takes both its numbers; then the step, its result and the move to done
     assert len(numbered) == 4, "\n".join(numbered)
     assert "'running'" in numbered[0] and '"event_seq" + 2' in numbered[0]
+
+
+def test_a_release_reads_its_task_without_ordering_it(box: Box, settings: Any) -> None:
+    task_id, _ = run_counted(box, settings)
+    lifecycle.janitor.drain()
+    with CaptureQueriesContext(connection) as queries:
+        lifecycle.release(task_id)  # idempotent: again, as start-up reconcile would
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and '"tasks_task"."id" = ' in q["sql"]]
+    assert reads and not [sql for sql in reads if "ORDER BY" in sql], reads  # a ``first()`` orders and slices

@@ -252,8 +252,8 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> 
             return
         meta = Meta.load(directory)
         if not meta.sealed:
-            task = Task.objects.filter(pk=task_id).select_related("workspace").first()
-            layer = Layer.objects.filter(task_id=task_id).first()
+            task = _task_of(task_id)
+            layer = next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most (one to one)
             if task is None or layer is None or task.state in ACTIVE:
                 return
             # The task's release runs in the background (tasks.lifecycle's janitor). Its layer
@@ -288,6 +288,15 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> 
                 meta.save(directory)
         if native and meta.format == "portable":
             _to_native(directory, meta)
+
+
+def _task_of(task_id: str) -> Task | None:
+    """The task with its workspace, or None when it is gone: a ``get``, where ``first()`` would
+    order and slice the query too (a third more CPU for a row that is read at every release)."""
+    try:
+        return Task.objects.select_related("workspace").get(pk=task_id)
+    except Task.DoesNotExist:
+        return None
 
 
 def _is_final(meta: Meta, native: bool) -> bool:
@@ -363,7 +372,7 @@ def _remove_view(task_id: str) -> None:
 def release(task_id: str, *, stopped: bool = False) -> None:
     """After ``task_id`` ended (or at start-up): unmount, seal, settle its layer. Idempotent.
     ``stopped``: ``sandbox.stop`` completed for the task just before."""
-    task = Task.objects.filter(pk=task_id).select_related("workspace").first()
+    task = _task_of(task_id)
     if task is not None and task.state in ACTIVE:
         log.warning("release(%s) called while the task is %s; its view is left alone", task_id, task.state)
         return
