@@ -104,7 +104,7 @@ def box_cpu_s(box: BenchBox) -> dict[str, float]:
     """CPU seconds used so far by each of the box's processes with every descendant (web;
     the cluster: its workers, their janitor threads, each sandboxed child and account tool, counted
     in its parent once waited for; the scheduler)."""
-    parents, times = {}, {}
+    parents, times, servers = {}, {}, set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -116,6 +116,15 @@ def box_cpu_s(box: BenchBox) -> dict[str, float]:
         # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
         parents[int(entry.name)] = int(fields[1])
         times[int(entry.name)] = sum(int(f) for f in fields[11:15]) / _TICK
+        if box.db_name:
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                    command = handle.read()
+            except OSError:
+                continue
+            # "postgres: 15/main: <user> <database> <client> <state>": this box's own backends
+            if command.startswith(b"postgres: ") and f" {box.db_name} ".encode() in command:
+                servers.add(int(entry.name))
     found = {}
     for role, proc in zip(("web", "cluster", "scheduler"), box.procs, strict=True):
         tree, grew = {proc.pid}, True
@@ -124,6 +133,10 @@ def box_cpu_s(box: BenchBox) -> dict[str, float]:
             grew = bool(more)
             tree |= more
         found[role] = sum(times.get(pid, 0.0) for pid in tree)
+    if box.db_name:
+        # The shared server's backends serving this box (a backend that ended meanwhile is missed:
+        # the box's connections are kept, so few do).
+        found["postgres"] = sum(times[pid] for pid in servers)
     return found
 
 
@@ -343,14 +356,19 @@ def main() -> None:
             box.request("PATCH", "/api/settings", {"maxActiveTasks": args.throughput + 10})
             lat, done, marks = first_step_latency(box, args.latency)
             rate, cpu_by_role = throughput(box, args.throughput)
-            cpu_per_task = sum(cpu_by_role.values())
+            cpu_per_task = sum(ms for role, ms in cpu_by_role.items() if role != "postgres")  # the box's own
+            cpu_before = box_cpu_s(box)
             steps = flow_steps(box, args.steps)
+            cpu_after = box_cpu_s(box)
+            cpu_by_step = {role: (cpu_after[role] - cpu_before[role]) * 1000 / args.steps for role in cpu_after}
         p50, p95, done_p50 = percentile(lat, 50), percentile(lat, 95), percentile(done, 50)
         phases[label.split(" ")[0]] = phase_table(marks)
         overheads.append((label, done_p50, cpu_per_task))
         print(f"{label:40} {p50:8.0f} {p95:8.0f} {'<= ' + str(target):>11} {done_p50:9.0f} {rate:8.1f} {'>= 20':>7}"
               f" {cpu_per_task:12.0f} {steps:8.0f} {'>= 100':>7} {os.getloadavg()[0]:5.1f}", flush=True)
         print(f"{'  cpu ms/task by process':40} " + ", ".join(f"{role} {ms:.0f}" for role, ms in cpu_by_role.items()), flush=True)
+        print(f"{'  cpu ms/step by process (steps/s task)':40} " + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu_by_step.items()),
+              flush=True)
     print(f"\n({args.latency} sequential tasks for latency; {args.throughput} trivial flow tasks posted at once for throughput;"
           f" one task of {args.steps} write steps for steps/s; load: the 1-minute load average after each row)")
     print_phases("a trivial task, median ms per phase (latency tasks)", phases)
