@@ -401,12 +401,19 @@ def create_task(body: Any, principal: Principal, *, source: str | None = None) -
 
 @transaction.atomic
 def _create_task(body: Any, principal: Principal, *, source: str | None) -> Task:
-    # At capacity the answer is 429 before the spec is even read: a refusal costs one count.
-    _refuse_at_capacity(BoxSettings.current().max_active_tasks)
+    # The settings row is read once, locked (so two creations at the limit cannot both pass), and
+    # the spec's defaults come from it; at capacity the answer is 429 before the spec is even read.
+    _refuse_at_capacity(_locked_settings().max_active_tasks)
     spec = parse_spec(body, principal, source=source)
-    # Again under the settings row's lock, so two creations at the limit cannot both pass.
-    _refuse_at_capacity(BoxSettings.objects.select_for_update().get_or_create(pk=1)[0].max_active_tasks)
     return _insert_task(spec, principal)
+
+
+def _locked_settings() -> BoxSettings:
+    """The settings row, locked until the transaction ends (PostgreSQL; SQLite's write
+    transaction holds the whole database), and kept as the operation's read (``boxsite.reads``)."""
+    row = BoxSettings.objects.select_for_update().get_or_create(pk=1)[0]
+    reads.keep("box_settings", row)
+    return row
 
 
 def _refuse_at_capacity(limit: int) -> None:
@@ -495,7 +502,7 @@ def retry_task(principal: Principal, task_id: str, body: Any) -> Task:
     # janitor's hands: finish it here, so the retry's run starts from a settled layer. Idempotent.
     lifecycle.release(task.pk)
     with transaction.atomic():
-        _refuse_at_capacity(BoxSettings.objects.select_for_update().get_or_create(pk=1)[0].max_active_tasks)
+        _refuse_at_capacity(_locked_settings().max_active_tasks)
         updates: dict[str, Any] = {}
         if "limits" in raised:
             updates["limits"] = {**task.limits, **raised["limits"]}
