@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Coroutine
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -33,30 +32,67 @@ class _Publisher:
     """This process's one event loop for live notifications, run on its own daemon thread.
 
     The channel layer keeps a Redis connection pool per event loop; ``async_to_sync`` made a fresh
-    loop (and so a fresh connection) per call. A forked child (a django-q2 worker) does not have
-    its parent's thread, so it starts its own loop on first use."""
+    loop (and so a fresh connection) per call. A caller hands its notification over and goes on
+    (a flow step's thread used to wait for six Redis round trips per event); the loop's thread
+    sends what is queued in order. A notification is only a wake-up (consumers re-read from their
+    cursor), so of those queued for one group while the previous batch went out only the last is
+    sent: it goes out after every event it stands for has committed. A forked child (a django-q2
+    worker) does not have its parent's thread: it starts its own loop and queue on first use."""
 
     def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = 0
+        self._queued: dict[str, dict[str, Any]] = {}  # group -> its newest message, in first-queued order
+        self._sending = False
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="box-publisher", daemon=True).start()
-                self._loop, self._pid = loop, os.getpid()
-            return self._loop
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="box-publisher", daemon=True).start()
+            self._loop = loop
+        return self._loop
 
-    def run(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run ``coroutine`` on the publisher's loop and wait for it (so errors reach the caller)."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
-        try:
-            future.result(timeout=PUBLISH_TIMEOUT_S)
-        except TimeoutError:
-            future.cancel()
-            raise
+    def send(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
+        """Queue ``sends`` (group, message), in order; they go out on the loop's thread."""
+        with self._lock:
+            for group, message in sends:
+                self._queued.pop(group, None)  # its newer message goes to the end: order is kept
+                self._queued[group] = message
+            if self._sending:
+                return  # the running batch takes these next
+            self._sending = True
+            loop = self._running_loop()
+        asyncio.run_coroutine_threadsafe(self._send_queued(), loop)
+
+    async def _send_queued(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queued = self._queued, {}
+                if not batch:
+                    self._sending = False  # under the lock that ``send`` checks it with
+                    self._idle.notify_all()
+                    return
+            try:
+                for group, message in batch.items():
+                    try:
+                        await asyncio.wait_for(get_channel_layer().group_send(group, message), PUBLISH_TIMEOUT_S)
+                    except Exception:  # noqa: BLE001 - a lost wake-up is recovered by the client's cursor and safety poll
+                        log.warning("live notification to %s failed; clients catch up from the log", group, exc_info=True)
+            except BaseException:  # cancelled (the loop stopping): the next send starts a batch again
+                with self._lock:
+                    self._sending = False
+                    self._idle.notify_all()
+                raise
+
+    def wait_sent(self, timeout: float = PUBLISH_TIMEOUT_S) -> bool:
+        """Wait until everything queued so far went out (tests, and a process about to end)."""
+        with self._lock:
+            return self._idle.wait_for(lambda: not self._sending, timeout)
 
 
 _publisher = _Publisher()
@@ -151,16 +187,12 @@ def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: st
     """Tell live consumers that ``task_id`` has a new event. A no-op without a channel layer
     (embedded mode, where consumers poll the event table)."""
 
-    layer = get_channel_layer()
-    if layer is None:
+    if get_channel_layer() is None:
         return
     message = {"type": "event.new", "task": task_id, "id": event_id, "seq": seq, "kind": kind}
+    _publisher.send([(task_group(task_id), message), (owner_group(owner_id), {**message, "type": "task.changed"})])
 
-    async def send_both() -> None:
-        await layer.group_send(task_group(task_id), message)
-        await layer.group_send(owner_group(owner_id), {**message, "type": "task.changed"})
 
-    try:
-        _publisher.run(send_both())
-    except Exception:  # noqa: BLE001 - a lost notification is recovered by the client's seq cursor
-        log.warning("live notification for %s seq %s failed; clients catch up from the log", task_id, seq, exc_info=True)
+def wait_published(timeout: float = PUBLISH_TIMEOUT_S) -> bool:
+    """Wait until this process's notifications queued so far went out; False on a timeout."""
+    return _publisher.wait_sent(timeout)
