@@ -7,7 +7,7 @@ device's cookie; the consumers refuse anyone neither of them names.
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boxsite.settings")
-os.environ["BOX_WEB_PROCESS"] = "1"  # settings: PostgreSQL through a bounded connection pool
+os.environ["BOX_WEB_PROCESS"] = "1"  # settings: each of its kept threads keeps its connection
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

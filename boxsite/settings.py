@@ -123,15 +123,10 @@ if DATABASE_URL:
         _db["TEST"] = {"NAME": _test_name}
     # A connection the database dropped (a restart, a terminated backend) is replaced before use.
     _db["CONN_HEALTH_CHECKS"] = True
-    if env_bool("BOX_WEB_PROCESS", False):
-        # The web process (ASGI, set by boxsite.asgi) borrows from one bounded pool for each
-        # request; a request finding it empty waits for a connection rather than failing.
-        _db["CONN_MAX_AGE"] = 0
-        _db.setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1,
-            "max_size": env_int("BOX_DB_POOL_SIZE", 10, minimum=1),
-            "timeout": env_float("BOX_DB_POOL_TIMEOUT_S", 30.0),
-        }
+    # Every process keeps its connections (``BOX_DB_CONN_MAX_AGE``), checked before each request's
+    # or job's first use: the worker and the scheduler have one, and the web process one per
+    # thread it serves requests on (``BOX_WEB_THREADS``, kept for its life by boxsite.handler)
+    # and one for the live streams' reads (Channels runs them on one thread).
     DATABASES = {"default": _db}
 else:
     _sqlite_path = env_path("BOX_SQLITE_PATH", str(BOX_DATA_DIR / "box.sqlite3"))

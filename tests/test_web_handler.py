@@ -1,9 +1,14 @@
 """The web process serves requests on a few threads kept for its life (boxsite.handler): a
 request's signals, middleware and view run on one of them, and requests at the same time run on
-different ones."""
+different ones. Each thread keeps its database connection (on PostgreSQL too: a pool checkout per
+request cost a round trip and its bookkeeping)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +16,7 @@ from typing import Any
 import pytest
 from django.core.signals import request_started
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 from boxsite.asgi import application, django_app
 from tests.conftest import Box
@@ -73,3 +79,37 @@ def test_requests_at_the_same_time_are_served_on_threads_of_their_own(box: Box, 
 
     assert asyncio.run(together()) == [200] * 3
     assert len(set(serving_threads)) == 3, serving_threads
+
+
+def _web_process_database() -> dict[str, Any]:
+    """The web process's database settings, as its settings module makes them (a process of its own)."""
+    code = ("import json; from django.conf import settings; d = settings.DATABASES['default'];"
+            " print(json.dumps({'CONN_MAX_AGE': d.get('CONN_MAX_AGE', 0), 'OPTIONS': d.get('OPTIONS', {})}))")
+    env = {**os.environ, "BOX_WEB_PROCESS": "1", "DJANGO_SETTINGS_MODULE": "boxsite.settings"}
+    found = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return dict(json.loads(found.stdout.strip().splitlines()[-1]))
+
+
+def test_a_web_thread_keeps_its_database_connection_across_requests(box: Box, serving_threads: list[str]) -> None:
+    web = _web_process_database()
+    assert "pool" not in web["OPTIONS"]
+    assert web["CONN_MAX_AGE"] is None or web["CONN_MAX_AGE"] > 0
+    opened: list[str] = []
+
+    def created(**kwargs: Any) -> None:
+        opened.append(threading.current_thread().name)
+
+    database = connections.settings["default"]
+    kept = database["CONN_MAX_AGE"]
+    database["CONN_MAX_AGE"] = web["CONN_MAX_AGE"]  # the threads' connections are made from this dict
+    connection_created.connect(created)
+    try:
+        async def one_after_another() -> list[int]:
+            return [await _get("/api/tasks", box.token) for _ in range(10)]
+
+        assert asyncio.run(one_after_another()) == [200] * 10
+    finally:
+        connection_created.disconnect(created)
+        database["CONN_MAX_AGE"] = kept
+    assert len(set(serving_threads)) == 1
+    assert opened in ([], serving_threads[:1]), opened  # at most its first request opened one

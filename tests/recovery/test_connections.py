@@ -12,10 +12,10 @@ from tests.recovery.test_supervisor import _setup, runbox
 
 CLIENTS = 100
 REQUESTS_EACH = 5
-POOL = 8
-# The web pool, plus what the other processes hold: two workers (a run and its heartbeat each),
-# the cluster's own processes, the scheduler and the supervisor.
-BOUND = POOL + 10
+THREADS = 8
+# The web process's threads and its live streams' one, plus what the other processes hold: two
+# workers (a run and its heartbeat each), the cluster's own processes, the scheduler and the supervisor.
+BOUND = THREADS + 1 + 10
 
 
 def _connections(database: str) -> int:
@@ -24,7 +24,7 @@ def _connections(database: str) -> int:
 
 
 def test_a_hundred_concurrent_clients_get_no_5xx_within_the_connection_bound(box_env, tmp_path):
-    env = {**box_env, "BOX_DB_POOL_SIZE": str(POOL), "BOX_WORKERS": "2"}
+    env = {**box_env, "BOX_WEB_THREADS": str(THREADS), "BOX_WORKERS": "2"}
     token = _setup(env)
     database = env.get("DATABASE_URL", "").rsplit("/", 1)[-1] if "DATABASE_URL" in env else None
     statuses: list[int] = []
