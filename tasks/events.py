@@ -17,7 +17,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import F, QuerySet
-from django.db.models.sql import UpdateQuery
+from django.db.models.sql import InsertQuery, UpdateQuery
 
 from tasks.facts import Redactor, redactor_for
 from tasks.models import Task, TaskEvent
@@ -196,3 +196,54 @@ def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: st
 def wait_published(timeout: float = PUBLISH_TIMEOUT_S) -> bool:
     """Wait until this process's notifications queued so far went out; False on a timeout."""
     return _publisher.wait_sent(timeout)
+
+
+def record_numbered_event(rows: QuerySet[Task], values: dict[str, Any], task: Task, kind: str, summary: str,
+                          data: dict[str, Any] | None = None, *, cost_cents: int = 0, artifacts: list[Any] | None = None,
+                          redactor: Redactor) -> TaskEvent:
+    """``numbered_update(rows, **values)`` and ``record_event`` of the event that records it, at its
+    number; one statement on PostgreSQL (a data-modifying ``WITH``: the task row is updated, and
+    so held, before the event is inserted), two elsewhere. Call inside the transaction of the change."""
+    connection = transaction.get_connection()
+    if connection.vendor != "postgresql":
+        seq = numbered_update(rows, **values)
+        if seq is None:
+            raise Task.DoesNotExist(f"no task '{task.pk}'")
+        return record_event(task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=redactor, seq=seq)
+    if not connection.in_atomic_block:
+        raise RuntimeError("record_numbered_event must run inside the transaction that made the change")
+    event = TaskEvent(task_id=task.pk, seq=0, kind=kind, summary=redactor.text(summary)[:MAX_SUMMARY],
+                      data=redactor.redact(data or {}), cost_cents=cost_cents, artifacts=redactor.redact(artifacts or []))
+    update: UpdateQuery = rows.query.chain(UpdateQuery)  # type: ignore[assignment]  # as QuerySet.update builds it
+    update.add_update_values({**values, "event_seq": F("event_seq") + 1})
+    update_sql, update_params = update.get_compiler(rows.db).as_sql()
+    fields = [f for f in TaskEvent._meta.local_concrete_fields if not f.primary_key]
+    insert = InsertQuery(TaskEvent)
+    insert.insert_values(fields, [event])
+    compiler = insert.get_compiler(rows.db)
+    prepared = [compiler.prepare_value(field, compiler.pre_save_val(field, event)) for field in fields]
+    placeholder_rows, param_rows = compiler.assemble_as_sql(fields, [prepared])
+    quote = connection.ops.quote_name
+    number = quote(Task._meta.get_field("event_seq").column)
+    columns, selected, params = [], [], list(update_params)
+    for field, placeholder, param in zip(fields, placeholder_rows[0], param_rows[0], strict=True):
+        columns.append(quote(field.column))
+        if field.name == "seq":
+            selected.append(f"moved.{number}")
+        else:
+            selected.append(placeholder)
+            params.append(param)
+    sql = (f"WITH moved AS ({update_sql} RETURNING {number}) "
+           f"INSERT INTO {quote(TaskEvent._meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} FROM moved "
+           f"RETURNING {quote(TaskEvent._meta.pk.column)}, {quote(TaskEvent._meta.get_field('seq').column)}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    if len(found) != 1:
+        raise Task.DoesNotExist(f"no task '{task.pk}'")
+    event.pk, event.seq = found[0]
+    event._state.adding, event._state.db = False, rows.db
+    seq, owner_id = event.seq, task.owner_id
+    task.event_seq = seq
+    transaction.on_commit(lambda: publish_event(task.pk, owner_id, event.pk, seq, kind))
+    return event

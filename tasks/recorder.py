@@ -16,7 +16,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 
 from tasks import runs
-from tasks.events import numbered_update, record_event
+from tasks.events import record_numbered_event
 from tasks.facts import Redactor
 from tasks.models import EventKind, Task
 
@@ -91,8 +91,9 @@ class StepRecorder:
         (counter, limit name): count one action first, in the same transaction (``count``);
         past the limit nothing is recorded and ``LimitReached`` goes up."""
 
-        def locking() -> int | None:
-            """The task row's write: the counted action and the progress, with the event's number."""
+        def locking() -> None:
+            """The task row's write (the counted action and the progress) and the event at the
+            number it takes: one statement on PostgreSQL (``record_numbered_event``)."""
             updates: dict[str, Any] = {}
             if counts is not None:
                 updates["spent"] = self._counted(*counts)  # its read locks the row
@@ -106,16 +107,12 @@ class StepRecorder:
                 updates["progress"] = max(0.0, min(1.0, progress))
             if cost_cents:
                 updates["cost_cents"] = F("cost_cents") + cost_cents
-            seq = numbered_update(Task.objects.filter(pk=self.task.pk), **updates)
+            record_numbered_event(Task.objects.filter(pk=self.task.pk), updates, self.task, kind, summary, data,
+                                  cost_cents=cost_cents, artifacts=artifacts, redactor=self.redactor)
             if counts is not None:
                 self.task.spent = updates["spent"]
-            return seq
 
-        def write(seq: int | None) -> None:
-            record_event(self.task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=self.redactor,
-                         seq=seq)
-
-        self._guarded(locking, write)
+        self._guarded(locking, lambda _: None)  # the lease proven after the row and the event, before commit
         if resume is not None:
             self.task.resume = resume
         if records is not None:
