@@ -65,8 +65,11 @@ def test_a_burst_of_events_ends_with_a_wake_up_for_its_last_event_in_each_group(
     for seq in range(1, 51):
         publish_event("burst", 7, seq, seq, "step")
     assert wait_published()
+    received_by = {channel: async_to_sync(_receive_all)(redis_layer, channel) for channel in (task_channel, owner_channel)}
+    async_to_sync(redis_layer.group_discard)(task_group("burst"), task_channel)
+    async_to_sync(redis_layer.group_discard)(owner_group(7), owner_channel)
     for channel, kind in ((task_channel, "event.new"), (owner_channel, "task.changed")):
-        received = async_to_sync(_receive_all)(redis_layer, channel)
+        received = received_by[channel]
         assert [m["type"] for m in received] == [kind] * len(received)
         seqs = [m["seq"] for m in received]
         assert seqs == sorted(seqs) and seqs[-1] == 50, "in order, the last one last"
