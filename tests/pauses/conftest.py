@@ -25,6 +25,10 @@ def _release_what_tests_leave_waiting(request: pytest.FixtureRequest) -> Any:
     if "box" not in request.fixturenames:
         yield
         return
+    if "driver" in request.fixturenames:
+        # A layer test's data directory (tests/layers/conftest.py) is removed at its driver's
+        # teardown: set up before the box, so the box's releases still find the task users there.
+        request.getfixturevalue("driver")
     request.getfixturevalue("box")  # set up first, so it is torn down after this cleanup
     yield
 
