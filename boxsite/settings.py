@@ -108,6 +108,9 @@ TEMPLATES = [
 ]
 
 # --- database ---------------------------------------------------------------------------
+if env_str("BOX_DB_POOL_SIZE") is not None:  # a setting that is gone is refused, never ignored
+    raise ImproperlyConfigured("BOX_DB_POOL_SIZE is gone: each web thread keeps one database connection, so "
+                               "BOX_WEB_THREADS bounds them; remove BOX_DB_POOL_SIZE")
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("BOX_DB_CONN_MAX_AGE", 60))
