@@ -65,17 +65,11 @@ def test_a_trivial_run_reads_the_vault_stamp_three_times_and_looks_for_dependent
 
 
 def test_a_secret_added_to_the_vault_while_a_run_ran_is_masked_in_its_outcome(box: Box, settings: Any) -> None:
-    queue_through_the_cluster(settings)
-    created = box.create(title="late secret", flow=TRIVIAL)
-    begun = begin_run(Run.objects.get(task_id=created["id"]).pk)
-    assert begun is not None
-    run, token, go = begun
-    assert go
-    task = Task.objects.get(pk=created["id"])
+    task, run, token = _claimed(box, settings, "late secret")
     recorder = StepRecorder(task, run.pk, token, Facts.of(task).redactor())
     set_secret("LATE_KEY", LATE)  # after the run's redactor was built
     finish_run(task, run, token, recorder, Failed(f"the step printed {LATE}", recoverable=False), 5)
-    view = box.task(created["id"])
+    view = box.task(task.pk)
     assert view["state"] == "failed"
     assert LATE not in str(view)
     logged = list(TaskEvent.objects.filter(task_id=task.pk).values_list("summary", "data"))
@@ -131,14 +125,19 @@ def test_a_release_reads_its_task_without_ordering_it(box: Box, settings: Any) -
     assert reads and not [sql for sql in reads if "ORDER BY" in sql], reads  # a ``first()`` orders and slices
 
 
-def _recorder(box: Box, settings: Any) -> tuple[Task, StepRecorder]:
+def _claimed(box: Box, settings: Any, title: str) -> tuple[Task, Run, str]:
+    """A trivial task whose start run this test claimed (the cluster's first move, done here)."""
     queue_through_the_cluster(settings)
-    created = box.create(title="recorded", flow=TRIVIAL)
+    created = box.create(title=title, flow=TRIVIAL)
     begun = begin_run(Run.objects.get(task_id=created["id"]).pk)
     assert begun is not None
     run, token, go = begun
     assert go
-    task = Task.objects.get(pk=created["id"])
+    return Task.objects.get(pk=created["id"]), run, token
+
+
+def _recorder(box: Box, settings: Any) -> tuple[Task, StepRecorder]:
+    task, run, token = _claimed(box, settings, "recorded")
     set_secret("STEP_KEY", LATE)
     return task, StepRecorder(task, run.pk, token, Facts.of(task).redactor())
 
