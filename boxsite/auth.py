@@ -2,9 +2,14 @@
 and Django sessions (the owner's browser, with CSRF)."""
 from __future__ import annotations
 
+import functools
 import secrets
-from typing import Any
+from typing import Any, TypeVar
 
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Field, Model
+from django.db.models.expressions import Col
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
@@ -12,6 +17,7 @@ from boxsite.models import ApiToken, Device, hash_key
 
 DEVICE_COOKIE = "box_device"
 TOKEN_PREFIX = "box_"
+C = TypeVar("C", ApiToken, Device)
 
 
 def new_token_value() -> str:
@@ -26,18 +32,62 @@ def issue_api_token(user: Any, name: str, *, can_use_folders: bool = False) -> t
 
 
 def token_for(raw: str) -> ApiToken | None:
-    try:  # the hash is unique: get() asks for no ordering (first() would sort by id)
-        token = ApiToken.objects.select_related("user").get(key_hash=hash_key(raw), revoked_at__isnull=True)
-    except ApiToken.DoesNotExist:
-        return None
-    return token if token.user.is_active else None
+    token = _credential_with_user(ApiToken, raw)
+    return token if token is not None and token.user.is_active else None
 
 
 def device_for(raw: str) -> Device | None:
-    device = Device.objects.select_related("user").filter(key_hash=hash_key(raw), revoked_at__isnull=True).first()
-    if device is None or not device.user.is_active:
+    device = _credential_with_user(Device, raw)
+    return device if device is not None and device.user.is_active else None
+
+
+def _credential_with_user(model: type[C], raw: str) -> C | None:
+    """The unrevoked ``model`` row (a token, a device) whose key hashes as ``raw`` does, its user
+    read with it. Every request asks once: the statement is written once per process, where the
+    ORM built the join of both tables' columns each time (about 0.3 ms of CPU, a fifth of a
+    light request)."""
+    sql, columns = _credential_statement(model, connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [hash_key(raw)])
+        row = cursor.fetchone()
+    if row is None:
         return None
-    return device
+    values = []
+    for value, (col, converters) in zip(row, columns, strict=True):
+        for convert in converters:  # as the ORM reads them (SQLite's datetimes are text, say)
+            value = convert(value, col, connection)
+        values.append(value)
+    own = len(model._meta.concrete_fields)
+    credential = model.from_db(connection.alias, [col.target.attname for col, _ in columns[:own]], values[:own])
+    user = get_user_model().from_db(connection.alias, [col.target.attname for col, _ in columns[own:]], values[own:])
+    credential.user = user
+    return credential
+
+
+@functools.cache
+def _credential_statement(model: type[Model], vendor: str) -> tuple[str, list[tuple[Col, list[Any]]]]:
+    """The join of ``model``'s row and its user's, by the key's hash (unique), and what reads
+    each column it selects (the credential's, then the user's, in their models' order)."""
+    quote = connection.ops.quote_name
+    user_model = get_user_model()
+    own, users = quote(model._meta.db_table), quote(user_model._meta.db_table)
+    columns = (*model._meta.concrete_fields, *user_model._meta.concrete_fields)
+    selected = ", ".join(f"{quote(f.model._meta.db_table)}.{quote(_column(f.model, f.name))}" for f in columns)
+    user_id, key_hash, revoked_at = (quote(_column(model, name)) for name in ("user", "key_hash", "revoked_at"))
+    user_pk = quote(_column(user_model, user_model._meta.pk.name))
+    return (f"SELECT {selected} FROM {own} INNER JOIN {users} ON {own}.{user_id} = {users}.{user_pk} "
+            f"WHERE {own}.{key_hash} = %s AND {own}.{revoked_at} IS NULL"), [_reader(f) for f in columns]
+
+
+def _column(model: type[Model], name: str) -> str:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.column is not None
+    return field.column
+
+
+def _reader(field: Field[Any, Any]) -> tuple[Col, list[Any]]:
+    col = field.cached_col
+    return col, [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

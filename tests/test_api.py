@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from boxsite.auth import device_for, token_for
+from boxsite.models import ApiToken, Device, hash_key
 from tasks.events import record_event
 from tasks.models import Task
 from tests.factories import flow, make_owner
@@ -26,6 +29,28 @@ def test_a_revoked_or_unknown_token_is_refused(box):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Bearer box_not-a-real-token")
     assert client.get("/api/tasks").status_code == 401
+    assert box.api.get("/api/tasks").status_code == 200
+    ApiToken.objects.filter(user=box.owner).update(revoked_at=timezone.now())
+    assert box.api.get("/api/tasks").status_code == 401
+
+
+def test_a_token_of_an_inactive_owner_is_refused(box):
+    type(box.owner).objects.filter(pk=box.owner.pk).update(is_active=False)
+    assert box.api.get("/api/tasks").status_code == 401
+
+
+def test_a_token_and_a_device_are_read_with_their_user_as_the_orm_reads_them(box):
+    box.api.get("/api/tasks")  # the token's last use written
+    device = Device.objects.create(user=box.owner, name="phone", key_hash=hash_key("raw-device-key"),
+                                   last_seen_at=timezone.now())
+    for read, expected in ((token_for(box.token), ApiToken.objects.select_related("user").get(key_hash=hash_key(box.token))),
+                           (device_for("raw-device-key"), Device.objects.select_related("user").get(pk=device.pk))):
+        assert read is not None
+        assert expected.last_used_at if isinstance(expected, ApiToken) else expected.last_seen_at
+        for model_read, model_expected in ((read, expected), (read.user, expected.user)):
+            fields = type(model_expected)._meta.concrete_fields
+            assert [getattr(model_read, f.attname) for f in fields] == [getattr(model_expected, f.attname) for f in fields]
+            assert not model_read._state.adding
 
 
 def test_a_session_needs_the_csrf_token_for_changes(box):
