@@ -15,6 +15,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import F
 
 from boxsite.errors import Conflict, InvalidSpec
 from tasks.layers import paths
@@ -180,14 +181,18 @@ def _why(edge: Dependency, on_state: str) -> str:
 
 
 def verdict(task: Task) -> Verdict:
-    edges = list(Dependency.objects.filter(task=task).select_related("on").order_by("pk"))
+    """Read in the dependency's final move, which holds its row (and on SQLite the one write
+    lock): the edges' own columns and each dependency's state only, not its whole row (about
+    half the CPU); the edge that fails, when one does, is read whole."""
+    edges = Dependency.objects.filter(task=task).order_by("pk").annotate(on_state=F("on__state"))
     waiting = False
-    for edge in edges:
-        state = edge_state(edge, edge.on.state)
+    for edge in edges.only("id", "task_id", "on_id", "condition", "artifact", "required"):
+        state = edge_state(edge, edge.on_state)
         if state == "waiting":
             waiting = True
         elif state == "unsatisfied" and edge.required:
-            return Verdict(failure=_why(edge, edge.on.state), edge=edge)
+            failed = Dependency.objects.select_related("on").get(pk=edge.pk)
+            return Verdict(failure=_why(failed, edge.on_state), edge=failed)
     return Verdict(ready=not waiting)
 
 
