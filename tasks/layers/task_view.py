@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 REOPENED = ".reopened"  # a retried copy-driver task's layer, until it is laid over its new view
 
 
-def current_stack(workspace: Workspace) -> list[str]:
+def current_stack(workspace: Workspace | int) -> list[str]:
     """The done tasks whose layers make up the workspace now, newest first."""
     return list(
         Layer.objects.filter(workspace=workspace, state=LayerState.APPLIED)
@@ -45,26 +45,21 @@ def current_stack(workspace: Workspace) -> list[str]:
 # --- opening ---------------------------------------------------------------------------------
 
 def _record_layer(task: Task) -> Layer:
-    """Create the task's layer row and record its stack, once (a retry finds them)."""
-    existing = Layer.objects.filter(task=task).first()
+    """Create the task's layer row and record its stack, once (a retry finds them). Call under
+    ``lifecycle.prepare``'s hold on the task: one start of it at a time, so the row is inserted
+    plainly, with no look-up first (``get_or_create``)."""
+    existing = next(iter(Layer.objects.filter(task_id=task.pk)), None)  # one at most: no ordering
     if existing is not None:
         task.layers = Task.objects.filter(pk=task.pk).values_list("layers", flat=True).get()
         return existing
-    driver = driver_name()
+    driver, path = driver_name(), str(paths.layer_dir(task.pk))
     if task.folders:
-        layer, _ = Layer.objects.get_or_create(
-            task=task, defaults={"workspace": None, "driver": driver, "path": str(paths.layer_dir(task.pk))})
-        return layer
+        return Layer.objects.create(task=task, workspace=None, driver=driver, path=path)
     with workspace_lock(task.workspace_id):
         with transaction.atomic():
-            layer, created = Layer.objects.get_or_create(
-                task=task,
-                defaults={"workspace": task.workspace, "driver": driver, "path": str(paths.layer_dir(task.pk))})
-            if created:
-                task.layers = current_stack(task.workspace)
-                Task.objects.filter(pk=task.pk).update(layers=task.layers)
-            else:
-                task.layers = Task.objects.filter(pk=task.pk).values_list("layers", flat=True).get()
+            layer = Layer.objects.create(task=task, workspace_id=task.workspace_id, driver=driver, path=path)
+            task.layers = current_stack(task.workspace_id)
+            Task.objects.filter(pk=task.pk).update(layers=task.layers)
     return layer
 
 
