@@ -183,15 +183,25 @@ def free_workers() -> int:
 
 
 def stranded_runs(now: Any) -> list[int]:
-    """Queued runs sent more than ``BOX_RESEND_S`` ago while a worker is free to take them.
+    """Queued runs the queue seems to have lost, while a worker is free to take them: sent more
+    than ``BOX_RESEND_S`` ago, and either overtaken (a run sent after it was claimed since then:
+    the queue hands runs out in the order they were sent) or no run at all was claimed in that
+    time (the queue died with its cluster).
 
     A queue message can die with a cluster (prefetched, or locked by a reader that is gone).
-    Re-sending is safe because a second delivery of a claimed run does nothing; waiting for a
-    free worker keeps a busy box from piling copies into its queue."""
+    Re-sending is safe because a second delivery of a claimed run does nothing; a run merely
+    waiting its turn behind a busy queue is not sent again, nor while no worker is free: copies
+    would pile up in the queue (a burst sent 105 copies for 44 tasks when every run older than
+    ``BOX_RESEND_S`` was sent again). A dependent's run its dependency's worker took at once
+    (``hold_first``) overtakes the queue too: a run waiting then is sent again, as before."""
     if free_workers() <= 0:
         return []
     before = now - timedelta(seconds=settings.BOX_RESEND_S)
-    return list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=before).values_list("pk", flat=True))
+    waiting = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=before).values_list("pk", "enqueued_at"))
+    if not waiting:
+        return []
+    last_claimed = Run.objects.filter(started_at__gte=before).aggregate(sent=Max("enqueued_at"))["sent"]
+    return [run_id for run_id, sent in waiting if last_claimed is None or sent < last_claimed]
 
 
 def cluster_stuck(now: Any = None, *, for_s: float | None = None) -> bool:
