@@ -107,6 +107,7 @@ def _execute(run_id: int) -> int | None:
     if handing_back.is_set():
         return None  # the cluster is stopping: the run stays queued and is sent again at start-up
     close_old_connections()
+    _skip_the_health_check()
     started = time.monotonic()
     try:
         begun = begin_run(run_id)  # claimed, and the task running: one transaction
@@ -185,6 +186,14 @@ def _execute(run_id: int) -> int | None:
         log.warning("run %s hit a database fault while finishing; handing it back to retry: %s", run_id, exc)
         _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
     return None
+
+
+def _skip_the_health_check() -> None:
+    """The job's first statement goes without the health check's ``SELECT 1`` (a round trip before
+    every job, ``CONN_HEALTH_CHECKS``): the claim is that statement, and ``begin_run`` tries its
+    transaction again on a fresh connection when the kept one turns out dead."""
+    if connection.connection is not None:
+        connection.health_check_done = True  # type: ignore[attr-defined]  # the check's own flag (BaseDatabaseWrapper)
 
 
 def _release_if_ended(task_id: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -99,6 +100,22 @@ def test_a_worker_keeps_its_database_connection_from_one_run_to_the_next(box: Bo
     task_id, _ = run_counted(box, settings)
     assert box.task(task_id)["state"] == "done"
     assert kept is not None and connection.connection is kept
+
+
+def test_a_job_whose_kept_connection_was_cut_off_claims_its_run_on_a_fresh_one(box: Box, settings: Any) -> None:
+    # The job's first statement goes without a health check (``tasks.jobs``): the claim retries.
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no server to cut a connection off")
+    run_counted(box, settings)
+    created = box.create(title="cut off", flow=TRIVIAL)
+    run_id = Run.objects.get(task_id=created["id"]).pk
+    kept = connection.connection
+    assert kept is not None
+    with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres", autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (kept.info.backend_pid,))
+    execute_run(run_id)
+    assert connection.connection is not kept
+    assert box.task(created["id"])["state"] == "done"
 
 
 def test_the_start_logs_its_move_then_its_isolation_numbered_by_the_moves_own_update(box: Box, settings: Any) -> None:
