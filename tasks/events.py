@@ -12,9 +12,11 @@ import asyncio
 import logging
 import os
 import threading
+from collections import defaultdict
 from typing import Any
 
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from django.db import transaction
 from django.db.models import F, QuerySet
 from django.db.models.sql import InsertQuery, UpdateQuery
@@ -78,11 +80,10 @@ class _Publisher:
                     self._idle.notify_all()
                     return
             try:
-                for group, message in batch.items():
-                    try:
-                        await asyncio.wait_for(get_channel_layer().group_send(group, message), PUBLISH_TIMEOUT_S)
-                    except Exception:  # noqa: BLE001 - a lost wake-up is recovered by the client's cursor and safety poll
-                        log.warning("live notification to %s failed; clients catch up from the log", group, exc_info=True)
+                try:
+                    await asyncio.wait_for(_send_batch(batch), PUBLISH_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - a lost wake-up is recovered by the client's cursor and safety poll
+                    log.warning("live notifications to %s failed; clients catch up from the log", list(batch), exc_info=True)
             except BaseException:  # cancelled (the loop stopping): the next send starts a batch again
                 with self._lock:
                     self._sending = False
@@ -93,6 +94,38 @@ class _Publisher:
         """Wait until everything queued so far went out (tests, and a process about to end)."""
         with self._lock:
             return self._idle.wait_for(lambda: not self._sending, timeout)
+
+
+async def _send_batch(batch: dict[str, dict[str, Any]]) -> None:
+    """Send each group its message, skipping the groups nobody is in (most, while no page is open)."""
+    layer = get_channel_layer()
+    watched = await _watched(layer, list(batch))
+    for group, message in batch.items():
+        if group not in watched:
+            continue
+        try:
+            await layer.group_send(group, message)
+        except Exception:  # noqa: BLE001 - a lost wake-up is recovered by the client's cursor and safety poll
+            log.warning("live notification to %s failed; clients catch up from the log", group, exc_info=True)
+
+
+async def _watched(layer: Any, groups: list[str]) -> set[str]:
+    """The groups with a member: one pipelined round trip per Redis server for the whole batch,
+    where ``group_send`` takes two for each group (its expiry sweep and its members' read), and
+    a consumer's group is there while its page is open. A member past the group's expiry still
+    counts: ``group_send`` then sweeps it out."""
+    if not isinstance(layer, RedisChannelLayer):
+        return set(groups)
+    by_server: dict[int, list[str]] = defaultdict(list)
+    for group in groups:
+        by_server[layer.consistent_hash(group)].append(group)
+    watched: set[str] = set()
+    for index, named in by_server.items():
+        pipe = layer.connection(index).pipeline(transaction=False)
+        for group in named:
+            pipe.exists(layer._group_key(group))
+        watched.update(group for group, found in zip(named, await pipe.execute(), strict=True) if found)
+    return watched
 
 
 _publisher = _Publisher()

@@ -88,3 +88,25 @@ async def _receive_all(layer: Any, channel: str) -> list[dict[str, Any]]:
             found.append(await asyncio.wait_for(layer.receive(channel), 0.5))
         except TimeoutError:
             return found
+
+
+def test_a_group_nobody_is_in_is_not_sent_to_and_a_watched_one_is(redis_layer: Any, monkeypatch: Any) -> None:
+    # group_send costs two Redis round trips per group even when nobody is in it (most groups,
+    # while no page is open); the batch's groups are looked up together first.
+    sent: list[str] = []
+    group_send = redis_layer.group_send
+
+    async def counted(group: str, message: dict[str, Any]) -> None:
+        sent.append(group)
+        await group_send(group, message)
+
+    monkeypatch.setattr(redis_layer, "group_send", counted)
+    channel = async_to_sync(redis_layer.new_channel)()
+    async_to_sync(redis_layer.group_add)(task_group("watched"), channel)
+    publish_event("unwatched", 8, 1, 1, "note")
+    publish_event("watched", 8, 2, 2, "note")
+    assert wait_published()
+    received = async_to_sync(_receive_all)(redis_layer, channel)
+    async_to_sync(redis_layer.group_discard)(task_group("watched"), channel)
+    assert sent == [task_group("watched")]
+    assert [m["seq"] for m in received] == [2]
