@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.db.models.sql import InsertQuery, UpdateQuery
 
+from tasks import runs
 from tasks.facts import Redactor, redactor_for
 from tasks.models import Task, TaskEvent
 
@@ -233,16 +234,24 @@ def wait_published(timeout: float = PUBLISH_TIMEOUT_S) -> bool:
 
 def record_numbered_event(rows: QuerySet[Task], values: dict[str, Any], task: Task, kind: str, summary: str,
                           data: dict[str, Any] | None = None, *, cost_cents: int = 0, artifacts: list[Any] | None = None,
-                          redactor: Redactor) -> TaskEvent:
+                          redactor: Redactor, lease: tuple[int, str] | None = None) -> TaskEvent | None:
     """``numbered_update(rows, **values)`` and ``record_event`` of the event that records it, at its
     number; one statement on PostgreSQL (a data-modifying ``WITH``: the task row is updated, and
-    so held, before the event is inserted), two elsewhere. Call inside the transaction of the change."""
+    so held, before the event is inserted), two elsewhere. Call inside the transaction of the change.
+    ``Task.DoesNotExist`` when ``rows`` matched nothing (nothing was written).
+
+    ``lease`` (run id, token): the run's lease is proven (and extended, ``runs.holds_lease``) after
+    the row is held; None when it is gone, and the caller undoes the transaction. On PostgreSQL the
+    lease's update is part of the same statement, made to wait for the task row's update by reading
+    it (the one lock order: the task row before its run's), so it costs no round trip of its own;
+    each row's update sees the row's last committed version, so a lease taken over meanwhile fails."""
     connection = transaction.get_connection()
     if connection.vendor != "postgresql":
         seq = numbered_update(rows, **values)
         if seq is None:
             raise Task.DoesNotExist(f"no task '{task.pk}'")
-        return record_event(task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=redactor, seq=seq)
+        recorded = record_event(task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=redactor, seq=seq)
+        return recorded if lease is None or runs.holds_lease(*lease) else None
     if not connection.in_atomic_block:
         raise RuntimeError("record_numbered_event must run inside the transaction that made the change")
     event = TaskEvent(task_id=task.pk, seq=0, kind=kind, summary=redactor.text(summary)[:MAX_SUMMARY],
@@ -266,15 +275,24 @@ def record_numbered_event(rows: QuerySet[Task], values: dict[str, Any], task: Ta
         else:
             selected.append(placeholder)
             params.append(param)
-    sql = (f"WITH moved AS ({update_sql} RETURNING {number}) "
-           f"INSERT INTO {quote(TaskEvent._meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} FROM moved "
-           f"RETURNING {quote(TaskEvent._meta.pk.column)}, {quote(TaskEvent._meta.get_field('seq').column)}")
+    insert_sql = (f"INSERT INTO {quote(TaskEvent._meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} FROM moved "
+                  f"RETURNING {quote(TaskEvent._meta.pk.column)}, {quote(TaskEvent._meta.get_field('seq').column)}")
+    if lease is None:
+        sql = f"WITH moved AS ({update_sql} RETURNING {number}) {insert_sql}"
+    else:
+        lease_sql, lease_params = runs.lease_statement(*lease)
+        sql = (f"WITH moved AS ({update_sql} RETURNING {number}), "
+               f"leased AS ({lease_sql} AND EXISTS (SELECT 1 FROM moved) RETURNING 1), "
+               f"added AS ({insert_sql}) SELECT added.*, EXISTS (SELECT 1 FROM leased) FROM added")
+        params = [*update_params, *lease_params, *params[len(update_params):]]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
     if len(found) != 1:
         raise Task.DoesNotExist(f"no task '{task.pk}'")
-    event.pk, event.seq = found[0]
+    if lease is not None and not found[0][2]:
+        return None
+    event.pk, event.seq = found[0][:2]
     event._state.adding, event._state.db = False, rows.db
     seq, owner_id = event.seq, task.owner_id
     task.event_seq = seq

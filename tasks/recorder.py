@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 
 from tasks import runs
 from tasks.events import record_numbered_event
@@ -60,17 +60,18 @@ class StepRecorder:
         # The one lock order: the task row before its run rows.
         return self._guarded(lambda: runs.lock_task(self.task.pk), lambda _: write())
 
-    def _guarded(self, locking: Callable[[], L], write: Callable[[L], T]) -> T:
+    def _guarded(self, locking: Callable[[], L], write: Callable[[L], T], *, proves_lease: bool = False) -> T:
         """``guarded``, with ``locking`` as the transaction's first statement: a write (or a
         locking read) of the task's row, in place of the row lock, so the lease is proven after
         the task row is held (the lock order); undone with the rest if the lease is gone. What it
-        returns is handed to ``write``."""
+        returns is handed to ``write``. ``proves_lease``: ``locking`` proved the lease itself, and
+        returns something false when it is gone."""
         deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
         while True:
             try:
                 with transaction.atomic():
                     first = locking()
-                    if not runs.holds_lease(self.run_id, self.token):
+                    if not (first if proves_lease else runs.holds_lease(self.run_id, self.token)):
                         raise LeaseLost(f"run {self.run_id} no longer holds its lease")
                     return write(first)
             except TRANSIENT_DB_ERRORS as exc:
@@ -91,28 +92,46 @@ class StepRecorder:
         (counter, limit name): count one action first, in the same transaction (``count``);
         past the limit nothing is recorded and ``LimitReached`` goes up."""
 
-        def locking() -> None:
-            """The task row's write (the counted action and the progress) and the event at the
-            number it takes: one statement on PostgreSQL (``record_numbered_event``)."""
-            updates: dict[str, Any] = {}
-            if counts is not None:
-                updates["spent"] = self._counted(*counts)  # its read locks the row
-            if resume is not None:
-                updates["resume"] = resume
-            if records is not None:
-                updates["records"] = records
-            if doing_now:
-                updates["step"] = self.redactor.text(summary)[:500]
-            if progress is not None:
-                updates["progress"] = max(0.0, min(1.0, progress))
-            if cost_cents:
-                updates["cost_cents"] = F("cost_cents") + cost_cents
-            record_numbered_event(Task.objects.filter(pk=self.task.pk), updates, self.task, kind, summary, data,
-                                  cost_cents=cost_cents, artifacts=artifacts, redactor=self.redactor)
-            if counts is not None:
-                self.task.spent = updates["spent"]
+        updates: dict[str, Any] = {}
+        if resume is not None:
+            updates["resume"] = resume
+        if records is not None:
+            updates["records"] = records
+        if doing_now:
+            updates["step"] = self.redactor.text(summary)[:500]
+        if progress is not None:
+            updates["progress"] = max(0.0, min(1.0, progress))
+        if cost_cents:
+            updates["cost_cents"] = F("cost_cents") + cost_cents
 
-        self._guarded(locking, lambda _: None)  # the lease proven after the row and the event, before commit
+        def record(rows: QuerySet[Task], values: dict[str, Any]) -> bool:
+            """The task row's write and the event at the number it takes, the lease proven after
+            the row is held: one statement on PostgreSQL (``record_numbered_event``)."""
+            return record_numbered_event(rows, values, self.task, kind, summary, data, cost_cents=cost_cents,
+                                         artifacts=artifacts, redactor=self.redactor, lease=(self.run_id, self.token)) is not None
+
+        def locking() -> bool:
+            if counts is None:
+                return record(Task.objects.filter(pk=self.task.pk), updates)
+            if connection.vendor == "postgresql":
+                # Counted from the row as this run last wrote it, written only if it is still so
+                # (no other writer of ``spent`` or ``limits`` came between): no locked read first.
+                seen = {"spent": self.task.spent, "limits": self.task.limits}
+                spent = self._counted_from(self.task, *counts, raising=False)
+                if spent is not None:
+                    try:
+                        held = record(Task.objects.filter(pk=self.task.pk, **seen), {**updates, "spent": spent})
+                    except Task.DoesNotExist:
+                        pass  # changed meanwhile: counted again from the locked row
+                    else:
+                        self.task.spent = spent
+                        return held
+            spent = self._counted(*counts)  # its read locks the row
+            held = record(Task.objects.filter(pk=self.task.pk), {**updates, "spent": spent})
+            self.task.spent = spent
+            return held
+
+        self._guarded(locking, lambda _: None, proves_lease=True)
         if resume is not None:
             self.task.resume = resume
         if records is not None:
@@ -160,9 +179,19 @@ class StepRecorder:
     def _counted(self, counter: str, limit_name: str | None, amount: int = 1) -> dict[str, Any]:
         """``spent`` with the action counted, for the caller to write; ``LimitReached`` past the limit."""
         task = Task.objects.select_for_update().only("spent", "limits").get(pk=self.task.pk)  # read-modify-write of spent
+        spent = self._counted_from(task, counter, limit_name, amount)
+        assert spent is not None
+        return spent
+
+    @staticmethod
+    def _counted_from(task: Task, counter: str, limit_name: str | None, amount: int = 1, *,
+                      raising: bool = True) -> dict[str, Any] | None:
+        """``task.spent`` with the action counted; past the limit ``LimitReached``, or None when not ``raising``."""
         spent = dict(task.spent)
         limit = task.limit(limit_name) if limit_name else None
         if limit_name and limit is not None and spent.get(counter, 0) + amount > limit:
+            if not raising:
+                return None
             raise LimitReached(
                 limit_name,
                 f"the task used all of its {limit_name} ({limit})",

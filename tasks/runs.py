@@ -132,11 +132,8 @@ def heartbeat(run_id: int, token: str) -> bool:
 
     Every guarded write of a run proves its lease with this (``holds_lease``): the statement is
     written once, where the ORM built the update each time (about 0.5 ms of CPU)."""
-    now = timezone.now()
-    adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
-        cursor.execute(_heartbeat_statement(connection.vendor),
-                       [adapt(now), adapt(now + lease_delta()), run_id, RunState.RUNNING.value, token])
+        cursor.execute(*lease_statement(run_id, token))
         return cursor.rowcount == 1
 
 
@@ -147,6 +144,14 @@ def _heartbeat_statement(vendor: str) -> str:
                                        ("heartbeat_at", "lease_expires_at", "id", "state", "lease_token"))
     return (f"UPDATE {quote(Run._meta.db_table)} SET {beat} = %s, {expires} = %s "
             f"WHERE {pk} = %s AND {state} = %s AND {token} = %s")
+
+
+def lease_statement(run_id: int, token: str) -> tuple[str, list[Any]]:
+    """``holds_lease``'s update and its parameters, for a statement that proves the lease as part
+    of its own work (``events.record_numbered_event``); it matches one row while the lease holds."""
+    now = timezone.now()
+    adapt = connection.ops.adapt_datetimefield_value
+    return _heartbeat_statement(connection.vendor), [adapt(now), adapt(now + lease_delta()), run_id, RunState.RUNNING.value, token]
 
 
 def holds_lease(run_id: int, token: str) -> bool:
