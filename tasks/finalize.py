@@ -74,7 +74,6 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
     redact = recorder.redactor = refreshed(recorder.redactor)
 
     def write() -> bool:
-        task.refresh_from_db()
         task.spent = {**task.spent, "elapsed_ms": task.spent.get("elapsed_ms", 0) + elapsed_ms}
         spent_with_move = isinstance(outcome, Done) and not task.is_final() and not task.criteria
         if not spent_with_move:
@@ -107,7 +106,7 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
             raise TypeError(f"unknown outcome {outcome!r}")
         return False
 
-    return recorder.guarded(write)
+    return recorder.guarded(write, fresh=task)  # the task as it stands now (a cancel may have come)
 
 
 def _meets_criteria(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:

@@ -49,8 +49,11 @@ class StepRecorder:
         self.token = token
         self.redactor = redactor
 
-    def guarded(self, write: Callable[[], T]) -> T:
+    def guarded(self, write: Callable[[], T], *, fresh: Task | None = None) -> T:
         """Run ``write`` in a transaction that first proves this run still holds its lease.
+        ``fresh``: that task is read again in full as the transaction's first statement, its row
+        locked by the read (in place of the bare lock), for a write that decides on the task as it
+        stands now (the run's finish).
 
         A transient database fault (a terminated connection, ``database is locked``) rolls the
         transaction back; it is tried again on a fresh connection for up to a lease, so a short
@@ -58,6 +61,8 @@ class StepRecorder:
         one that had finished and was only being recorded). Past a lease the run's lease is gone
         anyway, and the fault goes up to the worker, which hands the run back."""
         # The one lock order: the task row before its run rows.
+        if fresh is not None:
+            return self._guarded(lambda: fresh.refresh_from_db(from_queryset=Task.objects.select_for_update()), lambda _: write())
         return self._guarded(lambda: runs.lock_task(self.task.pk), lambda _: write())
 
     def _guarded(self, locking: Callable[[], L], write: Callable[[L], T], *, proves_lease: bool = False) -> T:
