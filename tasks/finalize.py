@@ -11,7 +11,7 @@ from approvals.blockers import open_blockers_for_pause
 from tasks import completion, runs, services
 from tasks.facts import Redactor, redactor_for, refreshed
 from tasks.isolation import isolation_note, isolation_of
-from tasks.models import EventKind, Run, RunKind, RunState, Task
+from tasks.models import EventKind, Run, RunKind, Task
 from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, StepRecorder
 from tasks.states import Review, State, WaitingFor
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
@@ -39,10 +39,8 @@ def begin_run(run_id: int) -> tuple[Run, str, bool] | None:
 
 
 def _claim_and_begin(run_id: int) -> tuple[Run, str, bool] | None:
-    task_id = Run.objects.filter(pk=run_id, state=RunState.QUEUED).values_list("task_id", flat=True).first()
-    if task_id is None:
+    if runs.lock_task_of_queued(run_id) is None:
         return None
-    runs.lock_task(task_id)
     claimed = runs.claim(run_id)
     if claimed is None:
         return None

@@ -41,6 +41,27 @@ def lock_task(task_id: str) -> None:
     list(Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True))
 
 
+def lock_task_of_queued(run_id: int) -> str | None:
+    """The task of run ``run_id`` while the run is queued (else None), its row locked for the rest
+    of the transaction (``lock_task``): one statement, written once, where the run's read (built
+    by the ORM) and the lock were two."""
+    with connection.cursor() as cursor:
+        cursor.execute(_task_of_queued_statement(connection.vendor), [run_id, RunState.QUEUED.value])
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
+
+
+@functools.cache
+def _task_of_queued_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    run_task, run_pk, run_state = (quote(_column(Run, name)) for name in ("task", "id", "state"))
+    of_run = f"SELECT {run_task} FROM {quote(Run._meta.db_table)} WHERE {run_pk} = %s AND {run_state} = %s"
+    if not connection.features.has_select_for_update:
+        return of_run  # SQLite: BEGIN IMMEDIATE holds the one write lock already
+    task_pk = quote(_column(Task, "id"))
+    return f"SELECT {task_pk} FROM {quote(Task._meta.db_table)} WHERE {task_pk} = ({of_run}) FOR UPDATE"
+
+
 def lease_delta() -> timedelta:
     return timedelta(seconds=settings.BOX_LEASE_SECONDS)
 
