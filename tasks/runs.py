@@ -66,12 +66,14 @@ def lease_delta() -> timedelta:
     return timedelta(seconds=settings.BOX_LEASE_SECONDS)
 
 
-def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, delay_s: float = 0.0, attempt: int = 1) -> Run:
+def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, delay_s: float = 0.0, attempt: int = 1,
+               first: bool = False) -> Run:
     """Create a queued run. Call inside the transaction that decided it; it is sent to the queue
     after commit. A run due now is written as sent (``enqueued_at``) in that transaction: if the
     process dies between the commit and the send, the scheduler sends it again after
-    ``BOX_RESEND_S`` (``stranded_runs``), as it does for a message the queue lost."""
-    number = (Run.objects.filter(task=task).aggregate(n=Max("number"))["n"] or 0) + 1
+    ``BOX_RESEND_S`` (``stranded_runs``), as it does for a message the queue lost. ``first``:
+    the task was inserted in this transaction, so it has no run yet (its number is 1, not asked)."""
+    number = 1 if first else (Run.objects.filter(task=task).aggregate(n=Max("number"))["n"] or 0) + 1
     now = timezone.now()
     run = Run.objects.create(
         task=task, number=number, kind=kind, attempt=attempt, resume=resume or {},

@@ -436,15 +436,16 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     record_event(task, EventKind.STATUS, "queued", queued)
     edges = dependencies.parse_edges(task.depends_on)
     for edge in edges:
-        dependencies.add_edge(task, Task.objects.get(pk=edge.on), edge)
+        on = spec.dependencies.get(edge.on) or Task.objects.get(pk=edge.on)  # the spec's check read it
+        dependencies.add_edge(task, on, edge)
     if not edges:
-        runs.create_run(task, RunKind.START)
+        runs.create_run(task, RunKind.START, first=True)
         return task
     found = dependencies.verdict(task)
     if found.failure:
         return fail_task(task, f"cannot start: {found.failure}", recoverable=False)
     if found.ready:
-        runs.create_run(task, RunKind.START)
+        runs.create_run(task, RunKind.START, first=True)
     else:
         waiting = list(Task.objects.filter(pk__in=[e.on for e in edges], state__in=ACTIVE).values_list("pk", flat=True))
         record_event(task, EventKind.NOTE, f"waits for {', '.join(waiting)} before it starts", {"waiting_for_tasks": waiting})

@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, ClassVar
 
 from boxsite.errors import (
@@ -211,6 +212,10 @@ class TaskSpecBody(Body):
     hints: ClassVar[dict[str, str]] = {"budget": "budgetCents"}
     later: ClassVar[dict[str, str]] = {}
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dependencies: dict[str, Task] = {}  # what ``check_dependsOn`` read, for the creation to reuse
+
     title = Text(max_length=200)
     flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")
     memory = Anything(required=False, help_text="grounding hints from an earlier run's report "
@@ -392,10 +397,10 @@ class TaskSpecBody(Body):
 
     def check_workspace(self, value: Any, seen: dict[str, Any]) -> Any:
         name = value or "home"
-        workspace = Workspace.objects.filter(name=name).first()
-        if workspace is None:
-            raise Problem(f"unknown workspace '{name}'")
-        return workspace
+        try:  # the name is unique: get() asks for no ordering (first() would sort by id)
+            return Workspace.objects.get(name=name)
+        except Workspace.DoesNotExist:
+            raise Problem(f"unknown workspace '{name}'") from None
 
     def check_externalTaskId(self, value: Any, seen: dict[str, Any]) -> Any:
         return "" if value is MISSING else value
@@ -409,7 +414,7 @@ class TaskSpecBody(Body):
             return []
         edges = parse_edges(value)
         for edge in edges:
-            _reachable_task(self.context["principal"], edge.on, "dependsOn")
+            self.dependencies[edge.on] = _reachable_task(self.context["principal"], edge.on, "dependsOn")
         return [edge.as_json() for edge in edges]
 
     def check_parent(self, value: Any, seen: dict[str, Any]) -> Any:
@@ -523,9 +528,11 @@ def parse_output(value: Any) -> dict[str, Any]:
 
 @dataclass
 class TaskSpec:
-    """A checked spec: the values of the task's model fields, by their model names."""
+    """A checked spec: the values of the task's model fields, by their model names, and the
+    tasks its ``dependsOn`` names, by id, as the check read them."""
 
     fields: dict[str, Any]
+    dependencies: dict[str, Task] = dataclass_field(default_factory=dict)
 
 
 def _refuse_overlapping(folders: list[str]) -> None:
@@ -547,5 +554,5 @@ SPEC_FIELDS = TaskSpecBody.names()
 def parse_spec(body: Any, principal: Principal, *, source: str | None = None) -> TaskSpec:
     """Check a whole spec. ``source`` is set by the box's own channels (schedules, the phone)."""
     declared = TaskSpecBody(context={"principal": principal, "source": source})
-    return TaskSpec(declared.model_values(declared.check_all(body)))
+    return TaskSpec(declared.model_values(declared.check_all(body)), declared.dependencies)
 
