@@ -1,6 +1,7 @@
 """Every state change of a task. Views and jobs call these; nothing else writes ``Task.state``."""
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from approvals import blockers
 from boxsite import reads
+from boxsite.db.rows import column
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
@@ -411,16 +413,28 @@ def _create_task(body: Any, principal: Principal, *, source: str | None) -> Task
 def _locked_settings() -> BoxSettings:
     """The settings row, locked until the transaction ends (PostgreSQL; SQLite's write
     transaction holds the whole database), and kept as the operation's read (``boxsite.reads``)."""
-    row = BoxSettings.objects.select_for_update().get_or_create(pk=1)[0]
+    row = BoxSettings.locked()
     reads.keep("box_settings", row)
     return row
 
 
 def _refuse_at_capacity(limit: int) -> None:
     # A plain-language ask parked for a plan holds no worker and may wait for days (until a model
-    # is configured): it is counted apart, so it never keeps real work from starting.
-    if Task.objects.filter(state__in=ACTIVE).exclude(state=State.WAITING, waiting_for="plan").count() >= limit:
+    # is configured): it is counted apart, so it never keeps real work from starting. Asked at
+    # every creation: written once per process, where the ORM built the count each time.
+    with connection.cursor() as cursor:
+        cursor.execute(_active_count_statement(connection.vendor), [*(s.value for s in sorted(ACTIVE)), State.WAITING.value, "plan"])
+        (active,) = cursor.fetchone()
+    if active >= limit:
         raise TooManyTasks(f"{limit} tasks are already queued, running or waiting; finish or cancel one first")
+
+
+@functools.cache
+def _active_count_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    state, waiting_for = quote(column(Task, "state")), quote(column(Task, "waiting_for"))
+    return (f"SELECT COUNT(*) FROM {quote(Task._meta.db_table)} WHERE {state} IN ({', '.join(['%s'] * len(ACTIVE))}) "
+            f"AND NOT ({state} = %s AND {waiting_for} = %s)")
 
 
 def _insert_task(spec: TaskSpec, principal: Principal) -> Task:

@@ -35,6 +35,22 @@ def test_creating_a_task_reads_the_settings_row_once_under_its_lock(box: Box, se
         assert "FOR UPDATE" in read[0].upper(), read
 
 
+def test_the_locked_settings_row_is_the_row_the_orm_reads(box: Box) -> None:
+    BoxSettings.objects.filter(pk=1).delete()
+    with transaction.atomic():
+        made = BoxSettings.locked()  # the first creation makes the row
+    assert made.pk == 1 and BoxSettings.objects.count() == 1
+    BoxSettings.objects.filter(pk=1).update(network_default="allowlist", default_hosts=["api.example.org"],
+                                            max_active_tasks=7)
+    with transaction.atomic():
+        locked = BoxSettings.locked()
+    expected = BoxSettings.objects.get(pk=1)
+    fields = BoxSettings._meta.concrete_fields
+    assert [getattr(locked, f.attname) for f in fields] == [getattr(expected, f.attname) for f in fields]
+    assert locked.default_hosts == ["api.example.org"] and locked.updated_at is not None
+    assert not locked._state.adding
+
+
 def test_a_page_of_tasks_reads_the_vault_once(box: Box, settings: Any) -> None:
     queue_through_the_cluster(settings)
     set_secret("SOME_KEY", SECRET)
