@@ -34,11 +34,10 @@ log = logging.getLogger(__name__)
 
 def get_task_for(principal: Principal, task_id: str, *, for_update: bool = False) -> Task:
     """The task if ``principal`` may see it, else ``NotFound`` (never reveal another's task)."""
-    qs = Task.objects.reachable_by(principal).filter(pk=task_id)
-    if for_update:
-        qs = qs.select_for_update()
     try:  # by its key: get() asks for no ordering (first() would sort by id)
-        return qs.get()
+        if for_update:
+            return Task.objects.reachable_by(principal).select_for_update().get(pk=task_id)
+        return Task.objects.reachable_one(principal, task_id)
     except Task.DoesNotExist:
         raise NotFound(f"no task '{task_id}'") from None
 

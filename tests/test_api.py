@@ -1,12 +1,14 @@
 """The task API from a caller's side: authentication, listing, the log, errors."""
 from __future__ import annotations
 
+import pytest
 from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from boxsite.auth import device_for, token_for
 from boxsite.models import ApiToken, Device, hash_key
+from boxsite.principal import Principal, Via
 from tasks.events import record_event
 from tasks.models import Task
 from tests.factories import flow, make_owner
@@ -69,6 +71,20 @@ def test_another_owner_never_sees_my_tasks(box):
     assert other.get(f"/api/tasks/{task['id']}").status_code == 404
     assert other.get("/api/tasks").json()["results"] == []
     assert other.post(f"/api/tasks/{task['id']}/cancel").status_code == 404
+
+
+def test_the_owner_reads_a_task_as_the_orm_reads_it(box):
+    task_id = box.create(title="read", flow=WRITE, facts={"city": "Lyon"})["id"]
+    Task.objects.filter(pk=task_id).update(error="e", recoverable=True, spent={"actions": 3})
+    principal = Principal(box.owner, Via.TOKEN, token=ApiToken.objects.get(key_hash=hash_key(box.token)))
+    read = Task.objects.reachable_one(principal, task_id)
+    expected = Task.objects.get(pk=task_id)
+    fields = Task._meta.concrete_fields
+    assert [getattr(read, f.attname) for f in fields] == [getattr(expected, f.attname) for f in fields]
+    assert not read._state.adding
+    other = Principal.session(make_owner("someone-else"))
+    with pytest.raises(Task.DoesNotExist):
+        Task.objects.reachable_one(other, task_id)
 
 
 def test_the_id_has_the_documented_format(box):
