@@ -102,7 +102,11 @@ def lock_owner(owner_id: int, *, skip_locked: bool = False) -> bool:
 
 
 def _reaches(start: str, target: str) -> bool:
-    """``start`` depends, directly or through others, on ``target``."""
+    """``start`` depends, directly or through others, on ``target``. Nothing reaches a task that
+    no task waits for (a task being created, always): one query instead of a walk up ``start``'s
+    ancestry, one query per level (a chain's n-th link walked n levels)."""
+    if not Dependency.objects.filter(on_id=target).exists():
+        return False
     frontier, seen = {start}, {start}
     while frontier:
         if target in frontier:

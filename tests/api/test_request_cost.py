@@ -54,6 +54,17 @@ def test_creating_a_dependent_reads_its_dependency_once(followed: tuple[Box, str
     assert len(rows) == 1, statements
 
 
+def test_a_dependents_creation_costs_the_same_at_the_end_of_a_long_chain(followed: tuple[Box, str]) -> None:
+    """The cycle check does not walk the chain: the new task is one nothing waits for."""
+    box, first = followed
+    last = first
+    for i in range(6):
+        last = box.create(title=f"link {i}", flow=TRIVIAL, dependsOn=[last])["id"]
+    costs = [len(_statements(lambda on=on: box.api.post("/api/tasks", {"title": "t", "flow": TRIVIAL, "dependsOn": [on]},
+                                                         format="json"))) for on in (first, last)]
+    assert costs[0] == costs[1], costs
+
+
 def test_a_tasks_view_takes_at_most_its_statements(followed: tuple[Box, str]) -> None:
     box, task_id = followed
     statements = _statements(lambda: box.api.get(f"/api/tasks/{task_id}"))
