@@ -313,5 +313,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("BOX_LOG_LEVEL", "INFO")},
-    "loggers": {"django_q": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    # django-q2 logs as "django-q" (its INFO line per enqueued job is noise, and costs the web per task)
+    "loggers": {"django-q": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
 }
