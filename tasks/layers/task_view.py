@@ -74,7 +74,7 @@ def open_view(task: Task) -> Path:
     disk_mb = _open_disk(task, layer)
     roots = roots_for(task, layer, for_mount=True)
     with layer_lock(task.pk):
-        state = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
+        state = next(iter(Task.objects.filter(pk=task.pk).values_list("state", flat=True)), None)  # unordered
         if state not in ACTIVE:
             raise Conflict(f"the task is {state}; its view is not opened again", field="state")
         paths.private_dir(paths.layer_dir(task.pk))
@@ -233,10 +233,13 @@ def _to_native(directory: Path, meta: Meta) -> None:
     meta.save(directory)
 
 
-def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> None:
+def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
+               rows: tuple[Task, Layer] | None = None) -> None:
     """Leave an ended task's layer final: view stopped, changes in the layer format. A no-op for
     an active task (it still writes), a sealed layer, or a deleted one. ``stopped``: the caller
-    completed ``sandbox.stop`` for the task just before (the janitor)."""
+    completed ``sandbox.stop`` for the task just before (the janitor). ``rows``: the task (as
+    ``_task_of`` reads it) and its layer, read by the caller (``release``) just before; else
+    they are read under the layer's lock."""
     directory = paths.layer_dir(task_id)
     if _is_final(Meta.load(directory), native):
         # Opening and refreshing seal every layer of a stack; most are long final. The meta is
@@ -247,8 +250,12 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> 
             return
         meta = Meta.load(directory)
         if not meta.sealed:
-            task = _task_of(task_id)
-            layer = next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most (one to one)
+            if rows is None:
+                task, layer = _task_of(task_id), next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most
+            else:  # read outside this lock: a retry may have made the task active again since
+                task, layer = rows
+                if not Task.objects.filter(pk=task_id).exclude(state__in=ACTIVE).exists():
+                    return  # active again, or gone
             if task is None or layer is None or task.state in ACTIVE:
                 return
             # The task's release runs in the background (tasks.lifecycle's janitor). Its layer
@@ -285,11 +292,16 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False) -> 
             _to_native(directory, meta)
 
 
+# What a release and a seal read of the task: making the model of the whole row (40 fields, JSON
+# decoded) was most of the CPU of reading it. Any other field is read when first used.
+_SEALED_BY = ("id", "state", "workspace", "layers", "folders")
+
+
 def _task_of(task_id: str) -> Task | None:
     """The task with its workspace, or None when it is gone: a ``get``, where ``first()`` would
     order and slice the query too (a third more CPU for a row that is read at every release)."""
     try:
-        return Task.objects.select_related("workspace").get(pk=task_id)
+        return Task.objects.select_related("workspace").only(*_SEALED_BY).get(pk=task_id)
     except Task.DoesNotExist:
         return None
 
@@ -376,8 +388,9 @@ def release(task_id: str, *, stopped: bool = False) -> None:
         disk.unmount(task_id)
         _remove_view(task_id)
         return
-    if Layer.objects.filter(task=task).exists():
-        seal_layer(task_id, stopped=stopped)
+    layer = next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most (one to one)
+    if layer is not None:
+        seal_layer(task_id, stopped=stopped, rows=(task, layer))
     _remove_view(task_id)
     if task.folders:
         if task.state == State.UNDONE:
