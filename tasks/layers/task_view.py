@@ -5,6 +5,7 @@ takes them one after the other, never nested the other way round.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -12,7 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from boxsite.errors import Conflict
@@ -35,11 +37,27 @@ REOPENED = ".reopened"  # a retried copy-driver task's layer, until it is laid o
 
 
 def current_stack(workspace: Workspace | int) -> list[str]:
-    """The done tasks whose layers make up the workspace now, newest first."""
-    return list(
-        Layer.objects.filter(workspace=workspace, state=LayerState.APPLIED)
-        .order_by("-applied_at", "-pk").values_list("task_id", flat=True)
-    )
+    """The done tasks whose layers make up the workspace now, newest first. Read at every start
+    and release: the statement is written once, where the ORM built it each time."""
+    pk = workspace if isinstance(workspace, int) else workspace.pk
+    with connection.cursor() as cursor:
+        cursor.execute(_stack_statement(connection.vendor), [pk, LayerState.APPLIED.value])
+        return [task_id for (task_id,) in cursor.fetchall()]
+
+
+@functools.cache
+def _stack_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    task, workspace, state, applied, pk = (quote(_column(Layer, name)) for name in
+                                           ("task", "workspace", "state", "applied_at", "id"))
+    return (f"SELECT {task} FROM {quote(Layer._meta.db_table)} WHERE {workspace} = %s AND {state} = %s "
+            f"ORDER BY {applied} DESC, {pk} DESC")
+
+
+def _column(model: type[Layer], name: str) -> str:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.column is not None
+    return field.column
 
 
 # --- opening ---------------------------------------------------------------------------------
@@ -318,13 +336,13 @@ def note_overrides(task: Task, layer: Layer, tree: LayerTree) -> None:
         return
     others = (Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED,
                                    applied_at__lt=layer.applied_at)
-              .exclude(task_id__in=[*task.layers, task.pk]).order_by("applied_at"))
+              .exclude(task_id__in=[*task.layers, task.pk]).order_by("applied_at").values_list("task_id", "manifest"))
     overridden: dict[str, list[str]] = {}
-    for other in others:
-        listed = (other.manifest or {}).get("paths", [])
+    for other_id, manifest in others:
+        listed = (manifest or {}).get("paths", [])
         hit = [item["path"] for item in listed if _covers(tree, paths.unshow(item["path"]))]
         if hit:
-            overridden[other.task_id] = hit
+            overridden[other_id] = hit
     if not overridden:
         return
     shown = "; ".join(f"{', '.join(hit[:5])}{' …' if len(hit) > 5 else ''} from task {other_id}"
