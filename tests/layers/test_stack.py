@@ -4,12 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from django.utils import timezone
+
 from tasks import lifecycle
 from tasks.layers import compaction, task_view
 from tasks.layers import paths as layer_paths
 from tasks.layers.locks import workspace_lock
 from tasks.layers.tree import Meta
-from tasks.models import Workspace
+from tasks.models import Layer, LayerState, Workspace
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
 
@@ -182,3 +184,17 @@ def test_a_flat_a_seal_reads_is_not_swept_until_the_seal_is_done(lbox, settings)
     with workspace_lock(workspace.pk):
         compaction.sweep_flats(workspace, set())
     assert not flat.exists()
+
+
+def test_the_current_stack_is_what_the_orm_reads(lbox):
+    for n in range(4):
+        task = lbox.create(title=f"t{n}", flow=flow({"write": {"path": f"f{n}.txt", "content": f"{n}\n"}}))
+        assert lbox.wait_state(task["id"], "done", "failed")["state"] == "done"
+    assert lifecycle.janitor.drain()
+    workspace = Workspace.objects.get(name="home")
+    layers = Layer.objects.filter(workspace=workspace)
+    layers.filter(task_id=task["id"]).update(state=LayerState.DISCARDED)  # undone: not in the stack
+    layers.exclude(task_id=task["id"]).update(applied_at=timezone.now())  # one time: the newest row first
+    expected = list(layers.filter(state=LayerState.APPLIED).order_by("-applied_at", "-pk").values_list("task_id", flat=True))
+    assert len(expected) == 3
+    assert task_view.current_stack(workspace) == task_view.current_stack(workspace.pk) == expected
