@@ -281,7 +281,8 @@ def release_if_ready(task_id: str, *, if_free: bool = False) -> bool:
 def _release_if_ready(task_id: str, *, creating: bool, if_free: bool) -> bool:
     skip = if_free and connection.features.has_select_for_update_skip_locked
     with transaction.atomic():
-        owner_id = Task.objects.filter(pk=task_id).values_list("owner_id", flat=True).first()
+        # Rows read by key and unordered: ``first()`` would order and slice each query too.
+        owner_id = next(iter(Task.objects.filter(pk=task_id).values_list("owner_id", flat=True)), None)
         if owner_id is None:
             return False
         if creating:
@@ -291,7 +292,7 @@ def _release_if_ready(task_id: str, *, creating: bool, if_free: bool) -> bool:
         if not dependencies.lock_owner(owner_id, skip_locked=skip) and skip:
             raise _Busy
         rows = Task.objects.filter(pk=task_id, state=State.QUEUED)
-        task = rows.select_for_update(skip_locked=skip).first()
+        task = next(iter(rows.select_for_update(skip_locked=skip)), None)
         if task is None and skip and rows.exists():
             raise _Busy
         if task is None or Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).exists():
