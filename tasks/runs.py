@@ -19,11 +19,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import BooleanField, Field, Max, Model
-from django.db.models.expressions import RawSQL
+from django.db.models import Field, Max, Model
 from django.utils import timezone
 from django_q.tasks import async_task
 
+from boxsite.db.rows import Rows
 from tasks.models import Run, RunState, Task
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,29 @@ def claim(run_id: int) -> tuple[Run, str] | None:
     )
     if taken != 1:
         return None
-    others = RawSQL(_others_running_statement(connection.vendor), [RunState.RUNNING.value], output_field=BooleanField())
-    return Run.objects.select_related("task").annotate(others_running=others).get(pk=run_id), token
+    statement, columns = _claimed_statement(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [RunState.RUNNING.value, run_id])
+        row = cursor.fetchone()
+    run, task = columns.instances(row[:-1])
+    assert isinstance(run, Run) and isinstance(task, Task)
+    run.task = task
+    run.others_running = bool(row[-1])  # type: ignore[attr-defined]
+    return run, token
+
+
+@functools.cache
+def _claimed_statement(vendor: str) -> tuple[str, Rows]:
+    """The claimed run with its task, and whether another run of the task is running: written
+    once, where the ORM built the read of both rows' columns at every claim (about a third of
+    the claim's CPU)."""
+    columns = Rows.of(Run, Task)
+    quote = connection.ops.quote_name
+    run, task = quote(Run._meta.db_table), quote(Task._meta.db_table)
+    statement = (f"SELECT {columns.columns()}, {_others_running_statement(vendor)} FROM {run} "
+                 f"INNER JOIN {task} ON {run}.{quote(_column(Run, 'task'))} = {task}.{quote(_column(Task, 'id'))} "
+                 f"WHERE {run}.{quote(_column(Run, 'id'))} = %s")
+    return statement, columns
 
 
 @functools.cache

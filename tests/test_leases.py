@@ -49,3 +49,15 @@ def test_a_claim_says_whether_another_run_of_the_task_is_running(box: Box, setti
     Run.objects.filter(pk=second.pk).update(state=RunState.FINISHED)
     last = runs.claim(third.pk)
     assert last is not None and last[0].others_running is False  # type: ignore[attr-defined]
+
+
+def test_a_claimed_run_and_its_task_are_read_as_the_orm_reads_them(box: Box, settings: Any) -> None:
+    claimed = runs.claim(queued_run(box, settings).pk)
+    assert claimed is not None
+    run, _ = claimed
+    read = Run.objects.select_related("task").get(pk=run.pk)
+    for made, expected in ((run, read), (run.task, read.task)):
+        fields = type(expected)._meta.concrete_fields
+        assert {f.attname: getattr(made, f.attname) for f in fields} == {f.attname: getattr(expected, f.attname) for f in fields}
+        assert not made._state.adding and made._state.db == expected._state.db
+    assert run.task.spent == read.task.spent and isinstance(run.task.spent, dict)
