@@ -40,18 +40,23 @@ def current_stack(workspace: Workspace | int) -> list[str]:
     """The done tasks whose layers make up the workspace now, newest first. Read at every start
     and release: the statement is written once, where the ORM built it each time."""
     pk = workspace if isinstance(workspace, int) else workspace.pk
+    return _layer_task_ids(pk, LayerState.APPLIED, newest_first=True)
+
+
+def _layer_task_ids(workspace_id: int, state: str, *, newest_first: bool) -> list[str]:
+    """The tasks of the workspace's layers in ``state``."""
     with connection.cursor() as cursor:
-        cursor.execute(_stack_statement(connection.vendor), [pk, LayerState.APPLIED.value])
+        cursor.execute(_layer_task_ids_statement(connection.vendor, newest_first), [workspace_id, state])
         return [task_id for (task_id,) in cursor.fetchall()]
 
 
 @functools.cache
-def _stack_statement(vendor: str) -> str:
+def _layer_task_ids_statement(vendor: str, newest_first: bool) -> str:
     quote = connection.ops.quote_name
     task, workspace, state, applied, pk = (quote(_column(Layer, name)) for name in
                                            ("task", "workspace", "state", "applied_at", "id"))
-    return (f"SELECT {task} FROM {quote(Layer._meta.db_table)} WHERE {workspace} = %s AND {state} = %s "
-            f"ORDER BY {applied} DESC, {pk} DESC")
+    order = f" ORDER BY {applied} DESC, {pk} DESC" if newest_first else ""
+    return f"SELECT {task} FROM {quote(Layer._meta.db_table)} WHERE {workspace} = %s AND {state} = %s{order}"
 
 
 def _column(model: type[Layer], name: str) -> str:
@@ -446,9 +451,8 @@ def refresh_workspace(workspace: Workspace) -> None:
                 if active_key:
                     keep.add(active_key)
         compaction.sweep_flats(workspace, keep)
-        gone = Layer.objects.filter(workspace=workspace, state=LayerState.DISCARDED).exclude(task_id__in=readers)
-        for task_id in gone.values_list("task_id", flat=True):
-            if paths.layer_dir(task_id).exists():
+        for task_id in _layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False):
+            if task_id not in readers and paths.layer_dir(task_id).exists():
                 delete_layer(task_id)
 
 
