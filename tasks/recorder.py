@@ -184,6 +184,7 @@ class StepRecorder:
     def _counted(self, counter: str, limit_name: str | None, amount: int = 1) -> dict[str, Any]:
         """``spent`` with the action counted, for the caller to write; ``LimitReached`` past the limit."""
         task = Task.objects.select_for_update().only("spent", "limits").get(pk=self.task.pk)  # read-modify-write of spent
+        self.task.limits = task.limits  # as the row is now: the next step's write is checked against it (``event``)
         spent = self._counted_from(task, counter, limit_name, amount)
         assert spent is not None
         return spent

@@ -201,3 +201,17 @@ def test_a_limit_lowered_while_a_run_ran_stops_its_next_counted_action(box: Box,
         recorder.step("step 2/2", counts=("actions", "max_actions"))
     after = Task.objects.get(pk=task.pk)
     assert (after.spent, after.event_seq) == (before.spent, before.event_seq)
+
+
+def test_after_its_limits_changed_a_run_counts_again_without_the_locked_read(box: Box, settings: Any) -> None:
+    # On PostgreSQL a counted action is written only if ``spent`` and ``limits`` are as the run last
+    # saw them; once a locked read saw the changed limits, the next count needs no locked read.
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's write lock is taken by the transaction's BEGIN: every count reads the row")
+    task, recorder = _recorder(box, settings)
+    Task.objects.filter(pk=task.pk).update(limits={**task.limits, "max_actions": 50})  # behind the recorder's back
+    recorder.step("step 1/2", counts=("actions", "max_actions"))  # counted again from the locked row
+    with CaptureQueriesContext(connection) as queries:
+        recorder.step("step 2/2", counts=("actions", "max_actions"))
+    assert not [q["sql"] for q in queries.captured_queries if "FOR UPDATE" in q["sql"].upper()], queries.captured_queries
+    assert Task.objects.get(pk=task.pk).spent["actions"] == 2
