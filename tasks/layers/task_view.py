@@ -277,8 +277,10 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 task, layer = _task_of(task_id), next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most
             else:  # read outside this lock: a retry may have made the task active again since
                 task, layer = rows
-                if not Task.objects.filter(pk=task_id).exclude(state__in=ACTIVE).exists():
-                    return  # active again, or gone
+                state = next(iter(Task.objects.filter(pk=task_id).values_list("state", flat=True)), None)
+                if state is None or state in ACTIVE:
+                    return  # gone, or active again
+                task.state = state  # as it is now (undone meanwhile, say): the seal's notes read it
             if task is None or layer is None or task.state in ACTIVE:
                 return
             # The task's release runs in the background (tasks.lifecycle's janitor). Its layer
