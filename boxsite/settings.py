@@ -313,6 +313,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("BOX_LOG_LEVEL", "INFO")},
-    # django-q2 logs as "django-q" (its INFO line per enqueued job is noise, and costs the web per task)
-    "loggers": {"django-q": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    # django-q2's own logger ("django-q") stays at INFO: its cluster's start and its jobs are in
+    # the worker's log, which start-up checks and the owner read.
+    "loggers": {"daphne": {"level": "WARNING"}},
 }

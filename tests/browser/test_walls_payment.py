@@ -49,7 +49,8 @@ def test_a_wall_waits_for_a_person_with_a_screenshot_and_continuing_retries_the_
     assert image.status_code == 200 and image["Content-Type"] == "image/png"
     inbox = sandboxed.api.get("/api/inbox").json()
     assert any(q.get("screenshot") == question["screenshot"] for q in inbox["questions"])
-    assert chromium_of(task["id"]) == []  # a waiting task holds no browser
+    # a waiting task holds no browser: the run closes it as it ends, just after the move to waiting
+    wait_for(lambda: chromium_of(task["id"]) == [], timeout=30, what="the waiting task's browser to be gone")
     assert cont(sandboxed, task["id"], answer="done").status_code == 200
     view = sandboxed.wait_state(task["id"], "waiting", "failed", timeout=90)
     assert view["waitingFor"] == "human"  # the wall is still there: the step ran again and met it
