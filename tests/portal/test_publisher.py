@@ -21,20 +21,21 @@ def redis_layer(settings: Any) -> Any:
     url = os.environ.get("REDIS_URL")
     if not url:
         pytest.skip("set REDIS_URL to run the publisher over channels_redis")
+    name = f"box-test-publisher-{uuid.uuid4().hex[:8]}"
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [url], "prefix": f"box-test-publisher-{uuid.uuid4().hex[:8]}"},
+            # its connections named, to tell them from the other test workers' on the same database
+            "CONFIG": {"hosts": [{"address": url, "client_name": name}], "prefix": name},
         }
     }
     return get_channel_layer()
 
 
 def _layer_connections(client: redis.Redis) -> set[int]:
-    """Ids of the Redis connections open on the test's database, other than ``client`` itself."""
-    db = client.connection_pool.connection_kwargs.get("db", 0)
-    own = client.client_id()
-    return {int(c["id"]) for c in client.client_list() if int(c["db"]) == db and int(c["id"]) != own}
+    """Ids of the Redis connections the test's channel layer has open (named after its prefix)."""
+    name = get_channel_layer().prefix
+    return {int(c["id"]) for c in client.client_list() if c.get("name") == name}
 
 
 def test_events_are_published_through_one_connection_that_stays_open(redis_layer: Any) -> None:
