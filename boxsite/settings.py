@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
@@ -182,14 +183,23 @@ Q_CLUSTER: dict[str, object] = {
     "recycle": env_int("BOX_WORKER_RECYCLE", 100, minimum=0),
     "label": "Queue",
 }
+# channels_redis waits for a consumer's next message in a blocking pop of 5 s, and redis-py cuts
+# any read at its socket timeout, 5 s by default: a reply Redis sends a moment late (a loaded
+# machine) ended the consumer, and with it the page's live stream. Reads get this long instead.
+LIVE_REDIS_READ_TIMEOUT_S = 30.0
+
+
+def live_layer(url: str, *, prefix: str = "asgi", **host: Any) -> dict[str, Any]:
+    """The Redis channel layer's settings for ``url``; ``host``: more of redis-py's connection options."""
+    return {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [{"address": url, "socket_timeout": LIVE_REDIS_READ_TIMEOUT_S, **host}], "prefix": prefix},
+    }
+
+
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
-        }
-    }
+    CHANNEL_LAYERS = {"default": live_layer(REDIS_URL)}
 else:
     Q_CLUSTER["orm"] = "default"
     # django-q2's ORM queue, whose pusher is woken by each enqueue instead of waiting out its poll.

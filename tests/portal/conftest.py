@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from boxsite.asgi import application
 from boxsite.auth import DEVICE_COOKIE
+from boxsite.settings import live_layer
 
 ORIGIN = b"http://127.0.0.1:8000"
 
@@ -54,12 +55,7 @@ def transport(request: Any, settings: Any) -> Iterator[str]:
         url = os.environ.get("REDIS_URL")
         if not url:
             pytest.skip("set REDIS_URL to run the live streams over channels_redis")
-        settings.CHANNEL_LAYERS = {
-            "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [url], "prefix": f"box-test-{os.environ.get('BOX_QUEUE_NAME', 'box')}"},
-            }
-        }
+        settings.CHANNEL_LAYERS = {"default": live_layer(url, prefix=f"box-test-{os.environ.get('BOX_QUEUE_NAME', 'box')}")}
     else:
         settings.CHANNEL_LAYERS = {}
     yield request.param

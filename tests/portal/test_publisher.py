@@ -13,6 +13,7 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from boxsite.settings import live_layer
 from tasks.events import owner_group, publish_event, task_group, wait_published
 
 
@@ -22,13 +23,8 @@ def redis_layer(settings: Any) -> Any:
     if not url:
         pytest.skip("set REDIS_URL to run the publisher over channels_redis")
     name = f"box-test-publisher-{uuid.uuid4().hex[:8]}"
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # its connections named, to tell them from the other test workers' on the same database
-            "CONFIG": {"hosts": [{"address": url, "client_name": name}], "prefix": name},
-        }
-    }
+    # its connections named, to tell them from the other test workers' on the same database
+    settings.CHANNEL_LAYERS = {"default": live_layer(url, prefix=name, client_name=name)}
     return get_channel_layer()
 
 
