@@ -1,7 +1,9 @@
 import atexit
 import gc
+import sys
 
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class BoxsiteConfig(AppConfig):
@@ -17,3 +19,4 @@ class BoxsiteConfig(AppConfig):
         # and connections are still closed. Registered first, so it runs after every other
         # exit handler (they run last-registered first).
         atexit.register(gc.freeze)
+        sys.setswitchinterval(settings.BOX_GIL_SWITCH_MS / 1000)

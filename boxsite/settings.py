@@ -218,6 +218,12 @@ BOX_RESEND_S = env_float("BOX_RESEND_S", 5.0)
 # restarts its cluster (runcluster's watchdog). Longer than BOX_RESEND_S, so a re-send gets its
 # chance first.
 BOX_STUCK_S = env_float("BOX_STUCK_S", 10.0)
+# How long a thread of a box process keeps the GIL while another waits for it, in ms (Python's
+# default is 5). A worker's run and its janitor's release, or a request and the publisher, take
+# turns: a statement's reply waits up to this long before its thread runs again (docs/decisions.md).
+BOX_GIL_SWITCH_MS = env_float("BOX_GIL_SWITCH_MS", 1.0)
+if not 0 < BOX_GIL_SWITCH_MS <= 1000:
+    raise ImproperlyConfigured(f"BOX_GIL_SWITCH_MS must be above 0 and at most 1000, not {BOX_GIL_SWITCH_MS}")
 # How long a stopping box waits for its processes before it kills them.
 BOX_STOP_GRACE_S = env_float("BOX_STOP_GRACE_S", 15.0)
 # Schedules: a failed firing retries after base * 2^(n-1) seconds, never longer than the max.
