@@ -127,6 +127,12 @@ if DATABASE_URL:
         _db["TEST"] = {"NAME": _test_name}
     # A connection the database dropped (a restart, a terminated backend) is replaced before use.
     _db["CONN_HEALTH_CHECKS"] = True
+    # A commit does not wait for PostgreSQL to flush its log to disk (docs/decisions.md, "A
+    # commit's durability"): the embedded default's promise (SQLite's WAL, synchronous=NORMAL).
+    # A crash of the database's host, or of the server, may lose the last fraction of a second of
+    # commits, never consistency; on a shared disk the flush was most of a chained task's commits.
+    if not env_bool("BOX_DB_SYNCHRONOUS_COMMIT", False):
+        _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "options": "-c synchronous_commit=off"}
     # Every process keeps its connections (``BOX_DB_CONN_MAX_AGE``), checked before each request's
     # or job's first use: the worker and the scheduler have one, and the web process one per
     # thread it serves requests on (``BOX_WEB_THREADS``, kept for its life by boxsite.handler)
