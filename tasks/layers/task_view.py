@@ -6,6 +6,7 @@ takes them one after the other, never nested the other way round.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Field
+from django.db.models.sql.subqueries import InsertQuery
 from django.utils import timezone
 
 from boxsite.errors import Conflict
@@ -59,7 +61,7 @@ def _layer_task_ids_statement(vendor: str, newest_first: bool) -> str:
     return f"SELECT {task} FROM {quote(Layer._meta.db_table)} WHERE {workspace} = %s AND {state} = %s{order}"
 
 
-def _column(model: type[Layer], name: str) -> str:
+def _column(model: type[Layer] | type[Task], name: str) -> str:
     field = model._meta.get_field(name)
     assert isinstance(field, Field) and field.column is not None
     return field.column
@@ -70,12 +72,17 @@ def _column(model: type[Layer], name: str) -> str:
 def _record_layer(task: Task) -> Layer:
     """Create the task's layer row and record its stack, once (a retry finds them). Call under
     ``lifecycle.prepare``'s hold on the task: one start of it at a time, so the row is inserted
-    plainly, with no look-up first (``get_or_create``)."""
+    plainly, with no ``get_or_create`` (on PostgreSQL, with the stack, in one statement)."""
+    driver, path = driver_name(), str(paths.layer_dir(task.pk))
+    if connection.vendor == "postgresql" and not task.folders:
+        with workspace_lock(task.workspace_id):
+            added = _add_layer_with_stack(Layer(task=task, workspace_id=task.workspace_id, driver=driver, path=path))
+        if added is not None:
+            return added
     existing = next(iter(Layer.objects.filter(task_id=task.pk)), None)  # one at most: no ordering
     if existing is not None:
         task.layers = Task.objects.filter(pk=task.pk).values_list("layers", flat=True).get()
         return existing
-    driver, path = driver_name(), str(paths.layer_dir(task.pk))
     if task.folders:
         return Layer.objects.create(task=task, workspace=None, driver=driver, path=path)
     with workspace_lock(task.workspace_id):
@@ -84,6 +91,47 @@ def _record_layer(task: Task) -> Layer:
             task.layers = current_stack(task.workspace_id)
             Task.objects.filter(pk=task.pk).update(layers=task.layers)
     return layer
+
+
+def _add_layer_with_stack(layer: Layer) -> Layer | None:
+    """PostgreSQL, under the workspace lock: the layer row inserted and the task's stack recorded
+    in one statement, which commits alone (the look-up, ``BEGIN``, three statements and
+    ``COMMIT`` were six round trips on a chained task's path). None when the task has its row
+    already (a retry): nothing is written, and the caller reads the row and the stack recorded."""
+    task = layer.task
+    fields = [field for field in Layer._meta.local_concrete_fields if not field.primary_key]
+    insert = InsertQuery(Layer)
+    insert.insert_values(fields, [layer])
+    compiler = insert.get_compiler(connection=connection)
+    prepared = [compiler.prepare_value(field, compiler.pre_save_val(field, layer)) for field in fields]
+    placeholders, params = compiler.assemble_as_sql(fields, [prepared])
+    with connection.cursor() as cursor:
+        cursor.execute(_add_layer_statement(connection.vendor, ", ".join(placeholders[0])),
+                       [*params[0], task.workspace_id, LayerState.APPLIED.value, task.pk])
+        found = cursor.fetchall()
+    if not found:
+        return None
+    layer.pk, task.layers = found[0][0], found[0][1]
+    if isinstance(task.layers, str):  # a driver that hands jsonb back as text
+        task.layers = json.loads(task.layers)
+    return layer
+
+
+@functools.cache
+def _add_layer_statement(vendor: str, values: str) -> str:
+    quote = connection.ops.quote_name
+    table, tasks = quote(Layer._meta.db_table), quote(Task._meta.db_table)
+    columns = ", ".join(quote(_column(Layer, field.name)) for field in Layer._meta.local_concrete_fields if not field.primary_key)
+    pk, task_id, workspace, state, applied = (quote(_column(Layer, name)) for name in
+                                              ("id", "task", "workspace", "state", "applied_at"))
+    layers, task_pk = quote(_column(Task, "layers")), quote(_column(Task, "id"))
+    # The stack as ``current_stack`` reads it, newest first; the new row is active, not in it.
+    return (f"WITH added AS (INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({task_id}) DO NOTHING "
+            f"RETURNING {pk}), "
+            f"stack AS (SELECT COALESCE(jsonb_agg({task_id} ORDER BY {applied} DESC, {pk} DESC), '[]'::jsonb) AS ids "
+            f"FROM {table} WHERE {workspace} = %s AND {state} = %s) "
+            f"UPDATE {tasks} SET {layers} = stack.ids FROM added, stack WHERE {tasks}.{task_pk} = %s "
+            f"RETURNING added.{pk}, {tasks}.{layers}")
 
 
 def open_view(task: Task) -> Path:
