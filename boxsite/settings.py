@@ -132,7 +132,9 @@ if DATABASE_URL:
     # A crash of the database's host, or of the server, may lose the last fraction of a second of
     # commits, never consistency; on a shared disk the flush was most of a chained task's commits.
     if not env_bool("BOX_DB_SYNCHRONOUS_COMMIT", False):
-        _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "options": "-c synchronous_commit=off"}
+        # libpq's ``options`` replaces its PGOPTIONS variable: that is kept, after, so it still wins.
+        _options = " ".join(part for part in ("-c synchronous_commit=off", env_str("PGOPTIONS")) if part)
+        _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "options": _options}
     # Every process keeps its connections (``BOX_DB_CONN_MAX_AGE``), checked before each request's
     # or job's first use: the worker and the scheduler have one, and the web process one per
     # thread it serves requests on (``BOX_WEB_THREADS``, kept for its life by boxsite.handler)

@@ -27,8 +27,14 @@ def options_with(tmp_path: Path, **env: str) -> dict[str, str]:
 
 
 def test_a_commit_waits_for_the_log_flush_only_when_asked(tmp_path: Path) -> None:
-    assert options_with(tmp_path).get("options") == "-c synchronous_commit=off"
+    assert options_with(tmp_path, PGOPTIONS="").get("options") == "-c synchronous_commit=off"
     assert "options" not in options_with(tmp_path, BOX_DB_SYNCHRONOUS_COMMIT="1")
+
+
+def test_the_options_of_pgoptions_still_count(tmp_path: Path) -> None:
+    # libpq's ``options`` setting replaces the variable, which the box's own tests and an operator use
+    assert options_with(tmp_path, PGOPTIONS="-c lock_timeout=300").get("options") == \
+        "-c synchronous_commit=off -c lock_timeout=300"
 
 
 @pytest.mark.django_db
