@@ -127,11 +127,10 @@ if DATABASE_URL:
         _db["TEST"] = {"NAME": _test_name}
     # A connection the database dropped (a restart, a terminated backend) is replaced before use.
     _db["CONN_HEALTH_CHECKS"] = True
-    # A commit does not wait for PostgreSQL to flush its log to disk (docs/decisions.md, "A
-    # commit's durability"): the embedded default's promise (SQLite's WAL, synchronous=NORMAL).
-    # A crash of the database's host, or of the server, may lose the last fraction of a second of
-    # commits, never consistency; on a shared disk the flush was most of a chained task's commits.
-    if not env_bool("BOX_DB_SYNCHRONOUS_COMMIT", False):
+    # Every commit waits for PostgreSQL to flush its log to disk unless the owner chooses
+    # otherwise (docs/decisions.md, Performance): without the flush, a crash of the server alone
+    # may lose a run's claim while the worker that made it runs on.
+    if not env_bool("BOX_DB_SYNCHRONOUS_COMMIT", True):
         # libpq's ``options`` replaces its PGOPTIONS variable: that is kept, after, so it still wins.
         _options = " ".join(part for part in ("-c synchronous_commit=off", env_str("PGOPTIONS")) if part)
         _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "options": _options}
