@@ -16,9 +16,9 @@ from boxsite.db.rows import column
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
 from boxsite.models import BoxSettings
 from boxsite.principal import Principal
-from tasks import dependencies, layers, lifecycle, runs
+from tasks import dependencies, layers, lifecycle, moves, runs
 from tasks.events import numbered_update, record_event
-from tasks.facts import Facts, Redactor, seal_facts
+from tasks.facts import Facts, Redactor, redactor_for, seal_facts
 from tasks.layers import review
 from tasks.layers.locks import layer_lock
 from tasks.layers.paths import show
@@ -74,6 +74,10 @@ def _try_write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *
     from its caller's transaction; any other error undoes the caller's transaction with it."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):
+        if moves.can_write(fields):  # statements written once per process (``tasks.moves``)
+            recorded = [(kind, summary, {**data, "version": task.version + 1}),
+                        *((EventKind.NOTE, note, note_data) for note, note_data in notes)]
+            return moves.write(task, now, fields, recorded, redactor=redactor or redactor_for(task))
         # The events' numbers are taken in the same statement (``tasks.events.numbered_update``).
         seq = numbered_update(Task.objects.filter(pk=task.pk, state=task.state, version=task.version),
                               1 + len(notes), version=F("version") + 1, updated_at=now, **fields)

@@ -24,7 +24,7 @@ TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
 # Statements one trivial run executes in the worker's own thread, from its claim to its finish
 # (the queue's own statements, the release and the task's view are not counted). SQLite counts
 # its BEGIN IMMEDIATE and COMMIT; PostgreSQL its row locks (``runs.lock_task``).
-MOST = {"sqlite": 41, "postgresql": 31}
+MOST = {"sqlite": 41, "postgresql": 28}
 LATE = "sk-live-added-while-it-ran-7c1d"
 
 

@@ -1,0 +1,90 @@
+"""A task's move written by the statements of ``tasks.moves`` leaves the rows the ORM's path left:
+the same task row, the same events at the same numbers, redacted alike, published after commit."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.forms.models import model_to_dict
+
+from boxsite.errors import Conflict
+from tasks import events, moves, services
+from tasks.models import Task, TaskEvent
+from tasks.states import State
+from tasks.vault import set_secret
+from tests.conftest import queue_through_the_cluster
+
+SECRET = "sk-live-moved-with-its-events-51a9"
+KEPT_APART = {"id", "title", "user", "created_at", "updated_at", "started_at", "finished_at"}
+
+
+def _queued(box: Any, title: str) -> Task:
+    """A task created and left queued (its run on a queue nobody reads)."""
+    view = box.create(title=title, flow={"steps": [{"write": {"path": "x", "content": "x"}}]})
+    return Task.objects.get(pk=view["id"])
+
+
+def _moves(task: Task) -> None:
+    """A move with a note, one with a pause, and a version bump with a review, as a worker and an
+    owner make them; the vault's secret in a summary and in an event's data."""
+    services.transition(task, State.RUNNING, summary=f"running with {SECRET}", data={"run": 1},
+                        notes=[("isolated", {"user": "box-1", "key": SECRET})])
+    services.transition(task, State.WAITING, waiting_for="owner", pause={"message": "which one?", "fields": ["a"]},
+                        step="asking", progress=0.5)
+    services.transition(task, State.RUNNING, summary="running again", data={"run": 2})
+    services.bump_version(task, "note", "kept", {"by": "owner"}, recoverable=True, hint="a hint")
+
+
+def _state_of(task_id: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    row = model_to_dict(Task.objects.get(pk=task_id), exclude=list(KEPT_APART))
+    row.update({name: getattr(Task.objects.get(pk=task_id), name) for name in ("event_seq", "version")})
+    logged = list(TaskEvent.objects.filter(task_id=task_id).order_by("seq").values_list(
+        "seq", "kind", "summary", "data", "cost_cents", "artifacts"))
+    return row, logged
+
+
+def test_a_move_written_by_its_statement_leaves_the_rows_the_orms_path_left(box: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue_through_the_cluster(settings)
+    set_secret("KEY", SECRET)
+    by_orm, by_statement = _queued(box, "by the ORM"), _queued(box, "by the statement")
+    written = moves.write
+    monkeypatch.setattr(moves, "can_write", lambda fields: False)
+    monkeypatch.setattr(moves, "write", lambda *a, **k: pytest.fail("the ORM's path was to be taken"))
+    _moves(by_orm)
+    monkeypatch.undo()
+    calls: list[str] = []
+    monkeypatch.setattr(moves, "write", lambda *a, **k: calls.append("write") or written(*a, **k))
+    _moves(by_statement)
+    assert len(calls) == 4
+    orm_row, orm_log = _state_of(by_orm.pk)
+    row, logged = _state_of(by_statement.pk)
+    assert row == orm_row and logged == orm_log
+    assert SECRET not in str(logged)
+    # the task in memory is the row as written
+    stored = Task.objects.get(pk=by_statement.pk)
+    for field in Task._meta.concrete_fields:
+        assert getattr(by_statement, field.attname) == getattr(stored, field.attname), field.name
+
+
+def test_a_moves_events_are_published_after_commit_in_the_order_of_their_numbers(box: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue_through_the_cluster(settings)
+    task = _queued(box, "published")
+    published: list[tuple[int, int, str]] = []
+    monkeypatch.setattr(moves, "publish_event", lambda task_id, owner_id, event_id, seq, kind: published.append((event_id, seq, kind)))
+    services.transition(task, State.RUNNING, notes=[("first note", {}), ("second note", {})])
+    logged = list(TaskEvent.objects.filter(task=task, seq__gt=task.event_seq - 3).order_by("seq").values_list("pk", "seq", "kind"))
+    assert published == logged and [kind for _, _, kind in logged] == ["status", "note", "note"]
+    assert [pk for pk, _, _ in logged] == sorted(pk for pk, _, _ in logged)  # ids follow the numbers
+    assert task.event_seq == logged[-1][1]
+    assert events.publish_event is not moves.publish_event  # the patch reached only the moves' publisher
+
+
+def test_a_move_after_another_writer_moved_the_task_writes_nothing(box: Any, settings: Any) -> None:
+    queue_through_the_cluster(settings)
+    task = _queued(box, "stale")
+    Task.objects.filter(pk=task.pk).update(version=task.version + 1)
+    before = _state_of(task.pk)
+    with pytest.raises(Conflict):
+        services.transition(task, State.RUNNING)
+    assert _state_of(task.pk) == before
+    assert task.state == State.QUEUED
