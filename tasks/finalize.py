@@ -17,12 +17,13 @@ from tasks.states import Review, State, WaitingFor
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
 
-def begin_run(run_id: int) -> tuple[Run, str, bool] | None:
+def begin_run(run_id: int) -> tuple[Run, str, bool, Redactor | None] | None:
     """Claim run ``run_id`` and move its task to running, with its isolation note: one
     transaction, the task's row locked before the run's (the one lock order). None when
     someone else has the run (a second delivery) or it is closed. Else the run, its lease token,
-    and whether to go on: False when the task already ended, or another run of it still holds
-    a live process; the run is closed in the same transaction then.
+    whether to go on, and the run's redactor (the vault as the claim read it, so the run does not
+    read its stamp again right after): not to go on when the task already ended, or another run
+    of it still holds a live process; the run is closed in the same transaction then (no redactor).
 
     A transient database fault is tried again in place (nothing is held until the commit); past
     a lease the fault goes up, and the run, still queued, is sent again by the scheduler."""
@@ -38,7 +39,7 @@ def begin_run(run_id: int) -> tuple[Run, str, bool] | None:
             time.sleep(RETRY_PAUSE_S)
 
 
-def _claim_and_begin(run_id: int) -> tuple[Run, str, bool] | None:
+def _claim_and_begin(run_id: int) -> tuple[Run, str, bool, Redactor | None] | None:
     if runs.lock_task_of_queued(run_id) is None:
         return None
     claimed = runs.claim(run_id)
@@ -48,20 +49,21 @@ def _claim_and_begin(run_id: int) -> tuple[Run, str, bool] | None:
     task = run.task
     if task.is_final():
         runs.finish(run.pk, token, "cancelled", f"the task is already {task.state}")
-        return run, token, False
+        return run, token, False, None
     if run.others_running:  # type: ignore[attr-defined]  # annotated by runs.claim
         # Another run still holds a live process that waits on the owner in its broker
         # (tasks.broker.holds); it goes on by itself once the pause is decided.
         runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
-        return run, token, False
+        return run, token, False, None
+    redactor = redactor_for(task)
     if task.state == State.QUEUED and task.started_at is None:
         # The task's first words after it starts: what confines it (stored with the move).
         line, described = isolation_of(task)
         services.transition(task, State.RUNNING, summary="running", data={"run": run.number},
-                            redactor=redactor_for(task), isolation=line, notes=[isolation_note(described)])
+                            redactor=redactor, isolation=line, notes=[isolation_note(described)])
     elif task.state in (State.QUEUED, State.WAITING):  # retried after a failure (services.retry_task), or resumed
-        services.transition(task, State.RUNNING, summary="running again", data={"run": run.number})
-    return run, token, True
+        services.transition(task, State.RUNNING, summary="running again", data={"run": run.number}, redactor=redactor)
+    return run, token, True, redactor
 
 
 def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> bool:

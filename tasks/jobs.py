@@ -117,16 +117,11 @@ def _execute(run_id: int) -> int | None:
     if begun is None:
         log.info("run %s is already taken or closed; nothing to do", run_id)
         return None
-    run, token, go = begun
-    if not go:
+    run, token, go, redactor = begun
+    if not go or redactor is None:
         return None  # the task had ended, or another run holds it: the run was closed
     task = run.task
-    try:
-        facts = Facts.of(task)
-        redactor = facts.redactor()
-    except TRANSIENT_DB_ERRORS as exc:
-        _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
-        return None
+    facts = Facts.of(task)
     recorder = StepRecorder(task, run.pk, token, redactor)
     stop = _current_stop = threading.Event()
     if handing_back.is_set():
