@@ -62,7 +62,7 @@ class StepRecorder:
         anyway, and the fault goes up to the worker, which hands the run back."""
         # The one lock order: the task row before its run rows.
         if fresh is not None:
-            return self._guarded(lambda: fresh.refresh_from_db(from_queryset=Task.objects.select_for_update()), lambda _: write())
+            return self._guarded(lambda: runs.read_locked(fresh), lambda _: write())
         return self._guarded(lambda: runs.lock_task(self.task.pk), lambda _: write())
 
     def _guarded(self, locking: Callable[[], L], write: Callable[[L], T], *, proves_lease: bool = False) -> T:

@@ -1,14 +1,16 @@
 """A task's move written by the statements of ``tasks.moves`` leaves the rows the ORM's path left:
-the same task row, the same events at the same numbers, redacted alike, published after commit."""
+the same task row, the same events at the same numbers, redacted alike, published after commit;
+and the finish's read of its task (``runs.read_locked``) sees what the ORM's refresh sees."""
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.forms.models import model_to_dict
 
 from boxsite.errors import Conflict
-from tasks import events, moves, services
+from tasks import events, moves, runs, services
 from tasks.models import Task, TaskEvent
 from tasks.states import State
 from tasks.vault import set_secret
@@ -88,3 +90,20 @@ def test_a_move_after_another_writer_moved_the_task_writes_nothing(box: Any, set
         services.transition(task, State.RUNNING)
     assert _state_of(task.pk) == before
     assert task.state == State.QUEUED
+
+
+def test_the_finishs_locked_read_sees_the_task_as_the_orms_refresh_does(box: Any, settings: Any) -> None:
+    queue_through_the_cluster(settings)
+    task = _queued(box, "read again")
+    held = Task.objects.get(pk=task.pk)
+    services.transition(task, State.RUNNING, notes=[("isolated", {"user": "box-1"})])
+    Task.objects.filter(pk=task.pk).update(spent={"actions": 3}, records={"k": [1, "v"]}, recoverable=False, progress=0.25)
+    assert held.owner.pk == task.owner_id  # a related row cached before the read stays (its key did not change)
+    with transaction.atomic():
+        runs.read_locked(held)
+    by_orm = Task.objects.get(pk=task.pk)
+    for field in Task._meta.concrete_fields:
+        assert getattr(held, field.attname) == getattr(by_orm, field.attname), field.name
+    assert "owner" in held._state.fields_cache and held.state == State.RUNNING and held.spent == {"actions": 3}
+    with pytest.raises(Task.DoesNotExist), transaction.atomic():
+        runs.read_locked(Task(pk="no-such-task"))
