@@ -7,13 +7,14 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from tasks import lifecycle
+from tasks import lifecycle, runs
 from tasks.facts import Facts, refreshed
 from tasks.finalize import begin_run, finish_run
 from tasks.jobs import execute_run
-from tasks.models import EventKind, Run, Task, TaskEvent, VaultSecret
+from tasks.models import EventKind, Run, Task, TaskEvent, VaultSecret, Workspace
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.vault import set_secret
 from tasks.workers.base import Failed
@@ -24,7 +25,7 @@ TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
 # Statements one trivial run executes in the worker's own thread, from its claim to its finish
 # (the queue's own statements, the release and the task's view are not counted). SQLite counts
 # its BEGIN IMMEDIATE and COMMIT; PostgreSQL its row locks (``runs.lock_task``).
-MOST = {"sqlite": 40, "postgresql": 27}
+MOST = {"sqlite": 39, "postgresql": 26}
 LATE = "sk-live-added-while-it-ran-7c1d"
 
 
@@ -50,6 +51,21 @@ def test_a_trivial_run_executes_no_more_statements_than_counted(box: Box, settin
     task_id, statements = run_counted(box, settings)
     assert box.task(task_id)["state"] == "done"
     assert len(statements) <= MOST[connection.vendor], "\n".join(statements)
+
+
+def test_a_trivial_run_reads_its_workspace_with_its_claim(box: Box, settings: Any) -> None:
+    task_id, statements = run_counted(box, settings)
+    assert box.task(task_id)["state"] == "done"
+    assert not [s for s in statements if s.startswith("SELECT") and 'FROM "tasks_workspace"' in s], statements
+    claimed = runs.claim(_queued_run(box, settings))
+    assert claimed is not None
+    task = claimed[0].task
+    assert model_to_dict(task.workspace) == model_to_dict(Workspace.objects.get(pk=task.workspace_id))
+
+
+def _queued_run(box: Box, settings: Any) -> int:
+    queue_through_the_cluster(settings)
+    return Run.objects.get(task_id=box.create(title="queued", flow=TRIVIAL)["id"]).pk
 
 
 def test_each_further_step_executes_no_more_statements_than_counted(box: Box, settings: Any) -> None:
