@@ -1,7 +1,8 @@
 """The action log's write path and the one publisher.
 
-``record_event`` is the only code that creates ``TaskEvent`` rows and the only caller of the
-redaction function on the write path. ``publish_*`` run after commit and only notify: the
+``record_event`` creates ``TaskEvent`` rows and calls the redaction function on the write path;
+``record_numbered_event`` (a worker's step) and ``tasks.moves.write`` (a task's move) do the same
+in statements built once, for the hottest paths. ``publish_*`` run after commit and only notify: the
 database stays the source of truth, and consumers re-read from it. Notifications go out through
 one long-lived event loop per process (``_Publisher``), so the channel layer's Redis connection
 is made once, not once per event.
