@@ -131,8 +131,10 @@ if DATABASE_URL:
     # otherwise (docs/decisions.md, Performance): without the flush, a crash of the server alone
     # may lose a run's claim while the worker that made it runs on.
     if not env_bool("BOX_DB_SYNCHRONOUS_COMMIT", True):
-        # libpq's ``options`` replaces its PGOPTIONS variable: that is kept, after, so it still wins.
-        _options = " ".join(part for part in ("-c synchronous_commit=off", env_str("PGOPTIONS")) if part)
+        # libpq's ``options`` replaces its PGOPTIONS variable, and DATABASE_URL may have set it
+        # (``?currentSchema=``): both are kept, after, so they still win.
+        _options = " ".join(part for part in ("-c synchronous_commit=off", _db.get("OPTIONS", {}).get("options"),
+                                              env_str("PGOPTIONS")) if part)
         _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "options": _options}
     # Every process keeps its connections (``BOX_DB_CONN_MAX_AGE``), checked before each request's
     # or job's first use: the worker and the scheduler have one, and the web process one per

@@ -42,9 +42,11 @@ def lock_task(task_id: str) -> None:
 
 
 def read_locked(task: Task) -> None:
-    """Read ``task`` again in full, its row locked for the rest of the transaction (``lock_task``):
-    as ``refresh_from_db`` with ``select_for_update`` does, by a statement written once, where the
-    ORM built the read of every column at each run's finish."""
+    """Read ``task`` again in full, its row locked for the rest of the transaction (``lock_task``),
+    by a statement written once, where the ORM built the read of every column at each run's finish.
+    As ``refresh_from_db`` with ``select_for_update``, except that a related row cached for the
+    same key is kept (the run's workspace, read with its claim); reverse one-to-one rows (its
+    layer) and prefetched rows are dropped, as there."""
     statement, columns = _locked_read_statement(connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(statement, [task.pk])
@@ -57,6 +59,10 @@ def read_locked(task: Task) -> None:
         if isinstance(field, ForeignKey) and field.is_cached(task) and getattr(task, field.attname) != value:
             field.delete_cached_value(task)  # as refresh_from_db: a related row cached for another key goes
         setattr(task, field.attname, value)
+    for related in Task._meta.related_objects:
+        if related.one_to_one and related.is_cached(task):
+            related.delete_cached_value(task)
+    task.__dict__.pop("_prefetched_objects_cache", None)
     task._state.adding, task._state.db = False, stored._state.db
 
 

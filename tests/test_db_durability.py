@@ -43,3 +43,11 @@ def test_the_box_s_postgresql_connections_wait_for_the_flush_by_default() -> Non
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
+
+
+def test_the_options_of_the_database_url_still_count(tmp_path: Path) -> None:
+    # dj_database_url makes ``?currentSchema=`` an ``options`` of its own; turning the flush off keeps it
+    url = "postgres://postgres@127.0.0.1:5432/postgres?currentSchema=box"
+    assert options_with(tmp_path, PGOPTIONS="", DATABASE_URL=url).get("options") == "-c search_path=box"
+    assert options_with(tmp_path, PGOPTIONS="", DATABASE_URL=url, BOX_DB_SYNCHRONOUS_COMMIT="0").get("options") == \
+        "-c synchronous_commit=off -c search_path=box"

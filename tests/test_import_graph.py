@@ -132,3 +132,10 @@ def test_the_lowest_modules_import_nothing_above_them() -> None:
     assert "tasks.spec" not in graph["tasks.models"]
     assert not graph["tasks.runs"] & {"tasks.jobs", "tasks.services"}
     assert "tasks.services" not in graph["tasks.layers.review"]
+
+
+def test_a_tasks_move_is_written_only_by_the_transition_functions() -> None:
+    """``tasks.moves`` writes a task's state with its events; only ``tasks.services`` (its
+    ``_try_write_task``, under the transition functions) may call it."""
+    graph = import_graph(project_modules())
+    assert {name for name, imported in graph.items() if "tasks.moves" in imported} == {"tasks.services"}

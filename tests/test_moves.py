@@ -73,7 +73,9 @@ def test_a_moves_events_are_published_after_commit_in_the_order_of_their_numbers
     task = _queued(box, "published")
     published: list[tuple[int, int, str]] = []
     monkeypatch.setattr(moves, "publish_event", lambda task_id, owner_id, event_id, seq, kind: published.append((event_id, seq, kind)))
-    services.transition(task, State.RUNNING, notes=[("first note", {}), ("second note", {})])
+    with transaction.atomic():
+        services.transition(task, State.RUNNING, notes=[("first note", {}), ("second note", {})])
+        assert published == [], "nothing is published before the move commits"
     logged = list(TaskEvent.objects.filter(task=task, seq__gt=task.event_seq - 3).order_by("seq").values_list("pk", "seq", "kind"))
     assert published == logged and [kind for _, _, kind in logged] == ["status", "note", "note"]
     assert [pk for pk, _, _ in logged] == sorted(pk for pk, _, _ in logged)  # ids follow the numbers
@@ -92,7 +94,7 @@ def test_a_move_after_another_writer_moved_the_task_writes_nothing(box: Any, set
     assert task.state == State.QUEUED
 
 
-def test_the_finishs_locked_read_sees_the_task_as_the_orms_refresh_does(box: Any, settings: Any) -> None:
+def test_the_finishs_locked_read_sees_the_row_as_the_orm_reads_it_and_keeps_a_related_row_of_the_same_key(box: Any, settings: Any) -> None:
     queue_through_the_cluster(settings)
     task = _queued(box, "read again")
     held = Task.objects.get(pk=task.pk)

@@ -76,7 +76,7 @@ def _record_layer(task: Task) -> Layer:
     driver, path = driver_name(), str(paths.layer_dir(task.pk))
     if connection.vendor == "postgresql" and not task.folders:
         with workspace_lock(task.workspace_id):
-            added = _add_layer_with_stack(Layer(task=task, workspace_id=task.workspace_id, driver=driver, path=path))
+            added = _add_layer_with_stack(task, Layer(task_id=task.pk, workspace_id=task.workspace_id, driver=driver, path=path))
         if added is not None:
             return added
     existing = next(iter(Layer.objects.filter(task_id=task.pk)), None)  # one at most: no ordering
@@ -93,12 +93,12 @@ def _record_layer(task: Task) -> Layer:
     return layer
 
 
-def _add_layer_with_stack(layer: Layer) -> Layer | None:
+def _add_layer_with_stack(task: Task, layer: Layer) -> Layer | None:
     """PostgreSQL, under the workspace lock: the layer row inserted and the task's stack recorded
     in one statement, which commits alone (the look-up, ``BEGIN``, three statements and
     ``COMMIT`` were six round trips on a chained task's path). None when the task has its row
-    already (a retry): nothing is written, and the caller reads the row and the stack recorded."""
-    task = layer.task
+    already (a retry): nothing is written, and the caller reads the row and the stack recorded.
+    ``layer`` names its task by key, so an unsaved row is never cached as ``task.layer``."""
     fields = [field for field in Layer._meta.local_concrete_fields if not field.primary_key]
     insert = InsertQuery(Layer)
     insert.insert_values(fields, [layer])
@@ -112,6 +112,7 @@ def _add_layer_with_stack(layer: Layer) -> Layer | None:
     if not found:
         return None
     layer.pk, task.layers = found[0][0], found[0][1]
+    layer.task = task  # saved now: each is the other's cached row, as ``Layer.objects.create`` leaves them
     if isinstance(task.layers, str):  # a driver that hands jsonb back as text
         task.layers = json.loads(task.layers)
     return layer
