@@ -21,6 +21,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Field, ForeignKey, Max, Model
 from django.utils import timezone
+from django_q.brokers import Broker, get_broker
+from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from boxsite.db.rows import Rows
@@ -29,6 +31,8 @@ from tasks.models import Run, RunState, Task, Workspace
 log = logging.getLogger(__name__)
 
 _sending = threading.local()  # ``hold_first``'s list while one is open in this thread
+_kept: tuple[tuple[str, int], Broker] | None = None  # ``_broker``'s: the queue's name and the process
+_kept_lock = threading.Lock()
 
 
 def lock_task(task_id: str) -> None:
@@ -130,7 +134,22 @@ def send(run_id: int) -> None:
     if held is not None and not held:
         held.append(run_id)  # ``hold_first``: the caller runs it next, or sends it
         return
-    async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}")
+    async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}", broker=_broker())
+
+
+def _broker() -> Broker:
+    """The queue's broker, one per process and queue name. django-q2 makes a broker for each job
+    it is given unless one is passed: on Redis a new client, so a new connection (its driver's
+    version looked up in the installed packages, a connect and a handshake) for every job sent,
+    about a sixth of a ``POST /api/tasks``'s CPU (docs/performance.md, "Sixth day"). redis-py's
+    client is shared by threads and makes its connections again in a forked child; the ORM
+    broker holds no connection of its own."""
+    global _kept
+    key = (Conf.CLUSTER_NAME, os.getpid())
+    with _kept_lock:
+        if _kept is None or _kept[0] != key:
+            _kept = (key, get_broker())
+        return _kept[1]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,59 @@
+"""Sending runs to the queue (``tasks.runs.send``): every run sent arrives as its job, and on Redis
+the process's sends share one connection instead of making one each (docs/performance.md,
+"Sixth day: the web's and the queue's CPU per task")."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+from django_q.brokers import get_broker
+from django_q.signing import SignedPackage
+
+from tasks import runs
+from tasks.models import Run
+from tests.conftest import Box, queue_through_the_cluster
+from tests.factories import flow
+
+TRIVIAL = flow({"write": {"path": "out.txt", "content": "x"}})
+
+
+def _jobs() -> list[dict[str, Any]]:
+    broker, jobs = get_broker(), []
+    while broker.queue_size():
+        for ack_id, payload in broker.dequeue() or []:
+            jobs.append(SignedPackage.loads(payload))
+            broker.acknowledge(ack_id)
+    return jobs
+
+
+def test_each_task_created_sends_its_run_as_one_job(box: Box, settings: Any) -> None:
+    queue_through_the_cluster(settings)
+    get_broker().purge_queue()
+    created = [box.create(title=f"t{i}", flow=TRIVIAL)["id"] for i in range(3)]
+    sent = [Run.objects.get(task_id=task_id).pk for task_id in created]
+    jobs = _jobs()
+    assert [(job["func"], job["args"], job["name"]) for job in jobs] == [
+        ("tasks.jobs.execute_run", (run_id,), f"run-{run_id}") for run_id in sent]
+
+
+@pytest.mark.skipif(not django_settings.REDIS_URL, reason="the queue is on Redis")
+def test_a_process_sends_its_runs_on_one_redis_connection(box: Box, settings: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    queue_through_the_cluster(settings)
+    get_broker().purge_queue()
+    box.create(title="first", flow=TRIVIAL)  # the process's broker and its connection exist from here on
+    connects: list[object] = []
+    real_connect = redis.connection.Connection._connect  # a socket made, not a command's check
+
+    def counted_connect(self: Any, *args: Any, **kwargs: Any) -> Any:
+        connects.append(self)
+        return real_connect(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.Connection, "_connect", counted_connect)
+    for i in range(5):
+        box.create(title=f"t{i}", flow=TRIVIAL)
+    runs.send(Run.objects.order_by("pk").last().pk)  # sent again, as the scheduler does
+    assert connects == []
+    assert len(_jobs()) == 7
