@@ -13,11 +13,13 @@ task still running keeps the flat it mounted until it ends.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +27,6 @@ from pathlib import Path
 from django.conf import settings
 
 from tasks.layers import paths
-from tasks.layers.locks import workspace_lock
 from tasks.layers.tree import LayerTree, Markers, Meta, NativeMarkers, PortableMarkers, apply_layer, copy_layer, write_atomically
 from tasks.models import Workspace
 
@@ -58,13 +59,14 @@ def split(newest_first: list[str], markers: str) -> tuple[list[str], str | None,
 
 
 def lower_trees(workspace: Workspace, newest_first: list[str], markers: str) -> list[LayerTree]:
-    """The lower directories a task mounts, newest first, the base last. Builds a missing flat
-    (takes the workspace lock); ``to_seal`` layers must already be sealed."""
+    """The lower directories a task mounts, newest first, the base last. Builds a missing flat;
+    ``to_seal`` layers must already be sealed. No workspace lock: a task's start calls this
+    after it recorded its stack under that lock (``_record_layer``), so every sweep from then on
+    finds it active, reading this flat, and keeps it (``refresh_workspace``)."""
     own, key, inside = split(newest_first, markers)
     trees = [LayerTree.of_layer(paths.layer_dir(task_id)) for task_id in own]
     if key is not None:
-        with workspace_lock(workspace.pk):
-            trees.append(LayerTree.of_layer(ensure_flat(workspace, inside, markers)))
+        trees.append(LayerTree.of_layer(ensure_flat(workspace, inside, markers)))
     base = workspace.base_path()
     base.mkdir(parents=True, exist_ok=True)
     trees.append(LayerTree(base, plain=True))
@@ -162,30 +164,73 @@ def _longest_cached(root: Path, oldest_first: list[str], markers: str | None) ->
 
 
 def ensure_flat(workspace: Workspace, oldest_first: list[str], markers: str) -> Path:
-    """The flat holding exactly ``oldest_first``; built if missing. Hold the workspace lock."""
+    """The flat holding exactly ``oldest_first``; built if missing. No lock needed: the build is
+    held (an exclusive ``flock`` on its directory, which ``sweep_flats`` leaves alone), the flat
+    it extends is held shared while it is read, and the build is renamed into place complete; of
+    two builders of one flat, the first rename wins and the other's build is dropped. What keeps
+    the flat once in place is the caller's: a task that recorded the stack it reads, or the
+    workspace lock held around this call and the use."""
     root = paths.private_dir(paths.flats_dir(workspace.pk))
     key = flat_key(oldest_first, markers)
     target = root / key
     if (target / "ids.json").exists():
         return target
-    start, start_len = _longest_cached(root, oldest_first, markers)
-    unsealed = [task_id for task_id in oldest_first[start_len:]
-                if not Meta.load(paths.layer_dir(task_id)).sealed and paths.layer_dir(task_id).is_dir()]
-    if unsealed:
-        raise RuntimeError(f"a flat holds sealed layers only; not sealed yet: {', '.join(unsealed)}")
-    build = root / f".build-{key}-{os.getpid()}"
-    shutil.rmtree(build, ignore_errors=True)
-    meta = Meta(format=markers, driver="flat", sealed=True)
-    writer: Markers = NativeMarkers() if markers == "native" else PortableMarkers(meta)
-    (build / "upper").mkdir(parents=True)
-    if start is not None:
-        copy_layer(LayerTree.of_layer(start), build / "upper", writer)
-    for task_id in oldest_first[start_len:]:
-        apply_layer(LayerTree.of_layer(paths.layer_dir(task_id)), build / "upper", writer, share=True)
-    meta.save(build)
-    write_atomically(build / "ids.json", json.dumps(oldest_first).encode())
-    os.rename(build, target)
+    start, start_len, held_start = _hold_longest(root, oldest_first, markers)
+    try:
+        unsealed = [task_id for task_id in oldest_first[start_len:]
+                    if not Meta.load(paths.layer_dir(task_id)).sealed and paths.layer_dir(task_id).is_dir()]
+        if unsealed:
+            raise RuntimeError(f"a flat holds sealed layers only; not sealed yet: {', '.join(unsealed)}")
+        build, held_build = _new_build(root, key)
+        try:
+            meta = Meta(format=markers, driver="flat", sealed=True)
+            writer: Markers = NativeMarkers() if markers == "native" else PortableMarkers(meta)
+            (build / "upper").mkdir()
+            if start is not None:
+                copy_layer(LayerTree.of_layer(start), build / "upper", writer)
+            for task_id in oldest_first[start_len:]:
+                apply_layer(LayerTree.of_layer(paths.layer_dir(task_id)), build / "upper", writer, share=True)
+            meta.save(build)
+            write_atomically(build / "ids.json", json.dumps(oldest_first).encode())
+            try:
+                os.rename(build, target)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                shutil.rmtree(build)  # another builder's flat is in place: the same layers
+        finally:
+            os.close(held_build)
+    finally:
+        if held_start >= 0:
+            os.close(held_start)
     return target
+
+
+def _hold_longest(root: Path, oldest_first: list[str], markers: str) -> tuple[Path | None, int, int]:
+    """The longest complete flat ``oldest_first`` begins with, its number of layers, and an fd
+    holding it shared while the caller copies it (-1 with no such flat)."""
+    while True:
+        start, start_len = _longest_cached(root, oldest_first, markers)
+        if start is None:
+            return None, 0, -1
+        held = _hold(start, fcntl.LOCK_SH)
+        if held >= 0:
+            return start, start_len, held
+
+
+def _new_build(root: Path, key: str) -> tuple[Path, int]:
+    """A new directory to build the flat ``key`` in, and an fd holding it exclusively (a sweep
+    may delete it between its making and the lock: then another is made)."""
+    while True:
+        build = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
+        try:
+            fd = os.open(build, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink:
+            return build, fd
+        os.close(fd)  # deleted before the lock: not ours any more
 
 
 def sweep_flats(workspace: Workspace, keep: set[str]) -> int:
@@ -197,13 +242,36 @@ def sweep_flats(workspace: Workspace, keep: set[str]) -> int:
     for candidate in root.iterdir():
         if candidate.name in keep:
             continue
-        held = _hold(candidate, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if held < 0 and (candidate / "ids.json").exists():
-            continue  # a seal reads it (``read_trees``): a later sweep deletes it
+        held = _hold_alone(candidate)
+        if held < 0:
+            continue  # read (``read_trees``, a build extending it) or being built: a later sweep
         try:
             shutil.rmtree(candidate, ignore_errors=True)
             removed += 1
         finally:
-            if held >= 0:
-                os.close(held)
+            os.close(held)
     return removed
+
+
+def sweep_wanted(workspace: Workspace, keep: set[str]) -> bool:
+    """Whether the workspace's flats directory holds anything besides ``keep`` (a flat, or a
+    build, that a sweep might delete). Read without the lock: a caller that skips a sweep on
+    False leaves the rest to a later one."""
+    try:
+        return any(entry.name not in keep for entry in os.scandir(paths.flats_dir(workspace.pk)))
+    except FileNotFoundError:
+        return False
+
+
+def _hold_alone(candidate: Path) -> int:
+    """An fd holding ``candidate`` exclusively, or -1 when another holds it (or it is gone)."""
+    try:
+        fd = os.open(candidate, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1
+    return fd

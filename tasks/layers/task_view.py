@@ -483,18 +483,25 @@ def delete_layer(task_id: str) -> None:
 
 def refresh_workspace(workspace: Workspace) -> None:
     """After a layer joined or left: build the flat the next task needs, and delete undone
-    layers and flats that no active task reads any more."""
+    layers and flats that no active task reads any more. The flat is built before the workspace
+    lock is taken (``ensure_flat`` needs none), and the lock only when there may be something to
+    delete: the starts take it to record their stacks."""
     stack = current_stack(workspace)
     markers = get_driver(driver_name()).markers
     seal_stack(workspace, stack, markers)
+    _, key, inside = compaction.split(stack, markers)
+    if key is not None:
+        compaction.ensure_flat(workspace, inside, markers)
+    if not compaction.sweep_wanted(workspace, {key} if key else set()) and not any(
+            paths.layer_dir(task_id).exists() for task_id in _layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False)):
+        return  # nothing a sweep could delete; one that appears later is a later refresh's
     with workspace_lock(workspace.pk):
         active = list(Task.objects.filter(workspace=workspace, folders=[], state__in=ACTIVE).values_list("pk", "layers"))
         readers = {layer_id for _, layers in active for layer_id in layers}
         layer_rows = dict(Layer.objects.filter(task_id__in=[pk for pk, _ in active]).values_list("task_id", "driver"))
         keep: set[str] = set()
-        _, key, inside = compaction.split(stack, markers)
         if key is not None:
-            compaction.ensure_flat(workspace, inside, markers)
+            compaction.ensure_flat(workspace, inside, markers)  # again: a sweep may have taken it since
             keep.add(key)
         for pk, layers in active:
             if pk in layer_rows:
