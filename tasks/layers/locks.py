@@ -25,8 +25,9 @@ def _flock(*parts: str) -> Iterator[None]:
 
 @contextmanager
 def workspace_lock(workspace_id: int) -> Iterator[None]:
-    """Held while a task picks its stack, while flats are built, and while layers are swept, so
-    a layer is never deleted between a task choosing it and recording that it reads it."""
+    """Held while a task records its stack and while layers and flats are swept, so a layer or
+    flat is never deleted between a task choosing it and recording that it reads it. Flats are
+    built and found without it (``compaction.ensure_flat``)."""
     with _flock(f"workspace-{workspace_id}"):
         yield
 
