@@ -192,13 +192,25 @@ Q_CLUSTER: dict[str, object] = {
     "recycle": env_int("BOX_WORKER_RECYCLE", 100, minimum=0),
     "label": "Queue",
 }
+# channels_redis waits for a consumer's next message in a blocking pop of 5 s, and redis-py cuts
+# any read at its socket timeout, 5 s by default: a reply Redis sends a moment late (a loaded
+# machine) was cut, the pop sent again and, after redis-py's retries, the consumer ended, and with
+# it the page's live stream. Reads get this long instead; the layer's connections keep a
+# cancellation that Python 3.11's wait_for swallows, which ended only on such a cut read before
+# (docs/decisions.md, "Portal, phone and live streams").
+LIVE_REDIS_READ_TIMEOUT_S = 30.0
+LIVE_REDIS_CONNECT_TIMEOUT_S = 5.0
+
+
 def live_layer(url: str, *, prefix: str = "asgi", **host: Any) -> dict[str, Any]:
-    """The Redis channel layer's settings for ``url``; ``host``: more of redis-py's connection
-    options. redis-py's own read timeout (5 s) is kept: see docs/decisions.md, "Portal, phone and
-    live streams", for why a longer one was tried and taken back."""
+    """The Redis channel layer's settings for ``url``; ``host``: more of redis-py's connection options."""
     return {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [{"address": url, **host}], "prefix": prefix},
+        "BACKEND": "boxsite.live_layer.LiveRedisChannelLayer",
+        "CONFIG": {
+            "hosts": [{"address": url, "socket_timeout": LIVE_REDIS_READ_TIMEOUT_S,
+                       "socket_connect_timeout": LIVE_REDIS_CONNECT_TIMEOUT_S, **host}],
+            "prefix": prefix,
+        },
     }
 
 

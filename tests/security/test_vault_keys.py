@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from channels.db import database_sync_to_async
 
 from approvals.models import Question
@@ -101,15 +100,12 @@ async def test_no_vault_key_a_process_or_tool_prints_reaches_the_log(box: Box, k
     needles = _needles(keys)
     task = await database_sync_to_async(box.create)(title="leaky", worker="leaky", prompt="p", tools=["owner.leaky", "owner.leaky_fails"])
     task_id = task["id"]
-    session = await database_sync_to_async(session_cookie)(box.owner)
-    client = ws(f"/ws/tasks/{task_id}/?after=0", session=session)
+    client = ws(f"/ws/tasks/{task_id}/?after=0", session=await database_sync_to_async(session_cookie)(box.owner))
     connected, _ = await client.connect()
     assert connected
     frames: list[dict[str, Any]] = []
-    reconnects = 0
 
     async def read_until(done: Any) -> None:
-        nonlocal client, reconnects
         deadline = asyncio.get_running_loop().time() + 60
         while not done():
             left = deadline - asyncio.get_running_loop().time()
@@ -121,15 +117,6 @@ async def test_no_vault_key_a_process_or_tool_prints_reaches_the_log(box: Box, k
                 summary = [(f["type"], f["event"]["summary"] if f["type"] == "event" else
                             f["task"]["state"] if f["type"] == "task" else "") for f in frames]
                 raise AssertionError(f"no frame in time; got {summary}") from None
-            except redis.exceptions.RedisError:
-                # The stream's consumer ended on a Redis read cut at redis-py's 5 s (docs/decisions.md,
-                # Portal): the page reconnects from its last seq, as static/js/live.js does.
-                reconnects += 1
-                assert reconnects <= 3, "the stream kept ending"
-                last = max([f["event"]["seq"] for f in frames if f["type"] == "event"], default=0)
-                client = ws(f"/ws/tasks/{task_id}/?after={last}", session=session)
-                connected, _ = await client.connect()
-                assert connected
 
     def state() -> str:
         return [f["task"]["state"] for f in frames if f["type"] == "task"][-1:][0] if any(f["type"] == "task" for f in frames) else ""
