@@ -19,6 +19,16 @@ BENCH = Path(settings.BASE_DIR) / "bench"
     ["stack_depth.py", "--depths", "2", "-n", "1", "--driver", "copy"],
 ], ids=["layers", "stack_depth"])
 def test_a_layer_bench_runs_on_a_small_workspace_and_leaves_no_data_directory(argv: list[str], tmp_path: Path) -> None:
+    _run_and_leave_nothing(argv, tmp_path)
+
+
+@pytest.mark.skipif(settings.DB_IS_POSTGRES, reason="the benches make their own SQLite database: once, in the SQLite pass")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the view's opening is measured sandboxed: real users and mounts")
+def test_the_view_opening_bench_runs_sandboxed_and_leaves_no_data_directory(tmp_path: Path) -> None:
+    _run_and_leave_nothing(["view_open.py", "--depths", "1", "-n", "1"], tmp_path)
+
+
+def _run_and_leave_nothing(argv: list[str], tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL", "BOX_DATA_DIR")}
     env["TMPDIR"] = str(tmp_path)  # where the bench makes its data directory
     done = subprocess.run([sys.executable, str(BENCH / argv[0]), *argv[1:]], env=env, cwd=settings.BASE_DIR,

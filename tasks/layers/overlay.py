@@ -151,10 +151,13 @@ def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[P
     one outside the data directory, or one below another mount is mounted again on its own. ``under`` is root's alone (0700): these mounts show root's files as the
     task user's. The sandbox never sees any of them: its root holds the view alone
     (``tasks.sandbox.init``)."""
+    # Paths as strings: a start handles every lower this way (up to the compaction depth), and
+    # pathlib's parsing of each joined or compared path was most of this function's CPU.
     data = paths.data_dir()
+    data_prefix, under_name = f"{data}/", str(under)
     table = mounts.mounts_under(under, data)  # one reading of the mount table for every layer
-    attached = {point for point in table if point == under or under in point.parents}
-    below = [f"{point}/" for point in table if point != data and point not in attached]
+    attached = {str(point) for point in table if point == under or under in point.parents}
+    below = tuple(f"{point}/" for point in table if point != data and str(point) not in attached)
     if not attached:
         for directory in (under.parent, under):
             _private(directory)
@@ -162,32 +165,34 @@ def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[P
     mapped: list[Path] = []
     try:
         for index, lower in enumerate(lowers):
-            st = os.stat(lower)
+            name = str(lower)
+            st = os.stat(name)
             key = (st.st_uid, st.st_gid)
             if key not in namespaces:
                 namespaces[key] = userns_mapping(owner[0], owner[1], st.st_uid, st.st_gid)
-            target = under / str(index)
-            inside = lower.relative_to(data).parts if lower.is_relative_to(data) and key == (0, 0) else ()
-            if len(inside) > 1 and not any(f"{lower}/".startswith(point) for point in below):
-                area = under / inside[0]
+            target = f"{under_name}/{index}"
+            # the lower's directory of the data directory, and its path inside it (root's layers only)
+            area_name, _, rest = name[len(data_prefix):].partition("/") if name.startswith(data_prefix) and key == (0, 0) else ("", "", "")
+            if rest and not f"{name}/".startswith(below):
+                area = f"{under_name}/{area_name}"
                 if area not in attached:
-                    mounts.attach_idmapped(data / inside[0], area, namespaces[key])
+                    mounts.attach_idmapped(data / area_name, Path(area), namespaces[key])
                     attached.add(area)
-                _link(target, area.joinpath(*inside[1:]))
+                _link(target, f"{area}/{rest}")
             elif target not in attached:
-                mounts.attach_idmapped(lower, target, namespaces[key])
-            mapped.append(target)
+                mounts.attach_idmapped(lower, Path(target), namespaces[key])
+            mapped.append(Path(target))
     finally:
         for fd in namespaces.values():
             os.close(fd)
     return mapped
 
 
-def _link(link: Path, target: Path) -> None:
+def _link(link: str, target: str) -> None:
     try:
         os.symlink(target, link)
     except FileExistsError:
-        if os.path.islink(link) and os.readlink(link) == str(target):
+        if os.path.islink(link) and os.readlink(link) == target:
             return
         (os.unlink if os.path.islink(link) else os.rmdir)(link)  # left by an earlier opening
         os.symlink(target, link)

@@ -96,7 +96,15 @@ def flats_dir(workspace_id: int) -> Path:
 
 def lock_file(*parts: str) -> Path:
     path = Path(lock_path(*parts))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent)
+    return path
+
+
+def ensure_dir(path: Path, mode: int = 0o777) -> Path:
+    """Make ``path`` (and parents) exist. Looked at first: a ``mkdir`` of a directory that exists
+    fails only after locking its parent for writing (every start made the same few again)."""
+    if not os.path.isdir(path):
+        path.mkdir(parents=True, exist_ok=True, mode=mode)
     return path
 
 
@@ -107,8 +115,7 @@ def lock_path(*parts: str) -> str:
 
 def private_dir(path: Path) -> Path:
     """Make ``path`` (and parents) exist; layers and caches are readable by the box alone."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    return ensure_dir(path, 0o700)
 
 
 def show(rel: str) -> str:

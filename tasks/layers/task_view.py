@@ -164,10 +164,10 @@ def open_view(task: Task) -> Path:
                 own.mkdir(exist_ok=True)
                 disk.bind(own, paths.view_dir(task.pk))
             disk.reserve(task.pk, disk_mb, used_bytes=held)
-        meta = Meta.load(paths.layer_dir(task.pk))
-        if not meta.driver:
-            meta.driver, meta.format = driver.name, driver.markers
-            meta.save(paths.layer_dir(task.pk))
+        # No meta is written here: the seal writes the first one (durably). Until then an absent
+        # meta reads as an unsealed layer, the driver is the layer row's, and a later start tells
+        # an opened layer by its upper directory or image (``_open_disk``). An opening's meta,
+        # saved with its ``fsync``, was the start's largest wait on a quiet disk.
     return paths.view_dir(task.pk)
 
 
@@ -182,8 +182,8 @@ def _open_disk(task: Task, layer: Layer) -> int | None:
         disk.mounted(task.pk)
         return limit
     directory = paths.layer_dir(task.pk)
-    if Meta.load(directory).driver or (directory / "upper").exists():
-        return None  # opened before, without an image
+    if (directory / "upper").exists() or Meta.load(directory).driver:
+        return None  # opened before, without an image (both drivers make the upper at opening)
     content = (0, 0)
     if layer.driver == "copy":  # the working copy goes into the image too
         with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
@@ -287,7 +287,24 @@ def seal_stack(workspace: Workspace, newest_first: list[str], markers: str) -> N
     by the compaction depth, not by the number of done tasks."""
     own, _, _ = compaction.split(newest_first, markers)
     for task_id in compaction.to_seal(workspace, newest_first, markers):
-        seal_layer(task_id, native=markers == "native" and task_id in own)
+        native = markers == "native" and task_id in own
+        key = (str(paths.layer_dir(task_id)), native)
+        if key in _stacked_final:
+            continue
+        seal_layer(task_id, native=native)
+        if _is_final(Meta.load(paths.layer_dir(task_id)), native):
+            if len(_stacked_final) >= _STACKED_FINAL_MAX:
+                _stacked_final.clear()
+            _stacked_final.add(key)
+
+
+# Layers of a stack this process found final (by directory, and whether overlayfs needs them
+# native): not looked at again by later starts and releases. A layer in a stack is a done task's,
+# and stays final: only a failed task's own layer is ever reopened (``_reopen``), and a failed
+# layer joins no stack. Its undo deletes it, which no start then looks for. So only
+# ``seal_stack`` reads this, never ``seal_layer`` itself (a failed task's release seals again).
+_STACKED_FINAL_MAX = 8192
+_stacked_final: set[tuple[str, bool]] = set()
 
 
 def _to_native(directory: Path, meta: Meta) -> None:

@@ -107,15 +107,29 @@ def _disown_tree(root: Path, ident: users.Identity) -> None:
         kept = []
         for name in dirs:
             path = os.path.join(current, name)
-            st = os.lstat(path)
+            st = _lstat(path)
+            if st is None:
+                continue
             if st.st_dev == device:
                 kept.append(name)
             _disown(path, st, ident)
         dirs[:] = kept
         for name in files:
             path = os.path.join(current, name)
-            _disown(path, os.lstat(path), ident)
+            st = _lstat(path)
+            if st is not None:
+                _disown(path, st, ident)
     _disown(str(root), os.lstat(root), ident)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    """None for an entry gone since its directory was listed: nothing of it is left to hand
+    back. The layer's release drops a settled disk image's mount point in the background
+    (``tasks.layers.disk``), which raced this walk and failed the sandbox's release."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 def _disown(path: str, st: os.stat_result, ident: users.Identity) -> None:

@@ -71,7 +71,8 @@ def view_mount(task_id: str) -> Path:
 def ensure_runtime_dir(task_id: str, uid: int | None = None, gid: int | None = None) -> Path:
     """Create the task's runtime directory; with ``uid``, open it to the task's user (0710)."""
     root = runtime_root()
-    root.mkdir(parents=True, exist_ok=True)
+    if not os.path.isdir(root):  # looked at first: a mkdir of one that exists locks its parent
+        root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o711)  # traversable, not listable: a task cannot see other tasks' ids
     path = runtime_dir(task_id)
     path.mkdir(mode=0o700, exist_ok=True)

@@ -124,7 +124,8 @@ _pool_thread_lock = threading.Lock()
 def _pool_lock() -> Iterator[None]:
     """Claims are made and given back one at a time across the box's processes."""
     directory = pool_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not os.path.isdir(directory):  # looked at first: a mkdir of one that exists locks its parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _pool_thread_lock:
         fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:

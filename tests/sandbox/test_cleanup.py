@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 
 from tasks import lifecycle, sandbox
 from tasks.models import Task
-from tasks.sandbox import paths, users
+from tasks.sandbox import cleanup, paths, users
 from tasks.sandbox.cleanup import release
 from tasks.sandbox.paths import runtime_dir
 from tasks.sandbox.users import processes_of
@@ -250,3 +250,22 @@ def test_a_dependent_starts_on_its_dependencys_sealed_layer_without_waiting_for_
         go_on.set()
     lifecycle.janitor.drain()
     assert swept.is_set() and uid_of(upstream["id"]) is None  # then the sweep ran and the user went back
+
+
+def test_handing_files_back_passes_over_an_entry_gone_since_its_directory_was_listed(tmp_path: Path, monkeypatch: Any) -> None:
+    """The layer's release drops a settled disk image's mount point in the background, while the
+    sandbox's release walks the layer to hand its user's files back: that walk must not fail."""
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "kept.txt").write_text("x")
+    os.chown(tmp_path / "kept.txt", 4242, 4242)
+    lstat = os.lstat
+
+    def vanishing(path: Any) -> os.stat_result:
+        if str(path).endswith("/disk"):
+            os.rmdir(path)  # gone between the listing and the look
+        return lstat(path)
+
+    monkeypatch.setattr(os, "lstat", vanishing)
+    cleanup._disown_tree(tmp_path, users.Identity("box-t", 4242, 4242))
+    monkeypatch.setattr(os, "lstat", lstat)
+    assert (lstat(tmp_path / "kept.txt").st_uid, lstat(tmp_path / "kept.txt").st_gid) == (0, 0)
