@@ -59,6 +59,8 @@ def timed(owner: Any, name: str, label: str | None = None) -> None:
     label = label or name
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _counting or threading.get_ident() != threading.main_thread().ident:
+            return original(*args, **kwargs)  # the release's calls (the seal's meta, its roots) are not the start's
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             return original(*args, **kwargs)
@@ -121,7 +123,7 @@ def main() -> None:
         settings.BOX_LAYER_DRIVER = "overlay"
         limit = int(settings.BOX_TASK_DISK_MB) if disk.unavailable() is None else 0
         for owner, name, label in (
-            (lifecycle, "prepare", "prepare (all)"), (sandbox, "prepare", "sandbox.prepare (the user)"),
+            (sandbox, "prepare", "sandbox.prepare (the user)"),
             (task_view, "_record_layer", "layer row + stack (_record_layer)"),
             (task_view, "seal_stack", "seal_stack (the lowers sealed?)"),
             (task_view, "_reopen", "_reopen (a retry's layer)"), (task_view, "_open_disk", "disk image (_open_disk)"),
@@ -129,6 +131,7 @@ def main() -> None:
             (overlay.OverlayDriver, "open", "driver.open (all)"), (overlay, "_idmapped", "  id-mapped lowers"),
             (overlay, "adopt", "  upper given to the user"), (mounts, "mount_overlay", "  overlay mount"),
             (disk, "reserve", "disk.reserve"), (tree.Meta, "save", "meta saved (fsync)"),
+            (lifecycle, "prepare", "prepare (all)"),
         ):
             timed(owner, name, label)
         counted(os, "fsync")
@@ -149,7 +152,8 @@ def main() -> None:
             users.fill_pool()  # a free user ready, as the pool keeps one: no account tool on the start
             if measure and PROFILE is not None:
                 PROFILE.enable()
-                lifecycle.prepare(task)
+                with counting():
+                    lifecycle.prepare(task)
                 PROFILE.disable()
             elif measure:
                 with counting():
