@@ -87,8 +87,12 @@ def test_start_up_reconciles_users_of_ended_and_unknown_tasks_and_spares_active_
         ident = users.ensure_user(task_id)
         paths.ensure_runtime_dir(task_id, ident.uid, ident.gid)
         users.mark_ran(ident)  # as the launcher does before it starts a process as the user
-        sleepers.append(subprocess.Popen(["setpriv", f"--reuid={ident.uid}", f"--regid={ident.gid}", "--clear-groups",
-                                          "sleep", "1003"], start_new_session=True))
+        sleeper = subprocess.Popen(["setpriv", f"--reuid={ident.uid}", f"--regid={ident.gid}", "--clear-groups",
+                                    "sleep", "1003"], start_new_session=True)
+        sleepers.append(sleeper)
+        # Until setpriv has taken the user's ids, the process is root's and no sweep of the user's
+        # processes can find it (on a loaded machine reconcile could run first).
+        wait_for(lambda: sleeper.pid in processes_of(ident.uid), what="the process to run as the task's user")
     assert Task.objects.filter(pk=active["id"], state="waiting").exists()
     try:
         env = database_env()
