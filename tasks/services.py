@@ -447,11 +447,14 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     task = Task(owner=principal.user, device=principal.device, review="",
                 created_by_task=principal.task, created_by_run=principal.run, **fields)
     task.user = f"box-{task.pk}"  # the id is made before the insert (``new_task_id``)
+    # The log's first number is taken by the insert itself: no other writer can see the row yet,
+    # so the ``UPDATE … RETURNING event_seq`` that numbers a later event is not needed here.
+    task.event_seq = 1
     task.save(force_insert=True)
     queued: dict[str, Any] = {"to": State.QUEUED, "version": task.version, "source": task.source}
     if principal.task is not None:
         queued["createdBy"] = {"task": principal.task.pk, "run": principal.run}
-    record_event(task, EventKind.STATUS, "queued", queued)
+    record_event(task, EventKind.STATUS, "queued", queued, seq=1)
     edges = dependencies.parse_edges(task.depends_on)
     for edge in edges:
         on = spec.dependencies.get(edge.on) or Task.objects.get(pk=edge.on)  # the spec's check read it

@@ -10,13 +10,14 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tasks.models import Task
 from tests.conftest import Box, queue_through_the_cluster
 from tests.factories import flow
 
 TRIVIAL = flow({"write": {"path": "out.txt", "content": "x"}})
 
 # The most statements each request may take, on either database.
-MOST = {"create": 12, "view": 7, "events": 4, "list": 3}
+MOST = {"create": 11, "view": 7, "events": 4, "list": 3}
 
 
 @pytest.fixture
@@ -81,3 +82,34 @@ def test_the_list_of_what_is_still_going_takes_at_most_its_statements(followed: 
     box, _ = followed
     statements = _statements(lambda: box.api.get("/api/tasks?state=queued,running,waiting&limit=1"))
     assert len(statements) <= MOST["list"], statements
+
+
+def test_a_creation_numbers_its_first_event_without_updating_its_task(followed: tuple[Box, str]) -> None:
+    box, _ = followed
+    statements = _statements(lambda: box.api.post("/api/tasks", {"title": "t", "flow": TRIVIAL}, format="json"))
+    assert not [s for s in statements if s.upper().startswith('UPDATE "TASKS_TASK"')], statements
+
+
+def _log(box: Box, task_id: str) -> list[dict[str, Any]]:
+    response = box.api.get(f"/api/tasks/{task_id}/events?after=0")
+    assert response.status_code == 200, response.json()
+    return list(response.json()["events"])
+
+
+def test_a_created_tasks_log_is_numbered_from_one_without_a_gap(box: Box) -> None:
+    """The creation's event takes number 1 with the task's insert; the run's events go on from there."""
+    task_id = box.create(title="runs here", flow=TRIVIAL)["id"]  # in the test: django-q2's sync mode
+    assert box.task(task_id)["state"] == "done"
+    events = _log(box, task_id)
+    seqs = [event["seq"] for event in events]
+    assert len(seqs) > 2 and seqs == list(range(1, len(seqs) + 1)), events
+    assert (events[0]["kind"], events[0]["data"]["to"]) == ("status", "queued")
+    assert Task.objects.get(pk=task_id).event_seq == seqs[-1]
+
+
+def test_a_dependents_note_at_its_creation_follows_its_first_event(followed: tuple[Box, str]) -> None:
+    box, queued = followed  # nobody takes its run: the dependent waits
+    task_id = box.create(title="waits", flow=TRIVIAL, dependsOn=[queued])["id"]
+    events = _log(box, task_id)
+    assert [(event["seq"], event["kind"]) for event in events] == [(1, "status"), (2, "note")], events
+    assert Task.objects.get(pk=task_id).event_seq == 2
