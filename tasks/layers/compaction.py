@@ -60,17 +60,40 @@ def split(newest_first: list[str], markers: str) -> tuple[list[str], str | None,
 
 def lower_trees(workspace: Workspace, newest_first: list[str], markers: str) -> list[LayerTree]:
     """The lower directories a task mounts, newest first, the base last. Builds a missing flat;
-    ``to_seal`` layers must already be sealed. No workspace lock: a task's start calls this
-    after it recorded its stack under that lock (``_record_layer``), so every sweep from then on
-    finds it active, reading this flat, and keeps it (``refresh_workspace``)."""
+    ``to_seal`` layers must already be sealed. No workspace lock and no hold: call this only
+    from a task's start, after it recorded its stack under that lock (``_record_layer``), so
+    every sweep from then on finds it active, reading this flat, and keeps it
+    (``refresh_workspace``). A reader with no record uses ``held_lower_trees``."""
     own, key, inside = split(newest_first, markers)
     trees = [LayerTree.of_layer(paths.layer_dir(task_id)) for task_id in own]
     if key is not None:
         trees.append(LayerTree.of_layer(ensure_flat(workspace, inside, markers)))
+    return [*trees, _base_tree(workspace)]
+
+
+@contextmanager
+def held_lower_trees(workspace: Workspace, newest_first: list[str], markers: str) -> Iterator[list[LayerTree]]:
+    """``lower_trees`` for a reader no task recorded (the workspace browse): the flat is held
+    shared until the block ends, so a sweep (whose stack may already be another) leaves it."""
+    own, key, inside = split(newest_first, markers)
+    trees = [LayerTree.of_layer(paths.layer_dir(task_id)) for task_id in own]
+    held = -1
+    if key is not None:
+        while held < 0:  # swept between its build and the hold: built again
+            flat = ensure_flat(workspace, inside, markers)
+            held = _hold(flat, fcntl.LOCK_SH)
+        trees.append(LayerTree.of_layer(flat))
+    try:
+        yield [*trees, _base_tree(workspace)]
+    finally:
+        if held >= 0:
+            os.close(held)
+
+
+def _base_tree(workspace: Workspace) -> LayerTree:
     base = workspace.base_path()
     base.mkdir(parents=True, exist_ok=True)
-    trees.append(LayerTree(base, plain=True))
-    return trees
+    return LayerTree(base, plain=True)
 
 
 def to_seal(workspace: Workspace, newest_first: list[str], markers: str) -> list[str]:
@@ -100,14 +123,7 @@ def read_trees(workspace: Workspace | None, newest_first: list[str]) -> Iterator
     start: Path | None = None
     start_len, held = 0, -1
     if workspace is not None and newest_first:
-        root = paths.flats_dir(workspace.pk)
-        while True:
-            start, start_len = _longest_cached(root, oldest_first, None)
-            if start is None:
-                break
-            held = _hold(start, fcntl.LOCK_SH)
-            if held >= 0:
-                break
+        start, start_len, held = _hold_longest(paths.flats_dir(workspace.pk), oldest_first, None)
     try:
         trees = [LayerTree.of_layer(paths.layer_dir(task_id)) for task_id in reversed(oldest_first[start_len:])]
         if start is not None:
@@ -198,6 +214,9 @@ def ensure_flat(workspace: Workspace, oldest_first: list[str], markers: str) -> 
                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise
                 shutil.rmtree(build)  # another builder's flat is in place: the same layers
+        except BaseException:
+            shutil.rmtree(build, ignore_errors=True)  # a failed build (ENOSPC, I/O): its name never comes again
+            raise
         finally:
             os.close(held_build)
     finally:
@@ -206,9 +225,10 @@ def ensure_flat(workspace: Workspace, oldest_first: list[str], markers: str) -> 
     return target
 
 
-def _hold_longest(root: Path, oldest_first: list[str], markers: str) -> tuple[Path | None, int, int]:
-    """The longest complete flat ``oldest_first`` begins with, its number of layers, and an fd
-    holding it shared while the caller copies it (-1 with no such flat)."""
+def _hold_longest(root: Path, oldest_first: list[str], markers: str | None) -> tuple[Path | None, int, int]:
+    """The longest complete flat ``oldest_first`` begins with (any marker spelling when
+    ``markers`` is None), its number of layers, and an fd holding it shared while the caller
+    reads it (-1 with no such flat)."""
     while True:
         start, start_len = _longest_cached(root, oldest_first, markers)
         if start is None:
@@ -228,7 +248,12 @@ def _new_build(root: Path, key: str) -> tuple[Path, int]:
         except FileNotFoundError:
             continue
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.fstat(fd).st_nlink:
+        try:
+            now = os.stat(build)
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(fd)
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
             return build, fd
         os.close(fd)  # deleted before the lock: not ours any more
 
@@ -264,11 +289,12 @@ def sweep_wanted(workspace: Workspace, keep: set[str]) -> bool:
 
 
 def _hold_alone(candidate: Path) -> int:
-    """An fd holding ``candidate`` exclusively, or -1 when another holds it (or it is gone)."""
+    """An fd holding ``candidate`` exclusively, or -1 when another holds it (or it is gone, or
+    not a directory)."""
     try:
         fd = os.open(candidate, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return -1
+    except OSError:
+        return -1  # gone, or not a directory (a stray file): nothing of ours to delete
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

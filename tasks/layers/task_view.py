@@ -520,6 +520,11 @@ def refresh_workspace(workspace: Workspace) -> None:
         if key is not None:
             compaction.ensure_flat(workspace, inside, markers)  # again: a sweep may have taken it since
             keep.add(key)
+        # The stack read before the lock may be stale by now (a layer joined or left since):
+        # the next start's flat is the current stack's, so it is kept too (built by that start).
+        _, current_key, _ = compaction.split(current_stack(workspace), markers)
+        if current_key is not None:
+            keep.add(current_key)
         for pk, layers in active:
             if pk in layer_rows:
                 _, active_key, _ = compaction.split(list(layers), get_driver(layer_rows[pk]).markers)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +85,15 @@ def _import_source(principal: Principal, raw: Any) -> Path:
     return source
 
 
-def view_of(workspace: Workspace) -> Stack:
-    """The workspace as new tasks see it: base plus done layers, newest first."""
+@contextmanager
+def view_of(workspace: Workspace) -> Iterator[Stack]:
+    """The workspace as new tasks see it: base plus done layers, newest first. Its flat is
+    held until the block ends: no task recorded this stack, so a sweep would not keep it."""
     ids = current_stack(workspace)
     markers = get_driver(driver_name()).markers
     seal_stack(workspace, ids, markers)
-    return Stack(compaction.lower_trees(workspace, ids, markers))
+    with compaction.held_lower_trees(workspace, ids, markers) as trees:
+        yield Stack(trees)
 
 
 def describe(workspace: Workspace) -> dict[str, Any]:
@@ -109,7 +114,11 @@ def browse(workspace: Workspace, raw_path: str | None) -> dict[str, Any]:
     special files (FIFO, socket, device) are listed with their type, never opened. Names are
     shown as ``paths.show`` writes them, and ``path`` is read the same way."""
     rel = paths.clean_relative(raw_path)
-    view = view_of(workspace)
+    with view_of(workspace) as view:
+        return _browse(workspace, view, rel)
+
+
+def _browse(workspace: Workspace, view: Stack, rel: str) -> dict[str, Any]:
     found = view.lookup(rel)
     if found is None:
         raise NotFound(f"'{paths.show(rel)}' is not in workspace '{workspace.name}'", field="path")

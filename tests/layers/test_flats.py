@@ -1,15 +1,17 @@
 """Flats built and found without the workspace lock: what keeps them, and what a sweep leaves."""
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.db import connection
 
 from tasks import lifecycle
-from tasks.layers import compaction, task_view
+from tasks.layers import compaction, task_view, workspaces
 from tasks.layers import paths as layer_paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.locks import workspace_lock
@@ -59,7 +61,7 @@ def test_a_flat_a_start_found_without_the_lock_is_not_swept_before_its_task_moun
     assert lifecycle.janitor.drain()
 
 
-def test_a_flat_being_built_is_not_swept_and_two_builders_get_one_flat(lbox, settings):
+def test_a_flat_being_built_is_not_swept_and_two_builders_get_one_flat(lbox, settings, monkeypatch):
     settings.BOX_LAYER_MAX_DEPTH = 2
     done = _done_tasks(lbox, 3)
     workspace = Workspace.objects.get(name="home")
@@ -77,11 +79,17 @@ def test_a_flat_being_built_is_not_swept_and_two_builders_get_one_flat(lbox, set
 
     markers = get_driver(driver_name()).markers
     inside = list(done)  # every layer, oldest first: a flat no refresh built
-    start = threading.Barrier(2)
+    both_built = threading.Barrier(2)
+    write_atomically = compaction.write_atomically
+
+    def once_both_built(path: Path, data: bytes) -> None:
+        both_built.wait(timeout=20)  # neither renames before the other's build is complete
+        write_atomically(path, data)
+
+    monkeypatch.setattr(compaction, "write_atomically", once_both_built)
     built: list[Path] = []
 
     def build_it() -> None:
-        start.wait(timeout=10)
         built.append(compaction.ensure_flat(workspace, inside, markers))
 
     builders = [threading.Thread(target=build_it) for _ in range(2)]
@@ -89,10 +97,71 @@ def test_a_flat_being_built_is_not_swept_and_two_builders_get_one_flat(lbox, set
         builder.start()
     for builder in builders:
         builder.join(timeout=30)
+    assert not both_built.broken
     assert len(built) == 2 and built[0] == built[1]
     assert compaction._read_ids(built[0]) == inside
     assert sorted(p.name for p in (built[0] / "upper").iterdir()) == ["f0.txt", "f1.txt", "f2.txt"]
     assert not [p for p in root.iterdir() if p.name.startswith(".build-")]
+
+
+def test_a_failed_build_leaves_nothing_behind(lbox, settings, monkeypatch):
+    settings.BOX_LAYER_MAX_DEPTH = 2
+    done = _done_tasks(lbox, 3)
+    workspace = Workspace.objects.get(name="home")
+
+    def out_of_space(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(compaction, "apply_layer", out_of_space)
+    with pytest.raises(OSError):
+        compaction.ensure_flat(workspace, list(done), get_driver(driver_name()).markers)
+    assert not [p for p in layer_paths.flats_dir(workspace.pk).iterdir() if p.name.startswith(".build-")]
+
+
+def test_a_sweep_passes_over_a_stray_file_among_the_flats(lbox, settings):
+    settings.BOX_LAYER_MAX_DEPTH = 2
+    done = _done_tasks(lbox, 3)
+    workspace = Workspace.objects.get(name="home")
+    root = layer_paths.flats_dir(workspace.pk)
+    flat = compaction.ensure_flat(workspace, list(done), get_driver(driver_name()).markers)
+    (root / "stray").write_text("not a flat\n")
+    with workspace_lock(workspace.pk):
+        compaction.sweep_flats(workspace, set())
+    assert not flat.exists()
+
+
+def test_a_refresh_keeps_the_flat_of_a_stack_that_changed_before_its_lock(lbox, settings, monkeypatch):
+    """The refresh read the stack of 4 layers; before it takes the lock, the newest is undone and
+    the stack of 3's flat is built: the sweep keeps that flat, which the next start mounts."""
+    settings.BOX_LAYER_MAX_DEPTH = 2
+    done = _done_tasks(lbox, 4)
+    workspace = Workspace.objects.get(name="home")
+    markers = get_driver(driver_name()).markers
+    _, next_key, next_inside = compaction.split(list(reversed(done[:-1])), markers)
+    assert next_key is not None
+    sweep_wanted = compaction.sweep_wanted
+
+    def after_the_stack_changed(ws: Workspace, keep: set[str]) -> bool:
+        if Layer.objects.filter(task_id=done[-1], state=LayerState.APPLIED).update(state=LayerState.DISCARDED):
+            compaction.ensure_flat(ws, next_inside, markers)  # as a start or another refresh would
+        return sweep_wanted(ws, keep)
+
+    monkeypatch.setattr(compaction, "sweep_wanted", after_the_stack_changed)
+    task_view.refresh_workspace(workspace)
+    assert task_view.current_stack(workspace) == list(reversed(done[:-1]))
+    assert (layer_paths.flats_dir(workspace.pk) / next_key / "ids.json").exists()
+
+
+def test_a_browse_holds_its_flat_against_a_sweep(lbox, settings):
+    settings.BOX_LAYER_MAX_DEPTH = 2
+    _done_tasks(lbox, 4)
+    workspace = Workspace.objects.get(name="home")
+    with workspaces.view_of(workspace) as view:
+        with workspace_lock(workspace.pk):
+            compaction.sweep_flats(workspace, set())  # a sweep whose stack is another
+        found = view.lookup("f0.txt")
+        assert found is not None and found.path is not None
+        assert found.path.read_text() == "0\n"
 
 
 def test_a_refresh_with_nothing_to_sweep_does_not_wait_for_the_workspace_lock(lbox, settings):
