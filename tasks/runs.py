@@ -35,6 +35,16 @@ _kept: tuple[tuple[str, int], Broker] | None = None  # ``_broker``'s: the queue'
 _kept_lock = threading.Lock()
 
 
+def _forget_kept_broker() -> None:
+    """In a forked child: the parent's broker is keyed by the parent's pid, and a thread of the
+    parent may have held the lock at the fork (the child would wait for it for good)."""
+    global _kept, _kept_lock
+    _kept, _kept_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_kept_broker)
+
+
 def lock_task(task_id: str) -> None:
     """Lock the task's row for the rest of the transaction. Every transaction that writes a task
     and its runs takes the task row first (see ``services.transition``), so two of them wait for

@@ -3,6 +3,8 @@ the process's sends share one connection instead of making one each (docs/perfor
 "Sixth day: the web's and the queue's CPU per task")."""
 from __future__ import annotations
 
+import multiprocessing
+import sys
 from typing import Any
 
 import pytest
@@ -57,3 +59,21 @@ def test_a_process_sends_its_runs_on_one_redis_connection(box: Box, settings: An
     runs.send(Run.objects.order_by("pk").last().pk)  # sent again, as the scheduler does
     assert connects == []
     assert len(_jobs()) == 7
+
+
+
+def _send_from_child(parent_broker_id: int) -> None:
+    sys.exit(0 if id(runs._broker()) != parent_broker_id else 1)
+
+
+def test_a_forked_child_makes_its_own_broker_even_when_the_parent_held_the_lock_at_the_fork(db: None) -> None:
+    parent = runs._broker()
+    child = multiprocessing.get_context("fork").Process(target=_send_from_child, args=(id(parent),))
+    with runs._kept_lock:  # a thread of the parent busy in ``_broker`` at the fork
+        child.start()
+    child.join(timeout=60)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+        pytest.fail("the forked child waited for the parent's lock")
+    assert child.exitcode == 0, "the child reused its parent's broker"
