@@ -186,11 +186,14 @@ class TaskEventsConsumer(LiveConsumer):
         # Something will be sent (or a check is due): re-check who is asking and their access
         # to this task right before these events go out.
         self.recheck()
+        events = list(TaskEvent.objects.filter(task_id=self.task_id, seq__gt=self.last_seq).order_by("seq")[:BATCH])
+        # The task is read after its events, never before: a move that commits in between
+        # would otherwise send its own event beside the state before it, and the frame that
+        # shows the new state would wait for an event that may never come.
         try:
             task = get_task_for(self.principal, self.task_id)
         except NotFound as exc:
             raise _Denied from exc
-        events = list(TaskEvent.objects.filter(task_id=task.pk, seq__gt=self.last_seq).order_by("seq")[:BATCH])
         if not events:
             return [], False
         redact = redactor_for(task)

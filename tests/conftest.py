@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 import redis
+from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from django.dispatch import receiver
 from django.test.signals import setting_changed
 from django.test.utils import override_settings
@@ -128,6 +129,15 @@ def _database_sessions_name_their_test(request: pytest.FixtureRequest, monkeypat
     session-end check below says which test left one open."""
     if settings.DB_IS_POSTGRES:
         monkeypatch.setenv("PGAPPNAME", request.node.name[:63])
+
+
+@pytest.fixture
+async def stream_connections_closed() -> Any:
+    """An async test's database reads (``database_sync_to_async``) keep a connection open in
+    asgiref's thread; closed after the test, passed or failed, so the test database can be
+    flushed and dropped."""
+    yield
+    await database_sync_to_async(connections.close_all)()
 
 
 @pytest.fixture(scope="session")

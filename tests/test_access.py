@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
-from django.db import connections
 from rest_framework.test import APIClient
 
 from approvals.models import Approval, ApprovalState
@@ -128,14 +127,8 @@ def test_the_task_page_is_the_owners_alone(scene: Scene) -> None:
     assert page.status_code == 302 and page["Location"].startswith("/login")
 
 
-@pytest.fixture
-async def _close_stream_connections() -> Any:
-    yield
-    await database_sync_to_async(connections.close_all)()
-
-
 @pytest.mark.django_db(transaction=True)
-async def test_a_phone_streams_only_the_task_it_started(scene: Scene, _close_stream_connections: None) -> None:
+async def test_a_phone_streams_only_the_task_it_started(scene: Scene, stream_connections_closed: None) -> None:
     for task_id, allowed in ((scene.phones, True), (scene.owners, False), (scene.folders, False)):
         client = ws(f"/ws/tasks/{task_id}/", device=scene.device)
         connected, code = await client.connect()
@@ -147,7 +140,7 @@ async def test_a_phone_streams_only_the_task_it_started(scene: Scene, _close_str
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_phones_list_stream_carries_only_the_tasks_it_started(scene: Scene, _close_stream_connections: None) -> None:
+async def test_a_phones_list_stream_carries_only_the_tasks_it_started(scene: Scene, stream_connections_closed: None) -> None:
     client = ws("/ws/tasks/", device=scene.device)
     assert (await client.connect())[0]
     for task_id in (scene.owners, scene.folders, scene.phones):

@@ -6,19 +6,13 @@ from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
-from django.db import connections
 
 from tests.factories import flow
 from tests.portal.conftest import session_cookie, ws
 from tests.portal.test_live import frames_until, is_ready
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-@pytest.fixture(autouse=True)
-async def _close_worker_thread_connections() -> Any:
-    yield
-    await database_sync_to_async(connections.close_all)()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio,
+              pytest.mark.usefixtures("stream_connections_closed")]
 
 
 async def test_a_run_steps_result_is_on_the_stream_with_its_output_and_artifacts(box: Any, transport: str) -> None:

@@ -10,27 +10,21 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.sessions.models import Session
-from django.db import connection, connections
+from django.db import connection
 from rest_framework.test import APIClient
 
 from boxsite.auth import DEVICE_COOKIE
+from tasks import consumers
+from tasks.consumers import SAFETY_POLL_S
 from tasks.models import Task
 from tasks.services import note
 from tests.factories import flow, make_owner
 from tests.portal.conftest import pair_device, session_cookie, ws
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio,
+              pytest.mark.usefixtures("stream_connections_closed")]
 
 WAITS_FOR_INPUT = flow({"write": {"path": "who.txt", "content": "${who}"}})
-
-
-@pytest.fixture(autouse=True)
-async def _close_worker_thread_connections() -> Any:
-    """database_sync_to_async keeps a connection open in its thread; close it so the test
-    database can be flushed and dropped."""
-    yield
-
-    await database_sync_to_async(connections.close_all)()
 
 
 def sync(fn: Any) -> Any:
@@ -111,6 +105,40 @@ async def test_a_client_connecting_while_events_are_written_gets_each_seq_once_i
     frames = await frames_until(client, lambda fs: len(seqs(fs)) >= first + 120, timeout=30)
     await asyncio.get_running_loop().run_in_executor(None, writer.join)
     assert seqs(frames) == list(range(1, first + 121))
+    await client.disconnect()
+
+
+async def test_a_move_committed_while_the_stream_reads_is_shown_with_its_new_state(
+        box: Any, transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream reads the task and its events in two statements. A move that commits between
+    them must still end with a frame showing the state it moved to: the last frame of a task
+    that failed is never a "running" one sent beside the failure's event."""
+    task_id = await waiting_task(box)
+    client = ws(f"/ws/tasks/{task_id}/?after=0", session=await sync(session_cookie)(box.owner))
+    assert (await client.connect())[0]
+    await frames_until(client, is_ready)
+
+    read_task = consumers.get_task_for
+    moved = threading.Event()
+
+    def read_then_cancel(principal: Any, task_id_: str, **kwargs: Any) -> Task:
+        task = read_task(principal, task_id_, **kwargs)
+        if not moved.is_set():
+            moved.set()  # the owner cancels right after the stream read the task
+            assert box.api.post(f"/api/tasks/{task_id}/cancel").status_code == 200
+        return task
+
+    monkeypatch.setattr(consumers, "get_task_for", read_then_cancel)
+    await sync(record_notes)(task_id, 1, "wakes the stream")
+
+    def showed_cancelled(fs: list[dict[str, Any]]) -> bool:
+        return any(f["type"] == "task" and f["task"]["state"] == "cancelled" for f in fs)
+
+    # Before the fix, the cancel's event went out beside the task read before it, and nothing
+    # was left to send: the stream showed "waiting" for good.
+    frames = await frames_until(client, showed_cancelled, timeout=SAFETY_POLL_S * 3 + 10)
+    assert moved.is_set()
+    assert any("cancelled by the owner" in f["event"]["summary"] for f in frames if f["type"] == "event")
     await client.disconnect()
 
 

@@ -96,7 +96,8 @@ def _hunt(where: str, text: str, needles: list[str]) -> None:
         assert at < 0, f"a vault key leaked into {where}: …{text[max(0, at - 60):at + 60]}…"
 
 
-async def test_no_vault_key_a_process_or_tool_prints_reaches_the_log(box: Box, keys: dict[str, str], worker_log: Path) -> None:
+async def test_no_vault_key_a_process_or_tool_prints_reaches_the_log(box: Box, keys: dict[str, str], worker_log: Path,
+                                                                    stream_connections_closed: None) -> None:
     needles = _needles(keys)
     task = await database_sync_to_async(box.create)(title="leaky", worker="leaky", prompt="p", tools=["owner.leaky", "owner.leaky_fails"])
     task_id = task["id"]
