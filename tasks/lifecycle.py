@@ -192,6 +192,10 @@ def release_ended() -> None:
         for entry in root.iterdir():
             if entry.name in ended:
                 release(entry.name)
+    try:
+        layers.write_due_notes()  # after the releases: a release seals its layer first
+    except Exception:  # noqa: BLE001 - the notes stay due; the next start tries again
+        log.exception("writing the override notes a crash left due failed; the next start tries again")
 
 
 def reconcile() -> None:

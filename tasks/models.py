@@ -289,6 +289,13 @@ class Layer(models.Model):
     manifest = models.JSONField(default=dict, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The seal found layers applied while the task ran: its override note is still to be written
+    # (``task_view.note_overrides``, after the seal's lock). Set with the manifest, cleared with
+    # the note's event; one a crash left set is written by start-up reconcile.
+    note_due = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [models.Index(fields=["note_due"], condition=models.Q(note_due=True), name="layer_note_due")]
 
 
 class VaultSecret(models.Model):

@@ -8,6 +8,7 @@ layers of done tasks, newest first). The hooks the rest of the box calls:
 - ``on_retry(task)``: inside the transaction that sends a failed task back to the queue.
 - ``release(task_id)``: after commit of every final move, and at start-up; always unmounts.
 - ``reconcile()``: at start-up, unmounts whatever a crash left mounted under the data dir.
+- ``write_due_notes()``: at start-up, after the releases: override notes a crash left unwritten.
 """
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import logging
 import shutil
 
 from tasks.layers import disk, mounts, paths
-from tasks.layers.task_view import on_final_move, on_retry, open_view, release
+from tasks.layers.task_view import on_final_move, on_retry, open_view, release, write_due_notes
 from tasks.models import Task
 from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["on_final_move", "on_retry", "open_view", "reconcile", "release", "unmount_views"]
+__all__ = ["on_final_move", "on_retry", "open_view", "reconcile", "release", "unmount_views", "write_due_notes"]
 
 
 def reconcile() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Field
+from django.db.models import Exists, Field, QuerySet
 from django.db.models.sql.subqueries import InsertQuery
 from django.utils import timezone
 
@@ -370,15 +370,14 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
                 meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
                 summary = summarise(changes_of(task, layer, roots, meta))
-            Layer.objects.filter(pk=layer.pk).update(manifest=summary)
+            Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=_note_due(task, layer))
             # The meta is saved sealed last: a reader that finds the layer sealed (and so skips
-            # sealing it) finds its manifest and its log's notes written too.
+            # sealing it) finds its manifest written too. The override note is not: the task's
+            # release writes it after this lock (``note_overrides``), so a start that stacks the
+            # layer does not wait for it; ``note_due`` keeps it due across a crash.
+            meta.save(directory)
             if task.folders:
-                meta.save(directory)  # record_touched reads the sealed layer (its lock is held here)
-                review.record_touched(task, roots)
-            else:
-                note_overrides(task, layer, LayerTree(directory / "upper", meta))
-                meta.save(directory)
+                review.record_touched(task, roots)  # reads the sealed layer (its lock is held here)
         if native and meta.format == "portable":
             _to_native(directory, meta)
 
@@ -401,29 +400,62 @@ def _is_final(meta: Meta, native: bool) -> bool:
     return meta.sealed and not (native and meta.format == "portable")
 
 
-def note_overrides(task: Task, layer: Layer, tree: LayerTree) -> None:
+def _applied_meanwhile(task: Task, layer: Layer) -> QuerySet[Layer]:
+    """The layers of tasks that ended while ``task`` ran (applied before its own, not in its stack)."""
+    return (Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED, applied_at__lt=layer.applied_at)
+            .exclude(task_id__in=[*task.layers, task.pk]))
+
+
+def _note_due(task: Task, layer: Layer) -> Exists | bool:
+    """``Layer.note_due`` as the seal writes it, in the manifest's update (no statement of its own)."""
+    if task.folders or task.state != State.DONE or layer.applied_at is None:
+        return False
+    return Exists(_applied_meanwhile(task, layer))
+
+
+def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None:
     """Tasks that overlap on one workspace: the last to finish wins (docs/decisions.md). When
     ``task`` finished over the layers of tasks that ended while it ran, its log says which of
-    their paths its own layer now replaces or hides, so nothing is overridden silently."""
-    if task.state != State.DONE or layer.applied_at is None:
-        return
-    others = (Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED,
-                                   applied_at__lt=layer.applied_at)
-              .exclude(task_id__in=[*task.layers, task.pk]).order_by("applied_at").values_list("task_id", "manifest"))
+    their paths its own layer now replaces or hides, so nothing is overridden silently.
+
+    Call after the layer's seal, outside its lock: the seal left the note due (``note_due``), and
+    the note's event clears it in its transaction, so of two writers (the release, reconcile)
+    one writes it. ``found_due``: start-up reconcile read it due; it is cleared even when nothing
+    is left to note (the task undone since, say)."""
     overridden: dict[str, list[str]] = {}
-    for other_id, manifest in others:
-        listed = (manifest or {}).get("paths", [])
-        hit = [item["path"] for item in listed if _covers(tree, paths.unshow(item["path"]))]
-        if hit:
-            overridden[other_id] = hit
-    if not overridden:
+    if not task.folders and task.state == State.DONE and layer.applied_at is not None:
+        due = Exists(Layer.objects.filter(pk=layer.pk, note_due=True))
+        others = list(_applied_meanwhile(task, layer).filter(due).order_by("applied_at").values_list("task_id", "manifest"))
+        if not others and not found_due:
+            return  # no note due: no task ended while it ran, or its note is written
+        tree = LayerTree.of_layer(paths.layer_dir(task.pk))
+        for other_id, manifest in others:
+            listed = (manifest or {}).get("paths", [])
+            hit = [item["path"] for item in listed if _covers(tree, paths.unshow(item["path"]))]
+            if hit:
+                overridden[other_id] = hit
+    elif not found_due:
         return
-    shown = "; ".join(f"{', '.join(hit[:5])}{' …' if len(hit) > 5 else ''} from task {other_id}"
-                      for other_id, hit in overridden.items())
     with transaction.atomic():
-        record_event(task, EventKind.NOTE,
-                     f"finished after tasks that ended while it ran; the last to finish wins, so this task's "
-                     f"version stands at {shown}", {"overrides": overridden})
+        if overridden:  # the event first: it takes the task's row, then the flag its layer's (as a final move does)
+            shown = "; ".join(f"{', '.join(hit[:5])}{' …' if len(hit) > 5 else ''} from task {other_id}"
+                              for other_id, hit in overridden.items())
+            record_event(task, EventKind.NOTE,
+                         f"finished after tasks that ended while it ran; the last to finish wins, so this task's "
+                         f"version stands at {shown}", {"overrides": overridden})
+        if not Layer.objects.filter(pk=layer.pk, note_due=True).update(note_due=False):
+            transaction.set_rollback(True)  # another writer cleared it first (its commit waited for): it wrote the note
+
+
+def write_due_notes() -> None:
+    """Start-up reconcile, after the releases: the override notes a crash left due after their
+    layer's seal (``note_overrides``). A layer not sealed yet is skipped: its seal is still to
+    come, and its release writes the note."""
+    for layer in Layer.objects.filter(note_due=True):
+        task = _task_of(layer.task_id)
+        if task is None or (task.state == State.DONE and not Meta.load(paths.layer_dir(task.pk)).sealed):
+            continue
+        note_overrides(task, layer, found_due=True)
 
 
 def _covers(tree: LayerTree, rel: str) -> bool:
@@ -468,7 +500,7 @@ def _remove_view(task_id: str) -> None:
 
 
 def release(task_id: str, *, stopped: bool = False) -> None:
-    """After ``task_id`` ended (or at start-up): unmount, seal, settle its layer. Idempotent.
+    """After ``task_id`` ended (or at start-up): unmount, seal, note, settle its layer. Idempotent.
     ``stopped``: ``sandbox.stop`` completed for the task just before."""
     task = _task_of(task_id)
     if task is not None and task.state in ACTIVE:
@@ -482,6 +514,7 @@ def release(task_id: str, *, stopped: bool = False) -> None:
     layer = next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most (one to one)
     if layer is not None:
         seal_layer(task_id, stopped=stopped, rows=(task, layer))
+        note_overrides(task, layer)  # after the seal and its lock, whoever sealed the layer
     _remove_view(task_id)
     if task.folders:
         if task.state == State.UNDONE:
