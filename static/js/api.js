@@ -58,6 +58,21 @@ export function put(node, ...children) {
   node.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false));
 }
 
+// Replaces a list's rows as put does, and opens again each <details> that was open in the row it
+// replaces (rows matched by their ``data-<key>`` attribute, details by their order in the row):
+// a list read again after an action does not fold what the person had opened to read. Opening
+// one fires its "toggle" listener, which reads its content afresh.
+export function putKeepingOpen(list, key, rows) {
+  const open = new Set();
+  for (const row of list.children) {
+    row.querySelectorAll("details").forEach((details, i) => { if (details.open) open.add(`${row.dataset[key]}/${i}`); });
+  }
+  put(list, ...rows);
+  for (const row of list.children) {
+    row.querySelectorAll("details").forEach((details, i) => { if (open.has(`${row.dataset[key]}/${i}`)) details.open = true; });
+  }
+}
+
 export function clearErrors(form) {
   for (const p of form.querySelectorAll("[data-error-for]")) { p.hidden = true; p.textContent = ""; }
   for (const input of form.querySelectorAll("[aria-invalid]")) input.removeAttribute("aria-invalid");

@@ -1,6 +1,6 @@
 // The Schedules page: the filtered, paged list, the New/Edit form, pause/resume/delete, and each
 // schedule's recent firings (with the skipped count of a catch-up) linking to their tasks.
-import { api, clearErrors, el, put, say, when } from "./api.js";
+import { api, clearErrors, el, put, putKeepingOpen, say, when } from "./api.js";
 import { confirmThen } from "./render.js";
 import {
   actionButton, cadenceWords, cronWords, fillTemplate, showFieldError, submitWith, syncWorker, templateFrom,
@@ -34,7 +34,7 @@ async function load({ append = false } = {}) {
   try {
     const page = await api("GET", query(append ? nextCursor : null));
     const rows = page.results.map(scheduleRow);
-    if (append) list.append(...rows); else put(list, ...rows);
+    if (append) list.append(...rows); else putKeepingOpen(list, "schedule", rows);
     nextCursor = page.next;
     more.hidden = !nextCursor;
     $("no-schedules").hidden = list.children.length > 0;
@@ -130,14 +130,14 @@ function firingRow(f) {
 
 async function runNow(s) {
   const task = await api("POST", `/api/schedules/${s.id}/run`);
-  say(`Started “${task.title}” from ${s.name}`);
   await load();
+  say(`Started “${task.title}” from ${s.name}`);
 }
 
 async function change(s, verb, message) {
   await api("POST", `/api/schedules/${s.id}/${verb}`);
-  say(message);
   await load();
+  say(message);
 }
 
 async function remove(s) {
@@ -145,8 +145,8 @@ async function remove(s) {
   if (!yes) return;
   await api("DELETE", `/api/schedules/${s.id}`);
   if (editing?.id === s.id) stopEditing();
-  say(`Deleted ${s.name}`);
   await load();
+  say(`Deleted ${s.name}`);
 }
 
 filters.addEventListener("change", () => load());
@@ -248,9 +248,10 @@ submitWith(
   bodyFrom,
   (body) => (editing ? api("PATCH", `/api/schedules/${editing.id}`, body) : api("POST", "/api/schedules", body)),
   async (saved) => {
-    say(editing ? `Saved ${saved.name}` : `Created ${saved.name}: ${cadenceWords(saved)}`);
+    const said = editing ? `Saved ${saved.name}` : `Created ${saved.name}: ${cadenceWords(saved)}`;
     stopEditing();
     await load();
+    say(said);
     list.querySelector(`[data-schedule="${saved.id}"] h3`)?.scrollIntoView({ block: "nearest" });
   },
 );

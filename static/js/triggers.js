@@ -1,6 +1,6 @@
 // The Triggers page: webhooks (created with their URL and secret shown once, secret rotation,
 // pause/resume/delete, recent deliveries) and watched folders (file arrival).
-import { api, el, put, say, when } from "./api.js";
+import { api, el, put, putKeepingOpen, say, when } from "./api.js";
 import { confirmThen } from "./render.js";
 import { actionButton, submitWith, syncWorker, templateFrom } from "./schedule-forms.js";
 
@@ -21,7 +21,7 @@ async function load(kind, { append = false } = {}) {
   try {
     const page = await api("GET", `/api/triggers?${params}`);
     const rows = page.results.map(kind === "webhook" ? webhookRow : fileRow);
-    if (append) view.list.append(...rows); else put(view.list, ...rows);
+    if (append) view.list.append(...rows); else putKeepingOpen(view.list, "trigger", rows);
     view.next = page.next;
     view.more.hidden = !page.next;
     view.empty.hidden = view.list.children.length > 0;
@@ -53,8 +53,8 @@ function named(buttons, name) {
 // A test delivery: signed by the box with the webhook's secret and received like a real one.
 async function sendTest(t) {
   const sent = await api("POST", `/api/triggers/${t.id}/test`, {});
-  say(`Test delivery sent to ${t.name}: task ${sent.task} started`);
   await load(t.kind);
+  say(`Test delivery sent to ${t.name}: task ${sent.task} started`);
 }
 
 function pauseButton(t) {
@@ -121,16 +121,16 @@ async function loadDeliveries(t, target) {
 
 async function change(t, verb, message) {
   await api("POST", `/api/triggers/${t.id}/${verb}`);
-  say(message);
   await load(t.kind);
+  say(message);
 }
 
 async function remove(t) {
   const what = t.kind === "webhook" ? "Its address stops working at once." : "The folder is no longer watched.";
   if (!(await confirmThen(`Delete ${t.name}?`, `${what} Tasks it already started stay.`, `Delete ${t.name}`))) return;
   await api("DELETE", `/api/triggers/${t.id}`);
-  say(`Deleted ${t.name}`);
   await load(t.kind);
+  say(`Deleted ${t.name}`);
 }
 
 async function rotate(t) {
@@ -145,8 +145,8 @@ async function rotate(t) {
 
 async function finishRotation(t) {
   await api("POST", `/api/triggers/${t.id}/rotate/finish`);
-  say(`Only the new secret of ${t.name} works now`);
   await load("webhook");
+  say(`Only the new secret of ${t.name} works now`);
 }
 
 // --- the secret, shown once ------------------------------------------------------------------

@@ -251,7 +251,12 @@ def test_a_webhook_shows_its_secret_once_and_a_signed_delivery_starts_a_task(pag
     expect(hook.locator(".badge")).to_have_text("active")
 
     hook.get_by_text("Recent deliveries").click()
-    expect(page.get_by_role("list", name="Recent deliveries to github-issues").get_by_role("listitem")).to_have_count(3)
+    deliveries = page.get_by_role("list", name="Recent deliveries to github-issues")
+    expect(deliveries.get_by_role("listitem")).to_have_count(3)
+    # A test delivery reads the list again: what the owner opened stays open, with the new one in it.
+    hook.get_by_role("button", name="Send a test github-issues").click()
+    expect(page.get_by_role("status")).to_contain_text("Test delivery sent to github-issues")
+    expect(deliveries.get_by_role("listitem")).to_have_count(4)
     screenshot(page, "triggers")
 
     # A watched folder (owner only) next to it.
