@@ -26,7 +26,7 @@ from tasks.layers.diff import ADDED, DELETED, MODIFIED, Change
 from tasks.layers.driver import Root
 from tasks.layers.paths import join, parent_of
 from tasks.layers.stack import DIR, View, same_content, walk_files
-from tasks.layers.tree import LayerTree, Meta, apply_layer, copy_entry, write_atomically
+from tasks.layers.tree import LayerTree, Meta, apply_layer, copy_entry, remove_path, write_atomically
 
 Snapshot = dict[str, list[int | str]]  # rel -> [kind d/f/l/s, size, mtime_ns, mode, inode, ctime_ns]
 
@@ -197,10 +197,20 @@ class CopyDriver:
         return sorted(changes, key=lambda c: c.path)
 
     def seal(self, root: Root, meta: Meta) -> None:
+        """The scan's result is journaled in the layer's meta before the first move, and a seal
+        that finds it finishes it without scanning again: once a file is moved out, the working
+        copy alone no longer tells what the task changed (a moved file looks deleted, and a
+        deletion, once the working copy is gone, is nowhere). The save that seals the layer
+        ends the journal (``Meta.sealing``)."""
         root.upper.mkdir(parents=True, exist_ok=True)
-        if not root.view.is_dir():
-            return
-        result = scan(root.view, self._manifest(root), root.lower, root.name)
+        journal = meta.sealing.get(root.name)
+        if journal is None:
+            if not root.view.is_dir():
+                return
+            result = scan(root.view, self._manifest(root), root.lower, root.name)
+            gone = [rel for rel in result.deleted if not os.path.lexists(root.view / rel)]
+            journal = meta.sealing[root.name] = {"dirs": result.new_dirs, "moves": result.carry, "deleted": gone}
+            meta.save(root.layer, sync_dir=True)
         markers_prefix = f"{root.name}/" if root.name else ""
 
         def make_parents(rel: str) -> None:
@@ -211,19 +221,21 @@ class CopyDriver:
             (root.upper / parent).mkdir()
             shutil.copystat(root.view / parent, root.upper / parent, follow_symlinks=False)
 
-        gone = [rel for rel in result.deleted if not os.path.lexists(root.view / rel)]
-        for rel in result.new_dirs:
+        for rel in journal["dirs"]:
             make_parents(rel)
             if not (root.upper / rel).is_dir():
                 (root.upper / rel).mkdir()
                 shutil.copystat(root.view / rel, root.upper / rel, follow_symlinks=False)
-        for rel in result.carry:
+        for rel in journal["moves"]:
+            if not os.path.lexists(root.view / rel) and os.path.lexists(root.upper / rel):
+                continue  # moved by the seal a crash cut short
             make_parents(rel)
             _move(root.view / rel, root.upper / rel)
-        for rel in gone:
+        for rel in journal["deleted"]:
             make_parents(rel)  # a portable whiteout's directory exists in the layer, as overlayfs makes it
             meta.deleted.add(markers_prefix + rel)
-        discard(root.view)
+        if root.view.is_dir():
+            discard(root.view)
         root.manifest.unlink(missing_ok=True)
 
 
@@ -237,6 +249,7 @@ def _move(source: Path, target: Path) -> None:
         if exc.errno != errno.EXDEV:
             raise
     st = os.lstat(source)
+    remove_path(target)  # a copy a crash cut short
     copy_entry(source, target)
     os.lchown(target, st.st_uid, st.st_gid)
     if not stat.S_ISLNK(st.st_mode):

@@ -27,6 +27,7 @@ class Root:
     view: Path
     manifest: Path  # the copy driver's record of the view as it was copied
     mounts: Path  # where the overlay driver attaches id-mapped lower layers for a sandboxed task
+    layer: Path  # the layer's directory (its meta.json, where the copy driver journals a seal)
 
     @property
     def lower(self) -> Stack:

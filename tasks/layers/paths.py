@@ -6,7 +6,8 @@
     layers/<task>/upper/         the task's own layer (overlay upperdir, or the copy driver's
                                  captured change set); a multi-folder task has upper/<name>/
     layers/<task>/ovl-work/      overlayfs workdir (same filesystem as upper; removed at seal)
-    layers/<task>/meta.json      format, driver, portable whiteouts, sealed flag
+    layers/<task>/meta.json      format, driver, portable whiteouts, sealed flag (and a copy
+                                 seal's journal until it is sealed)
     tasks/<task>/view/           what the task's processes see (mount point or working copy)
     mounts/<task>/<root>/<n>/    id-mapped lower layers of a sandboxed overlay view
     flats/<workspace>/<key>/     compacted lower layers (see ``compaction``)

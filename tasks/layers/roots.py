@@ -63,16 +63,16 @@ def roots_for(task: Task, layer: Layer, *, for_mount: bool, layers: list[LayerTr
         named = folder_names(task.folders)
         if len(named) == 1:
             return [Root("", [LayerTree(named[0][1], plain=True)], upper / "upper", own / "ovl-work",
-                         vdir, manifests / "manifest.json", lower_dir / "_")]
+                         vdir, manifests / "manifest.json", lower_dir / "_", ldir)]
         return [Root(name, [LayerTree(folder, plain=True)], upper / "upper" / name, own / "ovl-work" / name,
-                     vdir / name, manifests / f"manifest-{name}.json", lower_dir / name) for name, folder in named]
+                     vdir / name, manifests / f"manifest-{name}.json", lower_dir / name, ldir) for name, folder in named]
     markers = get_driver(layer.driver).markers
     if for_mount:
         lowers = compaction.lower_trees(task.workspace, list(task.layers), markers)
     else:
         lowers = list(layers) if layers is not None else [LayerTree.of_layer(paths.layer_dir(t)) for t in task.layers]
         lowers.append(LayerTree(task.workspace.base_path(), plain=True))
-    return [Root("", lowers, upper / "upper", own / "ovl-work", vdir, manifests / "manifest.json", lower_dir / "_")]
+    return [Root("", lowers, upper / "upper", own / "ovl-work", vdir, manifests / "manifest.json", lower_dir / "_", ldir)]
 
 
 def changes_of(task: Task, layer: Layer, roots: list[Root] | None = None, meta: Meta | None = None) -> list[Change]:

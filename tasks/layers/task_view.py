@@ -208,6 +208,11 @@ def _reopen(task: Task, layer: Layer) -> int:
     directory = paths.layer_dir(task.pk)
     with layer_lock(task.pk):
         meta = Meta.load(directory)
+        if meta.sealing:
+            # a copy seal cut short that the retry's release could not finish: a view made now
+            # would be taken for the working copy its journal names
+            raise Conflict("the task's layer was not sealed completely when it failed; its release "
+                           "finishes that, then the task can be retried", field="state")
         if not meta.sealed:
             return 0
         upper = directory / "upper"

@@ -59,13 +59,17 @@ def _version(st: os.stat_result) -> tuple[int, ...]:
 
 @dataclass
 class Meta:
-    """A layer's ``meta.json``. ``sealed``: the layer is final and will not change again."""
+    """A layer's ``meta.json``. ``sealed``: the layer is final and will not change again.
+    ``sealing``: a copy seal in progress, by root name: what its scan found, journaled before its
+    first move (``CopyDriver.seal``). Never saved in a sealed meta: the save that seals the
+    layer is the one that ends the journal, in one rename."""
 
     format: str = "native"
     driver: str = ""
     deleted: set[str] = field(default_factory=set)
     opaque: set[str] = field(default_factory=set)
     sealed: bool = False
+    sealing: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, directory: Path) -> Meta:
@@ -88,22 +92,32 @@ class Meta:
             return cls()
         return cls(format=raw.get("format", "native"), driver=raw.get("driver", ""),
                    deleted=set(raw.get("deleted", [])), opaque=set(raw.get("opaque", [])),
-                   sealed=bool(raw.get("sealed")))
+                   sealed=bool(raw.get("sealed")), sealing=raw.get("sealing", {}))
 
-    def save(self, directory: Path) -> None:
-        body = {"format": self.format, "driver": self.driver, "deleted": sorted(self.deleted),
-                "opaque": sorted(self.opaque), "sealed": self.sealed}
-        write_atomically(directory / "meta.json", json.dumps(body).encode())
+    def save(self, directory: Path, *, sync_dir: bool = False) -> None:
+        body: dict[str, Any] = {"format": self.format, "driver": self.driver, "deleted": sorted(self.deleted),
+                                "opaque": sorted(self.opaque), "sealed": self.sealed}
+        if self.sealing and not self.sealed:
+            body["sealing"] = self.sealing
+        write_atomically(directory / "meta.json", json.dumps(body).encode(), sync_dir=sync_dir)
         _sealed_metas.pop(os.path.join(directory, "meta.json"), None)
 
 
-def write_atomically(target: Path, data: bytes) -> None:
+def write_atomically(target: Path, data: bytes, *, sync_dir: bool = False) -> None:
+    """``sync_dir``: the rename is on disk too when this returns (the directory is synced), for
+    a record that the changes made after it rely on (a copy seal's journal)."""
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, target)
+    if sync_dir:
+        fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _lstat(path: Path | str) -> os.stat_result | None:

@@ -190,7 +190,7 @@ class Workspace:
         layer = self.data / "layers" / name
         layer.mkdir(parents=True)
         return Root("", self.lowers(), layer / "upper", layer / "ovl-work", self.data / "tasks" / name / "view",
-                    layer / "manifest.json", self.data / "mounts" / name)
+                    layer / "manifest.json", self.data / "mounts" / name, layer)
 
     def seal(self, root: Root) -> Path:
         directory = root.upper.parent
