@@ -14,6 +14,7 @@ from django.db import close_old_connections
 from schedules.files import scan_all
 from schedules.system import reconcile as reconcile_system_schedules
 from schedules.tick import fire_due
+from tasks import layers
 from tasks.lifecycle import reconcile
 from tasks.reaper import reap_expired, resume_after_restart
 from tasks.runs import dispatch_due, resend_unclaimed
@@ -27,13 +28,16 @@ _last_reconcile = 0.0
 
 def _builtin_schedules() -> None:
     """Hourly (and once at start): the built-in schedules exist and are sound (an owner created
-    since the start gets them too). Retention and compaction run as those schedules."""
+    since the start gets them too). Retention and compaction run as those schedules. And the
+    override notes a worker's crash left due after their layer's seal are written, so one does
+    not wait for the box's next start."""
     global _last_reconcile
     now = time.monotonic()
     if _last_reconcile and now - _last_reconcile < RECONCILE_EVERY_S:
         return
     _last_reconcile = now
     reconcile_system_schedules()
+    layers.write_due_notes()
 
 
 # Order matters: retries publish before schedules fire (a recovered run is older work).

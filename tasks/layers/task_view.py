@@ -375,7 +375,13 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
                 meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
                 summary = summarise(changes_of(task, layer, roots, meta))
-            Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=_note_due(task, layer))
+            due = _note_due(task, layer)
+            Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=due)
+            if due is not False and connection.in_atomic_block:
+                # Sealed inside a caller's transaction (a dependency's check, say): the task's own
+                # release may find the layer sealed before that commit shows it the flag, and
+                # write no note. Whoever commits the flag writes the note too (once: the clear).
+                transaction.on_commit(lambda: note_overrides(task, layer), robust=True)
             # The meta is saved sealed last: a reader that finds the layer sealed (and so skips
             # sealing it) finds its manifest written too. The override note is not: the task's
             # release writes it after this lock (``note_overrides``), so a start that stacks the
@@ -453,14 +459,17 @@ def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None
 
 
 def write_due_notes() -> None:
-    """Start-up reconcile, after the releases: the override notes a crash left due after their
-    layer's seal (``note_overrides``). A layer not sealed yet is skipped: its seal is still to
+    """Start-up reconcile, after the releases, and the scheduler hourly: the override notes a
+    crash left due after their layer's seal (``note_overrides``). A layer not sealed yet is skipped: its seal is still to
     come, and its release writes the note."""
     for layer in Layer.objects.filter(note_due=True):
         task = _task_of(layer.task_id)
         if task is None or (task.state == State.DONE and not Meta.load(paths.layer_dir(task.pk)).sealed):
             continue
-        note_overrides(task, layer, found_due=True)
+        try:
+            note_overrides(task, layer, found_due=True)
+        except Exception:  # noqa: BLE001 - one layer's fault leaves the others' notes to be written
+            log.exception("the override note of task %s could not be written; it stays due", task.pk)
 
 
 def _covers(tree: LayerTree, rel: str) -> bool:

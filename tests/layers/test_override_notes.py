@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from tasks import layers, lifecycle
 from tasks.layers import paths as layer_paths
@@ -146,3 +146,36 @@ def test_two_writers_of_one_due_note_write_it_once(lbox, monkeypatch):
     assert not failed and not any(writer.is_alive() for writer in writers)
     assert [n["data"]["overrides"] for n in override_notes(lbox, slow)] == [{fast: ["both.txt"]}]
     assert not Layer.objects.filter(note_due=True).exists()
+
+
+def test_a_seal_inside_another_transaction_writes_the_note_when_that_commits(lbox, monkeypatch):
+    """A dependency's check can seal the layer inside its own transaction while the task's
+    release runs: that release finds the layer sealed before the flag is committed, and writes
+    no note. The note then comes with the commit, once."""
+    slow, _ = overlapping(lbox)
+    release = layers.release
+    monkeypatch.setattr(layers, "release", lambda *args, **kwargs: None)  # the janitor has not got to it yet
+    finish(lbox, slow)
+    assert lifecycle.janitor.drain()
+    monkeypatch.setattr(layers, "release", release)
+    assert not Meta.load(layer_paths.layer_dir(slow)).sealed
+    failed: list[BaseException] = []
+
+    def janitor() -> None:
+        try:
+            task_view.release(slow)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+        finally:
+            connection.close()  # this thread's own
+
+    with transaction.atomic():  # the dependency check's transaction
+        task_view.seal_layer(slow)
+        thread = threading.Thread(target=janitor)
+        thread.start()
+        thread.join(60)
+    assert not thread.is_alive() and not failed, failed
+    assert len(override_notes(lbox, slow)) == 1
+    assert not Layer.objects.get(task_id=slow).note_due
+    task_view.write_due_notes()
+    assert len(override_notes(lbox, slow)) == 1
