@@ -14,15 +14,17 @@ request's thread-sensitive calls all stay on that thread, as Django's per-reques
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.base import BaseHandler
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
+
+from boxsite.errors import InvalidRequest
 
 
 class Lane:
@@ -49,6 +51,15 @@ class OneStepASGIHandler(ASGIHandler):
                 await self.handle(scope, receive, send)
         finally:
             lane.busy -= 1
+
+    def create_request(self, scope: Mapping[str, Any], body_file: Any) -> tuple[ASGIRequest, None] | tuple[None, HttpResponseBase]:
+        """Django's, and a charset Python cannot look up at all ("utf-8\\x00" is a ValueError, not
+        the LookupError Django expects, raised before any middleware) answered 400, not a 500."""
+        try:
+            return super().create_request(scope, body_file)
+        except ValueError:
+            error = InvalidRequest("the Content-Type's charset is not a name", field="Content-Type")
+            return None, JsonResponse(error.as_dict(), status=error.status)
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         """The sync chain (``BaseHandler.get_response``), in one step on the request's thread."""

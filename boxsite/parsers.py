@@ -1,13 +1,17 @@
-"""The API's one request parser: JSON, bounded in size and depth, with no NUL characters.
+"""The API's one request parser: JSON, bounded in size and depth, holding only what the
+databases store.
 
 Every API body goes through ``BoxJSONParser`` (it is the only parser DRF is given), so these
 limits hold for every endpoint at once: a body over ``BOX_API_MAX_BYTES`` is ``413``, JSON
-nested deeper than ``MAX_JSON_DEPTH`` or holding a NUL character (which PostgreSQL cannot store
-in text) is ``400`` naming where, and nothing reaches a view that the databases cannot store.
+nested deeper than ``MAX_JSON_DEPTH``, holding a NUL character (which PostgreSQL cannot store
+in text), a lone surrogate (``"\\ud800"``: valid JSON, not encodable as UTF-8) or a number
+too large for a float (``1e309`` reads as infinity, which no JSON column or answer can hold) is
+``400`` naming where, and nothing reaches a view that the databases cannot store.
 """
 from __future__ import annotations
 
 import json
+import math
 from typing import IO, Any
 
 from django.conf import settings
@@ -22,8 +26,22 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def storable_text(text: str) -> bool:
+    """No NUL and no lone surrogate: text both databases store as it was given."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_json_value(data: Any, *, root: str = "") -> None:
-    """Refuse nesting deeper than ``MAX_JSON_DEPTH`` and NUL characters in keys or strings.
+    """Refuse nesting deeper than ``MAX_JSON_DEPTH``, NUL characters and lone surrogates in
+    keys or strings, and numbers beyond a float's range.
 
     Iterative, so a hostile document cannot exhaust the stack while it is being checked.
     """
@@ -31,17 +49,26 @@ def check_json_value(data: Any, *, root: str = "") -> None:
     while stack:
         value, path, depth = stack.pop()
         if isinstance(value, str):
-            if "\x00" in value:
-                raise InvalidRequest("text must not contain NUL characters (\\u0000)", field=path or None)
+            if not storable_text(value):
+                raise InvalidRequest(_unstorable(value, "text"), field=path or None)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidRequest("the number is too large (beyond a float's range)", field=path or None)
         elif isinstance(value, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
                 raise InvalidRequest(f"the JSON is nested more than {MAX_JSON_DEPTH} levels deep", field=path or None)
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 name = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and "\x00" in key:
-                    raise InvalidRequest("a name must not contain NUL characters (\\u0000)", field=path or None)
+                if isinstance(key, str) and not storable_text(key):
+                    raise InvalidRequest(_unstorable(key, "a name"), field=path or None)
                 stack.append((item, name, depth + 1))
+
+
+def _unstorable(text: str, what: str) -> str:
+    if "\x00" in text:
+        return f"{what} must not contain NUL characters (\\u0000)"
+    return f"{what} must not contain a lone surrogate (\\ud800-\\udfff): it is not Unicode text"
 
 
 def load_json(raw: bytes) -> Any:

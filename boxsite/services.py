@@ -10,7 +10,6 @@ import os
 import secrets
 from datetime import timedelta
 from typing import Any, TypeVar
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -27,7 +26,7 @@ from boxsite.models import (
     hash_key,
 )
 from boxsite.principal import Principal
-from boxsite.validation import MISSING, Body, Choice, Flag, Names, Problem, Text, Whole
+from boxsite.validation import MISSING, Body, Choice, Flag, Names, Problem, Text, Whole, time_zone_named
 from tasks.spec import host_list, valid_host
 
 PAIRING_TTL = timedelta(minutes=10)
@@ -72,10 +71,8 @@ class SettingsBody(Body):
 
     def check_timeZone(self, value: Any, seen: dict[str, Any]) -> Any:
         if value is not MISSING:
-            try:
-                ZoneInfo(value)
-            except (ZoneInfoNotFoundError, ValueError):
-                raise Problem(f"'{value}' is not a time zone (an IANA name such as Europe/Berlin or UTC)") from None
+            if time_zone_named(value) is None:
+                raise Problem(f"'{value}' is not a time zone (an IANA name such as Europe/Berlin or UTC)")
         return value
 
     def check_taskCpuPercent(self, value: Any, seen: dict[str, Any]) -> Any:

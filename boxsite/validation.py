@@ -21,6 +21,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers as s
@@ -28,6 +29,17 @@ from rest_framework import serializers as s
 from boxsite.errors import BoxError, InvalidRequest, NotAvailable
 
 MAX_WHOLE = 2**31 - 1  # the largest number an integer column holds on every database
+
+
+def time_zone_named(name: object) -> ZoneInfo | None:
+    """The IANA zone ``name`` names, or None. ZoneInfo reads the name as a file: a directory
+    ("America") or a name too long for one is an OSError there, not a ZoneInfoNotFoundError."""
+    if not isinstance(name, str):
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return None
 
 
 class _Missing:

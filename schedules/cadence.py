@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from boxsite.errors import InvalidRequest
+from boxsite.validation import time_zone_named
 
 MIN_INTERVAL_SECONDS = 60
 MAX_INTERVAL_SECONDS = 366 * 24 * 3600
@@ -71,11 +72,14 @@ class Cadence:
         if not isinstance(cron, str) or len(cron.split()) != 5 or not croniter.is_valid(cron):
             raise InvalidRequest(f"'{cron}' is not a 5-field cron expression (minute hour day month weekday)", field="cron")
         zone = tz or "UTC"
+        if time_zone_named(zone) is None:
+            raise InvalidRequest(f"unknown time zone '{zone}'", field="timezone")
+        cadence = cls(cron=" ".join(cron.split()), timezone=zone)
         try:
-            ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise InvalidRequest(f"unknown time zone '{zone}'", field="timezone") from exc
-        return cls(cron=" ".join(cron.split()), timezone=zone)
+            cadence.next_after(datetime.now(UTC))
+        except CroniterBadDateError as exc:  # "0 0 30 2 *": a day no month has
+            raise InvalidRequest(f"'{cron}' never comes (no date matches it)", field="cron") from exc
+        return cadence
 
     @property
     def zone(self) -> ZoneInfo:

@@ -39,6 +39,7 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.parsers import storable_text
 from boxsite.principal import Principal, Via
 from schedules.models import Delivery, Trigger, TriggerKind
 from schedules.signatures import GITHUB_HEADER, SignatureError, Verified, github_header, verify
@@ -97,8 +98,9 @@ def payload_facts(body: bytes, content_type: str) -> dict[str, str]:
                 walk(item, f"{path}.{key}", depth + 1)
         elif len(flat) < MAX_PAYLOAD_FACTS:
             flat[path] = _scalar(value)
-            if "\x00" in path or "\x00" in flat[path]:
-                raise InvalidRequest("the payload contains a NUL character (\\u0000); the box cannot store it", field="body")
+            if not storable_text(path) or not storable_text(flat[path]):  # "\\ud800" is valid JSON
+                raise InvalidRequest("the payload contains a NUL character (\\u0000) or a lone surrogate (\\ud800); "
+                                     "the box cannot store it", field="body")
         else:
             truncated = True
 

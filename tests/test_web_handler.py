@@ -24,15 +24,20 @@ from tests.conftest import Box
 
 async def _get(path: str, token: str) -> int:
     """One GET through the box's ASGI application, as daphne hands it over."""
+    return (await _call("GET", path, [(b"authorization", f"Bearer {token}".encode())]))[0]
+
+
+async def _call(method: str, path: str, headers: list[tuple[bytes, bytes]], content: bytes = b"") -> tuple[int, bytes]:
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
         "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())],
+        "headers": [(b"host", b"localhost"), *headers],
         "client": ("127.0.0.1", 50000), "server": ("localhost", 80),
     }
-    body = [{"type": "http.request", "body": b"", "more_body": False}]
+    body = [{"type": "http.request", "body": content, "more_body": False}]
     connected = asyncio.Event()  # the client stays connected until the response is sent
     statuses: list[int] = []
+    sent: list[bytes] = []
 
     async def receive() -> dict[str, Any]:
         if body:
@@ -43,9 +48,20 @@ async def _get(path: str, token: str) -> int:
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
+        elif message["type"] == "http.response.body":
+            sent.append(message.get("body", b""))
 
     await application(scope, receive, send)
-    return statuses[0]
+    return statuses[0], b"".join(sent)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("path", ["/api/tasks", "/login"])
+async def test_a_charset_that_is_not_a_name_is_a_400_in_the_error_shape(path: str) -> None:
+    status, content = await _call("POST", path, [(b"content-type", b"application/json; charset=utf-8\x00")], b"{}")
+    assert status == 400, content[:300]
+    assert json.loads(content) == {"code": "INVALID_REQUEST", "message": "the Content-Type's charset is not a name",
+                                   "field": "Content-Type"}
 
 
 @pytest.fixture

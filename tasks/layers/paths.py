@@ -28,6 +28,9 @@ from django.conf import settings
 from boxsite.errors import InvalidRequest
 from boxsite.setting_paths import path_setting
 
+NAME_MAX = 255  # bytes in one name, on Linux's file systems
+PATH_MAX = 4096  # bytes in a path, its final NUL included
+
 
 def data_dir() -> Path:
     return path_setting("BOX_DATA_DIR")
@@ -171,6 +174,9 @@ def clean_relative(raw: str | None, *, field: str = "path") -> str:
     parts = [p for p in value.split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
         raise InvalidRequest(f"'{value}' leaves the view ('..' is not allowed)", field=field)
+    # What the file system refuses as too long (ENAMETOOLONG) is refused here, as a 400.
+    if any(len(os.fsencode(p)) > NAME_MAX for p in parts) or len(os.fsencode(value)) >= PATH_MAX:
+        raise InvalidRequest(f"the path is longer than a file system takes ({NAME_MAX} bytes a name)", field=field)
     return posixpath.join(*parts) if parts else ""
 
 

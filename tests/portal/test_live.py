@@ -193,6 +193,30 @@ async def test_a_malformed_cursor_is_refused(box: Any) -> None:
     assert (connected, code) == (False, 4400)
 
 
+@pytest.mark.parametrize("after", ["1%00", "%00", "1e309", "1.5", "nan", "9" * 5000, "0x10"])
+async def test_a_cursor_that_is_not_a_whole_number_is_refused(box: Any, after: str) -> None:
+    session = await sync(session_cookie)(box.owner)
+    task = await sync(box.create)(title="t", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+    for path in (f"/ws/tasks/{task['id']}/?after={after}", f"/ws/tasks/?after={after}"):
+        connected, code = await ws(path, session=session).connect()
+        assert (connected, code) == (False, 4400), path
+
+
+@pytest.mark.parametrize("after", [str(10**30), str(2**63), str(2**64)])
+async def test_a_cursor_beyond_every_event_streams_nothing_old(box: Any, after: str) -> None:
+    session = await sync(session_cookie)(box.owner)
+    task = await sync(box.create)(title="t", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+    for path in (f"/ws/tasks/{task['id']}/?after={after}", f"/ws/tasks/?after={after}"):
+        client = ws(path, session=session)
+        connected, code = await client.connect()
+        if connected:
+            frames = await frames_until(client, is_ready)
+            assert not [f for f in frames if f["type"] == "event"], path
+            await client.disconnect()
+        else:
+            assert code == 4400, path
+
+
 async def test_a_device_never_streams_a_folder_task(box: Any, tmp_path: Any) -> None:
     folder = tmp_path / "real-folder"
     folder.mkdir()
