@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import stat
@@ -27,6 +28,8 @@ from tasks.layers.driver import Root
 from tasks.layers.paths import join, parent_of
 from tasks.layers.stack import DIR, View, same_content, walk_files
 from tasks.layers.tree import LayerTree, Meta, apply_layer, copy_entry, remove_path, write_atomically
+
+log = logging.getLogger(__name__)
 
 Snapshot = dict[str, list[int | str]]  # rel -> [kind d/f/l/s, size, mtime_ns, mode, inode, ctime_ns]
 
@@ -204,6 +207,7 @@ class CopyDriver:
         ends the journal (``Meta.sealing``)."""
         root.upper.mkdir(parents=True, exist_ok=True)
         journal = meta.sealing.get(root.name)
+        resuming = journal is not None
         if journal is None:
             if not root.view.is_dir():
                 return
@@ -213,22 +217,40 @@ class CopyDriver:
             meta.save(root.layer, sync_dir=True)
         markers_prefix = f"{root.name}/" if root.name else ""
 
+        made: set[str] = set()
+
+        def make_dir(rel: str) -> None:
+            if rel in made:
+                return
+            made.add(rel)
+            target = root.upper / rel
+            if target.is_dir() and not resuming:
+                return
+            if not target.is_dir():
+                target.mkdir()
+            if os.path.lexists(root.view / rel):
+                # again when resuming: a crash may have come between a mkdir and its copystat
+                shutil.copystat(root.view / rel, target, follow_symlinks=False)
+
         def make_parents(rel: str) -> None:
             parent = parent_of(rel)
-            if not parent or (root.upper / parent).is_dir():
+            if not parent or parent in made or ((root.upper / parent).is_dir() and not resuming):
                 return
             make_parents(parent)
-            (root.upper / parent).mkdir()
-            shutil.copystat(root.view / parent, root.upper / parent, follow_symlinks=False)
+            make_dir(parent)
 
         for rel in journal["dirs"]:
             make_parents(rel)
-            if not (root.upper / rel).is_dir():
-                (root.upper / rel).mkdir()
-                shutil.copystat(root.view / rel, root.upper / rel, follow_symlinks=False)
+            make_dir(rel)
         for rel in journal["moves"]:
-            if not os.path.lexists(root.view / rel) and os.path.lexists(root.upper / rel):
-                continue  # moved by the seal a crash cut short
+            if not os.path.lexists(root.view / rel):
+                if not os.path.lexists(root.upper / rel):
+                    # Gone from the working copy before it was carried: a process that outlived
+                    # the task (no sandbox to stop it) deleted it, or a power cut lost it before
+                    # the image's data reached the disk. Carried as nothing: one lost file must
+                    # not keep the layer, and every later start in the workspace, unsealed.
+                    log.warning("%s vanished from the working copy before the seal carried it", rel)
+                continue  # else moved by the seal a crash cut short
             make_parents(rel)
             _move(root.view / rel, root.upper / rel)
         for rel in journal["deleted"]:

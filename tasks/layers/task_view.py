@@ -266,10 +266,15 @@ def _restore_set_aside(directory: Path, meta: Meta, roots: list[Root]) -> None:
         return
     for root in roots:
         shutil.rmtree(root.view, ignore_errors=True)
-    kept = Meta.load(aside)
-    shutil.rmtree(directory / "upper", ignore_errors=True)
-    os.rename(aside / "upper", directory / "upper")
-    meta.deleted, meta.opaque = kept.deleted, kept.opaque
+    # Each step can be cut short by a crash and done again: the kept upper is moved back unless
+    # it is already back, and its markers saved before their set-aside copy is removed.
+    if (aside / "upper").is_dir():
+        shutil.rmtree(directory / "upper", ignore_errors=True)
+        os.rename(aside / "upper", directory / "upper")
+    if (aside / "meta.json").exists():
+        kept = Meta.load(aside)
+        meta.deleted, meta.opaque = kept.deleted, kept.opaque
+        meta.save(directory, sync_dir=True)
     shutil.rmtree(aside)
 
 

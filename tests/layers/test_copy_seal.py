@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +21,9 @@ from django.db import transaction
 from boxsite.errors import Conflict
 from tasks import lifecycle, sandbox
 from tasks.layers import disk, paths
-from tasks.layers.task_view import on_final_move, on_retry, open_view
-from tasks.models import Task
+from tasks.layers.roots import roots_for
+from tasks.layers.task_view import REOPENED, _reopen, on_final_move, on_retry, open_view
+from tasks.models import Layer, Task
 from tasks.states import State
 from tests.cluster import MANAGE
 from tests.conftest import Box, database_env, queue_through_the_cluster
@@ -59,6 +63,13 @@ def _ended_task_with_changes(lbox: Box, *, disk_mb: int | None = None, state: st
     (view / "olddir").rmdir()
     _move(task, state)
     return task.pk
+
+
+def _view_of(task_id: str) -> Path:
+    """The ended task's working copy (the copy driver's view)."""
+    task = Task.objects.get(pk=task_id)
+    [root] = roots_for(task, Layer.objects.get(task_id=task_id), for_mount=False)
+    return root.view
 
 
 def _move(task: Task, state: str) -> None:
@@ -134,6 +145,52 @@ def test_a_retry_does_not_reopen_a_layer_whose_seal_is_unfinished(lbox):
     _move(task, State.FAILED)  # the run fails with that; its release finishes the seal
     lifecycle.release_ended()
     _move(task, State.QUEUED)
+    view = open_view(Task.objects.get(pk=task_id))
+    assert (view / "edit.txt").read_text() == "new\n" and (view / "top.txt").read_text() == "top\n"
+    assert (view / "new" / "deep" / "file.txt").read_text() == "made\n" and os.readlink(view / "link") == "top.txt"
+    assert not (view / "gone.txt").exists() and not (view / "olddir").exists()
+
+
+def test_a_file_that_vanished_before_the_resumed_seal_carried_it_does_not_block_the_seal(lbox):
+    """A journaled file gone from the working copy (a process that outlived the task deleted
+    it, or a power cut lost it) is carried as nothing; the rest of the task is sealed, and the
+    workspace's next start is not refused for good. A directory's mode is kept on the resume
+    even where the cut seal made it and died before copying its mode."""
+    task_id = _ended_task_with_changes(lbox)
+    view = _view_of(task_id)
+    os.chmod(view / "new" / "deep", 0o700)
+    _release_killed_at(task_id, "before the first move")  # journaled, directories made, nothing moved
+    os.chmod(paths.layer_dir(task_id) / "upper" / "new" / "deep", 0o755)  # as if cut before its copystat
+    (view / "top.txt").unlink()
+    lifecycle.release_ended()
+    meta = json.loads((paths.layer_dir(task_id) / "meta.json").read_text())
+    assert meta["sealed"] and "sealing" not in meta, meta
+    assert read(lbox, "top.txt") is None
+    assert read(lbox, "edit.txt") == "new\n" and read(lbox, "new/deep/file.txt") == "made\n"
+    assert read(lbox, "gone.txt") is None and read(lbox, "olddir/a.txt") is None
+    assert stat.S_IMODE(os.stat(paths.layer_dir(task_id) / "upper" / "new" / "deep").st_mode) == 0o700
+    later = lbox.create(title="later", flow=flow({"run": "true"}))
+    assert open_view(Task.objects.get(pk=later["id"])).is_dir()  # the workspace still starts tasks
+
+
+def test_a_restore_of_a_set_aside_layer_cut_short_loses_nothing(lbox):
+    """A retry set the sealed layer aside and its run died before laying it back; the release
+    that restores it was cut after moving the kept files back. The next release finishes the
+    restore: it neither deletes the files it moved back nor fails on the move done already."""
+    task_id = _ended_task_with_changes(lbox, state=State.FAILED)
+    lifecycle.release_ended()  # sealed
+    task = Task.objects.get(pk=task_id)
+    _move(task, State.QUEUED)
+    _reopen(task, Layer.objects.get(task_id=task_id))  # the retry's start sets the layer aside (REOPENED)
+    _move(Task.objects.get(pk=task_id), State.FAILED)  # and its run died before the view was made
+    directory = paths.layer_dir(task_id)
+    aside = directory / REOPENED
+    assert (aside / "upper").is_dir()
+    shutil.rmtree(directory / "upper")
+    os.rename(aside / "upper", directory / "upper")  # the restore's first step, then the crash
+    lifecycle.release_ended()
+    assert not aside.exists()
+    _move(Task.objects.get(pk=task_id), State.QUEUED)  # retried again: its view holds all it did
     view = open_view(Task.objects.get(pk=task_id))
     assert (view / "edit.txt").read_text() == "new\n" and (view / "top.txt").read_text() == "top\n"
     assert (view / "new" / "deep" / "file.txt").read_text() == "made\n" and os.readlink(view / "link") == "top.txt"
