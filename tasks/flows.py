@@ -122,6 +122,8 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
         _check_shape(kind, step[kind.name], where)
         if kind.name == "model":
             _check_model_step(step["model"], where)
+        if kind.name in ("write", "delete"):
+            _check_path(step[kind.name], where, kind.name)
         if "args" in step and not isinstance(step["args"], dict):
             raise InvalidFlow(f"{where}: 'args' must be an object", field=f"{where}.args")
         if "stop_before" in step:
@@ -137,6 +139,24 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
                 raise InvalidFlow(f"{where}: 'timeout_s' must be a positive number", field=f"{where}.timeout_s")
     return flow
+
+
+def _check_path(value: Any, where: str, kind: str) -> None:
+    """A ``write``'s or ``delete``'s path: relative, and not above the task's files. One with a
+    ``${...}`` is filled in at run time and checked there (``workers.flow.inside``, which also
+    refuses a link out)."""
+    path, field = (value, f"{where}.{kind}") if isinstance(value, str) else (value["path"], f"{where}.{kind}.path")
+    if not isinstance(path, str) or not path:
+        raise InvalidFlow(f"{where}: '{kind}' needs a path (a non-empty string)", field=field)
+    if "${" in path:
+        return
+    depth = 0
+    for part in path.split("/"):
+        depth += -1 if part == ".." else 0 if part in ("", ".") else 1
+        if depth < 0:
+            break
+    if path.startswith("/") or depth < 0:
+        raise InvalidFlow(f"{where}: '{path}' is not a relative path inside the task's files", field=field)
 
 
 MODEL_KEYS = {"prompt", "schema", "system"}

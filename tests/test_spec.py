@@ -44,6 +44,14 @@ BAD_SPECS = [
     ("wrong type for run", {"title": "t", "flow": {"steps": [{"run": 5}]}}, "INVALID_FLOW", "flow.steps[0]"),
     ("unknown step key", {"title": "t", "flow": {"steps": [{"run": "ls", "retry": 3}]}}, "INVALID_FLOW", "flow.steps[0].retry"),
     ("bad timeout", {"title": "t", "flow": {"steps": [{"run": "ls", "timeout_s": 0}]}}, "INVALID_FLOW", "flow.steps[0].timeout_s"),
+    ("write above the task's files", {"title": "t", "flow": {"steps": [{"write": {"path": "a/../../b", "content": "x"}}]}},
+     "INVALID_FLOW", "flow.steps[0].write.path"),
+    ("write to an absolute path", {"title": "t", "flow": {"steps": [{"write": {"path": "/etc/passwd", "content": "x"}}]}},
+     "INVALID_FLOW", "flow.steps[0].write.path"),
+    ("write path not a string", {"title": "t", "flow": {"steps": [{"write": {"path": 5, "content": "x"}}]}},
+     "INVALID_FLOW", "flow.steps[0].write.path"),
+    ("delete above the task's files", {"title": "t", "flow": {"steps": [{"delete": "../x"}]}}, "INVALID_FLOW", "flow.steps[0].delete"),
+    ("delete an absolute path", {"title": "t", "flow": {"steps": [{"delete": {"path": "/home"}}]}}, "INVALID_FLOW", "flow.steps[0].delete.path"),
     ("flow worker without flow or prompt", {"title": "t", "worker": "flow"}, "INVALID_SPEC", "prompt"),
 ]
 
@@ -117,3 +125,10 @@ def test_a_token_without_the_folder_right_cannot_hand_out_folders(box, tmp_path)
     assert response.status_code == 403
     assert response.json()["code"] == "FORBIDDEN"
     assert Task.objects.count() == 0
+
+
+def test_a_path_inside_the_task_files_or_filled_in_at_run_time_is_taken(box):
+    for path in ("sub/../top.txt", "./a/b.txt", "${where}/out.txt"):
+        spec = {"title": "t", "flow": {"vars": {"where": "x"}, "steps": [{"write": {"path": path, "content": "x"}}]}}
+        response = box.api.post("/api/tasks", spec, format="json")
+        assert response.status_code == 201, (path, response.json())
