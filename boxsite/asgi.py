@@ -12,20 +12,20 @@ os.environ["BOX_WEB_PROCESS"] = "1"  # settings: each of its kept threads keeps 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 # The portal's CSS/JS are a handful of small files served by the box itself (no CDN, no separate
 # web server to set up); Django's static handler serves /static/ from the app's own directory.
 get_asgi_application()  # django.setup()
-from boxsite.handler import OneStepASGIHandler  # noqa: E402
+from boxsite.handler import OneStepASGIHandler, StaticFilesHandler  # noqa: E402
 
-django_app = ASGIStaticFilesHandler(OneStepASGIHandler())
+django_app = StaticFilesHandler(OneStepASGIHandler())
 
-from boxsite.ws_auth import DeviceCookieMiddleware  # noqa: E402
+from boxsite.ws_auth import DeviceCookieMiddleware, NulCookiesDropped  # noqa: E402
 from tasks.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_app,
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(DeviceCookieMiddleware(URLRouter(websocket_urlpatterns)))),
+    "websocket": AllowedHostsOriginValidator(NulCookiesDropped(
+        AuthMiddlewareStack(DeviceCookieMiddleware(URLRouter(websocket_urlpatterns))))),
 })

@@ -20,11 +20,30 @@ from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.base import BaseHandler
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
 from boxsite.errors import InvalidRequest
+
+
+def _create_request_guarded(self: ASGIHandler, scope: Mapping[str, Any],
+                            body_file: Any) -> tuple[ASGIRequest, None] | tuple[None, HttpResponseBase]:
+    """Django's ``create_request``, and a charset Python cannot look up at all ("utf-8\\x00" is a
+    ValueError, not the LookupError Django expects, raised before any middleware) answered 400,
+    not a 500. Both handlers use it: the box's own and the one in front that serves /static/."""
+    try:
+        return ASGIHandler.create_request(self, scope, body_file)
+    except ValueError:
+        error = InvalidRequest("the Content-Type's charset is not a name", field="Content-Type")
+        return None, JsonResponse(error.as_dict(), status=error.status)
+
+
+class StaticFilesHandler(ASGIStaticFilesHandler):
+    """Django's /static/ handler (the portal's few CSS and JS files), with the charset guard."""
+
+    create_request = _create_request_guarded
 
 
 class Lane:
@@ -52,14 +71,7 @@ class OneStepASGIHandler(ASGIHandler):
         finally:
             lane.busy -= 1
 
-    def create_request(self, scope: Mapping[str, Any], body_file: Any) -> tuple[ASGIRequest, None] | tuple[None, HttpResponseBase]:
-        """Django's, and a charset Python cannot look up at all ("utf-8\\x00" is a ValueError, not
-        the LookupError Django expects, raised before any middleware) answered 400, not a 500."""
-        try:
-            return super().create_request(scope, body_file)
-        except ValueError:
-            error = InvalidRequest("the Content-Type's charset is not a name", field="Content-Type")
-            return None, JsonResponse(error.as_dict(), status=error.status)
+    create_request = _create_request_guarded
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         """The sync chain (``BaseHandler.get_response``), in one step on the request's thread."""

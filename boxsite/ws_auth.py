@@ -26,6 +26,20 @@ def _cookies(scope: dict[str, Any]) -> dict[str, str]:
     return {}
 
 
+class NulCookiesDropped(BaseMiddleware):
+    """Outside the session middleware: a cookie whose value holds NUL is dropped before anything
+    looks it up, as the HTTP edge does (``ApiEdgeMiddleware``); PostgreSQL refuses NUL in a
+    query, and the session's lookup would end the connection with a server error, not a 4401."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        headers = scope.get("headers", [])
+        if any(name == b"cookie" and b"\x00" in value for name, value in headers):
+            kept = [(name, b";".join(part for part in value.split(b";") if b"\x00" not in part) if name == b"cookie" else value)
+                    for name, value in headers]
+            scope = {**scope, "headers": kept}
+        return await super().__call__(scope, receive, send)
+
+
 class DeviceCookieMiddleware(BaseMiddleware):
     """Puts the paired ``Device`` (or None) into ``scope["device"]``. Sits inside the session
     middleware stack so a consumer sees both and can choose, as the API does (device first)."""

@@ -56,7 +56,7 @@ async def _call(method: str, path: str, headers: list[tuple[bytes, bytes]], cont
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("path", ["/api/tasks", "/login"])
+@pytest.mark.parametrize("path", ["/api/tasks", "/login", "/static/js/api.js"])
 async def test_a_charset_that_is_not_a_name_is_a_400_in_the_error_shape(path: str) -> None:
     status, content = await _call("POST", path, [(b"content-type", b"application/json; charset=utf-8\x00")], b"{}")
     assert status == 400, content[:300]

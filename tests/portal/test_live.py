@@ -186,6 +186,20 @@ async def test_a_token_in_the_query_string_does_not_sign_anyone_in(box: Any) -> 
     assert (connected, code) == (False, 4401)
 
 
+async def test_a_cookie_holding_nul_signs_nobody_in(box: Any) -> None:
+    """PostgreSQL refuses NUL in a query: a session or device cookie holding one is dropped
+    before any lookup, and the stream answers 4401 as for no cookie at all."""
+    task_id = await waiting_task(box)
+    session = await sync(session_cookie)(box.owner)
+    for cookie in (dict(session="abc\x00def"), dict(device="abc\x00def"), dict(session=session[:4] + "\x00" + session[4:])):
+        connected, code = await ws(f"/ws/tasks/{task_id}/", **cookie).connect()
+        assert (connected, code) == (False, 4401), cookie
+    # the other cookies of the header still count
+    client = ws(f"/ws/tasks/{task_id}/", session=session, device="abc\x00def")
+    assert (await client.connect())[0]
+    await client.disconnect()
+
+
 async def test_a_malformed_cursor_is_refused(box: Any) -> None:
     task_id = await waiting_task(box)
     session = await sync(session_cookie)(box.owner)
