@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from django.db import connection
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
 from tasks.browser import origins
@@ -86,7 +87,8 @@ class BrowserSession:
 
     Playwright's sync API keeps an event loop running in the thread that uses it, where Django
     refuses database calls; so every Playwright call happens on the session's own thread
-    (``call``), and the worker's thread keeps the database. What the browser thread learns for
+    (``call``), and the worker's thread keeps the database (but for the launcher's one query
+    as Chromium starts, whose connection ``_start`` closes). What the browser thread learns for
     the log (a page refused by ``origins``) waits in ``blocked`` until the worker records it.
     """
 
@@ -150,6 +152,13 @@ class BrowserSession:
         except OSError as exc:
             self._let_go_of_profile()
             raise StepFailed(f"the browser did not start: {exc}") from exc
+        finally:
+            # The launcher's check (has the task ended meanwhile?) opened this thread's own
+            # connection. Nothing else closes it: the thread outlives the run while its browser
+            # is parked, and a wrapper of a thread that ended holds its backend until a full
+            # garbage collection. Closed now, while Django still allows it here (not once
+            # Playwright's loop runs in this thread).
+            connection.close()
         try:
             devtools = self._read_output()
             # Playwright's driver (a process of its own) starts while Chromium does: the two

@@ -1,12 +1,16 @@
 """Browser steps in the task's own sandboxed Chromium, against local sites."""
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
+from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from boxsite.models import BoxSettings
+from tasks import lifecycle
 from tasks.models import Task
 from tasks.retention import prune_expired
 from tests.factories import flow
@@ -112,3 +116,33 @@ def test_a_page_outside_origins_is_refused_and_logged(sandboxed, site):
     blocked = [e for e in sandboxed.events(task["id"]) if e["kind"] == "blocked_connection" and e["data"]["via"] == "browser"]
     assert [b["data"]["origin"] for b in blocked] == [f"http://localhost:{site.port}"], [b["summary"] for b in blocked]
     assert site.gets["/shop"] == 1 and site.gets["/form"] == 0
+
+
+def test_every_thread_a_browser_run_starts_closes_its_database_connection(sandboxed, site):
+    """A connection a thread leaves open holds a database session until a full garbage
+    collection, in a worker that runs for weeks; a parked browser's thread holds it for the
+    whole pause. Before: Chromium's start-up check (has the task ended?) left the browser
+    thread's open, one per browser run (the suite's session-end check named it)."""
+    opened: list[tuple[str, Any]] = []
+
+    def record(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            opened.append((threading.current_thread().name, connection))
+
+    connection_created.connect(record)
+    try:
+        task = sandboxed.create(title="shop", hosts=["127.0.0.1"], flow=flow({"browse": f"{site.url}/shop"}))
+        view = sandboxed.wait_state(task["id"], "done", "failed", timeout=90)
+        assert view["state"] == "done", view
+        lifecycle.janitor.drain()
+    finally:
+        connection_created.disconnect(record)
+    assert any(name.startswith("box-browser-") for name, _ in opened), opened
+
+    def still_open() -> list[str]:
+        return [name for name, wrapper in opened if wrapper.connection is not None]
+
+    deadline = time.monotonic() + 10  # a heartbeat closes its own as its thread ends
+    while still_open() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not still_open()
