@@ -291,7 +291,7 @@ class Layer(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # The seal found layers applied while the task ran: its override note is still to be written
     # (``task_view.note_overrides``, after the seal's lock). Set with the manifest, cleared with
-    # the note's event; one a crash left set is written by start-up reconcile.
+    # the note's event; one a crash left set is written by reconcile (at start-up) or hourly.
     note_due = models.BooleanField(default=False)
 
     class Meta:

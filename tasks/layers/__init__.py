@@ -8,7 +8,7 @@ layers of done tasks, newest first). The hooks the rest of the box calls:
 - ``on_retry(task)``: inside the transaction that sends a failed task back to the queue.
 - ``release(task_id)``: after commit of every final move, and at start-up; always unmounts.
 - ``reconcile()``: at start-up, unmounts whatever a crash left mounted under the data dir.
-- ``write_due_notes()``: at start-up, after the releases: override notes a crash left unwritten.
+- ``write_due_notes()``: at start-up after the releases, and hourly: override notes a crash left unwritten.
 """
 from __future__ import annotations
 

@@ -465,8 +465,8 @@ def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None
 
 def write_due_notes() -> None:
     """Start-up reconcile, after the releases, and the scheduler hourly: the override notes a
-    crash left due after their layer's seal (``note_overrides``). A layer not sealed yet is skipped: its seal is still to
-    come, and its release writes the note."""
+    crash left due after their layer's seal (``note_overrides``). A layer not sealed yet is
+    skipped: its seal is still to come, and its release writes the note."""
     for layer in Layer.objects.filter(note_due=True):
         task = _task_of(layer.task_id)
         if task is None or (task.state == State.DONE and not Meta.load(paths.layer_dir(task.pk)).sealed):
