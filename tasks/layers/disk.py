@@ -18,10 +18,11 @@ made larger than needed, and after mounting, everything free beyond the limit is
 mounted with ``discard``: space a task frees is given back to the host.
 
 At seal the layer's changes leave the image for ``layers/<task>/upper`` on the data filesystem,
-where every other layer is, and the image is deleted (``settle``): a finished layer is read,
-diffed, stacked, kept and undone exactly as before. The overlay upper is copied out before the
-seal rewrites it; the copy driver's seal moves each changed file out of the working copy. The
-copy costs what the task changed.
+where every other layer is (``settle``): a finished layer is read, diffed, stacked, kept and
+undone exactly as before. The overlay upper is copied out before the seal rewrites it; the copy
+driver's seal moves each changed file out of the working copy. The copy costs what the task
+changed. The image itself is then emptied and kept, still mounted, for a later task
+(``_recycle``), or deleted when it cannot be.
 
 Where the image cannot be made (not root, no loop devices, no ``mkfs.ext4``) ``unavailable()``
 says why; ``limits.disk_mb`` is then refused and ``/api/health`` says the disk is not bounded.
@@ -54,6 +55,11 @@ MIN_INODES = 1024
 # clusters) must fit in it.
 SLACK = 64 * MB
 RESERVE = ".reserve"
+# A spare's limit, written in its root when it is made: only an image that has one is emptied
+# and used again after its task (``_recycle``); one made for a working copy is deleted.
+LIMIT_FILE = ".limit"
+# What an emptied image keeps: the ballast, the limit, and ext4's own directory.
+KEPT_ENTRIES = frozenset({RESERVE, LIMIT_FILE, "lost+found"})
 MKFS = "mkfs.ext4"
 # Task users' ids (tasks.sandbox.users): files they own in the layer are handed to root at settle.
 TASK_IDS = range(200_000, 300_000)
@@ -243,8 +249,12 @@ def create(task_id: str, limit_mb: int, *, content_bytes: int = 0, content_files
 # task takes the image by renaming it and its filesystem by a bind mount of that mount point, so
 # a start pays no loop device and no ext4 mount, and the maker no unmount. (``MS_MOVE`` would
 # spare the bind but is refused under shared mount propagation, where systemd hosts mount ``/``.)
+# A task's image comes back the same way once its layer is settled (``_recycle``): emptied, its
+# filesystem bound at a new spare's mount point, so tasks in a row make, mount, fill with ballast,
+# unmount and delete no image at all.
 
-SPARES = 2  # per limit, per data directory
+SPARES = 2  # made ahead, per limit, per data directory
+SPARES_KEPT = 2 * SPARES  # an image given back is kept while fewer spares wait: one per task running
 
 
 def _spares_dir() -> Path:
@@ -298,8 +308,14 @@ _making: set[tuple[str, int]] = set()
 _making_lock = threading.Lock()
 
 
+def _spare_count(limit_mb: int) -> int:
+    return len(list(_spares_dir().glob(f"{limit_mb}-*.img")))
+
+
 def make_spares(limit_mb: int) -> None:
     """Top up the spare images for ``limit_mb`` in the background (one maker per limit here)."""
+    if _spare_count(limit_mb) >= SPARES:
+        return  # the common case once images come back: no thread started only to count them
     key = (str(paths.data_dir()), limit_mb)
     with _making_lock:
         if key in _making:
@@ -310,7 +326,7 @@ def make_spares(limit_mb: int) -> None:
     def make() -> None:
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            while len(list(directory.glob(f"{limit_mb}-*.img"))) < SPARES:
+            while _spare_count(limit_mb) < SPARES:
                 name = f"{limit_mb}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
                 image, point = directory / f".{name}.making", directory / f"{name}.mnt"
                 try:
@@ -318,6 +334,7 @@ def make_spares(limit_mb: int) -> None:
                     point.mkdir()
                     _mount(image, point)
                     try:
+                        (point / LIMIT_FILE).write_text(f"{limit_mb}\n")  # before the ballast: it counts as the image's own
                         _reserve(point, limit_mb)  # the ballast too: allocating it is most of a start's cost
                         os.rename(image, directory / f"{name}.img")
                     except BaseException:
@@ -419,6 +436,8 @@ def settle(task_id: str) -> None:
         os.rename(partial, target)
     target.mkdir(exist_ok=True)
     with _lock(task_id):
+        if _recycle(task_id, point):
+            return
         # The image is set aside at once (the layer is settled from here on); unmounting it and
         # deleting it take longer (ext4's shutdown, freeing the sparse file) and need not hold
         # up the task's end. ``sweep`` finishes what a stopped process left.
@@ -494,6 +513,58 @@ def _copy_attributes(path: str, copy: str, st: os.stat_result) -> None:
         os.setxattr(copy, name, os.getxattr(path, name, follow_symlinks=False), follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
         os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _recycle(task_id: str, point: Path) -> bool:
+    """After the layer left the image (``settle``), under the task's image lock: empty the image
+    and make it a spare again, still mounted, its ballast kept. False, with the image as it was,
+    when it cannot be used again: not made as a spare (no ``LIMIT_FILE``: a working copy's),
+    enough spares already, something in it that emptying leaves (``lost+found`` no longer
+    empty), or less room than its limit once emptied.
+
+    Nothing of the task stays: every entry of the image's root but the ballast, the limit and
+    ext4's empty ``lost+found`` is removed (the overlay's upper and workdir; the task saw nothing
+    else of the image). Its freed blocks are discarded (the image is mounted with ``discard``)
+    and ext4 never shows a new file another file's old blocks, so a later task reads nothing of
+    this one's. The image is renamed among the spares last: a crash before leaves it the task's,
+    settled again by reconcile (its upper already out), and the spare's new mount point to
+    ``sweep``."""
+    try:
+        if not _is_mount(point):
+            return False
+        limit_mb = int((point / LIMIT_FILE).read_text())
+        if _spare_count(limit_mb) >= SPARES_KEPT or os.listdir(point / "lost+found"):
+            return False
+        for entry in os.scandir(point):
+            if entry.name in KEPT_ENTRIES:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        st = os.statvfs(point)
+    except (OSError, ValueError):
+        return False  # deleted with its image instead (``_drop``)
+    if st.f_bavail * st.f_frsize < limit_mb * MB - max(2 * MB, limit_mb * MB // 100):
+        return False  # the ballast grew, or ext4 kept space: a fresh image is exact again
+    name = f"{limit_mb}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+    spares = _spares_dir()
+    spares.mkdir(parents=True, exist_ok=True)
+    mount = spares / f"{name}.mnt"
+    mount.mkdir()
+    try:
+        mounts.bind(point, mount)
+    except OSError:
+        mount.rmdir()
+        return False
+    while mounts.unmount(point):
+        pass
+    os.rename(image_path(task_id), spares / f"{name}.img")
+    try:
+        point.rmdir()
+    except OSError:
+        pass
+    return True
 
 
 def _drop(task_id: str, point: Path, image: Path) -> None:

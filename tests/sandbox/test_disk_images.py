@@ -179,3 +179,84 @@ def test_asking_whether_the_disk_can_be_bounded_leaves_nothing_mounted(data: Pat
     assert not mounts.mounts_under(data)
     disk.warm()  # the box's start does make them
     assert len(_spares()) == disk.SPARES
+
+
+def _task_image(data: Path, task_id: str) -> Path:
+    """A task's image taken from the spares, with what a run leaves in it: an upper holding a
+    file of the task's user, and the overlay's workdir."""
+    (data / "layers" / task_id).mkdir()
+    point = disk.create(task_id, LIMIT)
+    (point / "upper").mkdir()
+    (point / "upper" / "secret.txt").write_text("the first task's\n")
+    os.chown(point / "upper" / "secret.txt", 200_001, 200_001)
+    (point / "ovl-work" / "work").mkdir(parents=True)
+    wait_for(lambda: not disk._making, timeout=30, what="the spare maker done")
+    return point
+
+
+def _root_entries(point: Path) -> set[str]:
+    return set(os.listdir(point))
+
+
+def test_a_settled_image_is_emptied_and_the_next_task_takes_it_with_nothing_of_the_first(data: Path) -> None:
+    disk.make_spares(LIMIT)
+    _spares()
+    point = _task_image(data, "t1")
+    device = os.stat(point).st_dev
+    disk.drop_spares()  # the others: the one given back is then the only spare
+
+    disk.settle("t1")
+
+    assert (data / "layers" / "t1" / "upper" / "secret.txt").read_text() == "the first task's\n"  # the layer is out
+    assert not disk.limited("t1") and not disk._is_mount(point)
+    (spare,) = disk._spares_dir().glob(f"{LIMIT}-*.img")
+    kept = spare.with_suffix(".mnt")
+    assert os.stat(kept).st_dev == device  # the same filesystem, still mounted: no unmount, no new image
+    assert _root_entries(kept) == disk.KEPT_ENTRIES
+    assert LIMIT - 2 <= _free_mb(kept) <= LIMIT
+
+    (data / "layers" / "t2").mkdir()
+    again = disk.create("t2", LIMIT)
+    assert os.stat(again).st_dev == device
+    assert _root_entries(again) == disk.KEPT_ENTRIES  # nothing of the first task's
+    assert LIMIT - 2 <= _free_mb(again) <= LIMIT
+    with pytest.raises(OSError) as raised:
+        (again / "fill").write_bytes(b"x" * (LIMIT + 2) * disk.MB)
+    assert raised.value.errno == errno.ENOSPC
+
+
+def test_an_image_made_for_a_working_copy_is_deleted_not_kept(data: Path) -> None:
+    (data / "layers" / "t3").mkdir()
+    point = disk.create("t3", LIMIT, content_bytes=disk.MB, content_files=10)  # the copy driver's: no spare
+    assert not (point / disk.LIMIT_FILE).exists()
+
+    disk.settle("t3")
+
+    assert not list(disk._spares_dir().glob(f"{LIMIT}-*.img"))  # none made, none given back
+    wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t3-*")), timeout=20, what="the image deleted")
+
+
+def test_an_image_is_deleted_when_enough_spares_wait(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk.make_spares(LIMIT)
+    _spares()
+    _task_image(data, "t4")
+    monkeypatch.setattr(disk, "SPARES_KEPT", disk.SPARES)
+
+    disk.settle("t4")
+
+    assert len(list(disk._spares_dir().glob(f"{LIMIT}-*.img"))) == disk.SPARES
+    assert not disk.limited("t4")
+    wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t4-*")), timeout=20, what="the image deleted")
+
+
+def test_an_image_whose_lost_and_found_holds_something_is_deleted(data: Path) -> None:
+    disk.make_spares(LIMIT)
+    _spares()
+    point = _task_image(data, "t5")
+    disk.drop_spares()
+    (point / "lost+found" / "#12").write_text("what a check found\n")  # as e2fsck leaves it
+
+    disk.settle("t5")
+
+    assert not list(disk._spares_dir().glob(f"{LIMIT}-*.img"))
+    wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t5-*")), timeout=20, what="the image deleted")
