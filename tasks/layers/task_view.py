@@ -382,7 +382,7 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 summary = summarise(changes_of(task, layer, roots, meta))
             due = _note_due(task, layer)
             Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=due)
-            if due is not False and connection.in_atomic_block:
+            if due and connection.in_atomic_block:
                 # Sealed inside a caller's transaction (a dependency's check, say): the task's own
                 # release may find the layer sealed before that commit shows it the flag, and
                 # write no note. Whoever commits the flag writes the note too (once: the clear).
@@ -400,7 +400,7 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
 
 # What a release and a seal read of the task: making the model of the whole row (40 fields, JSON
 # decoded) was most of the CPU of reading it. Any other field is read when first used.
-_SEALED_BY = ("id", "state", "workspace", "layers", "folders")
+_SEALED_BY = ("id", "state", "workspace", "layers", "folders", "created_at")
 
 
 def _task_of(task_id: str) -> Task | None:
@@ -416,17 +416,27 @@ def _is_final(meta: Meta, native: bool) -> bool:
     return meta.sealed and not (native and meta.format == "portable")
 
 
-def _applied_meanwhile(task: Task, layer: Layer) -> QuerySet[Layer]:
-    """The layers of tasks that ended while ``task`` ran (applied before its own, not in its stack)."""
-    return (Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED, applied_at__lt=layer.applied_at)
-            .exclude(task_id__in=[*task.layers, task.pk]))
+def _applied_since_created(task: Task, layer: Layer) -> QuerySet[Layer]:
+    """The layers that may have ended while ``task`` ran: applied before its own and since it was
+    created. Those applied earlier were in the workspace when it recorded its stack, so they are
+    in it; ``_not_stacked`` leaves out the rest of the stack. The stack is never put in the query:
+    a query naming each id of it grew with the workspace's history (hundreds of ids, most of a
+    seal's CPU, once a workspace had seen a few hundred tasks)."""
+    return Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED, applied_at__gte=task.created_at,
+                                applied_at__lt=layer.applied_at).exclude(task_id=task.pk)
 
 
-def _note_due(task: Task, layer: Layer) -> Exists | bool:
-    """``Layer.note_due`` as the seal writes it, in the manifest's update (no statement of its own)."""
+def _not_stacked(task: Task, rows: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The rows (task id first) of layers not in ``task``'s stack: those applied while it ran."""
+    stacked = set(task.layers)
+    return [row for row in rows if row[0] not in stacked]
+
+
+def _note_due(task: Task, layer: Layer) -> bool:
+    """``Layer.note_due`` as the seal writes it with the manifest: layers were applied while the task ran."""
     if task.folders or task.state != State.DONE or layer.applied_at is None:
         return False
-    return Exists(_applied_meanwhile(task, layer))
+    return bool(_not_stacked(task, list(_applied_since_created(task, layer).values_list("task_id", "applied_at"))))
 
 
 def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None:
@@ -441,7 +451,8 @@ def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None
     overridden: dict[str, list[str]] = {}
     if not task.folders and task.state == State.DONE and layer.applied_at is not None:
         due = Exists(Layer.objects.filter(pk=layer.pk, note_due=True))
-        others = list(_applied_meanwhile(task, layer).filter(due).order_by("applied_at").values_list("task_id", "manifest"))
+        others = _not_stacked(task, list(_applied_since_created(task, layer).filter(due).order_by("applied_at")
+                                         .values_list("task_id", "manifest")))
         if not others and not found_due:
             return  # no note due: no task ended while it ran, or its note is written
         tree = LayerTree.of_layer(paths.layer_dir(task.pk))

@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from tasks import layers, lifecycle
 from tasks.layers import paths as layer_paths
@@ -179,3 +180,26 @@ def test_a_seal_inside_another_transaction_writes_the_note_when_that_commits(lbo
     assert not Layer.objects.get(task_id=slow).note_due
     task_view.write_due_notes()
     assert len(override_notes(lbox, slow)) == 1
+
+
+def test_a_seal_and_its_note_never_name_the_layers_its_task_stacked(lbox, monkeypatch):
+    """The layers applied before a task was created are in its stack: the seal's look for layers
+    applied while it ran names none of them, so it costs the same in a workspace of ten done tasks
+    as in one of ten thousand (a statement naming each stacked layer grew with the history)."""
+    history = [finished(lbox, flow({"write": {"path": f"old{i}.txt", "content": "old\n"}}))["id"] for i in range(3)]
+    assert lifecycle.janitor.drain()
+    slow, fast = overlapping(lbox)
+    assert set(history) <= set(Task.objects.get(pk=slow).layers)
+    release = layers.release
+    monkeypatch.setattr(layers, "release", lambda *args, **kwargs: None)  # the janitor has not got to it yet
+    finish(lbox, slow)
+    assert lifecycle.janitor.drain()
+    monkeypatch.setattr(layers, "release", release)
+
+    with CaptureQueriesContext(connection) as queries:
+        task_view.release(slow)
+
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not [sql for sql in statements if any(old in sql for old in history)], statements
+    assert [n["data"]["overrides"] for n in override_notes(lbox, slow)] == [{fast: ["both.txt"]}]
+    assert read(lbox, "both.txt") == "slow\n"
