@@ -258,7 +258,12 @@ SPARES_KEPT = 2 * SPARES  # an image given back is kept while fewer spares wait:
 
 
 def _spares_dir() -> Path:
-    return paths.data_dir() / "layers" / ".disk-spares"  # a dot: never taken for a task's layer
+    """This machine's spares (a dot: never taken for a task's layer). They are mounted here, so
+    they are in the machine's own directory: another machine sharing the data directory must
+    never take an image this one has mounted, and mount it again (two kernels on one ext4). Where
+    that directory is another filesystem than the layers, no image is handed over by a rename:
+    each task makes its own, and none is used again."""
+    return paths.local_dir() / "layers" / ".disk-spares"
 
 
 def _take_spare(limit_mb: int, image: Path, point: Path) -> bool:
@@ -267,6 +272,10 @@ def _take_spare(limit_mb: int, image: Path, point: Path) -> bool:
             os.rename(spare, image)  # atomic: of two processes one gets it
         except FileNotFoundError:
             continue
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                return False  # the machine's directory is on another filesystem than the layers
+            raise
         _adopt(spare.with_suffix(".mnt"), point)
         return True
     return False
@@ -535,6 +544,10 @@ def _recycle(task_id: str, point: Path) -> bool:
         limit_mb = int((point / LIMIT_FILE).read_text())
         if _spare_count(limit_mb) >= SPARES_KEPT or os.listdir(point / "lost+found"):
             return False
+        spares = _spares_dir()
+        spares.mkdir(parents=True, exist_ok=True)
+        if os.stat(spares).st_dev != os.stat(image_path(task_id)).st_dev:
+            return False  # it could not be renamed there (``_spares_dir``)
         for entry in os.scandir(point):
             if entry.name in KEPT_ENTRIES:
                 continue
@@ -548,8 +561,6 @@ def _recycle(task_id: str, point: Path) -> bool:
     if st.f_bavail * st.f_frsize < limit_mb * MB - max(2 * MB, limit_mb * MB // 100):
         return False  # the ballast grew, or ext4 kept space: a fresh image is exact again
     name = f"{limit_mb}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-    spares = _spares_dir()
-    spares.mkdir(parents=True, exist_ok=True)
     mount = spares / f"{name}.mnt"
     mount.mkdir()
     try:

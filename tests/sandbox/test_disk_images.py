@@ -260,3 +260,48 @@ def test_an_image_whose_lost_and_found_holds_something_is_deleted(data: Path) ->
 
     assert not list(disk._spares_dir().glob(f"{LIMIT}-*.img"))
     wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t5-*")), timeout=20, what="the image deleted")
+
+
+def test_a_machine_takes_only_its_own_spares(data: Path, settings: Any) -> None:
+    """Spares are mounted by the machine that made them: one sharing the data directory must
+    never take such an image (it would mount the same ext4 a second time, from another kernel)."""
+    settings.BOX_LOCAL_DIR = data / "machine-a"
+    disk.make_spares(LIMIT)
+    made = _spares()
+    assert all(data / "machine-a" in spare.parents for spare in made)
+
+    settings.BOX_LOCAL_DIR = data / "machine-b"
+    (data / "layers" / "t6").mkdir()
+    point = disk.create("t6", LIMIT)
+    wait_for(lambda: not disk._making, timeout=30, what="machine b's spare maker done")
+
+    assert all(spare.exists() for spare in made)  # machine a's, untouched
+    assert all(os.stat(point).st_dev != os.stat(spare.with_suffix(".mnt")).st_dev for spare in made)
+    disk.settle("t6")
+    assert all(data / "machine-b" in spare.parents for spare in disk._spares_dir().glob(f"{LIMIT}-*.img"))
+    disk.drop_spares()
+    settings.BOX_LOCAL_DIR = data / "machine-a"
+    disk.drop_spares()
+
+
+def test_a_machine_directory_on_another_filesystem_makes_each_image_and_keeps_none(data: Path, settings: Any) -> None:
+    local = Path(tempfile.mkdtemp(prefix="bd-local-", dir="/dev/shm"))  # tmpfs: not the layers' filesystem
+    try:
+        settings.BOX_LOCAL_DIR = local
+        assert os.stat(local).st_dev != os.stat(data).st_dev
+        disk.make_spares(LIMIT)
+        _spares()
+        (data / "layers" / "t7").mkdir()
+        point = disk.create("t7", LIMIT)  # the spare cannot be renamed into the layer: an image of its own
+        assert disk._is_mount(point) and not (point / disk.LIMIT_FILE).exists()
+        wait_for(lambda: not disk._making, timeout=30, what="the spare maker done")
+        before = sorted(disk._spares_dir().glob(f"{LIMIT}-*.img"))
+
+        disk.settle("t7")
+
+        assert sorted(disk._spares_dir().glob(f"{LIMIT}-*.img")) == before
+        wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t7-*")), timeout=20, what="the image deleted")
+    finally:
+        disk.drop_spares()
+        mounts.unmount_all_under(local)
+        shutil.rmtree(local, ignore_errors=True)
