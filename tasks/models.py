@@ -293,6 +293,11 @@ class Layer(models.Model):
     # (``task_view.note_overrides``, after the seal's lock). Set with the manifest, cleared with
     # the note's event; one a crash left set is written by reconcile (at start-up) or hourly.
     note_due = models.BooleanField(default=False)
+    # The layer's seal is complete (its meta says sealed), as the database knows it: set in the
+    # seal's manifest update, cleared when a retry makes the layer active again. A start leaves
+    # an applied layer that is not sealed out of its stack when its task finished after the
+    # start's task was created, unless it depends on that task (``task_view._record_layer``).
+    sealed = models.BooleanField(default=False)
 
     class Meta:
         indexes = [models.Index(fields=["note_due"], condition=models.Q(note_due=True), name="layer_note_due")]

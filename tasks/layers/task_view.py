@@ -12,10 +12,10 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection, transaction
-from django.db.models import Exists, Field, QuerySet
+from django.db.models import Exists, Field, Model, QuerySet
 from django.db.models.sql.subqueries import InsertQuery
 from django.utils import timezone
 
@@ -29,7 +29,7 @@ from tasks.layers.driver import Root
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
 from tasks.layers.roots import changes_of, roots_for, tree_for
 from tasks.layers.tree import DIR, LayerTree, Meta, NativeMarkers, apply_layer
-from tasks.models import EventKind, Layer, LayerState, Task, Workspace
+from tasks.models import Dependency, EventKind, Layer, LayerState, Task, Workspace
 from tasks.sandbox import users
 from tasks.states import ACTIVE, State
 
@@ -61,7 +61,7 @@ def _layer_task_ids_statement(vendor: str, newest_first: bool) -> str:
     return f"SELECT {task} FROM {quote(Layer._meta.db_table)} WHERE {workspace} = %s AND {state} = %s{order}"
 
 
-def _column(model: type[Layer] | type[Task], name: str) -> str:
+def _column(model: type[Model], name: str) -> str:
     field = model._meta.get_field(name)
     assert isinstance(field, Field) and field.column is not None
     return field.column
@@ -72,7 +72,14 @@ def _column(model: type[Layer] | type[Task], name: str) -> str:
 def _record_layer(task: Task) -> Layer:
     """Create the task's layer row and record its stack, once (a retry finds them). Call under
     ``lifecycle.prepare``'s hold on the task: one start of it at a time, so the row is inserted
-    plainly, with no ``get_or_create`` (on PostgreSQL, with the stack, in one statement)."""
+    plainly, with no ``get_or_create`` (on PostgreSQL, with the stack, in one statement).
+
+    The stack is the workspace's applied layers, newest first, less those the task may do
+    without (docs/decisions.md, "A start leaves out a layer that finished after its task was
+    asked for"): a layer whose seal is not complete, of a task that finished after this task was
+    created and that this task does not depend on. ``seal_stack`` then waits for (or does) the
+    seal of every layer kept, as before; a layer left out is neither waited for nor sealed, and
+    never joins this task's view (a retry keeps the stack recorded here)."""
     driver, path = driver_name(), str(paths.layer_dir(task.pk))
     if connection.vendor == "postgresql" and not task.folders:
         with workspace_lock(task.workspace_id):
@@ -88,9 +95,45 @@ def _record_layer(task: Task) -> Layer:
     with workspace_lock(task.workspace_id):
         with transaction.atomic():
             layer = Layer.objects.create(task=task, workspace_id=task.workspace_id, driver=driver, path=path)
-            task.layers = current_stack(task.workspace_id)
+            task.layers = _start_stack(task)
             Task.objects.filter(pk=task.pk).update(layers=task.layers)
     return layer
+
+
+def _start_stack(task: Task) -> list[str]:
+    """SQLite, inside ``_record_layer``'s transaction: the stack a start records."""
+    with connection.cursor() as cursor:
+        cursor.execute(_start_stack_statement(connection.vendor), _start_stack_params(task))
+        return [task_id for (task_id,) in cursor.fetchall()]
+
+
+@functools.cache
+def _start_stack_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    table = quote(Layer._meta.db_table)
+    task_id, applied, pk = (quote(_column(Layer, name)) for name in ("task", "applied_at", "id"))
+    return (f"SELECT {table}.{task_id} FROM {table} WHERE {_start_stack_condition()} "
+            f"ORDER BY {table}.{applied} DESC, {table}.{pk} DESC")
+
+
+def _start_stack_condition() -> str:
+    """Which of the workspace's layers a start stacks, with ``_start_stack_params``: applied, and
+    sealed, or applied no later than the task's creation, or a dependency's. Both times are taken
+    by the box's processes (``timezone.now``): on several machines their clocks must agree, as
+    the runs' leases already need."""
+    quote = connection.ops.quote_name
+    table, tasks, edges = (quote(model._meta.db_table) for model in (Layer, Task, Dependency))
+    workspace, state, sealed, applied, task_id = (quote(_column(Layer, name)) for name in
+                                                  ("workspace", "state", "sealed", "applied_at", "task"))
+    created, task_pk = quote(_column(Task, "created_at")), quote(_column(Task, "id"))
+    edge_task, edge_on = (quote(_column(Dependency, name)) for name in ("task", "on"))
+    return (f"{table}.{workspace} = %s AND {table}.{state} = %s AND ({table}.{sealed} = %s "
+            f"OR {table}.{applied} <= (SELECT {tasks}.{created} FROM {tasks} WHERE {tasks}.{task_pk} = %s) "
+            f"OR EXISTS (SELECT 1 FROM {edges} WHERE {edges}.{edge_task} = %s AND {edges}.{edge_on} = {table}.{task_id}))")
+
+
+def _start_stack_params(task: Task) -> list[Any]:
+    return [task.workspace_id, LayerState.APPLIED.value, True, task.pk, task.pk]
 
 
 def _add_layer_with_stack(task: Task, layer: Layer) -> Layer | None:
@@ -107,7 +150,7 @@ def _add_layer_with_stack(task: Task, layer: Layer) -> Layer | None:
     placeholders, params = compiler.assemble_as_sql(fields, [prepared])
     with connection.cursor() as cursor:
         cursor.execute(_add_layer_statement(connection.vendor, ", ".join(placeholders[0])),
-                       [*params[0], task.workspace_id, LayerState.APPLIED.value, task.pk])
+                       [*params[0], *_start_stack_params(task), task.pk])
         found = cursor.fetchall()
     if not found:
         return None
@@ -123,14 +166,13 @@ def _add_layer_statement(vendor: str, values: str) -> str:
     quote = connection.ops.quote_name
     table, tasks = quote(Layer._meta.db_table), quote(Task._meta.db_table)
     columns = ", ".join(quote(_column(Layer, field.name)) for field in Layer._meta.local_concrete_fields if not field.primary_key)
-    pk, task_id, workspace, state, applied = (quote(_column(Layer, name)) for name in
-                                              ("id", "task", "workspace", "state", "applied_at"))
+    pk, task_id, applied = (quote(_column(Layer, name)) for name in ("id", "task", "applied_at"))
     layers, task_pk = quote(_column(Task, "layers")), quote(_column(Task, "id"))
-    # The stack as ``current_stack`` reads it, newest first; the new row is active, not in it.
+    # The stack as ``_start_stack`` reads it, newest first; the new row is active, not in it.
     return (f"WITH added AS (INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({task_id}) DO NOTHING "
             f"RETURNING {pk}), "
-            f"stack AS (SELECT COALESCE(jsonb_agg({task_id} ORDER BY {applied} DESC, {pk} DESC), '[]'::jsonb) AS ids "
-            f"FROM {table} WHERE {workspace} = %s AND {state} = %s) "
+            f"stack AS (SELECT COALESCE(jsonb_agg({table}.{task_id} ORDER BY {table}.{applied} DESC, {table}.{pk} DESC), "
+            f"'[]'::jsonb) AS ids FROM {table} WHERE {_start_stack_condition()}) "
             f"UPDATE {tasks} SET {layers} = stack.ids FROM added, stack WHERE {tasks}.{task_pk} = %s "
             f"RETURNING added.{pk}, {tasks}.{layers}")
 
@@ -242,6 +284,9 @@ def _reopen(task: Task, layer: Layer) -> int:
             shutil.rmtree(upper)
         meta.sealed = False
         meta.save(directory)
+        # on_retry cleared it with the move; a seal that read the task ended just before the
+        # retry (its check, then its update) may have set it again since
+        Layer.objects.filter(pk=layer.pk).update(sealed=False)
     log.info("reopened the sealed layer of retried task %s (%d bytes)", task.pk, held_bytes)
     return held_bytes
 
@@ -381,7 +426,10 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
                 summary = summarise(changes_of(task, layer, roots, meta))
             due = _note_due(task, layer)
-            Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=due)
+            # ``sealed`` lets a start whose task was created before this one finished keep the
+            # layer in its stack (``_start_stack_condition``). It is set a moment before the meta
+            # says sealed: such a start waits on this lock for that moment, as any start did.
+            Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=due, sealed=True)
             if due and connection.in_atomic_block:
                 # Sealed inside a caller's transaction (a dependency's check, say): the task's own
                 # release may find the layer sealed before that commit shows it the flag, and
@@ -417,23 +465,28 @@ def _is_final(meta: Meta, native: bool) -> bool:
 
 
 def _applied_since_created(task: Task, layer: Layer) -> QuerySet[Layer]:
-    """The layers that may have ended while ``task`` ran: applied before its own and since it was
-    created. Those applied earlier were in the workspace when it recorded its stack, so they are
-    in it; ``_not_stacked`` leaves out the rest of the stack. The stack is never put in the query:
+    """The layers that may be missing from ``task``'s view: applied before its own and since it
+    was created. Those applied earlier were in the workspace when it recorded its stack, and a
+    start leaves out only layers applied after its task's creation (``_record_layer``), so they
+    are in it; ``_not_stacked`` leaves out the rest of the stack. The stack is never put in the query:
     a query naming each id of it grew with the workspace's history (hundreds of ids, most of a
     seal's CPU, once a workspace had seen a few hundred tasks)."""
     return Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED, applied_at__gte=task.created_at,
                                 applied_at__lt=layer.applied_at).exclude(task_id=task.pk)
 
 
-def _not_stacked(task: Task, rows: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The rows (task id first) of layers not in ``task``'s stack: those applied while it ran."""
+Row = TypeVar("Row", bound=tuple[Any, ...])
+
+
+def _not_stacked(task: Task, rows: list[Row]) -> list[Row]:
+    """The rows (task id first) of layers not in ``task``'s stack: applied after its start, or
+    left out of it while they sealed."""
     stacked = set(task.layers)
     return [row for row in rows if row[0] not in stacked]
 
 
 def _note_due(task: Task, layer: Layer) -> bool:
-    """``Layer.note_due`` as the seal writes it with the manifest: layers were applied while the task ran."""
+    """``Layer.note_due`` as the seal writes it with the manifest: layers not in the task's view were applied before its own."""
     if task.folders or task.state != State.DONE or layer.applied_at is None:
         return False
     return bool(_not_stacked(task, list(_applied_since_created(task, layer).values_list("task_id", "applied_at"))))
@@ -441,22 +494,33 @@ def _note_due(task: Task, layer: Layer) -> bool:
 
 def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None:
     """Tasks that overlap on one workspace: the last to finish wins (docs/decisions.md). When
-    ``task`` finished over the layers of tasks that ended while it ran, its log says which of
-    their paths its own layer now replaces or hides, so nothing is overridden silently.
+    ``task`` finished over the layers of tasks that ended after it was created and are not in its
+    view, its log says which of their paths its own layer now replaces or hides, so nothing is
+    overridden silently.
 
     Call after the layer's seal, outside its lock: the seal left the note due (``note_due``), and
     the note's event clears it in its transaction, so of two writers (the release, reconcile)
     one writes it. ``found_due``: start-up reconcile read it due; it is cleared even when nothing
-    is left to note (the task undone since, say)."""
+    is left to note (the task undone since, say). A layer noted whose seal is not complete (its
+    start left it out unsealed, and its release has not got there) is sealed first: its paths
+    are its seal's manifest."""
     overridden: dict[str, list[str]] = {}
     if not task.folders and task.state == State.DONE and layer.applied_at is not None:
         due = Exists(Layer.objects.filter(pk=layer.pk, note_due=True))
         others = _not_stacked(task, list(_applied_since_created(task, layer).filter(due).order_by("applied_at")
-                                         .values_list("task_id", "manifest")))
+                                         .values_list("task_id", "manifest", "sealed")))
         if not others and not found_due:
-            return  # no note due: no task ended while it ran, or its note is written
+            return  # no note due: no task it did not see ended before it, or its note is written
         tree = LayerTree.of_layer(paths.layer_dir(task.pk))
-        for other_id, manifest in others:
+        for other_id, manifest, sealed in others:
+            if not sealed:
+                try:
+                    seal_layer(other_id)  # no layer lock is held here: this one's is taken alone
+                except Exception:  # noqa: BLE001 - the note waits for that seal; this release goes on
+                    log.warning("the override note of task %s waits for the seal of task %s's layer; it stays due",
+                                task.pk, other_id, exc_info=True)
+                    return
+                manifest = next(iter(Layer.objects.filter(task_id=other_id).values_list("manifest", flat=True)), None)
             listed = (manifest or {}).get("paths", [])
             hit = [item["path"] for item in listed if _covers(tree, paths.unshow(item["path"]))]
             if hit:
@@ -468,7 +532,8 @@ def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None
             shown = "; ".join(f"{', '.join(hit[:5])}{' …' if len(hit) > 5 else ''} from task {other_id}"
                               for other_id, hit in overridden.items())
             record_event(task, EventKind.NOTE,
-                         f"finished after tasks that ended while it ran; the last to finish wins, so this task's "
+                         f"finished after tasks that ended after it was created (their work was not in its view); "
+                         f"the last to finish wins, so this task's "
                          f"version stands at {shown}", {"overrides": overridden})
         if not Layer.objects.filter(pk=layer.pk, note_due=True).update(note_due=False):
             transaction.set_rollback(True)  # another writer cleared it first (its commit waited for): it wrote the note
@@ -604,7 +669,7 @@ def refresh_workspace(workspace: Workspace) -> None:
 def on_retry(task: Task) -> None:
     """Inside the transaction that sent a failed task back to the queue: its layer is active
     again (the next ``open_view`` reopens its files)."""
-    Layer.objects.filter(task=task).update(state=LayerState.ACTIVE)
+    Layer.objects.filter(task=task).update(state=LayerState.ACTIVE, sealed=False)
 
 
 def on_final_move(task: Task, new_state: str) -> None:

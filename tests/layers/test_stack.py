@@ -1,9 +1,11 @@
 """The stack: what later tasks see, and how endings and undo change it (the reference scenarios)."""
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from tasks import lifecycle
@@ -11,7 +13,7 @@ from tasks.layers import compaction, task_view
 from tasks.layers import paths as layer_paths
 from tasks.layers.locks import workspace_lock
 from tasks.layers.tree import Meta
-from tasks.models import Layer, LayerState, Workspace
+from tasks.models import Condition, Dependency, Layer, LayerState, Task, Workspace
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
 
@@ -198,3 +200,35 @@ def test_the_current_stack_is_what_the_orm_reads(lbox):
     expected = list(layers.filter(state=LayerState.APPLIED).order_by("-applied_at", "-pk").values_list("task_id", flat=True))
     assert len(expected) == 3
     assert task_view.current_stack(workspace) == task_view.current_stack(workspace.pk) == expected
+
+
+def test_the_stack_a_start_records_is_what_the_orm_reads(lbox):
+    """A start's stack (one statement on PostgreSQL, a transaction on SQLite) leaves out only a
+    layer not sealed, applied after the task's creation, of a task it does not depend on."""
+    done = []
+    for n in range(5):
+        task = lbox.create(title=f"t{n}", flow=flow({"write": {"path": f"f{n}.txt", "content": f"{n}\n"}}))
+        assert lbox.wait_state(task["id"], "done", "failed")["state"] == "done"
+        done.append(task["id"])
+    assert lifecycle.janitor.drain()
+    workspace = Workspace.objects.get(name="home")
+    created = timezone.now()
+    reader = Task.objects.create(owner=lbox.owner, title="reader", workspace=workspace, worker="flow")
+    Task.objects.filter(pk=reader.pk).update(created_at=created)
+    reader.created_at = created
+    before, after = created - timedelta(seconds=1), created + timedelta(seconds=1)
+    rows = Layer.objects.filter(workspace=workspace)
+    rows.filter(task_id=done[0]).update(applied_at=before, sealed=False)  # done before the task was asked for
+    rows.filter(task_id=done[1]).update(applied_at=created, sealed=False)  # at the same moment: before, too
+    rows.filter(task_id=done[2]).update(applied_at=after, sealed=True)  # after, sealed
+    rows.filter(task_id=done[3]).update(applied_at=after + timedelta(seconds=1), sealed=False)  # after, not sealed: out
+    rows.filter(task_id=done[4]).update(applied_at=after + timedelta(seconds=2), sealed=False)  # after, but depended on
+    Dependency.objects.create(task=reader, on_id=done[4], condition=Condition.COMPLETION)
+
+    task_view._record_layer(reader)
+    depended = Exists(Dependency.objects.filter(task=reader, on_id=OuterRef("task_id")))
+    expected = list(rows.filter(state=LayerState.APPLIED).filter(Q(sealed=True) | Q(applied_at__lte=created) | depended)
+                    .order_by("-applied_at", "-pk").values_list("task_id", flat=True))
+    assert reader.layers == expected == [done[4], done[2], done[1], done[0]]
+    assert Task.objects.get(pk=reader.pk).layers == expected
+    assert task_view.current_stack(workspace) == [done[4], done[3], done[2], done[1], done[0]]  # the browse: all of them
