@@ -300,7 +300,13 @@ class Layer(models.Model):
     sealed = models.BooleanField(default=False)
 
     class Meta:
-        indexes = [models.Index(fields=["note_due"], condition=models.Q(note_due=True), name="layer_note_due")]
+        indexes = [
+            models.Index(fields=["note_due"], condition=models.Q(note_due=True), name="layer_note_due"),
+            # Every start reads its workspace's applied layers newest first (its stack), and every
+            # seal those applied since its task was created: an index range, not a scan and a
+            # sort of every layer the workspace ever had.
+            models.Index(fields=["workspace", "state", "applied_at"], name="layer_workspace_applied"),
+        ]
 
 
 class VaultSecret(models.Model):
