@@ -8,6 +8,9 @@ caller saw, bumps ``version``, writes ``updated_at`` and the fields, and takes t
 number, redacted, and published after commit (``events.record_event``). On PostgreSQL the update
 and the inserts are one statement (data-modifying ``WITH``: the task row is updated, and so held,
 before the events are inserted); on SQLite the update, then one insert per event.
+
+A held-back task's release (``services._release_if_ready``, inside its dependency's final move)
+is written the same way: the note that it may start and its first run (``release``).
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ from django.db import connection, transaction
 from django.db.models import Field
 
 from boxsite.db.rows import column
+from tasks import runs
 from tasks.events import MAX_SUMMARY, publish_event
 from tasks.facts import Redactor
-from tasks.models import Task, TaskEvent
+from tasks.models import EventKind, Run, RunKind, Task, TaskEvent
 
 Event = tuple[str, str, dict[str, Any]]  # kind, summary, data: as ``record_event`` takes them
 # The event's columns in the statements' order; its number is the update's (``seq``), not a parameter.
@@ -135,3 +139,80 @@ def _moved_and_recorded(vendor: str, names: tuple[str, ...], events: int) -> str
     ids = ", ".join(f"recorded_{index}.{pk}" for index in range(events))
     joined = ", ".join(f"recorded_{index}" for index in range(events))
     return f"WITH {', '.join(parts)} SELECT moved.{number}, {ids} FROM moved, {joined}"
+
+
+def release(task: Task, now: datetime, summary: str, data: dict[str, Any], *, redactor: Redactor) -> int:
+    """A held-back task may start: its note (``summary``, ``data``) at the next number and its
+    first run, a ``start`` due now and written as sent, as ``runs.create_run`` writes it (the next
+    number of the task's runs). One statement on PostgreSQL, three on SQLite, written once. The
+    run is sent and the event published after commit. Call inside the transaction that holds the
+    task's row and decided it (``services._release_if_ready``): every run of a task is made under
+    its row's lock, so the runs' numbers read here are all there are. The run's id."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("a release must be written inside its transaction")
+    event = [_event_field(name).get_db_prep_save(value, connection=connection) for name, value in (
+        ("task", task.pk), ("kind", EventKind.NOTE), ("summary", redactor.text(summary)[:MAX_SUMMARY]),
+        ("data", redactor.redact(data)), ("cost_cents", 0), ("artifacts", []), ("created_at", now))]
+    run = Run(task_id=task.pk, number=0, kind=RunKind.START, resume={}, available_at=now, enqueued_at=now)
+    fields = _run_fields()
+    started = [field.get_db_prep_save(field.pre_save(run, add=True), connection=connection) for field in fields]
+    started.append(task.pk)  # whose runs' last number is read
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_released(connection.vendor), [task.pk, *event, *started])
+            seq, event_id, run_id = cursor.fetchone()
+    else:
+        numbered, noted, queued = _released_apart(connection.vendor)
+        with connection.cursor() as cursor:
+            cursor.execute(numbered, [task.pk])
+            (seq,) = cursor.fetchone()
+            cursor.execute(noted, [*event[:1], seq, *event[1:]])
+            (event_id,) = cursor.fetchone()
+            cursor.execute(queued, started)
+            (run_id,) = cursor.fetchone()
+    task.event_seq = seq
+    transaction.on_commit(functools.partial(publish_event, task.pk, task.owner_id, event_id, seq, EventKind.NOTE))
+    transaction.on_commit(functools.partial(runs.send, run_id))
+    return int(run_id)
+
+
+def _run_fields() -> list[Field[Any, Any]]:
+    """The run's columns the insert writes, its task's first (the number is read, not written)."""
+    fields = [f for f in Run._meta.concrete_fields if isinstance(f, Field) and not f.primary_key and f.name != "number"]
+    return sorted(fields, key=lambda f: f.name != "task")
+
+
+def _run_insert() -> str:
+    """The run's insert, numbered after the task's last run: ``INSERT … SELECT … FROM run``, an
+    aggregate without ``GROUP BY`` (one row, also when the task has no run yet)."""
+    quote = connection.ops.quote_name
+    fields = _run_fields()
+    table, number, task = quote(Run._meta.db_table), quote(column(Run, "number")), quote(column(Run, "task"))
+    rest = ", ".join(quote(column(Run, f.name)) for f in fields[1:])
+    values = ", ".join(["%s"] * (len(fields) - 1))
+    return (f"INSERT INTO {table} ({task}, {number}, {rest}) "
+            f"SELECT %s, COALESCE(MAX({number}), 0) + 1, {values} FROM {table} WHERE {task} = %s "
+            f"RETURNING {quote(column(Run, 'id'))}")
+
+
+@functools.cache
+def _released(vendor: str) -> str:
+    """The note's number, its insert and the run's insert in one statement (PostgreSQL)."""
+    quote = connection.ops.quote_name
+    table, columns = _event_columns()
+    number, pk, event_pk = quote(column(Task, "event_seq")), quote(column(Task, "id")), quote(column(TaskEvent, "id"))
+    rest = ", ".join(["%s"] * (len(_EVENT_FIELDS) - 1))
+    return (f"WITH numbered AS (UPDATE {quote(Task._meta.db_table)} SET {number} = {number} + 1 WHERE {pk} = %s "
+            f"RETURNING {number}), "
+            f"noted AS (INSERT INTO {table} ({columns}) SELECT %s, numbered.{number}, {rest} FROM numbered RETURNING {event_pk}), "
+            f"queued AS ({_run_insert()}) "
+            f"SELECT numbered.{number}, noted.{event_pk}, queued.{quote(column(Run, 'id'))} FROM numbered, noted, queued")
+
+
+@functools.cache
+def _released_apart(vendor: str) -> tuple[str, str, str]:
+    """The note's number, its insert and the run's insert (SQLite)."""
+    quote = connection.ops.quote_name
+    number, pk = quote(column(Task, "event_seq")), quote(column(Task, "id"))
+    numbered = f"UPDATE {quote(Task._meta.db_table)} SET {number} = {number} + 1 WHERE {pk} = %s RETURNING {number}"
+    return numbered, _moved(vendor, (), 1)[1], _run_insert()

@@ -285,35 +285,50 @@ def release_if_ready(task_id: str, *, if_free: bool = False) -> bool:
 def _release_if_ready(task_id: str, *, creating: bool, if_free: bool) -> bool:
     skip = if_free and connection.features.has_select_for_update_skip_locked
     with transaction.atomic():
-        # Rows read by key and unordered: ``first()`` would order and slice each query too.
-        owner_id = next(iter(Task.objects.filter(pk=task_id).values_list("owner_id", flat=True)), None)
-        if owner_id is None:
-            return False
         if creating:
             BoxSettings.objects.select_for_update().get_or_create(pk=1)
-        # The owner's lock before the task row: the lock order of every edge writer (a recovery
-        # review adds an edge), and two sweeps deciding the same task take turns.
-        if not dependencies.lock_owner(owner_id, skip_locked=skip) and skip:
-            raise _Busy
-        rows = Task.objects.filter(pk=task_id, state=State.QUEUED)
-        task = next(iter(rows.select_for_update(skip_locked=skip)), None)
-        if task is None and skip and rows.exists():
-            raise _Busy
-        if task is None or Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).exists():
+        task = _held_if_queued(task_id, skip=skip)
+        if task is None:
             return False
         found = dependencies.verdict(task)
+        if found.started:  # a run is queued or running already: a duplicate wake-up
+            return False
         if found.failure and found.edge is not None and dependencies.recovery_due(found.edge):
             if not creating:
                 raise _RecoveryNeedsLocks
+            runs.read_locked(task)  # the whole row, for the review (its lock is held)
             return open_recovery_review(task, found.edge)
         if found.failure:
+            runs.read_locked(task)  # the whole row, for the move
             fail_task(task, f"cannot start: {found.failure}", recoverable=False)
             return True
         if not found.ready:
             return False
-        record_event(task, EventKind.NOTE, "its dependencies allow it to start", {"dependencies": "satisfied"})
-        runs.create_run(task, RunKind.START)
+        moves.release(task, timezone.now(), "its dependencies allow it to start", {"dependencies": "satisfied"},
+                      redactor=redactor_for(task))
         return True
+
+
+def _held_if_queued(task_id: str, *, skip: bool) -> Task | None:
+    """The task if it is queued, its owner's row and then its own locked for the rest of the
+    transaction (the lock order of every edge writer: a recovery review adds an edge, and two
+    sweeps deciding one task take turns). Only what the decision and its note read is loaded
+    when no lock is waited for (``dependencies.held_queued``); the rest is read when first used.
+
+    ``skip``: no lock is waited for (``_Busy`` when one is held), and both are taken by one
+    statement, whose order of the two closes no cycle since it waits for neither. SQLite has no
+    row locks (its transaction holds the one write lock): one read too."""
+    if skip or not connection.features.has_select_for_update:
+        task = dependencies.held_queued(task_id, skip_locked=skip)
+        if task is None and skip and Task.objects.filter(pk=task_id, state=State.QUEUED).exists():
+            raise _Busy
+        return task
+    # Rows read by key and unordered: ``first()`` would order and slice each query too.
+    owner_id = next(iter(Task.objects.filter(pk=task_id).values_list("owner_id", flat=True)), None)
+    if owner_id is None:
+        return None
+    dependencies.lock_owner(owner_id)
+    return next(iter(Task.objects.filter(pk=task_id, state=State.QUEUED).select_for_update()), None)
 
 
 RECOVERY_PROMPT = ("Task {dependent} ({title}) needed task {on} to {needed}, and it did not: {why}. Look at what went "

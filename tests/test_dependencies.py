@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.brokers import get_broker
 
 from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
-from tasks import jobs, runs, services
-from tasks.models import Dependency, Run, RunKind, Task
+from tasks import dependencies, jobs, runs, services
+from tasks.models import Dependency, EventKind, Run, RunKind, Task, TaskEvent
 from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
 
@@ -219,6 +220,33 @@ def test_an_edge_added_later_holds_back_a_task_that_had_not_started(box: Box, se
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": True}
     end(box, gate["id"], "done")
     box.wait_state(later["id"], "done")
+    assert list(Run.objects.filter(task_id=later["id"]).order_by("number").values_list("number", "state")) == [
+        (1, "cancelled"), (2, "finished")]  # numbered after the run it held back
+
+
+def _run_as_made(run: Run) -> dict[str, Any]:
+    return {name: value for name, value in model_to_dict(run).items()
+            if name not in ("id", "task", "available_at", "enqueued_at", "created_at")}
+
+
+def test_a_dependent_released_in_the_move_gets_the_run_and_note_a_creation_writes(box: Box, settings: Any) -> None:
+    # The release is written once per process (``moves.release``), the creation's run by the ORM.
+    gate = held(box, title="gate")
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}  # nobody takes runs now
+    dependent = box.create(title="later", flow=gated(), dependsOn=[{"task": gate["id"], "condition": "completion"}])
+    free = box.create(title="free", flow=gated())
+    end(box, gate["id"], "cancelled")
+    released, made = Run.objects.get(task_id=dependent["id"]), Run.objects.get(task_id=free["id"])
+    assert _run_as_made(released) == _run_as_made(made)
+    assert released.enqueued_at == released.available_at and released.created_at is not None
+    logged = list(TaskEvent.objects.filter(task_id=dependent["id"]).order_by("seq").values_list("seq", "kind", "summary", "data"))
+    assert [seq for seq, *_ in logged] == list(range(1, len(logged) + 1))
+    assert logged[-1][1:] == (EventKind.NOTE, "its dependencies allow it to start", {"dependencies": "satisfied"})
+    assert Task.objects.get(pk=dependent["id"]).event_seq == logged[-1][0]
+    with transaction.atomic():  # a second wake-up in a move finds the run queued: nothing more
+        services.wake_dependents(gate["id"])
+    assert runs_of(dependent["id"]) == [RunKind.START]
+    assert TaskEvent.objects.filter(task_id=dependent["id"]).count() == len(logged)
 
 
 def test_a_lost_wakeup_is_repaired_by_the_sweep_and_a_duplicate_does_nothing(box: Box, monkeypatch: Any) -> None:
@@ -341,6 +369,40 @@ def test_a_dependent_locked_elsewhere_does_not_hold_up_its_dependencys_end(box: 
         wait_for(lambda: Task.objects.get(pk=upstream["id"]).state == "cancelled", timeout=20,
                  what="the dependency's final move to commit")
         assert runs_of(dependent["id"]) == []  # not yet: its row is held
+    finally:
+        release.set()
+        holder.join()
+    ended.join(60)
+    box.wait_state(dependent["id"], "done")
+
+
+@pytest.mark.skipif(not settings.DB_IS_POSTGRES, reason="row locks are PostgreSQL's (SQLite serialises writers)")
+def test_a_dependent_whose_owners_row_is_held_does_not_hold_up_its_dependencys_end(box: Box) -> None:
+    """An edge writer holds the owner's row (``dependencies.lock_owner``) and may wait for the
+    dependency's row: the final move skips the dependent, which starts once the row is free."""
+    upstream = held(box)
+    dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}),
+                           dependsOn=[{"task": upstream["id"], "condition": "completion"}])
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_owner() -> None:
+        try:
+            with transaction.atomic():
+                dependencies.lock_owner(box.owner.pk)
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_owner)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        ended = threading.Thread(target=lambda: (box.api.post(f"/api/tasks/{upstream['id']}/cancel"), connection.close()))
+        ended.start()
+        wait_for(lambda: Task.objects.get(pk=upstream["id"]).state == "cancelled", timeout=20,
+                 what="the dependency's final move to commit")
+        assert runs_of(dependent["id"]) == []  # not yet: its owner's row is held
     finally:
         release.set()
         holder.join()

@@ -17,7 +17,7 @@ from tasks.jobs import execute_run
 from tasks.models import EventKind, Run, Task, TaskEvent, VaultSecret, Workspace
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.vault import set_secret
-from tasks.workers.base import Failed
+from tasks.workers.base import Done, Failed
 from tests.conftest import Box, queue_through_the_cluster
 from tests.factories import flow
 
@@ -36,6 +36,12 @@ LATE = "sk-live-added-while-it-ran-7c1d"
 # proof are one statement, its action counted from the row as the run last wrote it
 # (``events.record_numbered_event``, ``StepRecorder.event``).
 PER_STEP = {"sqlite": 11, "postgresql": 6}
+
+# Statements of a run's finish that ends its task and so starts its dependent's first run: the
+# vault's stamp, then one transaction (the task read again and locked, the run closed, the move
+# and its cleanup, the dependents looked for) and, in a savepoint of its own, the dependent's
+# decision (its owner's row and its own locked, its edges, the note and the run).
+FINISH_STARTING = {"sqlite": 20, "postgresql": 17}
 
 
 def run_counted(box: Box, settings: Any, flow_body: dict[str, Any] = TRIVIAL, **spec: Any) -> tuple[str, list[str]]:
@@ -74,6 +80,17 @@ def test_each_further_step_executes_no_more_statements_than_counted(box: Box, se
     six_id, six = run_counted(box, settings, flow(*({"write": {"path": f"s{i}.txt", "content": "s"}} for i in range(6))))
     assert box.task(one_id)["state"] == box.task(six_id)["state"] == "done"
     assert (len(six) - len(one)) / 5 <= PER_STEP[connection.vendor], "\n".join(six)
+
+
+def test_a_finish_that_starts_a_dependent_executes_no_more_statements_than_counted(box: Box, settings: Any) -> None:
+    task, run, token = _claimed(box, settings, "dependency")
+    dependent = box.create(title="dependent", flow=TRIVIAL, dependsOn=[task.pk])
+    recorder = StepRecorder(task, run.pk, token, Facts.of(task).redactor())
+    with runs.hold_first() as held, CaptureQueriesContext(connection) as queries:
+        finish_run(task, run, token, recorder, Done("done"), 5)
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert held == [Run.objects.get(task_id=dependent["id"], state="queued").pk]
+    assert len(statements) <= FINISH_STARTING[connection.vendor], "\n".join(statements)
 
 
 def test_a_trivial_run_reads_the_vault_stamp_at_most_twice_and_looks_for_dependents_once(box: Box, settings: Any) -> None:

@@ -32,11 +32,19 @@ class Rows:
         """Build once per process and database (its converters are the connection's)."""
         return cls(models, tuple(tuple(_reader(f) for f in model._meta.concrete_fields) for model in models))
 
+    @classmethod
+    def only(cls, model: type[Model], names: Sequence[str]) -> Rows:
+        """Only the fields ``names`` of ``model``, as ``QuerySet.only`` reads them: an instance's
+        other fields are deferred (each read from the database when first used)."""
+        fields = [model._meta.get_field(name) for name in names]
+        assert all(isinstance(f, Field) and f.concrete for f in fields)
+        return cls((model,), (tuple(_reader(f) for f in fields if isinstance(f, Field)),))
+
     def columns(self) -> str:
-        """The select list: every concrete column of each model, qualified by its table."""
+        """The select list: each column read, qualified by its table."""
         quote = connection.ops.quote_name
-        return ", ".join(f"{quote(model._meta.db_table)}.{quote(column(model, f.name))}"
-                         for model in self.models for f in model._meta.concrete_fields)
+        return ", ".join(f"{quote(col.alias)}.{quote(column(col.target.model, col.target.name))}"
+                         for readers in self.readers for col, _ in readers)
 
     def instances(self, row: Sequence[Any]) -> list[Model]:
         """One instance per model from ``row``, as a query of the ORM would have made each."""
