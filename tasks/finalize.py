@@ -12,7 +12,7 @@ from tasks import completion, runs, services
 from tasks.facts import Redactor, redactor_for, refreshed
 from tasks.isolation import isolation_note, isolation_of
 from tasks.models import EventKind, Run, RunKind, Task
-from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, StepRecorder
+from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, StepRecorder
 from tasks.states import Review, State, WaitingFor
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
@@ -68,24 +68,34 @@ def _claim_and_begin(run_id: int) -> tuple[Run, str, bool, Redactor | None] | No
 
 def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> bool:
     """Apply a run's outcome to its task, in one transaction that proves the lease first. True
-    when the task had ended meanwhile (cancelled, perhaps by a process on another machine)."""
+    when the task had ended meanwhile (cancelled, perhaps by a process on another machine).
+
+    A plain end (done, no completion criteria) proves the lease by closing the run, the first
+    write to it: that update is conditional on the run's state and token as the heartbeat's is,
+    and nobody changes either without the task's row, which the transaction holds. Every other
+    outcome writes events or blockers first, after the heartbeat's proof."""
 
     # As the vault stands now: a secret added while the run ran is masked in its outcome too.
     redact = recorder.redactor = refreshed(recorder.redactor)
+    plain_end = isinstance(outcome, Done) and not task.criteria
+
+    def close(how: str, error: str = "") -> None:
+        if not runs.finish(run.pk, token, how, error):
+            raise LeaseLost(f"run {run.pk} no longer holds its lease")
 
     def write() -> bool:
         task.spent = {**task.spent, "elapsed_ms": task.spent.get("elapsed_ms", 0) + elapsed_ms}
-        spent_with_move = isinstance(outcome, Done) and not task.is_final() and not task.criteria
+        spent_with_move = plain_end and not task.is_final()
         if not spent_with_move:
             Task.objects.filter(pk=task.pk).update(spent=task.spent)
         if task.is_final():
-            runs.finish(run.pk, token, "cancelled", f"the task became {task.state} meanwhile")
+            close("cancelled", f"the task became {task.state} meanwhile")
             return True
         # The run is closed before the task moves: a final move closes every open run.
         if isinstance(outcome, Done) and task.criteria and not _meets_criteria(task, run, token, recorder):
             return False  # repaired, asked about, or failed: the task did not become done
         if isinstance(outcome, Done):
-            runs.finish(run.pk, token, "done")
+            close("done")
             review: dict[str, Any] = {"review": Review.PENDING} if task.folders else {}  # a folder task waits for Keep/Undo
             if spent_with_move:
                 review["spent"] = task.spent
@@ -106,7 +116,8 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
             raise TypeError(f"unknown outcome {outcome!r}")
         return False
 
-    return recorder.guarded(write, fresh=task)  # the task as it stands now (a cancel may have come)
+    # The task as it stands now (a cancel may have come).
+    return recorder.guarded(write, fresh=task, write_proves_lease=plain_end)
 
 
 def _meets_criteria(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
@@ -22,6 +22,7 @@ from tasks.models import EventKind, Task
 
 T = TypeVar("T")
 L = TypeVar("L")
+Proof = Literal["heartbeat", "locking", "write"]  # what proves a guarded write's lease
 log = logging.getLogger(__name__)
 
 # Transient database errors: a restarted or busy database, a terminated connection, a deadlock
@@ -49,11 +50,14 @@ class StepRecorder:
         self.token = token
         self.redactor = redactor
 
-    def guarded(self, write: Callable[[], T], *, fresh: Task | None = None) -> T:
+    def guarded(self, write: Callable[[], T], *, fresh: Task | None = None, write_proves_lease: bool = False) -> T:
         """Run ``write`` in a transaction that first proves this run still holds its lease.
         ``fresh``: that task is read again in full as the transaction's first statement, its row
         locked by the read (in place of the bare lock), for a write that decides on the task as it
-        stands now (the run's finish).
+        stands now (the run's finish). ``write_proves_lease``: the first thing ``write`` writes to
+        the run is an update conditional on its state and token (the run's close, ``runs.finish``),
+        and it raises ``LeaseLost`` when that matched nothing; the heartbeat's update is not sent
+        (nothing it wrote before is kept: the transaction is undone).
 
         A transient database fault (a terminated connection, ``database is locked``) rolls the
         transaction back; it is tried again on a fresh connection for up to a lease, so a short
@@ -61,22 +65,28 @@ class StepRecorder:
         one that had finished and was only being recorded). Past a lease the run's lease is gone
         anyway, and the fault goes up to the worker, which hands the run back."""
         # The one lock order: the task row before its run rows.
+        proof: Proof = "write" if write_proves_lease else "heartbeat"
         if fresh is not None:
-            return self._guarded(lambda: runs.read_locked(fresh), lambda _: write())
-        return self._guarded(lambda: runs.lock_task(self.task.pk), lambda _: write())
+            return self._guarded(lambda: runs.read_locked(fresh), lambda _: write(), proof=proof)
+        return self._guarded(lambda: runs.lock_task(self.task.pk), lambda _: write(), proof=proof)
 
-    def _guarded(self, locking: Callable[[], L], write: Callable[[L], T], *, proves_lease: bool = False) -> T:
+    def _guarded(self, locking: Callable[[], L], write: Callable[[L], T], *, proof: Proof = "heartbeat") -> T:
         """``guarded``, with ``locking`` as the transaction's first statement: a write (or a
         locking read) of the task's row, in place of the row lock, so the lease is proven after
         the task row is held (the lock order); undone with the rest if the lease is gone. What it
-        returns is handed to ``write``. ``proves_lease``: ``locking`` proved the lease itself, and
-        returns something false when it is gone."""
+        returns is handed to ``write``. ``proof``: what proves the lease, ``heartbeat`` (its update,
+        right after ``locking``), ``locking`` (which returns something false when it is gone) or
+        ``write`` (``guarded``'s ``write_proves_lease``)."""
         deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
         while True:
             try:
                 with transaction.atomic():
                     first = locking()
-                    if not (first if proves_lease else runs.holds_lease(self.run_id, self.token)):
+                    if proof == "heartbeat":
+                        held = runs.holds_lease(self.run_id, self.token)
+                    else:  # ``write`` raises for itself
+                        held = proof == "write" or bool(first)
+                    if not held:
                         raise LeaseLost(f"run {self.run_id} no longer holds its lease")
                     return write(first)
             except TRANSIENT_DB_ERRORS as exc:
@@ -136,7 +146,7 @@ class StepRecorder:
             self.task.spent = spent
             return held
 
-        self._guarded(locking, lambda _: None, proves_lease=True)
+        self._guarded(locking, lambda _: None, proof="locking")
         if resume is not None:
             self.task.resume = resume
         if records is not None:

@@ -270,17 +270,44 @@ def holds_lease(run_id: int, token: str) -> bool:
 
 
 def finish(run_id: int, token: str, outcome: str, error: str = "", *, charged: bool = True) -> bool:
-    """Close the run with its outcome; ``charged=False`` refunds the attempt (a wait for the owner)."""
-    return Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token).update(
-        state=RunState.FINISHED, outcome=outcome, error=error[:5000], finished_at=timezone.now(), charged=charged,
-    ) == 1
+    """Close the run with its outcome; ``charged=False`` refunds the attempt (a wait for the owner).
+    False when the run no longer holds its lease (nothing was written): the update is conditional
+    on the run's state and token, as the lease's heartbeat is, so it proves the lease as well
+    (``finalize.finish_run``). Written once per process, where the ORM built the update at every
+    run's end."""
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(_finish_statement(connection.vendor), [
+            RunState.FINISHED.value, outcome, error[:5000], adapt(timezone.now()), charged,
+            run_id, RunState.RUNNING.value, token])
+        return cursor.rowcount == 1
+
+
+@functools.cache
+def _finish_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    state, outcome, error, finished, charged, pk, token = (quote(_column(Run, name)) for name in (
+        "state", "outcome", "error", "finished_at", "charged", "id", "lease_token"))
+    return (f"UPDATE {quote(Run._meta.db_table)} SET {state} = %s, {outcome} = %s, {error} = %s, {finished} = %s, "
+            f"{charged} = %s WHERE {pk} = %s AND {state} = %s AND {token} = %s")
 
 
 def cancel_open_runs(task: Task) -> None:
-    """Close every queued or running run of a task that reached a final state (same transaction)."""
-    Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).update(
-        state=RunState.CANCELLED, lease_token="", finished_at=timezone.now(), outcome="cancelled"
-    )
+    """Close every queued or running run of a task that reached a final state (same transaction).
+    Written once per process: every final move asks it."""
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(_cancel_statement(connection.vendor), [
+            RunState.CANCELLED.value, adapt(timezone.now()), "cancelled", task.pk, RunState.QUEUED.value, RunState.RUNNING.value])
+
+
+@functools.cache
+def _cancel_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    state, token, finished, outcome, of_task = (quote(_column(Run, name)) for name in (
+        "state", "lease_token", "finished_at", "outcome", "task"))
+    return (f"UPDATE {quote(Run._meta.db_table)} SET {state} = %s, {token} = '', {finished} = %s, {outcome} = %s "
+            f"WHERE {of_task} = %s AND {state} IN (%s, %s)")
 
 
 def dispatch_due(now: Any = None) -> int:

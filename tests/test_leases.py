@@ -35,6 +35,38 @@ def test_a_heartbeat_extends_the_lease_of_the_run_that_holds_it_and_no_other(box
     assert not runs.heartbeat(run.pk, token)  # a finished run holds no lease
 
 
+def test_a_runs_close_writes_its_outcome_only_while_it_holds_its_lease(box: Box, settings: Any) -> None:
+    claimed = runs.claim(queued_run(box, settings).pk)
+    assert claimed is not None
+    run, token = claimed
+    assert not runs.finish(run.pk, "not-the-token", "done")
+    before = timezone.now()
+    assert runs.finish(run.pk, token, "waiting:input", "e" * 6000, charged=False)
+    run.refresh_from_db()
+    assert (run.state, run.outcome, run.error, run.charged, run.lease_token) == ("finished", "waiting:input", "e" * 5000, False, token)
+    assert run.finished_at is not None and before <= run.finished_at <= timezone.now()
+    assert not runs.finish(run.pk, token, "done")  # a finished run holds no lease
+
+
+def test_a_final_moves_close_cancels_the_tasks_queued_and_running_runs_only(box: Box, settings: Any) -> None:
+    first = queued_run(box, settings)
+    task = Task.objects.get(pk=first.task_id)
+    claimed = runs.claim(first.pk)
+    assert claimed is not None
+    ended = runs.create_run(task, RunKind.RESUME)
+    assert runs.claim(ended.pk) is not None and runs.finish(ended.pk, Run.objects.get(pk=ended.pk).lease_token, "done")
+    waiting = runs.create_run(task, RunKind.RESUME)
+    other = queued_run(box, settings)
+    before = timezone.now()
+    runs.cancel_open_runs(task)
+    found = {run.pk: run for run in Run.objects.all()}
+    for closed in (found[first.pk], found[waiting.pk]):
+        assert (closed.state, closed.outcome, closed.lease_token) == ("cancelled", "cancelled", "")
+        assert closed.finished_at is not None and before <= closed.finished_at <= timezone.now()
+    assert (found[ended.pk].state, found[ended.pk].outcome) == ("finished", "done")
+    assert found[other.pk].state == "queued"  # another task's
+
+
 def test_a_claim_says_whether_another_run_of_the_task_is_running(box: Box, settings: Any) -> None:
     first = queued_run(box, settings)
     claimed = runs.claim(first.pk)

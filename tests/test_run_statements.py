@@ -26,7 +26,7 @@ TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
 # the opening of its view (its layer row and stack) included; the queue's own statements and the
 # release (the janitor's thread) are not counted. SQLite counts its BEGIN IMMEDIATE and COMMIT;
 # PostgreSQL its row locks (``runs.lock_task``).
-MOST = {"sqlite": 39, "postgresql": 26}
+MOST = {"sqlite": 38, "postgresql": 25}
 LATE = "sk-live-added-while-it-ran-7c1d"
 
 
@@ -38,10 +38,11 @@ LATE = "sk-live-added-while-it-ran-7c1d"
 PER_STEP = {"sqlite": 11, "postgresql": 6}
 
 # Statements of a run's finish that ends its task and so starts its dependent's first run: the
-# vault's stamp, then one transaction (the task read again and locked, the run closed, the move
-# and its cleanup, the dependents looked for) and, in a savepoint of its own, the dependent's
-# decision (its owner's row and its own locked, its edges, the note and the run).
-FINISH_STARTING = {"sqlite": 20, "postgresql": 17}
+# vault's stamp, then one transaction (the task read again and locked, the run closed, which
+# proves its lease, the move and its cleanup, the dependents looked for) and, in a savepoint of
+# its own, the dependent's decision (its owner's row and its own locked, its edges, the note and
+# the run).
+FINISH_STARTING = {"sqlite": 19, "postgresql": 16}
 
 
 def run_counted(box: Box, settings: Any, flow_body: dict[str, Any] = TRIVIAL, **spec: Any) -> tuple[str, list[str]]:
@@ -91,6 +92,21 @@ def test_a_finish_that_starts_a_dependent_executes_no_more_statements_than_count
     statements = [q["sql"] for q in queries.captured_queries]
     assert held == [Run.objects.get(task_id=dependent["id"], state="queued").pk]
     assert len(statements) <= FINISH_STARTING[connection.vendor], "\n".join(statements)
+
+
+def test_a_plain_finish_whose_lease_was_taken_over_writes_nothing(box: Box, settings: Any) -> None:
+    # Its lease is proven by the run's close (``runs.finish``), not by a heartbeat before it.
+    task, run, token = _claimed(box, settings, "taken over")
+    dependent = box.create(title="dependent", flow=TRIVIAL, dependsOn=[task.pk])
+    recorder = StepRecorder(task, run.pk, token, Facts.of(task).redactor())
+    Run.objects.filter(pk=run.pk).update(lease_token="taken-over")
+    before = Task.objects.get(pk=task.pk)
+    with pytest.raises(LeaseLost):
+        finish_run(task, run, token, recorder, Done("done"), 5)
+    after = Task.objects.get(pk=task.pk)
+    assert (after.state, after.version, after.event_seq, after.spent) == ("running", before.version, before.event_seq, before.spent)
+    assert Run.objects.filter(pk=run.pk, state="running", lease_token="taken-over", finished_at=None).exists()
+    assert not Run.objects.filter(task_id=dependent["id"]).exists()
 
 
 def test_a_trivial_run_reads_the_vault_stamp_at_most_twice_and_looks_for_dependents_once(box: Box, settings: Any) -> None:
