@@ -10,6 +10,7 @@ is made once, not once per event.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -18,10 +19,12 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
-from django.db import transaction
-from django.db.models import F, QuerySet
-from django.db.models.sql import InsertQuery, UpdateQuery
+from django.db import connection, transaction
+from django.db.models import F, Field, QuerySet
+from django.db.models.sql import UpdateQuery
+from django.utils import timezone
 
+from boxsite.db.rows import column
 from tasks import runs
 from tasks.facts import Redactor, redactor_for
 from tasks.models import Task, TaskEvent
@@ -233,69 +236,89 @@ def wait_published(timeout: float = PUBLISH_TIMEOUT_S) -> bool:
     return _publisher.wait_sent(timeout)
 
 
-def record_numbered_event(rows: QuerySet[Task], values: dict[str, Any], task: Task, kind: str, summary: str,
-                          data: dict[str, Any] | None = None, *, cost_cents: int = 0, artifacts: list[Any] | None = None,
-                          redactor: Redactor, lease: tuple[int, str] | None = None) -> TaskEvent | None:
-    """``numbered_update(rows, **values)`` and ``record_event`` of the event that records it, at its
-    number; one statement on PostgreSQL (a data-modifying ``WITH``: the task row is updated, and
-    so held, before the event is inserted), two elsewhere. Call inside the transaction of the change.
-    ``Task.DoesNotExist`` when ``rows`` matched nothing (nothing was written).
+def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary: str, data: dict[str, Any] | None = None,
+                          *, cost_cents: int = 0, artifacts: list[Any] | None = None, redactor: Redactor,
+                          lease: tuple[int, str], seen: dict[str, Any] | None = None) -> TaskEvent | None:
+    """A worker's write to its task's row (``values``, plain; ``cost_cents`` added to the task's)
+    and the event that records it, at the number the write takes, proving the run's ``lease``
+    (run id, token: ``runs.holds_lease``, which extends it). ``seen``: written only if those
+    fields of the row are still so. None when the lease is gone (nothing written, the caller
+    undoes the transaction); ``Task.DoesNotExist`` when the row did not match (nothing written).
 
-    ``lease`` (run id, token): the run's lease is proven (and extended, ``runs.holds_lease``) after
-    the row is held; None when it is gone, and the caller undoes the transaction. On PostgreSQL the
-    lease's update is part of the same statement, made to wait for the task row's update by reading
-    it (the one lock order: the task row before its run's), so it costs no round trip of its own;
-    each row's update sees the row's last committed version, so a lease taken over meanwhile fails."""
+    On PostgreSQL one statement written once per process (the ORM built the update and the insert
+    at every step), which writes nothing unless the lease holds: it locks the task's row, then
+    proves the lease on the run's (the one lock order, and each row read as last committed once
+    held, so a lease taken over meanwhile fails), and only then updates the task and inserts the
+    event. So it is atomic alone, and a caller outside a transaction need not open one
+    (``StepRecorder.event``). Elsewhere the update, the insert and the lease's proof, inside the
+    caller's transaction."""
     connection = transaction.get_connection()
     if connection.vendor != "postgresql":
-        seq = numbered_update(rows, **values)
+        written = {**values, "cost_cents": F("cost_cents") + cost_cents} if cost_cents else values
+        seq = numbered_update(Task.objects.filter(pk=task.pk, **(seen or {})), **written)
         if seq is None:
             raise Task.DoesNotExist(f"no task '{task.pk}'")
         recorded = record_event(task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=redactor, seq=seq)
-        return recorded if lease is None or runs.holds_lease(*lease) else None
-    if not connection.in_atomic_block:
-        raise RuntimeError("record_numbered_event must run inside the transaction that made the change")
+        return recorded if runs.holds_lease(*lease) else None
+    now = timezone.now()
     event = TaskEvent(task_id=task.pk, seq=0, kind=kind, summary=redactor.text(summary)[:MAX_SUMMARY],
-                      data=redactor.redact(data or {}), cost_cents=cost_cents, artifacts=redactor.redact(artifacts or []))
-    update: UpdateQuery = rows.query.chain(UpdateQuery)  # type: ignore[assignment]  # as QuerySet.update builds it
-    update.add_update_values({**values, "event_seq": F("event_seq") + 1})
-    update_sql, update_params = update.get_compiler(rows.db).as_sql()
-    fields = [f for f in TaskEvent._meta.local_concrete_fields if not f.primary_key]
-    insert = InsertQuery(TaskEvent)
-    insert.insert_values(fields, [event])
-    compiler = insert.get_compiler(rows.db)
-    prepared = [compiler.prepare_value(field, compiler.pre_save_val(field, event)) for field in fields]
-    placeholder_rows, param_rows = compiler.assemble_as_sql(fields, [prepared])
-    quote = connection.ops.quote_name
-    number = quote(Task._meta.get_field("event_seq").column)
-    columns, selected, params = [], [], list(update_params)
-    for field, placeholder, param in zip(fields, placeholder_rows[0], param_rows[0], strict=True):
-        columns.append(quote(field.column))
-        if field.name == "seq":
-            selected.append(f"moved.{number}")
-        else:
-            selected.append(placeholder)
-            params.append(param)
-    insert_sql = (f"INSERT INTO {quote(TaskEvent._meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} FROM moved "
-                  f"RETURNING {quote(TaskEvent._meta.pk.column)}, {quote(TaskEvent._meta.get_field('seq').column)}")
-    if lease is None:
-        sql = f"WITH moved AS ({update_sql} RETURNING {number}) {insert_sql}"
-    else:
-        lease_sql, lease_params = runs.lease_statement(*lease)
-        sql = (f"WITH moved AS ({update_sql} RETURNING {number}), "
-               f"leased AS ({lease_sql} AND EXISTS (SELECT 1 FROM moved) RETURNING 1), "
-               f"added AS ({insert_sql}) SELECT added.*, EXISTS (SELECT 1 FROM leased) FROM added")
-        params = [*update_params, *lease_params, *params[len(update_params):]]
+                      data=redactor.redact(data or {}), cost_cents=cost_cents, artifacts=redactor.redact(artifacts or []),
+                      created_at=now)
+    seen = seen or {}
+    params: list[Any] = [task.pk, *runs.lease_statement(*lease)[1]]
+    params += [_field(Task, name).get_db_prep_save(value, connection=connection) for name, value in values.items()]
+    params += [cost_cents] if cost_cents else []
+    params += [task.pk, *(_field(Task, name).get_db_prep_save(value, connection=connection) for name, value in seen.items())]
+    params += [_field(TaskEvent, name).get_db_prep_save(getattr(event, _field(TaskEvent, name).attname), connection=connection)
+               for name in _EVENT_FIELDS]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        found = cursor.fetchall()
-    if len(found) != 1:
-        raise Task.DoesNotExist(f"no task '{task.pk}'")
-    if lease is not None and not found[0][2]:
+        cursor.execute(_step_statement(connection.vendor, tuple(values), bool(cost_cents), tuple(seen)), params)
+        held, event_id, seq = cursor.fetchone()
+    if not held:
         return None
-    event.pk, event.seq = found[0][:2]
-    event._state.adding, event._state.db = False, rows.db
-    seq, owner_id = event.seq, task.owner_id
+    if event_id is None:
+        raise Task.DoesNotExist(f"no task '{task.pk}' as this run last wrote it")
+    event.pk, event.seq = event_id, seq
+    event._state.adding, event._state.db = False, connection.alias
+    owner_id = task.owner_id
     task.event_seq = seq
-    transaction.on_commit(lambda: publish_event(task.pk, owner_id, event.pk, seq, kind))
+    transaction.on_commit(lambda: publish_event(task.pk, owner_id, event_id, seq, kind))
     return event
+
+
+_EVENT_FIELDS = ("task", "kind", "summary", "data", "cost_cents", "artifacts", "created_at")  # its number is the update's
+
+
+def _field(model: type[Task] | type[TaskEvent], name: str) -> Field[Any, Any]:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.concrete
+    return field
+
+
+@functools.cache
+def _step_statement(vendor: str, names: tuple[str, ...], adds_cost: bool, seen: tuple[str, ...]) -> str:
+    """``record_numbered_event``'s statement (PostgreSQL): the task's row locked, the lease proven
+    on the run's row once the task's is held, the task's update only if the lease held (and the
+    row is as ``seen``), the event's insert at the number it took. Every part reads the one
+    before it, which orders them (PostgreSQL runs a ``WITH``'s parts as their readers need them).
+    The row: whether the lease held, then the event's id and number (none when nothing matched)."""
+    quote = connection.ops.quote_name
+    table, pk, number = quote(Task._meta.db_table), quote(column(Task, "id")), quote(column(Task, "event_seq"))
+    sets = [f"{quote(column(Task, name))} = %s" for name in names]
+    if adds_cost:
+        cost = quote(column(Task, "cost_cents"))
+        sets.append(f"{cost} = {cost} + %s")
+    sets.append(f"{number} = {number} + 1")
+    conditions = "".join(f" AND {quote(column(Task, name))} = %s" for name in seen)
+    events, event_pk, event_seq = quote(TaskEvent._meta.db_table), quote(column(TaskEvent, "id")), quote(column(TaskEvent, "seq"))
+    columns = ", ".join(quote(column(TaskEvent, name)) for name in (_EVENT_FIELDS[0], "seq", *_EVENT_FIELDS[1:]))
+    rest = ", ".join(["%s"] * (len(_EVENT_FIELDS) - 1))
+    return (f"WITH locked AS (SELECT 1 FROM {table} WHERE {pk} = %s FOR UPDATE), "
+            f"leased AS ({runs.heartbeat_statement(vendor)} AND EXISTS (SELECT 1 FROM locked) RETURNING 1), "
+            f"moved AS (UPDATE {table} SET {', '.join(sets)} WHERE {pk} = %s{conditions} "
+            f"AND EXISTS (SELECT 1 FROM leased) RETURNING {number}), "
+            f"added AS (INSERT INTO {events} ({columns}) SELECT %s, moved.{number}, {rest} FROM moved "
+            f"RETURNING {event_pk}, {event_seq}) "
+            f"SELECT EXISTS (SELECT 1 FROM leased), added.{event_pk}, added.{event_seq} FROM (SELECT 1) AS asked "
+            f"LEFT JOIN added ON TRUE")
+

@@ -2,7 +2,9 @@
 
 Each write opens a transaction, takes the task's row, checks (and extends) the lease with a
 conditional update before anything else is written, and commits only then. A worker whose lease
-was taken over gets ``LeaseLost`` and writes nothing.
+was taken over gets ``LeaseLost`` and writes nothing. On PostgreSQL an event's write is one
+statement that does all of that in that order and writes nothing unless the lease holds
+(``events.record_numbered_event``): outside a caller's transaction it is sent alone.
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from typing import Any, Literal, TypeVar
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, QuerySet
 
 from tasks import runs
 from tasks.events import record_numbered_event
@@ -77,18 +78,27 @@ class StepRecorder:
         returns is handed to ``write``. ``proof``: what proves the lease, ``heartbeat`` (its update,
         right after ``locking``), ``locking`` (which returns something false when it is gone) or
         ``write`` (``guarded``'s ``write_proves_lease``)."""
+
+        def attempt() -> T:
+            with transaction.atomic():
+                first = locking()
+                if proof == "heartbeat":
+                    held = runs.holds_lease(self.run_id, self.token)
+                else:  # ``write`` raises for itself
+                    held = proof == "write" or bool(first)
+                if not held:
+                    raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+                return write(first)
+
+        return self._retried(attempt)
+
+    def _retried(self, attempt: Callable[[], T]) -> T:
+        """``attempt()``, tried again on a fresh connection after a transient database fault
+        (``guarded``), unless an enclosing transaction was lost with it."""
         deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
         while True:
             try:
-                with transaction.atomic():
-                    first = locking()
-                    if proof == "heartbeat":
-                        held = runs.holds_lease(self.run_id, self.token)
-                    else:  # ``write`` raises for itself
-                        held = proof == "write" or bool(first)
-                    if not held:
-                        raise LeaseLost(f"run {self.run_id} no longer holds its lease")
-                    return write(first)
+                return attempt()
             except TRANSIENT_DB_ERRORS as exc:
                 if connection.in_atomic_block or time.monotonic() > deadline:
                     raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
@@ -116,37 +126,55 @@ class StepRecorder:
             updates["step"] = self.redactor.text(summary)[:500]
         if progress is not None:
             updates["progress"] = max(0.0, min(1.0, progress))
-        if cost_cents:
-            updates["cost_cents"] = F("cost_cents") + cost_cents
 
-        def record(rows: QuerySet[Task], values: dict[str, Any]) -> bool:
-            """The task row's write and the event at the number it takes, the lease proven after
+        def record(values: dict[str, Any], seen: dict[str, Any] | None = None) -> bool:
+            """The task row's write and the event at the number it takes, the lease proven once
             the row is held: one statement on PostgreSQL (``record_numbered_event``)."""
-            return record_numbered_event(rows, values, self.task, kind, summary, data, cost_cents=cost_cents,
-                                         artifacts=artifacts, redactor=self.redactor, lease=(self.run_id, self.token)) is not None
+            return record_numbered_event(self.task, values, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts,
+                                         redactor=self.redactor, lease=(self.run_id, self.token), seen=seen) is not None
 
-        def locking() -> bool:
-            if counts is None:
-                return record(Task.objects.filter(pk=self.task.pk), updates)
-            if connection.vendor == "postgresql":
-                # Counted from the row as this run last wrote it, written only if it is still so
-                # (no other writer of ``spent`` or ``limits`` came between): no locked read first.
-                seen = {"spent": self.task.spent, "limits": self.task.limits}
-                spent = self._counted_from(self.task, *counts, raising=False)
-                if spent is not None:
-                    try:
-                        held = record(Task.objects.filter(pk=self.task.pk, **seen), {**updates, "spent": spent})
-                    except Task.DoesNotExist:
-                        pass  # changed meanwhile: counted again from the locked row
-                    else:
-                        self.task.spent = spent
-                        return held
-            spent = self._counted(*counts)  # its read locks the row
-            held = record(Task.objects.filter(pk=self.task.pk), {**updates, "spent": spent})
+        def as_last_written(counted: tuple[str, str | None]) -> bool | None:
+            """PostgreSQL: the action counted from the row as this run last wrote it, written only if
+            it is still so (no other writer of ``spent`` or ``limits`` came between): no locked read
+            first. None when it is not so, or the limit looks reached: nothing was written."""
+            seen = {"spent": self.task.spent, "limits": self.task.limits}
+            spent = self._counted_from(self.task, *counted, raising=False)
+            if spent is None:
+                return None
+            try:
+                held = record({**updates, "spent": spent}, seen)
+            except Task.DoesNotExist:
+                return None  # changed meanwhile: counted again from the locked row
             self.task.spent = spent
             return held
 
-        self._guarded(locking, lambda _: None, proof="locking")
+        def from_locked_row(counted: tuple[str, str | None]) -> bool:
+            spent = self._counted(*counted)  # its read locks the row
+            held = record({**updates, "spent": spent})
+            self.task.spent = spent
+            return held
+
+        def locking() -> bool:
+            if counts is None:
+                return record(updates)
+            if connection.vendor == "postgresql":
+                held = as_last_written(counts)
+                if held is not None:
+                    return held
+            return from_locked_row(counts)
+
+        if connection.vendor == "postgresql" and not connection.in_atomic_block:
+            # The statement writes nothing unless the lease holds: atomic alone, so sent without a
+            # transaction around it (its BEGIN and COMMIT were two round trips of three).
+            alone = self._retried(lambda: record(updates) if counts is None else as_last_written(counts))
+            if alone is None:  # the row changed since this run wrote it: counted from it, in a transaction
+                counted = counts
+                assert counted is not None
+                self._guarded(lambda: from_locked_row(counted), lambda _: None, proof="locking")
+            elif not alone:
+                raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+        else:
+            self._guarded(locking, lambda _: None, proof="locking")
         if resume is not None:
             self.task.resume = resume
         if records is not None:

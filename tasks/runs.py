@@ -248,7 +248,8 @@ def heartbeat(run_id: int, token: str) -> bool:
 
 
 @functools.cache
-def _heartbeat_statement(vendor: str) -> str:
+def heartbeat_statement(vendor: str) -> str:
+    """The lease's update (``lease_statement``'s), for a statement that embeds it."""
     quote = connection.ops.quote_name
     beat, expires, pk, state, token = (quote(_column(Run, name)) for name in
                                        ("heartbeat_at", "lease_expires_at", "id", "state", "lease_token"))
@@ -261,7 +262,7 @@ def lease_statement(run_id: int, token: str) -> tuple[str, list[Any]]:
     of its own work (``events.record_numbered_event``); it matches one row while the lease holds."""
     now = timezone.now()
     adapt = connection.ops.adapt_datetimefield_value
-    return _heartbeat_statement(connection.vendor), [adapt(now), adapt(now + lease_delta()), run_id, RunState.RUNNING.value, token]
+    return heartbeat_statement(connection.vendor), [adapt(now), adapt(now + lease_delta()), run_id, RunState.RUNNING.value, token]
 
 
 def holds_lease(run_id: int, token: str) -> bool:

@@ -2,11 +2,14 @@
 statements creeping back, and the vault read it saves without missing a secret added mid-run."""
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.conf import settings as box_settings
+from django.db import connection, transaction
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
@@ -18,7 +21,7 @@ from tasks.models import EventKind, Run, Task, TaskEvent, VaultSecret, Workspace
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.vault import set_secret
 from tasks.workers.base import Done, Failed
-from tests.conftest import Box, queue_through_the_cluster
+from tests.conftest import Box, queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
@@ -26,16 +29,16 @@ TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
 # the opening of its view (its layer row and stack) included; the queue's own statements and the
 # release (the janitor's thread) are not counted. SQLite counts its BEGIN IMMEDIATE and COMMIT;
 # PostgreSQL its row locks (``runs.lock_task``).
-MOST = {"sqlite": 38, "postgresql": 25}
+MOST = {"sqlite": 38, "postgresql": 21}
 LATE = "sk-live-added-while-it-ran-7c1d"
 
 
 # Statements each further write step adds to a run (BEGIN and COMMIT included): its start (the
 # counted action, "Doing now", the event) and its result with the resume point past it, each a
-# transaction that proves the run's lease. On PostgreSQL a step's write, its event and the lease's
-# proof are one statement, its action counted from the row as the run last wrote it
-# (``events.record_numbered_event``, ``StepRecorder.event``).
-PER_STEP = {"sqlite": 11, "postgresql": 6}
+# write that proves the run's lease. On PostgreSQL each is one statement that writes nothing
+# unless the lease holds, so it is sent alone, without a transaction around it, its action counted
+# from the row as the run last wrote it (``events.record_numbered_event``, ``StepRecorder.event``).
+PER_STEP = {"sqlite": 11, "postgresql": 2}
 
 # Statements of a run's finish that ends its task and so starts its dependent's first run: the
 # vault's stamp, then one transaction (the task read again and locked, the run closed, which
@@ -236,6 +239,76 @@ def test_a_step_recorded_after_its_lease_was_taken_over_leaves_nothing_behind(bo
     assert not TaskEvent.objects.filter(task_id=task.pk, seq__gt=before.event_seq).exists()
 
 
+def _waiting_for_a_row_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')")
+        return bool(cursor.fetchone()[0])
+
+
+def _step_while_the_row_is_held(recorder: StepRecorder, change: Callable[[], None]) -> BaseException | None:
+    """Record a counted step while another transaction holds the task's row; once the step waits
+    for it, that one makes ``change`` and commits. What the step raised, if anything."""
+    held, raised = threading.Event(), []
+
+    def holder() -> None:
+        try:
+            with transaction.atomic():
+                list(Task.objects.select_for_update().filter(pk=recorder.task.pk))
+                held.set()
+                wait_for(_waiting_for_a_row_lock, timeout=30, what="the step to wait for the task's row")
+                change()
+        finally:
+            connection.close()
+
+    def step() -> None:
+        try:
+            recorder.step("step 1/1", counts=("actions", "max_actions"))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            raised.append(exc)
+        finally:
+            connection.close()
+
+    holding = threading.Thread(target=holder)
+    holding.start()
+    assert held.wait(30)
+    stepping = threading.Thread(target=step)
+    stepping.start()
+    holding.join(60)
+    stepping.join(60)
+    return raised[0] if raised else None
+
+
+@pytest.mark.skipif(not box_settings.DB_IS_POSTGRES, reason="row locks are PostgreSQL's (SQLite serialises writers)")
+def test_a_step_whose_lease_is_taken_while_it_waits_for_the_task_row_writes_nothing(box: Box, settings: Any) -> None:
+    # The step's statement takes the task's row before the run's (the one lock order: the run's
+    # row is free while it waits), and reads the run as last committed once the task's row is
+    # held: a cancel that held the row is seen.
+    task, recorder = _recorder(box, settings)
+    before = Task.objects.get(pk=task.pk)
+
+    def cancel() -> None:
+        assert list(Run.objects.select_for_update(nowait=True).filter(pk=recorder.run_id).values_list("pk", flat=True))
+        Run.objects.filter(pk=recorder.run_id).update(state="cancelled", lease_token="")
+
+    raised = _step_while_the_row_is_held(recorder, cancel)
+    assert isinstance(raised, LeaseLost), raised
+    after = Task.objects.get(pk=task.pk)
+    assert (after.event_seq, after.step, after.spent) == (before.event_seq, before.step, before.spent)
+    assert not TaskEvent.objects.filter(task_id=task.pk, seq__gt=before.event_seq).exists()
+
+
+@pytest.mark.skipif(not box_settings.DB_IS_POSTGRES, reason="row locks are PostgreSQL's (SQLite serialises writers)")
+def test_a_step_counted_while_another_writer_holds_the_row_counts_from_what_it_wrote(box: Box, settings: Any) -> None:
+    task, recorder = _recorder(box, settings)
+    before = Task.objects.get(pk=task.pk)
+    raised = _step_while_the_row_is_held(recorder, lambda: Task.objects.filter(pk=task.pk).update(
+        spent={**task.spent, "actions": 5}))
+    assert raised is None, raised
+    after = Task.objects.get(pk=task.pk)
+    assert after.spent["actions"] == 6 == recorder.task.spent["actions"]
+    assert after.event_seq == before.event_seq + 1 and after.step == "step 1/1"
+
+
 def test_an_action_counted_after_another_writer_changed_spent_counts_from_the_row(box: Box, settings: Any) -> None:
     # On PostgreSQL the count is written only if ``spent`` is still as the run last wrote it.
     task, recorder = _recorder(box, settings)
@@ -265,5 +338,7 @@ def test_after_its_limits_changed_a_run_counts_again_without_the_locked_read(box
     recorder.step("step 1/2", counts=("actions", "max_actions"))  # counted again from the locked row
     with CaptureQueriesContext(connection) as queries:
         recorder.step("step 2/2", counts=("actions", "max_actions"))
-    assert not [q["sql"] for q in queries.captured_queries if "FOR UPDATE" in q["sql"].upper()], queries.captured_queries
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not [sql for sql in statements if sql.startswith("SELECT") and "FOR UPDATE" in sql.upper()], statements
+    assert len(statements) == 1, statements  # the write alone: no transaction around it
     assert Task.objects.get(pk=task.pk).spent["actions"] == 2
