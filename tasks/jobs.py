@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
@@ -40,30 +41,86 @@ def hand_back_on_signal(signum: int, frame: object) -> None:
         _current_stop.set()
 
 
-class Heartbeat(threading.Thread):
-    """Extends the run's lease while the worker works; sets ``stop`` once the lease is gone."""
+class Heartbeat:
+    """One run's lease, extended every ``BOX_HEARTBEAT_SECONDS`` while the worker works (by the
+    process's heartbeat thread, ``Heartbeats``); ``stop`` is set once the lease is gone."""
 
     def __init__(self, run_id: int, token: str, stop: threading.Event) -> None:
-        super().__init__(name=f"heartbeat-run-{run_id}", daemon=True)
         self.run_id, self.token, self.stop_event = run_id, token, stop
-        self.finished = threading.Event()
+        self.due = time.monotonic() + settings.BOX_HEARTBEAT_SECONDS
 
-    def run(self) -> None:
-        try:
-            while not self.finished.wait(settings.BOX_HEARTBEAT_SECONDS):
+
+class Heartbeats:
+    """The process's one heartbeat thread, kept for its life: it beats for every run it watches
+    (in a worker, the run in hand). A thread started for each run cost the run's start a wait for
+    the new thread to take the GIL (1-4 ms while the janitor's release computed). Started on
+    first use; a forked child (a django-q2 worker) starts its own. Its database connection is
+    closed whenever it watches nothing, so an idle worker holds none for it."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._changed = threading.Condition()
+        self._watched: set[Heartbeat] = set()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, run_id: int, token: str, stop: threading.Event) -> Heartbeat:
+        """Extend run ``run_id``'s lease from now on, until ``forget``."""
+        heartbeat = Heartbeat(run_id, token, stop)
+        with self._changed:
+            self._watched.add(heartbeat)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="box-heartbeats", daemon=True)
+                self._thread.start()  # once per process, not on each run's path
+            self._changed.notify()
+        return heartbeat
+
+    def forget(self, heartbeat: Heartbeat) -> None:
+        """The run's work is over: no beat after this returns begins for it."""
+        with self._changed:
+            self._watched.discard(heartbeat)
+            self._changed.notify()
+
+    def _beat(self) -> None:
+        while True:
+            for heartbeat in self._due():
                 try:
-                    alive = runs.heartbeat(self.run_id, self.token)
+                    alive = runs.heartbeat(heartbeat.run_id, heartbeat.token)
                 except Exception:  # noqa: BLE001 - a busy database is retried next beat
-                    log.warning("heartbeat for run %s failed; retrying", self.run_id, exc_info=True)
+                    log.warning("heartbeat for run %s failed; retrying", heartbeat.run_id, exc_info=True)
                     # On a fresh connection: this thread's may be broken for good (a terminated
                     # backend), and nothing else in a thread ever replaces it.
                     connection.close()
+                    alive = True
+                with self._changed:
+                    if not alive and heartbeat in self._watched:
+                        self._watched.discard(heartbeat)
+                        heartbeat.stop_event.set()
+                    heartbeat.due = time.monotonic() + settings.BOX_HEARTBEAT_SECONDS
+
+    def _due(self) -> list[Heartbeat]:
+        """Wait until a watched run's beat is due: those runs. While nothing is watched the
+        thread's connection is closed (out of the lock: ``watch`` never waits for it)."""
+        closed = False
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [heartbeat for heartbeat in self._watched if heartbeat.due <= now]
+                if due:
+                    return due
+                if self._watched:
+                    self._changed.wait(min(heartbeat.due for heartbeat in self._watched) - now)
                     continue
-                if not alive:
-                    self.stop_event.set()
-                    return
-        finally:
-            connection.close()
+                if closed:
+                    self._changed.wait()
+                    continue
+            connection.close()  # this thread's own; the next beat opens one again
+            closed = True
+
+
+heartbeats = Heartbeats()
 
 
 def execute_run(run_id: int) -> None:
@@ -126,8 +183,7 @@ def _execute(run_id: int) -> int | None:
     stop = _current_stop = threading.Event()
     if handing_back.is_set():
         stop.set()
-    heartbeat = Heartbeat(run.pk, token, stop)
-    heartbeat.start()
+    heartbeat = heartbeats.watch(run.pk, token, stop)
     outcome: Outcome
     ctx: RunContext | None = None
     try:
@@ -163,7 +219,7 @@ def _execute(run_id: int) -> int | None:
         log.error("run %s crashed:\n%s", run_id, recorder.redactor.text(traceback.format_exc()))
         outcome = Failed(f"the worker crashed: {type(exc).__name__}: {exc}", recoverable=True, hint="see the box's log")
     finally:
-        heartbeat.finished.set()
+        heartbeats.forget(heartbeat)
         _current_stop = None
     held_s = ctx.held_s if ctx is not None else 0.0  # waiting for the owner is not running time
     elapsed_ms = int((time.monotonic() - started - held_s) * 1000)

@@ -3,14 +3,15 @@ another run of the task still runs. The hottest of these statements are written 
 guarded write): here they are held to what the ORM reads back."""
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from tasks import runs
+from tasks import jobs, runs
 from tasks.models import Run, RunKind, RunState, Task
-from tests.conftest import Box, queue_through_the_cluster
+from tests.conftest import Box, queue_through_the_cluster, wait_for
 from tests.factories import flow
 
 
@@ -33,6 +34,60 @@ def test_a_heartbeat_extends_the_lease_of_the_run_that_holds_it_and_no_other(box
     assert not runs.heartbeat(run.pk, "not-the-token")
     assert runs.finish(run.pk, token, "done")
     assert not runs.heartbeat(run.pk, token)  # a finished run holds no lease
+
+
+def _claimed(box: Box, settings: Any) -> tuple[Run, str]:
+    claimed = runs.claim(queued_run(box, settings).pk)
+    assert claimed is not None
+    return claimed
+
+
+def _beaten(run: Run) -> Any:
+    return Run.objects.get(pk=run.pk).heartbeat_at
+
+
+def test_the_processs_heartbeat_thread_beats_for_a_run_until_it_is_forgotten(box: Box, settings: Any) -> None:
+    settings.BOX_HEARTBEAT_SECONDS = 0.05
+    first, first_token = _claimed(box, settings)
+    claimed_at = _beaten(first)
+    beat = jobs.heartbeats.watch(first.pk, first_token, threading.Event())
+    wait_for(lambda: _beaten(first) > claimed_at, what="the first run's lease to be extended")
+    jobs.heartbeats.forget(beat)
+    second, second_token = _claimed(box, settings)
+    second_claimed_at = _beaten(second)
+    later = jobs.heartbeats.watch(second.pk, second_token, threading.Event())
+    try:
+        # The thread beats one run after another: once the second is beaten, no beat for the first is under way.
+        wait_for(lambda: _beaten(second) > second_claimed_at, what="the second run's lease to be extended")
+        forgotten_at, once = _beaten(first), _beaten(second)
+        wait_for(lambda: _beaten(second) > once, what="another beat of the second run")
+        assert _beaten(first) == forgotten_at
+    finally:
+        jobs.heartbeats.forget(later)
+    names = [thread.name for thread in threading.enumerate()]
+    assert names.count("box-heartbeats") == 1 and not [name for name in names if name.startswith("heartbeat-run-")], names
+
+
+def test_a_run_whose_lease_is_gone_is_told_to_stop_and_is_not_beaten_again(box: Box, settings: Any) -> None:
+    settings.BOX_HEARTBEAT_SECONDS = 0.05
+    run, token = _claimed(box, settings)
+    stop = threading.Event()
+    beat = jobs.heartbeats.watch(run.pk, token, stop)
+    try:
+        Run.objects.filter(pk=run.pk).update(lease_token="taken-over")
+        assert stop.wait(20)
+        Run.objects.filter(pk=run.pk).update(lease_token=token)  # a beat for it would match again
+        stopped_at = _beaten(run)
+        other, other_token = _claimed(box, settings)
+        other_at = _beaten(other)
+        watched = jobs.heartbeats.watch(other.pk, other_token, threading.Event())
+        wait_for(lambda: _beaten(other) > other_at, what="the other run's lease to be extended")
+        once = _beaten(other)
+        wait_for(lambda: _beaten(other) > once, what="another beat of the other run")
+        jobs.heartbeats.forget(watched)
+        assert _beaten(run) == stopped_at
+    finally:
+        jobs.heartbeats.forget(beat)
 
 
 def test_a_runs_close_writes_its_outcome_only_while_it_holds_its_lease(box: Box, settings: Any) -> None:
