@@ -280,19 +280,24 @@ def recovery_due(edge: Dependency) -> bool:
     return root_of(edge.task_id) != root_of(edge.on_id)
 
 
-def dependents_of(task_id: str, *, reading_layer: bool = True, only_reading: bool = False,
-                  with_condition: bool = False) -> list[Any]:
-    """Tasks that wait on ``task_id`` and have not started (``queued``); without
-    ``reading_layer``, not those whose edge checks its layer for an artifact; with
-    ``only_reading``, only those. ``with_condition``: (task id, edge condition) pairs."""
-    edges = Dependency.objects.filter(on_id=task_id, task__state=State.QUEUED)
-    if not reading_layer:
-        edges = edges.exclude(condition=Condition.ARTIFACT)
-    if only_reading:
-        edges = edges.filter(condition=Condition.ARTIFACT)
-    if with_condition:
-        return list(edges.values_list("task_id", "condition").distinct())
-    return list(edges.values_list("task_id", flat=True).distinct())
+def dependents_of(task_id: str, *, only_reading: bool = False) -> list[tuple[str, str]]:
+    """(task id, edge condition) of each task that waits on ``task_id`` and has not started
+    (``queued``); with ``only_reading``, only those whose edge checks its layer for an artifact.
+    Asked at every final move: written once per process, where the ORM built the join each time."""
+    params = [task_id, State.QUEUED.value, *([Condition.ARTIFACT.value] if only_reading else [])]
+    with connection.cursor() as cursor:
+        cursor.execute(_dependents_statement(connection.vendor, only_reading), params)
+        return [(str(dependent), str(condition)) for dependent, condition in cursor.fetchall()]
+
+
+@functools.cache
+def _dependents_statement(vendor: str, only_reading: bool) -> str:
+    quote = connection.ops.quote_name
+    edge, task = quote(Dependency._meta.db_table), quote(Task._meta.db_table)
+    waiting, condition = f"{edge}.{quote(column(Dependency, 'task'))}", f"{edge}.{quote(column(Dependency, 'condition'))}"
+    statement = (f"SELECT DISTINCT {waiting}, {condition} FROM {edge} INNER JOIN {task} ON {task}.{quote(column(Task, 'id'))} = {waiting} "
+                 f"WHERE {edge}.{quote(column(Dependency, 'on'))} = %s AND {task}.{quote(column(Task, 'state'))} = %s")
+    return statement + (f" AND {condition} = %s" if only_reading else "")
 
 
 def has_edges(task: Task) -> bool:

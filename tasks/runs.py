@@ -179,24 +179,26 @@ def hold_first() -> Iterator[list[int]]:
 def claim(run_id: int) -> tuple[Run, str] | None:
     """Take the run if nobody has. A second delivery of the same run finds it taken: None.
     The run comes with its task, and ``others_running``: whether another run of the task is
-    running (a held one, ``tasks.finalize``)."""
+    running (a held one, ``tasks.finalize``). Call inside the transaction that locked the task's
+    row (``lock_task_of_queued``): other runs of the task change only under it."""
     token = secrets.token_hex(16)
     now = timezone.now()
-    taken = Run.objects.filter(pk=run_id, state=RunState.QUEUED).update(
-        state=RunState.RUNNING,
-        lease_token=token,
-        lease_expires_at=now + lease_delta(),
-        heartbeat_at=now,
-        started_at=now,
-        worker_host=socket.gethostname()[:255],
-        worker_pid=os.getpid(),
-    )
-    if taken != 1:
-        return None
-    statement, columns = _claimed_statement(connection.vendor)
+    adapt = connection.ops.adapt_datetimefield_value
+    taking = [RunState.RUNNING.value, token, adapt(now + lease_delta()), adapt(now), adapt(now),
+              socket.gethostname()[:255], os.getpid(), run_id, RunState.QUEUED.value]
     with connection.cursor() as cursor:
-        cursor.execute(statement, [RunState.RUNNING.value, run_id])
+        if connection.vendor == "postgresql":
+            statement, columns = _taken_statement(connection.vendor)
+            cursor.execute(statement, [*taking, RunState.RUNNING.value])
+        else:
+            cursor.execute(_take_statement(connection.vendor), taking)
+            if cursor.rowcount != 1:
+                return None
+            statement, columns = _claimed_statement(connection.vendor)
+            cursor.execute(statement, [RunState.RUNNING.value, run_id])
         row = cursor.fetchone()
+    if row is None:
+        return None
     run, task, workspace = columns.instances(row[:-1])
     assert isinstance(run, Run) and isinstance(task, Task) and isinstance(workspace, Workspace)
     run.task, task.workspace = task, workspace
@@ -205,11 +207,45 @@ def claim(run_id: int) -> tuple[Run, str] | None:
 
 
 @functools.cache
+def _take_statement(vendor: str) -> str:
+    """The claim's update, conditional on the run still being queued: written once, where the ORM
+    built it at every claim."""
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(_column(Run, name))} = %s" for name in _TAKEN)
+    return (f"UPDATE {quote(Run._meta.db_table)} SET {sets} "
+            f"WHERE {quote(_column(Run, 'id'))} = %s AND {quote(_column(Run, 'state'))} = %s")
+
+
+_TAKEN = ("state", "lease_token", "lease_expires_at", "heartbeat_at", "started_at", "worker_host", "worker_pid")
+
+
+@functools.cache
+def _taken_statement(vendor: str) -> tuple[str, Rows]:
+    """The claim's update and ``_claimed_statement``'s read in one statement (PostgreSQL): the run
+    as the update left it (``RETURNING``), its task and workspace, whether another run of the
+    task is running (read as before the update, which only moves this run)."""
+    columns = Rows.of(Run, Task, Workspace)
+    quote = connection.ops.quote_name
+    run, task, workspace, taken = (quote(Run._meta.db_table), quote(Task._meta.db_table), quote(Workspace._meta.db_table),
+                                   quote("taken"))
+    run_columns = [quote(_column(Run, field.name)) for field in Run._meta.concrete_fields]
+    other, task_of, state, pk = quote("other_run"), quote(_column(Run, "task")), quote(_column(Run, "state")), quote(_column(Run, "id"))
+    statement = (f"WITH {taken} AS ({_take_statement(vendor)} RETURNING {', '.join(run_columns)}) "
+                 f"SELECT {', '.join(f'{taken}.{name}' for name in run_columns)}, {Rows.of(Task, Workspace).columns()}, "
+                 f"EXISTS (SELECT 1 FROM {run} {other} WHERE {other}.{task_of} = {taken}.{task_of} "
+                 f"AND {other}.{state} = %s AND {other}.{pk} <> {taken}.{pk}) FROM {taken} "
+                 f"INNER JOIN {task} ON {taken}.{task_of} = {task}.{quote(_column(Task, 'id'))} "
+                 f"INNER JOIN {workspace} ON {task}.{quote(_column(Task, 'workspace'))} = {workspace}.{quote(_column(Workspace, 'id'))}")
+    return statement, columns
+
+
+@functools.cache
 def _claimed_statement(vendor: str) -> tuple[str, Rows]:
     """The claimed run with its task and the task's workspace (the run's view opens on it), and
     whether another run of the task is running: written once, where the ORM built the read of
     both rows' columns at every claim (about a third of the claim's CPU) and the view read the
-    workspace's row in a round trip of its own."""
+    workspace's row in a round trip of its own. SQLite's; PostgreSQL reads them with the claim's
+    update (``_taken_statement``)."""
     columns = Rows.of(Run, Task, Workspace)
     quote = connection.ops.quote_name
     run, task, workspace = quote(Run._meta.db_table), quote(Task._meta.db_table), quote(Workspace._meta.db_table)

@@ -218,7 +218,7 @@ def wake_dependents(task_id: str, *, after_release: bool = False) -> bool:
     whose artifact edge reads it. Best effort: the scheduler's sweep (``release_waiting``) repairs
     a wake-up lost to a crash or a failure here. True when, at the move, some read its layer:
     only then are they looked for again after the release (one lookup for a task without them)."""
-    found = dependencies.dependents_of(task_id, reading_layer=True, only_reading=after_release, with_condition=True)
+    found = dependencies.dependents_of(task_id, only_reading=after_release)
     readers = any(condition == Condition.ARTIFACT for _, condition in found)
     waking = {dependent for dependent, condition in found if after_release or condition != Condition.ARTIFACT}
     for dependent in sorted(waking):
