@@ -19,7 +19,7 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F, Field, QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
@@ -238,7 +238,8 @@ def wait_published(timeout: float = PUBLISH_TIMEOUT_S) -> bool:
 
 def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary: str, data: dict[str, Any] | None = None,
                           *, cost_cents: int = 0, artifacts: list[Any] | None = None, redactor: Redactor,
-                          lease: tuple[int, str], seen: dict[str, Any] | None = None) -> TaskEvent | None:
+                          lease: tuple[int, str], seen: dict[str, Any] | None = None,
+                          alone: bool = False) -> TaskEvent | None:
     """A worker's write to its task's row (``values``, plain; ``cost_cents`` added to the task's)
     and the event that records it, at the number the write takes, proving the run's ``lease``
     (run id, token: ``runs.holds_lease``, which extends it). ``seen``: written only if those
@@ -249,9 +250,11 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
     at every step), which writes nothing unless the lease holds: it locks the task's row, then
     proves the lease on the run's (the one lock order, and each row read as last committed once
     held, so a lease taken over meanwhile fails), and only then updates the task and inserts the
-    event. So it is atomic alone, and a caller outside a transaction need not open one
-    (``StepRecorder.event``). Elsewhere the update, the insert and the lease's proof, inside the
-    caller's transaction."""
+    event. So it is atomic alone: ``alone``, sent outside a transaction (``StepRecorder.event``),
+    it does not wait for the task's row (``RowHeld`` when another transaction holds it: nothing
+    written), so it never waits for a lock with its commit already asked for; a worker that dies
+    while its write waits in a transaction has it undone, as before. Elsewhere the update, the
+    insert and the lease's proof, inside the caller's transaction."""
     connection = transaction.get_connection()
     if connection.vendor != "postgresql":
         written = {**values, "cost_cents": F("cost_cents") + cost_cents} if cost_cents else values
@@ -271,9 +274,14 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
     params += [task.pk, *(_field(Task, name).get_db_prep_save(value, connection=connection) for name, value in seen.items())]
     params += [_field(TaskEvent, name).get_db_prep_save(getattr(event, _field(TaskEvent, name).attname), connection=connection)
                for name in _EVENT_FIELDS]
-    with connection.cursor() as cursor:
-        cursor.execute(_step_statement(connection.vendor, tuple(values), bool(cost_cents), tuple(seen)), params)
-        held, event_id, seq = cursor.fetchone()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_step_statement(connection.vendor, tuple(values), bool(cost_cents), tuple(seen), alone), params)
+            held, event_id, seq = cursor.fetchone()
+    except OperationalError as exc:
+        if alone and getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise RowHeld(f"task '{task.pk}' is held by another transaction") from exc
+        raise
     if not held:
         return None
     if event_id is None:
@@ -286,6 +294,11 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
     return event
 
 
+class RowHeld(Exception):
+    """A write sent alone found its task's row held by another transaction (``record_numbered_event``)."""
+
+
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's answer to NOWAIT when the row is locked
 _EVENT_FIELDS = ("task", "kind", "summary", "data", "cost_cents", "artifacts", "created_at")  # its number is the update's
 
 
@@ -296,12 +309,13 @@ def _field(model: type[Task] | type[TaskEvent], name: str) -> Field[Any, Any]:
 
 
 @functools.cache
-def _step_statement(vendor: str, names: tuple[str, ...], adds_cost: bool, seen: tuple[str, ...]) -> str:
+def _step_statement(vendor: str, names: tuple[str, ...], adds_cost: bool, seen: tuple[str, ...], alone: bool) -> str:
     """``record_numbered_event``'s statement (PostgreSQL): the task's row locked, the lease proven
     on the run's row once the task's is held, the task's update only if the lease held (and the
     row is as ``seen``), the event's insert at the number it took. Every part reads the one
     before it, which orders them (PostgreSQL runs a ``WITH``'s parts as their readers need them).
-    The row: whether the lease held, then the event's id and number (none when nothing matched)."""
+    The row: whether the lease held, then the event's id and number (none when nothing matched).
+    ``alone``: the task's row is not waited for (``NOWAIT``)."""
     quote = connection.ops.quote_name
     table, pk, number = quote(Task._meta.db_table), quote(column(Task, "id")), quote(column(Task, "event_seq"))
     sets = [f"{quote(column(Task, name))} = %s" for name in names]
@@ -313,7 +327,7 @@ def _step_statement(vendor: str, names: tuple[str, ...], adds_cost: bool, seen: 
     events, event_pk, event_seq = quote(TaskEvent._meta.db_table), quote(column(TaskEvent, "id")), quote(column(TaskEvent, "seq"))
     columns = ", ".join(quote(column(TaskEvent, name)) for name in (_EVENT_FIELDS[0], "seq", *_EVENT_FIELDS[1:]))
     rest = ", ".join(["%s"] * (len(_EVENT_FIELDS) - 1))
-    return (f"WITH locked AS (SELECT 1 FROM {table} WHERE {pk} = %s FOR UPDATE), "
+    return (f"WITH locked AS (SELECT 1 FROM {table} WHERE {pk} = %s FOR UPDATE{' NOWAIT' if alone else ''}), "
             f"leased AS ({runs.heartbeat_statement(vendor)} AND EXISTS (SELECT 1 FROM locked) RETURNING 1), "
             f"moved AS (UPDATE {table} SET {', '.join(sets)} WHERE {pk} = %s{conditions} "
             f"AND EXISTS (SELECT 1 FROM leased) RETURNING {number}), "

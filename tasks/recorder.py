@@ -4,7 +4,8 @@ Each write opens a transaction, takes the task's row, checks (and extends) the l
 conditional update before anything else is written, and commits only then. A worker whose lease
 was taken over gets ``LeaseLost`` and writes nothing. On PostgreSQL an event's write is one
 statement that does all of that in that order and writes nothing unless the lease holds
-(``events.record_numbered_event``): outside a caller's transaction it is sent alone.
+(``events.record_numbered_event``): outside a caller's transaction, and while no other
+transaction holds the task's row, it is sent alone.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from tasks import runs
-from tasks.events import record_numbered_event
+from tasks.events import RowHeld, record_numbered_event
 from tasks.facts import Redactor
 from tasks.models import EventKind, Task
 
@@ -127,13 +128,14 @@ class StepRecorder:
         if progress is not None:
             updates["progress"] = max(0.0, min(1.0, progress))
 
-        def record(values: dict[str, Any], seen: dict[str, Any] | None = None) -> bool:
+        def record(values: dict[str, Any], seen: dict[str, Any] | None = None, *, alone: bool = False) -> bool:
             """The task row's write and the event at the number it takes, the lease proven once
             the row is held: one statement on PostgreSQL (``record_numbered_event``)."""
             return record_numbered_event(self.task, values, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts,
-                                         redactor=self.redactor, lease=(self.run_id, self.token), seen=seen) is not None
+                                         redactor=self.redactor, lease=(self.run_id, self.token), seen=seen,
+                                         alone=alone) is not None
 
-        def as_last_written(counted: tuple[str, str | None]) -> bool | None:
+        def as_last_written(counted: tuple[str, str | None], *, alone: bool = False) -> bool | None:
             """PostgreSQL: the action counted from the row as this run last wrote it, written only if
             it is still so (no other writer of ``spent`` or ``limits`` came between): no locked read
             first. None when it is not so, or the limit looks reached: nothing was written."""
@@ -142,7 +144,7 @@ class StepRecorder:
             if spent is None:
                 return None
             try:
-                held = record({**updates, "spent": spent}, seen)
+                held = record({**updates, "spent": spent}, seen, alone=alone)
             except Task.DoesNotExist:
                 return None  # changed meanwhile: counted again from the locked row
             self.task.spent = spent
@@ -165,14 +167,20 @@ class StepRecorder:
 
         if connection.vendor == "postgresql" and not connection.in_atomic_block:
             # The statement writes nothing unless the lease holds: atomic alone, so sent without a
-            # transaction around it (its BEGIN and COMMIT were two round trips of three).
-            alone = self._retried(lambda: record(updates) if counts is None else as_last_written(counts))
-            if alone is None:  # the row changed since this run wrote it: counted from it, in a transaction
-                counted = counts
-                assert counted is not None
-                self._guarded(lambda: from_locked_row(counted), lambda _: None, proof="locking")
-            elif not alone:
-                raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+            # transaction around it (its BEGIN and COMMIT were two round trips of three), as long
+            # as the task's row is free (else it waits for it in a transaction, as before).
+            try:
+                alone = self._retried(lambda: record(updates, alone=True) if counts is None
+                                      else as_last_written(counts, alone=True))
+            except RowHeld:
+                self._guarded(locking, lambda _: None, proof="locking")
+            else:
+                if alone is None:  # the row changed since this run wrote it: counted from it, in a transaction
+                    counted = counts
+                    assert counted is not None
+                    self._guarded(lambda: from_locked_row(counted), lambda _: None, proof="locking")
+                elif not alone:
+                    raise LeaseLost(f"run {self.run_id} no longer holds its lease")
         else:
             self._guarded(locking, lambda _: None, proof="locking")
         if resume is not None:

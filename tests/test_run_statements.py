@@ -245,10 +245,11 @@ def _waiting_for_a_row_lock() -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _step_while_the_row_is_held(recorder: StepRecorder, change: Callable[[], None]) -> BaseException | None:
+def _step_while_the_row_is_held(recorder: StepRecorder, change: Callable[[], None]) -> tuple[BaseException | None, list[str]]:
     """Record a counted step while another transaction holds the task's row; once the step waits
-    for it, that one makes ``change`` and commits. What the step raised, if anything."""
-    held, raised = threading.Event(), []
+    for it, that one makes ``change`` and commits. What the step raised, if anything, and its
+    statements."""
+    held, raised, statements = threading.Event(), [], []
 
     def holder() -> None:
         try:
@@ -262,9 +263,12 @@ def _step_while_the_row_is_held(recorder: StepRecorder, change: Callable[[], Non
 
     def step() -> None:
         try:
-            recorder.step("step 1/1", counts=("actions", "max_actions"))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            raised.append(exc)
+            with CaptureQueriesContext(connection) as queries:
+                try:
+                    recorder.step("step 1/1", counts=("actions", "max_actions"))
+                except BaseException as exc:  # noqa: BLE001 - handed to the test
+                    raised.append(exc)
+            statements.extend(q["sql"] for q in queries.captured_queries)
         finally:
             connection.close()
 
@@ -275,7 +279,15 @@ def _step_while_the_row_is_held(recorder: StepRecorder, change: Callable[[], Non
     stepping.start()
     holding.join(60)
     stepping.join(60)
-    return raised[0] if raised else None
+    return (raised[0] if raised else None), statements
+
+
+def _waited_in_a_transaction(statements: list[str]) -> bool:
+    """The step's write, sent alone, found the row held (``NOWAIT``) and waited for it in a
+    transaction: a worker that dies meanwhile has its write undone, never committed late."""
+    alone = [i for i, sql in enumerate(statements) if "FOR UPDATE NOWAIT" in sql]
+    begun = [i for i, sql in enumerate(statements) if sql == "BEGIN"]
+    return bool(alone and begun and alone[0] < begun[0] and "FOR UPDATE)" in statements[begun[0] + 1])
 
 
 @pytest.mark.skipif(not box_settings.DB_IS_POSTGRES, reason="row locks are PostgreSQL's (SQLite serialises writers)")
@@ -290,8 +302,9 @@ def test_a_step_whose_lease_is_taken_while_it_waits_for_the_task_row_writes_noth
         assert list(Run.objects.select_for_update(nowait=True).filter(pk=recorder.run_id).values_list("pk", flat=True))
         Run.objects.filter(pk=recorder.run_id).update(state="cancelled", lease_token="")
 
-    raised = _step_while_the_row_is_held(recorder, cancel)
+    raised, statements = _step_while_the_row_is_held(recorder, cancel)
     assert isinstance(raised, LeaseLost), raised
+    assert _waited_in_a_transaction(statements), statements
     after = Task.objects.get(pk=task.pk)
     assert (after.event_seq, after.step, after.spent) == (before.event_seq, before.step, before.spent)
     assert not TaskEvent.objects.filter(task_id=task.pk, seq__gt=before.event_seq).exists()
@@ -301,9 +314,10 @@ def test_a_step_whose_lease_is_taken_while_it_waits_for_the_task_row_writes_noth
 def test_a_step_counted_while_another_writer_holds_the_row_counts_from_what_it_wrote(box: Box, settings: Any) -> None:
     task, recorder = _recorder(box, settings)
     before = Task.objects.get(pk=task.pk)
-    raised = _step_while_the_row_is_held(recorder, lambda: Task.objects.filter(pk=task.pk).update(
+    raised, statements = _step_while_the_row_is_held(recorder, lambda: Task.objects.filter(pk=task.pk).update(
         spent={**task.spent, "actions": 5}))
     assert raised is None, raised
+    assert _waited_in_a_transaction(statements), statements
     after = Task.objects.get(pk=task.pk)
     assert after.spent["actions"] == 6 == recorder.task.spent["actions"]
     assert after.event_seq == before.event_seq + 1 and after.step == "step 1/1"
