@@ -335,13 +335,16 @@ def _sandbox_owner(task: Task) -> tuple[int, int] | None:
 
 # --- sealing and ending ----------------------------------------------------------------------
 
-def seal_stack(workspace: Workspace, newest_first: list[str], markers: str) -> None:
+def seal_stack(workspace: Workspace, newest_first: list[str], markers: str, *, flat_only: bool = False) -> None:
     """Before a stack is mounted or compacted: seal the layers it stacks on their own (in
     ``markers``: overlayfs stacks native ones only) and those a missing flat is built from
     (``compaction.to_seal``). The rest are in a cached flat and long sealed: the work is bounded
-    by the compaction depth, not by the number of done tasks."""
+    by the compaction depth, not by the number of done tasks. ``flat_only``: only those the flat
+    is built from (a refresh that builds it mounts nothing)."""
     own, _, _ = compaction.split(newest_first, markers)
     for task_id in compaction.to_seal(workspace, newest_first, markers):
+        if flat_only and task_id in own:
+            continue
         native = markers == "native" and task_id in own
         key = (str(paths.layer_dir(task_id)), native)
         if key in _stacked_final:
@@ -633,7 +636,10 @@ def refresh_workspace(workspace: Workspace) -> None:
     delete: the starts take it to record their stacks."""
     stack = current_stack(workspace)
     markers = get_driver(driver_name()).markers
-    seal_stack(workspace, stack, markers)
+    # Only what the flat is built from: a layer stacked on its own is sealed by its own release
+    # (or by a start that stacks it), and sealing it here made one janitor wait on the lock of
+    # another's seal in progress, for nothing, in every burst.
+    seal_stack(workspace, stack, markers, flat_only=True)
     _, key, inside = compaction.split(stack, markers)
     if key is not None:
         compaction.ensure_flat(workspace, inside, markers)
