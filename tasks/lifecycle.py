@@ -69,8 +69,14 @@ class Janitor:
             self._idle.clear()  # under the lock, as ``_work``'s check: a drain never misses this job
 
     def _work(self, jobs: queue.Queue[tuple[str, Then]]) -> None:
+        trimmed = True  # the pool's surplus users go once it is quiet after some work (``users.trim_pool``)
         while True:
-            job, then = jobs.get()
+            try:
+                job, then = jobs.get(timeout=None if trimmed else users.TRIM_IDLE_S)
+            except queue.Empty:
+                trimmed = self._trim()
+                continue
+            trimmed = not sandbox.available()
             try:
                 if job == _REFILL:
                     if sandbox.available():
@@ -90,6 +96,20 @@ class Janitor:
                 with self._lock:  # no job submitted between the count and the flag
                     if jobs.unfinished_tasks == 0:
                         self._idle.set()
+
+    @staticmethod
+    def _trim() -> bool:
+        """Idle: delete the pool's surplus users if it has been quiet long enough (another
+        process may still be claiming). True when there is nothing more to wait for."""
+        try:
+            if users.quiet_for() < users.TRIM_IDLE_S:
+                return False
+            users.trim_pool()
+        except Exception:  # noqa: BLE001 - the surplus stays until the next quiet spell; the box's stop removes it
+            log.exception("trimming the pool of task users failed")
+        finally:
+            connection.close()
+        return True
 
     @staticmethod
     def _release(task_id: str) -> None:

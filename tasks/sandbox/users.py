@@ -9,11 +9,14 @@ user, emptied its keyrings, removed its control groups and handed back every fil
 The claims are symlinks in ``BOX_LOCAL_DIR/users/`` (by default ``BOX_DATA_DIR``): ``<user name> -> <task id>``, made and
 removed under a lock file there, so every process of the box (web, workers, scheduler) agrees.
 ``BOX_USER_POOL`` free users are kept ready: refilled in the background after a claim
-(``fill_pool``), and a user given back when twice that many are already free is deleted. The
-gap between the two marks keeps a steady stream of tasks from paying a ``useradd`` and a
-``userdel`` each (a refill after every claim, a deletion at every give-back): the pool settles at
-the spares plus the tasks running at once. When the pool is empty a task makes one more user on
-its own path (the old cost, once).
+(``fill_pool``). A user given back stays in the pool; only once the pool has been quiet (no
+claim, no give-back) for ``TRIM_IDLE_S`` does a janitor delete the free users beyond twice
+``BOX_USER_POOL`` (``trim_pool``). So a steady stream of tasks pays no ``useradd`` or ``userdel``
+(the pool settles at the spares plus the tasks running or still releasing at once), and neither
+does a burst after the first: deleting the surplus at each give-back made every burst of 40
+create and delete about 20 users (tens of ms of CPU each, under a machine-wide lock), the
+janitors' releases lagging the starts. When the pool is empty a task makes one more user on its
+own path (the old cost, once).
 
 Pool users are named ``box-<box digest>-<n>`` and carry a marker in their comment field naming the
 box that created them (a hash of its local data directory), so reconciling one box never touches the
@@ -230,11 +233,13 @@ def claim_user(task_id: str) -> tuple[Identity, bool]:
             free = [ident for ident in pool_users() if ident.name not in held]
             if free:
                 os.symlink(task_id, _claim_path(free[0].name))
+                _mark_active()
                 _refill_wanted.set()
                 return free[0], True
             # The pool is empty: reserve a new name (the claim link) and make the user outside the lock.
             mine = _new_name(set(held) | {ident.name for ident in pool_users()})
             os.symlink(task_id, _claim_path(mine))
+            _mark_active()
             fresh = True
         else:
             fresh = False
@@ -267,20 +272,56 @@ def _unlink(path: Path) -> None:
 
 
 def give_back(task_id: str, ident: Identity) -> None:
-    """After the release scrubbed ``ident``: the task no longer holds it. It stays in the pool
-    unless twice ``BOX_USER_POOL`` users are free already, then it is deleted."""
+    """After the release scrubbed ``ident``: the task no longer holds it, and it is free in the
+    pool again (the surplus goes once the pool is quiet: ``trim_pool``)."""
     with _pool_lock():
-        held = claims()
-        if held.get(ident.name) != task_id:
-            return
-        free = [i for i in pool_users() if i.name not in held]
-        keep = len(free) < 2 * settings.BOX_USER_POOL
-        if keep:
+        if claims().get(ident.name) == task_id:
             _unlink(_claim_path(ident.name))
-            return
-    remove_user(ident.name)  # still claimed while it goes: nobody else can take it meanwhile
-    with _pool_lock():
-        _unlink(_claim_path(ident.name))
+            _mark_active()
+
+
+TRIM_IDLE_S = 60.0  # a pool this long without a claim or a give-back is trimmed (``trim_pool``)
+_ACTIVE = ".active"  # its time is the pool's last claim or give-back
+
+
+def _mark_active() -> None:
+    """Under the pool lock, at a claim or a give-back."""
+    path = pool_dir() / _ACTIVE
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        path.touch()
+
+
+def quiet_for() -> float:
+    """Seconds since the pool's last claim or give-back."""
+    try:
+        return max(0.0, time.time() - (pool_dir() / _ACTIVE).stat().st_mtime)
+    except FileNotFoundError:
+        return float("inf")
+
+
+def trim_pool() -> int:
+    """When the pool has been quiet for ``TRIM_IDLE_S``: delete the free users beyond twice
+    ``BOX_USER_POOL``; how many were deleted. Each goes claimed as being changed (nobody takes it
+    meanwhile; a trim killed there leaves a claim ``drop_stale_claims`` knows), and a claim made
+    meanwhile stops the trim."""
+    deleted = 0
+    while quiet_for() >= TRIM_IDLE_S:
+        with _pool_lock():
+            held = claims()
+            free = [i for i in pool_users() if i.name not in held]
+            if len(free) <= 2 * settings.BOX_USER_POOL:
+                return deleted
+            surplus = free[-1].name
+            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(surplus))
+        try:
+            remove_user(surplus)
+            deleted += 1
+        finally:
+            with _pool_lock():
+                _unlink(_claim_path(surplus))
+    return deleted
 
 
 @contextlib.contextmanager

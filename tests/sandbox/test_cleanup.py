@@ -273,3 +273,38 @@ def test_handing_files_back_passes_over_an_entry_gone_since_its_directory_was_li
     cleanup._disown_tree(tmp_path, users.Identity("box-t", 4242, 4242))
     monkeypatch.setattr(os, "lstat", lstat)
     assert (lstat(tmp_path / "kept.txt").st_uid, lstat(tmp_path / "kept.txt").st_gid) == (0, 0)
+
+
+def _free_users() -> list[str]:
+    held = users.claims()
+    return [ident.name for ident in users.pool_users() if ident.name not in held]
+
+
+def test_users_given_back_after_a_burst_stay_until_the_pool_is_quiet(sandboxed, monkeypatch):
+    """A burst whose releases lag its starts holds many users at once. Deleting the surplus at
+    each give-back made the next burst create them all again (a ``useradd`` and a ``userdel``
+    each, per burst); the surplus now goes once the pool has been quiet for a while."""
+    held = [(f"tkburst{i}", users.claim_user(f"tkburst{i}")[0]) for i in range(3 * django_settings.BOX_USER_POOL)]
+    for task_id, ident in held:
+        users.give_back(task_id, ident)
+    everyone = set(_free_users())
+    assert {ident.name for _, ident in held} <= everyone  # none deleted at its give-back
+
+    assert users.trim_pool() == 0  # the pool was busy just now
+    assert set(_free_users()) == everyone
+
+    monkeypatch.setattr(users, "TRIM_IDLE_S", 0.0)  # as if quiet for long enough
+    users.trim_pool()
+    assert len(_free_users()) == 2 * django_settings.BOX_USER_POOL
+    assert set(_free_users()) <= everyone
+
+
+def test_an_idle_janitor_trims_the_pool_once_it_is_quiet(sandboxed, monkeypatch):
+    monkeypatch.setattr(users, "TRIM_IDLE_S", 0.3)
+    held = [(f"tkidle{i}", users.claim_user(f"tkidle{i}")[0]) for i in range(3 * django_settings.BOX_USER_POOL)]
+    for task_id, ident in held:
+        users.give_back(task_id, ident)
+    task = sandboxed.create(title="then quiet", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+    assert sandboxed.wait_state(task["id"], "done", "failed")["state"] == "done"
+    lifecycle.janitor.drain()  # its release done; it then waits for the quiet and trims
+    wait_for(lambda: len(_free_users()) == 2 * django_settings.BOX_USER_POOL, timeout=30, what="the surplus deleted")
