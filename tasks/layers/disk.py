@@ -32,6 +32,7 @@ from __future__ import annotations
 import _thread
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import stat
@@ -46,6 +47,8 @@ from django.conf import settings
 
 from tasks.layers import mounts, paths
 
+log = logging.getLogger(__name__)
+
 MB = 1024 * 1024
 BLOCK = 4096
 BYTES_PER_INODE = 16 * 1024  # ext4's default ratio: a 1 GB limit allows 65536 new files
@@ -55,8 +58,9 @@ MIN_INODES = 1024
 # clusters) must fit in it.
 SLACK = 64 * MB
 RESERVE = ".reserve"
-# A spare's limit, written in its root when it is made: only an image that has one is emptied
-# and used again after its task (``_recycle``); one made for a working copy is deleted.
+# A spare's limit, written in its root when the spare is made: only an image that has one is
+# emptied and used again after its task (``_recycle``); one a task made itself (for a working
+# copy, or when no spare waited) is deleted.
 LIMIT_FILE = ".limit"
 # What an emptied image keeps: the ballast, the limit, and ext4's own directory.
 KEPT_ENTRIES = frozenset({RESERVE, LIMIT_FILE, "lost+found"})
@@ -253,7 +257,7 @@ def create(task_id: str, limit_mb: int, *, content_bytes: int = 0, content_files
 # filesystem bound at a new spare's mount point, so tasks in a row make, mount, fill with ballast,
 # unmount and delete no image at all.
 
-SPARES = 2  # made ahead, per limit, per data directory
+SPARES = 2  # made ahead, per limit, per machine (``_spares_dir``)
 SPARES_KEPT = 2 * SPARES  # an image given back is kept while fewer spares wait: one per task running
 
 
@@ -325,7 +329,7 @@ def make_spares(limit_mb: int) -> None:
     """Top up the spare images for ``limit_mb`` in the background (one maker per limit here)."""
     if _spare_count(limit_mb) >= SPARES:
         return  # the common case once images come back: no thread started only to count them
-    key = (str(paths.data_dir()), limit_mb)
+    key = (str(_spares_dir()), limit_mb)
     with _making_lock:
         if key in _making:
             return
@@ -423,18 +427,26 @@ def unmount(task_id: str) -> None:
 
 def settle(task_id: str) -> None:
     """After the drivers sealed the task's roots, before the layer is marked sealed: copy the
-    layer out of the image to ``layers/<task>/upper`` and delete the image. Idempotent; a crash
-    anywhere leaves either the image (settled again) or the settled layer."""
+    layer out of the image to ``layers/<task>/upper``, then set the image aside, to be emptied
+    and kept as a spare or deleted in the background (``_hand_back``). Idempotent; a crash
+    anywhere leaves either the image in the layer, its upper whole (settled again), or the
+    settled layer. The image is never changed before it has left the layer."""
+    # Mounted here before this call: an image this machine's kernel had mounted may be kept for
+    # its next task; one mounted only now (after a restart, or by another machine's start that
+    # seals the layer) is deleted, never handed to a task here while another kernel holds it.
+    ours = _is_mount(mount_point(task_id))
     point = mounted(task_id)
     if point is None:
         return
     layer = paths.layer_dir(task_id)
     target = layer / "upper"
     source = point / "upper"  # the overlay driver's; the copy driver's layer is already out
+    small = True
     if source.is_dir():
         partial = layer / ".upper.settling"
         shutil.rmtree(partial, ignore_errors=True)
-        if not _copy_small(source, partial):
+        small = _copy_small(source, partial)
+        if not small:
             shutil.rmtree(partial, ignore_errors=True)
             # cp -a keeps what a layer is made of: whiteouts (0/0 devices), overlayfs's xattrs,
             # modes, times, hard links; --sparse keeps holes.
@@ -445,18 +457,30 @@ def settle(task_id: str) -> None:
         os.rename(partial, target)
     target.mkdir(exist_ok=True)
     with _lock(task_id):
-        if _recycle(task_id, point):
-            return
-        # The image is set aside at once (the layer is settled from here on); unmounting it and
-        # deleting it take longer (ext4's shutdown, freeing the sparse file) and need not hold
-        # up the task's end. ``sweep`` finishes what a stopped process left.
+        # The image leaves the layer at once (the layer is settled from here on); emptying or
+        # unmounting and deleting it take longer and need not hold up the task's end (nor the
+        # layer's lock, which a start stacking the layer waits on). ``sweep`` deletes an image
+        # a stopped process left aside.
         aside = _aside_dir() / f"{task_id}-{os.getpid()}-{threading.get_ident()}.img"  # same filesystem
         aside.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.rename(image_path(task_id), aside)
         except FileNotFoundError:
             pass
-    _in_background(_drop, task_id, point, aside)
+    # Only an image whose upper was small is emptied in place: a large one's deletions, each a
+    # discard, would take longer than deleting the image whole.
+    _in_background(_hand_back, task_id, point, aside, ours and small)
+
+
+def _hand_back(task_id: str, point: Path, aside: Path, keep: bool) -> None:
+    """In the background, the image set aside: a spare again (``_recycle``) when it may be, else
+    unmounted and deleted (``_drop``)."""
+    try:
+        if keep and _recycle(task_id, point, aside):
+            return
+    except Exception:  # noqa: BLE001 - an image not kept is deleted below; nothing of a task is lost either way
+        log.warning("the disk image of task %s could not be kept as a spare; it is deleted", task_id, exc_info=True)
+    _drop(task_id, point, aside)
 
 
 SMALL_ENTRIES = 64
@@ -524,30 +548,32 @@ def _copy_attributes(path: str, copy: str, st: os.stat_result) -> None:
         os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def _recycle(task_id: str, point: Path) -> bool:
-    """After the layer left the image (``settle``), under the task's image lock: empty the image
-    and make it a spare again, still mounted, its ballast kept. False, with the image as it was,
-    when it cannot be used again: not made as a spare (no ``LIMIT_FILE``: a working copy's),
-    enough spares already, something in it that emptying leaves (``lost+found`` no longer
-    empty), or less room than its limit once emptied.
+def _recycle(task_id: str, point: Path, image: Path) -> bool:
+    """The settled layer's image ``image`` (set aside), still mounted at ``point``: emptied and
+    made a spare again, still mounted, its ballast kept. False, the image as it was, when it
+    cannot be used again: not made as a spare (no ``LIMIT_FILE``), enough spares already,
+    something in ``lost+found`` (a check's finds), a loop device that cannot discard, the spares
+    on another filesystem, or less room than its limit once emptied.
 
     Nothing of the task stays: every entry of the image's root but the ballast, the limit and
     ext4's empty ``lost+found`` is removed (the overlay's upper and workdir; the task saw nothing
-    else of the image). Its freed blocks are discarded (the image is mounted with ``discard``)
-    and ext4 never shows a new file another file's old blocks, so a later task reads nothing of
-    this one's. The image is renamed among the spares last: a crash before leaves it the task's,
-    settled again by reconcile (its upper already out), and the spare's new mount point to
-    ``sweep``."""
-    try:
+    else of the image), and the image file is synced once its freed blocks are discarded (holes
+    in the file, kept across a host's crash), so a later task reads nothing of this one's: ext4
+    never shows a new file another file's old blocks, and the old blocks are gone from the disk.
+    A crash meanwhile leaves the image aside, which ``sweep`` deletes, and at worst a spare's
+    mount point with no image, which it drops."""
+    with _lock(task_id):
         if not _is_mount(point):
             return False
-        limit_mb = int((point / LIMIT_FILE).read_text())
-        if _spare_count(limit_mb) >= SPARES_KEPT or os.listdir(point / "lost+found"):
+        try:
+            limit_mb = int((point / LIMIT_FILE).read_text())
+        except (OSError, ValueError):
             return False
         spares = _spares_dir()
         spares.mkdir(parents=True, exist_ok=True)
-        if os.stat(spares).st_dev != os.stat(image_path(task_id)).st_dev:
-            return False  # it could not be renamed there (``_spares_dir``)
+        if (_spare_count(limit_mb) >= SPARES_KEPT or os.listdir(point / "lost+found") or not _discards(point)
+                or os.stat(spares).st_dev != os.stat(image).st_dev):
+            return False
         for entry in os.scandir(point):
             if entry.name in KEPT_ENTRIES:
                 continue
@@ -556,26 +582,39 @@ def _recycle(task_id: str, point: Path) -> bool:
             else:
                 os.unlink(entry.path)
         st = os.statvfs(point)
-    except (OSError, ValueError):
-        return False  # deleted with its image instead (``_drop``)
-    if st.f_bavail * st.f_frsize < limit_mb * MB - max(2 * MB, limit_mb * MB // 100):
-        return False  # the ballast grew, or ext4 kept space: a fresh image is exact again
-    name = f"{limit_mb}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-    mount = spares / f"{name}.mnt"
-    mount.mkdir()
-    try:
-        mounts.bind(point, mount)
-    except OSError:
-        mount.rmdir()
-        return False
-    while mounts.unmount(point):
-        pass
-    os.rename(image_path(task_id), spares / f"{name}.img")
-    try:
-        point.rmdir()
-    except OSError:
-        pass
+        if st.f_bavail * st.f_frsize < limit_mb * MB - max(2 * MB, limit_mb * MB // 100):
+            return False  # the ballast grew, or ext4 kept space: a fresh image is exact again
+        fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)  # the holes the discards punched, on the disk before another task writes here
+        finally:
+            os.close(fd)
+        name = f"{limit_mb}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+        mount = spares / f"{name}.mnt"
+        mount.mkdir()
+        try:
+            mounts.bind(point, mount)
+        except OSError:
+            mount.rmdir()
+            return False
+        while mounts.unmount(point):
+            pass
+        os.rename(image, spares / f"{name}.img")
+        try:
+            point.rmdir()
+        except OSError:
+            pass
     return True
+
+
+def _discards(point: Path) -> bool:
+    """The filesystem mounted at ``point`` is on a device that discards (a loop device over a
+    file that can have holes punched in it): a block a task frees leaves the disk."""
+    device = os.stat(point).st_dev
+    try:
+        return int(Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/queue/discard_max_bytes").read_text()) > 0
+    except (OSError, ValueError):
+        return False
 
 
 def _drop(task_id: str, point: Path, image: Path) -> None:

@@ -16,7 +16,8 @@ claim, no give-back) for ``TRIM_IDLE_S`` does a janitor delete the free users be
 does a burst after the first: deleting the surplus at each give-back made every burst of 40
 create and delete about 20 users (tens of ms of CPU each, under a machine-wide lock), the
 janitors' releases lagging the starts. When the pool is empty a task makes one more user on its
-own path (the old cost, once).
+own path (the old cost, once). ``BOX_USER_POOL=0`` keeps no pool: each task's user is made at
+its start and deleted at its give-back.
 
 Pool users are named ``box-<box digest>-<n>`` and carry a marker in their comment field naming the
 box that created them (a hash of its local data directory), so reconciling one box never touches the
@@ -273,11 +274,18 @@ def _unlink(path: Path) -> None:
 
 def give_back(task_id: str, ident: Identity) -> None:
     """After the release scrubbed ``ident``: the task no longer holds it, and it is free in the
-    pool again (the surplus goes once the pool is quiet: ``trim_pool``)."""
+    pool again (the surplus goes once the pool is quiet: ``trim_pool``). Without a pool
+    (``BOX_USER_POOL=0``: a user per task) it is deleted."""
     with _pool_lock():
-        if claims().get(ident.name) == task_id:
+        if claims().get(ident.name) != task_id:
+            return
+        if settings.BOX_USER_POOL:
             _unlink(_claim_path(ident.name))
             _mark_active()
+            return
+    remove_user(ident.name)  # still claimed while it goes: nobody else can take it meanwhile
+    with _pool_lock():
+        _unlink(_claim_path(ident.name))
 
 
 TRIM_IDLE_S = 60.0  # a pool this long without a claim or a give-back is trimmed (``trim_pool``)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tasks.layers import disk, mounts
+from tasks.layers import disk, mounts, paths
 from tests.conftest import wait_for
 from tests.sandbox.conftest import needs_sandbox
 
@@ -181,6 +181,13 @@ def test_asking_whether_the_disk_can_be_bounded_leaves_nothing_mounted(data: Pat
     assert len(_spares()) == disk.SPARES
 
 
+def _settled(task_id: str) -> None:
+    """``disk.settle``, then the image's hand-back in the background done (kept or deleted)."""
+    disk.settle(task_id)
+    wait_for(lambda: not list((paths.data_dir() / "layers" / ".disk-aside").glob(f"{task_id}-*")), timeout=20,
+             what="the image kept as a spare or deleted")
+
+
 def _task_image(data: Path, task_id: str) -> Path:
     """A task's image taken from the spares, with what a run leaves in it: an upper holding a
     file of the task's user, and the overlay's workdir."""
@@ -205,7 +212,7 @@ def test_a_settled_image_is_emptied_and_the_next_task_takes_it_with_nothing_of_t
     device = os.stat(point).st_dev
     disk.drop_spares()  # the others: the one given back is then the only spare
 
-    disk.settle("t1")
+    _settled("t1")
 
     assert (data / "layers" / "t1" / "upper" / "secret.txt").read_text() == "the first task's\n"  # the layer is out
     assert not disk.limited("t1") and not disk._is_mount(point)
@@ -230,10 +237,9 @@ def test_an_image_made_for_a_working_copy_is_deleted_not_kept(data: Path) -> Non
     point = disk.create("t3", LIMIT, content_bytes=disk.MB, content_files=10)  # the copy driver's: no spare
     assert not (point / disk.LIMIT_FILE).exists()
 
-    disk.settle("t3")
+    _settled("t3")
 
     assert not list(disk._spares_dir().glob(f"{LIMIT}-*.img"))  # none made, none given back
-    wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t3-*")), timeout=20, what="the image deleted")
 
 
 def test_an_image_is_deleted_when_enough_spares_wait(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,11 +248,10 @@ def test_an_image_is_deleted_when_enough_spares_wait(data: Path, monkeypatch: py
     _task_image(data, "t4")
     monkeypatch.setattr(disk, "SPARES_KEPT", disk.SPARES)
 
-    disk.settle("t4")
+    _settled("t4")
 
     assert len(list(disk._spares_dir().glob(f"{LIMIT}-*.img"))) == disk.SPARES
     assert not disk.limited("t4")
-    wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t4-*")), timeout=20, what="the image deleted")
 
 
 def test_an_image_whose_lost_and_found_holds_something_is_deleted(data: Path) -> None:
@@ -256,10 +261,9 @@ def test_an_image_whose_lost_and_found_holds_something_is_deleted(data: Path) ->
     disk.drop_spares()
     (point / "lost+found" / "#12").write_text("what a check found\n")  # as e2fsck leaves it
 
-    disk.settle("t5")
+    _settled("t5")
 
     assert not list(disk._spares_dir().glob(f"{LIMIT}-*.img"))
-    wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t5-*")), timeout=20, what="the image deleted")
 
 
 def test_a_machine_takes_only_its_own_spares(data: Path, settings: Any) -> None:
@@ -276,9 +280,15 @@ def test_a_machine_takes_only_its_own_spares(data: Path, settings: Any) -> None:
     wait_for(lambda: not disk._making, timeout=30, what="machine b's spare maker done")
 
     assert all(spare.exists() for spare in made)  # machine a's, untouched
-    assert all(os.stat(point).st_dev != os.stat(spare.with_suffix(".mnt")).st_dev for spare in made)
-    disk.settle("t6")
-    assert all(data / "machine-b" in spare.parents for spare in disk._spares_dir().glob(f"{LIMIT}-*.img"))
+    device = os.stat(point).st_dev
+    assert all(device != os.stat(spare.with_suffix(".mnt")).st_dev for spare in made)
+    _settled("t6")  # made on machine b's path: no spare waited there, so not kept
+    own = {os.stat(spare.with_suffix(".mnt")).st_dev: spare for spare in disk._spares_dir().glob(f"{LIMIT}-*.img")}
+    assert own and all(data / "machine-b" in spare.parents for spare in own.values()) and device not in own
+    (data / "layers" / "t9").mkdir()
+    assert os.stat(disk.create("t9", LIMIT)).st_dev in own  # machine b's next task takes machine b's spare
+    assert sorted((data / "machine-a" / "layers" / ".disk-spares").glob(f"{LIMIT}-*.img")) == sorted(made)
+    wait_for(lambda: not disk._making, timeout=30, what="machine b's spare maker done")
     disk.drop_spares()
     settings.BOX_LOCAL_DIR = data / "machine-a"
     disk.drop_spares()
@@ -297,11 +307,48 @@ def test_a_machine_directory_on_another_filesystem_makes_each_image_and_keeps_no
         wait_for(lambda: not disk._making, timeout=30, what="the spare maker done")
         before = sorted(disk._spares_dir().glob(f"{LIMIT}-*.img"))
 
-        disk.settle("t7")
+        _settled("t7")
 
         assert sorted(disk._spares_dir().glob(f"{LIMIT}-*.img")) == before
-        wait_for(lambda: not list((data / "layers" / ".disk-aside").glob("t7-*")), timeout=20, what="the image deleted")
     finally:
         disk.drop_spares()
         mounts.unmount_all_under(local)
         shutil.rmtree(local, ignore_errors=True)
+
+
+def test_an_image_emptied_in_part_when_its_process_died_never_takes_the_layer_with_it(
+        data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image leaves the layer before anything in it is deleted: a process killed while it
+    emptied the image (here, half of the upper's copy inside it gone, then the "kill") leaves the
+    layer whole, and settling the layer again, as reconcile does, keeps every file."""
+    disk.make_spares(LIMIT)
+    _spares()
+    point = _task_image(data, "t8")
+    for i in range(40):
+        (point / "upper" / f"f{i}.txt").write_text(f"{i}\n")
+    real_rmtree = shutil.rmtree
+
+    class Killed(BaseException):
+        pass
+
+    def half_then_killed(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).name == "upper":
+            for victim in sorted(Path(path).iterdir())[::2]:
+                victim.unlink()
+            raise Killed
+        real_rmtree(path, *args, **kwargs)
+
+    kept: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(disk, "_in_background", lambda work, *args: kept.append((work, *args)))
+    disk.settle("t8")
+    (work, *args), = kept
+    monkeypatch.setattr(shutil, "rmtree", half_then_killed)
+    with pytest.raises(Killed):
+        disk._recycle(*args[:3])
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+
+    disk.settle("t8")  # again, as after a restart
+    layer = data / "layers" / "t8" / "upper"
+    assert sorted(p.name for p in layer.iterdir()) == sorted(["secret.txt", *(f"f{i}.txt" for i in range(40))])
+    disk.sweep()  # the image a stopped process left aside goes
+    assert not list((data / "layers" / ".disk-aside").glob("t8-*"))
