@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from boxsite.db.rows import Rows, column
 from boxsite.errors import Conflict, InvalidSpec
 from tasks.layers import paths
-from tasks.layers.task_view import seal_layer
+from tasks.layers.task_view import record_lost_seal, seal_layer
 from tasks.layers.tree import FILE, LayerTree
 from tasks.models import Condition, Dependency, Run, RunState, Task
 from tasks.states import ACTIVE, State
@@ -189,6 +189,9 @@ def artifact_present(on_id: str, artifact: str, *, seal: bool = True) -> bool:
     """The done dependency's own layer holds ``artifact`` as a regular file."""
     if seal:
         seal_layer(on_id)  # a no-op once sealed; the layer is final after the dependency ended
+        # This runs inside a dependent's decision, whose savepoint may be rolled back after the
+        # seal (the decision taken again with more locks): its row's part then comes back here.
+        record_lost_seal(on_id)
     directory = paths.layer_dir(on_id)
     if not directory.is_dir():
         return False

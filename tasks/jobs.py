@@ -19,7 +19,7 @@ from tasks.context import RunContext
 from tasks.facts import Facts
 from tasks.finalize import begin_run, finish_run
 from tasks.models import Task
-from tasks.recorder import TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
+from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
 from tasks.states import FINAL
 from tasks.workers import worker_for
 from tasks.workers.base import Done, Failed, Outcome
@@ -71,34 +71,42 @@ class Heartbeats:
         heartbeat = Heartbeat(run_id, token, stop)
         with self._changed:
             self._watched.add(heartbeat)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # started once; again only if it died
                 self._thread = threading.Thread(target=self._beat, name="box-heartbeats", daemon=True)
                 self._thread.start()  # once per process, not on each run's path
             self._changed.notify()
         return heartbeat
 
     def forget(self, heartbeat: Heartbeat) -> None:
-        """The run's work is over: no beat after this returns begins for it."""
+        """The run's work is over: it is not beaten again, but for a beat already begun (which
+        then matches nothing, or extends a lease the run's finish is about to close)."""
         with self._changed:
             self._watched.discard(heartbeat)
             self._changed.notify()
 
     def _beat(self) -> None:
         while True:
-            for heartbeat in self._due():
-                try:
-                    alive = runs.heartbeat(heartbeat.run_id, heartbeat.token)
-                except Exception:  # noqa: BLE001 - a busy database is retried next beat
-                    log.warning("heartbeat for run %s failed; retrying", heartbeat.run_id, exc_info=True)
-                    # On a fresh connection: this thread's may be broken for good (a terminated
-                    # backend), and nothing else in a thread ever replaces it.
-                    connection.close()
-                    alive = True
-                with self._changed:
-                    if not alive and heartbeat in self._watched:
-                        self._watched.discard(heartbeat)
-                        heartbeat.stop_event.set()
-                    heartbeat.due = time.monotonic() + settings.BOX_HEARTBEAT_SECONDS
+            try:
+                self._beat_due()
+            except Exception:  # noqa: BLE001 - the one thread of every run of the process must go on
+                log.exception("the heartbeat thread failed; it goes on")
+                time.sleep(RETRY_PAUSE_S)
+
+    def _beat_due(self) -> None:
+        for heartbeat in self._due():
+            try:
+                alive = runs.heartbeat(heartbeat.run_id, heartbeat.token)
+            except Exception:  # noqa: BLE001 - a busy database is retried next beat
+                log.warning("heartbeat for run %s failed; retrying", heartbeat.run_id, exc_info=True)
+                # On a fresh connection: this thread's may be broken for good (a terminated
+                # backend), and nothing else in a thread ever replaces it.
+                connection.close()
+                alive = True
+            with self._changed:
+                if not alive and heartbeat in self._watched:
+                    self._watched.discard(heartbeat)
+                    heartbeat.stop_event.set()
+                heartbeat.due = time.monotonic() + settings.BOX_HEARTBEAT_SECONDS
 
     def _due(self) -> list[Heartbeat]:
         """Wait until a watched run's beat is due: those runs. While nothing is watched the

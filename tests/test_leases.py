@@ -148,3 +148,28 @@ def test_a_claimed_run_and_its_task_are_read_as_the_orm_reads_them(box: Box, set
         assert {f.attname: getattr(made, f.attname) for f in fields} == {f.attname: getattr(expected, f.attname) for f in fields}
         assert not made._state.adding and made._state.db == expected._state.db
     assert run.task.spent == read.task.spent and isinstance(run.task.spent, dict)
+
+
+def test_the_heartbeat_thread_goes_on_past_a_fault_of_its_own(box: Box, settings: Any, monkeypatch: Any) -> None:
+    """One thread beats for every run of the process: a fault outside the heartbeat's statement
+    (closing a broken connection, say) must not end it, or every later run of the worker would
+    go unbeaten and be reaped as lost."""
+    settings.BOX_HEARTBEAT_SECONDS = 0.05
+    due = jobs.Heartbeats._due
+    faults = []
+
+    def faulty(self: Any) -> Any:
+        if not faults:
+            faults.append(1)
+            raise OSError("the connection's close failed")
+        return due(self)
+
+    monkeypatch.setattr(jobs.Heartbeats, "_due", faulty)
+    run, token = _claimed(box, settings)
+    beat = jobs.heartbeats.watch(run.pk, token, threading.Event())
+    try:
+        wait_for(lambda: bool(faults), what="the fault")
+        after = _beaten(run)
+        wait_for(lambda: _beaten(run) > after, what="a beat after the fault")
+    finally:
+        jobs.heartbeats.forget(beat)

@@ -11,9 +11,11 @@ import logging
 import os
 import shutil
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, Field, Model, QuerySet
 from django.db.models.sql.subqueries import InsertQuery
@@ -449,6 +451,26 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
             _to_native(directory, meta)
 
 
+def record_lost_seal(task_id: str) -> None:
+    """A layer sealed inside a caller's savepoint that was rolled back (a dependent's verdict
+    read its artifact, then its decision was taken again with more locks): the meta on disk says
+    sealed, but the row lost the seal's update (its manifest, ``note_due``, ``sealed``). Written
+    again from the sealed layer; a no-op for a row that has them. Call where that savepoint may
+    have been (``dependencies.artifact_present``)."""
+    if not Meta.load(paths.layer_dir(task_id)).sealed:
+        return
+    with layer_lock(task_id):
+        layer = next(iter(Layer.objects.filter(task_id=task_id, sealed=False)), None)
+        task = _task_of(task_id) if layer is not None else None
+        if task is None or layer is None or task.state in ACTIVE:
+            return
+        meta = Meta.load(paths.layer_dir(task_id))
+        with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
+            roots = roots_for(task, layer, for_mount=False, layers=lowers)
+            summary = summarise(changes_of(task, layer, roots, meta))
+        Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=_note_due(task, layer), sealed=True)
+
+
 # What a release and a seal read of the task: making the model of the whole row (40 fields, JSON
 # decoded) was most of the CPU of reading it. Any other field is read when first used.
 _SEALED_BY = ("id", "state", "workspace", "layers", "folders", "created_at")
@@ -474,7 +496,11 @@ def _applied_since_created(task: Task, layer: Layer) -> QuerySet[Layer]:
     are in it; ``_not_stacked`` leaves out the rest of the stack. The stack is never put in the query:
     a query naming each id of it grew with the workspace's history (hundreds of ids, most of a
     seal's CPU, once a workspace had seen a few hundred tasks)."""
-    return Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED, applied_at__gte=task.created_at,
+    # A final move takes its layer's ``applied_at`` before it commits, and a task created and
+    # started meanwhile on PostgreSQL records its stack without that layer (not committed yet):
+    # the bound leaves room for a final move's transaction, one lease long.
+    since = task.created_at - timedelta(seconds=settings.BOX_LEASE_SECONDS)
+    return Layer.objects.filter(workspace_id=task.workspace_id, state=LayerState.APPLIED, applied_at__gte=since,
                                 applied_at__lt=layer.applied_at).exclude(task_id=task.pk)
 
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
-from tasks import layers, lifecycle
+from tasks import dependencies, layers, lifecycle
 from tasks.layers import compaction
 from tasks.layers import paths as layer_paths
 from tasks.layers.base import driver_name, get_driver
@@ -239,3 +239,32 @@ def test_a_stack_that_skips_a_layer_gets_a_flat_of_its_own_which_the_sweep_keeps
     b_task = finish(lbox, b)  # its second run opens its view over the same flat
     assert b_task["layers"] == stack
     assert read(lbox, "kept.out") == "0\n1\nK\n" and read(lbox, "a.txt") is None
+
+
+def test_a_seal_whose_row_was_rolled_back_with_a_savepoint_is_written_again_by_the_next_artifact_check(lbox, monkeypatch):
+    """A dependent's verdict seals an artifact's layer inside the dependent's savepoint, and
+    that decision can be rolled back and taken again with more locks: the meta stays sealed, the
+    row's manifest and ``sealed`` went with the savepoint. Left so, the layer would be left out
+    for good of every stack whose task was created before it finished, and notes would find no
+    paths of it. The next artifact check writes the row again."""
+    a = waiting(lbox, "A", {"write": {"path": "out/report.txt", "content": "A\n"}})
+    with janitor_kept_from_the_layers(monkeypatch):
+        finish(lbox, a)
+        assert not sealed(a)
+
+        class RolledBack(Exception):
+            pass
+
+        try:
+            with transaction.atomic():
+                layers.task_view.seal_layer(a)  # as the verdict's artifact_present does
+                raise RolledBack
+        except RolledBack:
+            pass
+        row = Layer.objects.get(task_id=a)
+        assert sealed(a) and not row.sealed and row.manifest == {}  # the row's part gone
+
+        assert dependencies.artifact_present(a, "out/report.txt")
+
+        row = Layer.objects.get(task_id=a)
+        assert row.sealed and "out/report.txt" in [p["path"] for p in row.manifest["paths"]], row.manifest
