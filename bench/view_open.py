@@ -124,7 +124,7 @@ def main() -> None:
         limit = int(settings.BOX_TASK_DISK_MB) if disk.unavailable() is None else 0
         for owner, name, label in (
             (sandbox, "prepare", "sandbox.prepare (the user)"),
-            (task_view, "_record_layer", "layer row + stack (_record_layer)"),
+            (task_view, "record_layer", "layer row + stack (record_layer)"),
             (task_view, "seal_stack", "seal_stack (the lowers sealed?)"),
             (task_view, "_reopen", "_reopen (a retry's layer)"), (task_view, "_open_disk", "disk image (_open_disk)"),
             (task_view, "roots_for", "roots_for (lower trees, flat)"),

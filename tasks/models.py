@@ -296,7 +296,7 @@ class Layer(models.Model):
     # The layer's seal is complete (its meta says sealed), as the database knows it: set in the
     # seal's manifest update, cleared when a retry makes the layer active again. A start leaves
     # an applied layer that is not sealed out of its stack when its task finished after the
-    # start's task was created, unless it depends on that task (``task_view._record_layer``).
+    # start's task was created, unless it depends on that task (``stack_record.record_layer``).
     sealed = models.BooleanField(default=False)
 
     class Meta:

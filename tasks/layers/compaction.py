@@ -61,7 +61,7 @@ def split(newest_first: list[str], markers: str) -> tuple[list[str], str | None,
 def lower_trees(workspace: Workspace, newest_first: list[str], markers: str) -> list[LayerTree]:
     """The lower directories a task mounts, newest first, the base last. Builds a missing flat;
     ``to_seal`` layers must already be sealed. No workspace lock and no hold: call this only
-    from a task's start, after it recorded its stack under that lock (``_record_layer``), so
+    from a task's start, after it recorded its stack under that lock (``stack_record.record_layer``), so
     every sweep from then on finds it active, reading this flat, and keeps it
     (``refresh_workspace``). A reader with no record uses ``held_lower_trees``."""
     own, key, inside = split(newest_first, markers)

@@ -5,8 +5,6 @@ takes them one after the other, never nested the other way round.
 """
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
 import shutil
@@ -17,8 +15,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, Field, Model, QuerySet
-from django.db.models.sql.subqueries import InsertQuery
+from django.db.models import Exists, QuerySet
 from django.utils import timezone
 
 from boxsite.errors import Conflict
@@ -30,8 +27,9 @@ from tasks.layers.diff import Change
 from tasks.layers.driver import Root
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
 from tasks.layers.roots import changes_of, roots_for, tree_for
+from tasks.layers.stack_record import current_stack, layer_task_ids, record_layer
 from tasks.layers.tree import DIR, LayerTree, Meta, NativeMarkers, apply_layer
-from tasks.models import Dependency, EventKind, Layer, LayerState, Task, Workspace
+from tasks.models import EventKind, Layer, LayerState, Task, Workspace
 from tasks.sandbox import users
 from tasks.states import ACTIVE, State
 
@@ -40,149 +38,12 @@ log = logging.getLogger(__name__)
 REOPENED = ".reopened"  # a retried copy-driver task's layer, until it is laid over its new view
 
 
-def current_stack(workspace: Workspace | int) -> list[str]:
-    """The done tasks whose layers make up the workspace now, newest first. Read at every start
-    and release: the statement is written once, where the ORM built it each time."""
-    pk = workspace if isinstance(workspace, int) else workspace.pk
-    return _layer_task_ids(pk, LayerState.APPLIED, newest_first=True)
-
-
-def _layer_task_ids(workspace_id: int, state: str, *, newest_first: bool) -> list[str]:
-    """The tasks of the workspace's layers in ``state``."""
-    with connection.cursor() as cursor:
-        cursor.execute(_layer_task_ids_statement(connection.vendor, newest_first), [workspace_id, state])
-        return [task_id for (task_id,) in cursor.fetchall()]
-
-
-@functools.cache
-def _layer_task_ids_statement(vendor: str, newest_first: bool) -> str:
-    quote = connection.ops.quote_name
-    task, workspace, state, applied, pk = (quote(_column(Layer, name)) for name in
-                                           ("task", "workspace", "state", "applied_at", "id"))
-    order = f" ORDER BY {applied} DESC, {pk} DESC" if newest_first else ""
-    return f"SELECT {task} FROM {quote(Layer._meta.db_table)} WHERE {workspace} = %s AND {state} = %s{order}"
-
-
-def _column(model: type[Model], name: str) -> str:
-    field = model._meta.get_field(name)
-    assert isinstance(field, Field) and field.column is not None
-    return field.column
-
-
 # --- opening ---------------------------------------------------------------------------------
-
-def _record_layer(task: Task) -> Layer:
-    """Create the task's layer row and record its stack, once (a retry finds them). Call under
-    ``lifecycle.prepare``'s hold on the task: one start of it at a time, so the row is inserted
-    plainly, with no ``get_or_create`` (on PostgreSQL, with the stack, in one statement).
-
-    The stack is the workspace's applied layers, newest first, less those the task may do
-    without (docs/decisions.md, "A start leaves out a layer that finished after its task was
-    asked for"): a layer whose seal is not complete, of a task that finished after this task was
-    created and that this task does not depend on. ``seal_stack`` then waits for (or does) the
-    seal of every layer kept, as before; a layer left out is neither waited for nor sealed, and
-    never joins this task's view (a retry keeps the stack recorded here)."""
-    driver, path = driver_name(), str(paths.layer_dir(task.pk))
-    if connection.vendor == "postgresql" and not task.folders:
-        with workspace_lock(task.workspace_id):
-            added = _add_layer_with_stack(task, Layer(task_id=task.pk, workspace_id=task.workspace_id, driver=driver, path=path))
-        if added is not None:
-            return added
-    existing = next(iter(Layer.objects.filter(task_id=task.pk)), None)  # one at most: no ordering
-    if existing is not None:
-        task.layers = Task.objects.filter(pk=task.pk).values_list("layers", flat=True).get()
-        return existing
-    if task.folders:
-        return Layer.objects.create(task=task, workspace=None, driver=driver, path=path)
-    with workspace_lock(task.workspace_id):
-        with transaction.atomic():
-            layer = Layer.objects.create(task=task, workspace_id=task.workspace_id, driver=driver, path=path)
-            task.layers = _start_stack(task)
-            Task.objects.filter(pk=task.pk).update(layers=task.layers)
-    return layer
-
-
-def _start_stack(task: Task) -> list[str]:
-    """SQLite, inside ``_record_layer``'s transaction: the stack a start records."""
-    with connection.cursor() as cursor:
-        cursor.execute(_start_stack_statement(connection.vendor), _start_stack_params(task))
-        return [task_id for (task_id,) in cursor.fetchall()]
-
-
-@functools.cache
-def _start_stack_statement(vendor: str) -> str:
-    quote = connection.ops.quote_name
-    table = quote(Layer._meta.db_table)
-    task_id, applied, pk = (quote(_column(Layer, name)) for name in ("task", "applied_at", "id"))
-    return (f"SELECT {table}.{task_id} FROM {table} WHERE {_start_stack_condition()} "
-            f"ORDER BY {table}.{applied} DESC, {table}.{pk} DESC")
-
-
-def _start_stack_condition() -> str:
-    """Which of the workspace's layers a start stacks, with ``_start_stack_params``: applied, and
-    sealed, or applied no later than the task's creation, or a dependency's. Both times are taken
-    by the box's processes (``timezone.now``): on several machines their clocks must agree, as
-    the runs' leases already need."""
-    quote = connection.ops.quote_name
-    table, tasks, edges = (quote(model._meta.db_table) for model in (Layer, Task, Dependency))
-    workspace, state, sealed, applied, task_id = (quote(_column(Layer, name)) for name in
-                                                  ("workspace", "state", "sealed", "applied_at", "task"))
-    created, task_pk = quote(_column(Task, "created_at")), quote(_column(Task, "id"))
-    edge_task, edge_on = (quote(_column(Dependency, name)) for name in ("task", "on"))
-    return (f"{table}.{workspace} = %s AND {table}.{state} = %s AND ({table}.{sealed} = %s "
-            f"OR {table}.{applied} <= (SELECT {tasks}.{created} FROM {tasks} WHERE {tasks}.{task_pk} = %s) "
-            f"OR EXISTS (SELECT 1 FROM {edges} WHERE {edges}.{edge_task} = %s AND {edges}.{edge_on} = {table}.{task_id}))")
-
-
-def _start_stack_params(task: Task) -> list[Any]:
-    return [task.workspace_id, LayerState.APPLIED.value, True, task.pk, task.pk]
-
-
-def _add_layer_with_stack(task: Task, layer: Layer) -> Layer | None:
-    """PostgreSQL, under the workspace lock: the layer row inserted and the task's stack recorded
-    in one statement, which commits alone (the look-up, ``BEGIN``, three statements and
-    ``COMMIT`` were six round trips on a chained task's path). None when the task has its row
-    already (a retry): nothing is written, and the caller reads the row and the stack recorded.
-    ``layer`` names its task by key, so an unsaved row is never cached as ``task.layer``."""
-    fields = [field for field in Layer._meta.local_concrete_fields if not field.primary_key]
-    insert = InsertQuery(Layer)
-    insert.insert_values(fields, [layer])
-    compiler = insert.get_compiler(connection=connection)
-    prepared = [compiler.prepare_value(field, compiler.pre_save_val(field, layer)) for field in fields]
-    placeholders, params = compiler.assemble_as_sql(fields, [prepared])
-    with connection.cursor() as cursor:
-        cursor.execute(_add_layer_statement(connection.vendor, ", ".join(placeholders[0])),
-                       [*params[0], *_start_stack_params(task), task.pk])
-        found = cursor.fetchall()
-    if not found:
-        return None
-    layer.pk, task.layers = found[0][0], found[0][1]
-    layer.task = task  # saved now: each is the other's cached row, as ``Layer.objects.create`` leaves them
-    if isinstance(task.layers, str):  # a driver that hands jsonb back as text
-        task.layers = json.loads(task.layers)
-    return layer
-
-
-@functools.cache
-def _add_layer_statement(vendor: str, values: str) -> str:
-    quote = connection.ops.quote_name
-    table, tasks = quote(Layer._meta.db_table), quote(Task._meta.db_table)
-    columns = ", ".join(quote(_column(Layer, field.name)) for field in Layer._meta.local_concrete_fields if not field.primary_key)
-    pk, task_id, applied = (quote(_column(Layer, name)) for name in ("id", "task", "applied_at"))
-    layers, task_pk = quote(_column(Task, "layers")), quote(_column(Task, "id"))
-    # The stack as ``_start_stack`` reads it, newest first; the new row is active, not in it.
-    return (f"WITH added AS (INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({task_id}) DO NOTHING "
-            f"RETURNING {pk}), "
-            f"stack AS (SELECT COALESCE(jsonb_agg({table}.{task_id} ORDER BY {table}.{applied} DESC, {table}.{pk} DESC), "
-            f"'[]'::jsonb) AS ids FROM {table} WHERE {_start_stack_condition()}) "
-            f"UPDATE {tasks} SET {layers} = stack.ids FROM added, stack WHERE {tasks}.{task_pk} = %s "
-            f"RETURNING added.{pk}, {tasks}.{layers}")
-
 
 def open_view(task: Task) -> Path:
     """The directory ``task`` works in, over the stack it recorded at its first start. A retried
     task's sealed layer is reopened first (``_reopen``): its view shows what its earlier runs wrote."""
-    layer = _record_layer(task)
+    layer = record_layer(task)
     driver = get_driver(layer.driver)
     if not task.folders:
         seal_stack(task.workspace, list(task.layers), driver.markers)
@@ -492,7 +353,7 @@ def _is_final(meta: Meta, native: bool) -> bool:
 def _applied_since_created(task: Task, layer: Layer) -> QuerySet[Layer]:
     """The layers that may be missing from ``task``'s view: applied before its own and since it
     was created. Those applied earlier were in the workspace when it recorded its stack, and a
-    start leaves out only layers applied after its task's creation (``_record_layer``), so they
+    start leaves out only layers applied after its task's creation (``stack_record.record_layer``), so they
     are in it; ``_not_stacked`` leaves out the rest of the stack. The stack is never put in the query:
     a query naming each id of it grew with the workspace's history (hundreds of ids, most of a
     seal's CPU, once a workspace had seen a few hundred tasks)."""
@@ -670,7 +531,7 @@ def refresh_workspace(workspace: Workspace) -> None:
     if key is not None:
         compaction.ensure_flat(workspace, inside, markers)
     if not compaction.sweep_wanted(workspace, {key} if key else set()) and not any(
-            paths.layer_dir(task_id).exists() for task_id in _layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False)):
+            paths.layer_dir(task_id).exists() for task_id in layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False)):
         return  # nothing a sweep could delete; one that appears later is a later refresh's
     with workspace_lock(workspace.pk):
         active = list(Task.objects.filter(workspace=workspace, folders=[], state__in=ACTIVE).values_list("pk", "layers"))
@@ -691,7 +552,7 @@ def refresh_workspace(workspace: Workspace) -> None:
                 if active_key:
                     keep.add(active_key)
         compaction.sweep_flats(workspace, keep)
-        for task_id in _layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False):
+        for task_id in layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False):
             if task_id not in readers and paths.layer_dir(task_id).exists():
                 delete_layer(task_id)
 

@@ -19,7 +19,7 @@ The model states the rules in a few lines, independent of either driver:
 The walk drives the drivers without the database or the janitor: each layer is sealed as its
 task ends, before anything starts over it, so every start stacks every applied layer. Which
 layers a start may leave out (one still sealing, of a task that finished after the new task was
-created: ``task_view._record_layer``) is the stack record's rule, tested in
+created: ``stack_record.record_layer``) is the stack record's rule, tested in
 ``test_concurrent_starts.py``; it does not touch what is checked here, so the walk stays
 deterministic.
 """

@@ -9,7 +9,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from tasks import lifecycle
-from tasks.layers import compaction, task_view
+from tasks.layers import compaction, stack_record, task_view
 from tasks.layers import paths as layer_paths
 from tasks.layers.locks import workspace_lock
 from tasks.layers.tree import Meta
@@ -225,7 +225,7 @@ def test_the_stack_a_start_records_is_what_the_orm_reads(lbox):
     rows.filter(task_id=done[4]).update(applied_at=after + timedelta(seconds=2), sealed=False)  # after, but depended on
     Dependency.objects.create(task=reader, on_id=done[4], condition=Condition.COMPLETION)
 
-    task_view._record_layer(reader)
+    stack_record.record_layer(reader)
     depended = Exists(Dependency.objects.filter(task=reader, on_id=OuterRef("task_id")))
     expected = list(rows.filter(state=LayerState.APPLIED).filter(Q(sealed=True) | Q(applied_at__lte=created) | depended)
                     .order_by("-applied_at", "-pk").values_list("task_id", flat=True))
