@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tasks.layers import disk, mounts, paths
+from tasks.layers import disk, mounts, paths, upper_copy
 from tests.conftest import wait_for
 from tests.sandbox.conftest import needs_sandbox
 
@@ -128,7 +128,7 @@ def test_a_small_upper_is_copied_as_cp_a_would_without_a_process(tmp_path: Path)
     _upper(tmp_path / "upper")
     subprocess.run(["cp", "-a", f"{tmp_path / 'upper'}/.", str(tmp_path / "by-cp")], check=True)
 
-    assert disk._copy_small(tmp_path / "upper", tmp_path / "by-python")
+    assert upper_copy.copy_small(tmp_path / "upper", tmp_path / "by-python")
 
     assert _listing(tmp_path / "by-python") == _listing(tmp_path / "by-cp")
     assert os.stat(tmp_path / "by-python").st_mode == os.stat(tmp_path / "by-cp").st_mode
@@ -144,7 +144,7 @@ def test_an_upper_with_hard_links_holes_or_odd_files_is_left_to_cp(tmp_path: Pat
             handle.truncate(disk.MB // 2)
     else:
         os.mkfifo(tmp_path / "upper" / "pipe")
-    assert not disk._copy_small(tmp_path / "upper", tmp_path / "copy")
+    assert not upper_copy.copy_small(tmp_path / "upper", tmp_path / "copy")
     assert not (tmp_path / "copy").exists()
 
 
