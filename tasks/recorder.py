@@ -170,16 +170,18 @@ class StepRecorder:
             # transaction around it (its BEGIN and COMMIT were two round trips of three), as long
             # as the task's row is free (else it waits for it in a transaction, as before).
             try:
-                alone = self._retried(lambda: record(updates, alone=True) if counts is None
-                                      else as_last_written(counts, alone=True))
+                # True: written, the lease held; False: the lease is gone; None: the row changed
+                # since this run wrote it (``as_last_written``), nothing written.
+                written = self._retried(lambda: record(updates, alone=True) if counts is None
+                                        else as_last_written(counts, alone=True))
             except RowHeld:
                 self._guarded(locking, lambda _: None, proof="locking")
             else:
-                if alone is None:  # the row changed since this run wrote it: counted from it, in a transaction
+                if written is None:  # counted again from the row, in a transaction
                     counted = counts
                     assert counted is not None
                     self._guarded(lambda: from_locked_row(counted), lambda _: None, proof="locking")
-                elif not alone:
+                elif not written:
                     raise LeaseLost(f"run {self.run_id} no longer holds its lease")
         else:
             self._guarded(locking, lambda _: None, proof="locking")
