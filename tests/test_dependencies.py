@@ -348,32 +348,39 @@ def test_a_dependent_locked_elsewhere_does_not_hold_up_its_dependencys_end(box: 
     upstream = held(box)
     dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}),
                            dependsOn=[{"task": upstream["id"], "condition": "completion"}])
+    _ended_while_held(box, upstream["id"], dependent["id"],
+                      lambda: list(Task.objects.select_for_update().filter(pk=dependent["id"])))
+
+
+def _ended_while_held(box: Box, upstream: str, dependent: str, hold: Any) -> None:
+    """Another transaction runs ``hold`` (takes a lock the dependent's decision needs) and keeps
+    it while ``upstream`` is cancelled: the final move commits without waiting for it, the
+    dependent is not started yet, and it starts once the lock is let go."""
     locked, release = threading.Event(), threading.Event()
 
-    def hold_row() -> None:
+    def holding() -> None:
         try:
             with transaction.atomic():
-                list(Task.objects.select_for_update().filter(pk=dependent["id"]))
+                hold()
                 locked.set()
                 release.wait(30)
         finally:
             connection.close()
 
-    holder = threading.Thread(target=hold_row)
+    holder = threading.Thread(target=holding)
     holder.start()
     try:
         assert locked.wait(30)
-        ended = threading.Thread(target=lambda: (box.api.post(f"/api/tasks/{upstream['id']}/cancel"), connection.close()))
+        ended = threading.Thread(target=lambda: (box.api.post(f"/api/tasks/{upstream}/cancel"), connection.close()))
         ended.start()
-        # committed while the dependent's row is still held: the move did not wait for it
-        wait_for(lambda: Task.objects.get(pk=upstream["id"]).state == "cancelled", timeout=20,
+        wait_for(lambda: Task.objects.get(pk=upstream).state == "cancelled", timeout=20,
                  what="the dependency's final move to commit")
-        assert runs_of(dependent["id"]) == []  # not yet: its row is held
+        assert runs_of(dependent) == []  # not yet: the lock is held
     finally:
         release.set()
         holder.join()
     ended.join(60)
-    box.wait_state(dependent["id"], "done")
+    box.wait_state(dependent, "done")
 
 
 @pytest.mark.skipif(not settings.DB_IS_POSTGRES, reason="row locks are PostgreSQL's (SQLite serialises writers)")
@@ -383,31 +390,7 @@ def test_a_dependent_whose_owners_row_is_held_does_not_hold_up_its_dependencys_e
     upstream = held(box)
     dependent = box.create(title="downstream", flow=flow({"write": {"path": "b.txt", "content": "b"}}),
                            dependsOn=[{"task": upstream["id"], "condition": "completion"}])
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_owner() -> None:
-        try:
-            with transaction.atomic():
-                dependencies.lock_owner(box.owner.pk)
-                locked.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_owner)
-    holder.start()
-    try:
-        assert locked.wait(30)
-        ended = threading.Thread(target=lambda: (box.api.post(f"/api/tasks/{upstream['id']}/cancel"), connection.close()))
-        ended.start()
-        wait_for(lambda: Task.objects.get(pk=upstream["id"]).state == "cancelled", timeout=20,
-                 what="the dependency's final move to commit")
-        assert runs_of(dependent["id"]) == []  # not yet: its owner's row is held
-    finally:
-        release.set()
-        holder.join()
-    ended.join(60)
-    box.wait_state(dependent["id"], "done")
+    _ended_while_held(box, upstream["id"], dependent["id"], lambda: dependencies.lock_owner(box.owner.pk))
 
 
 @pytest.mark.skipif(not settings.DB_IS_POSTGRES, reason="deadlock detection is PostgreSQL's (SQLite serialises writers)")
