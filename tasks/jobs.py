@@ -144,15 +144,17 @@ def execute_run(run_id: int) -> None:
     """
     began = time.monotonic()
     budget = settings.BOX_JOB_TIMEOUT_S / 10
-    held = _execute(run_id)
+    held, releases = _execute(run_id, [])
     while held is not None:
         if handing_back.is_set() or time.monotonic() - began >= budget:
+            lifecycle.submit_held(releases)
             _send(held)
             return
         taking = held
         try:
-            held = _execute(taking)
+            held, releases = _execute(taking, releases)
         except BaseException:
+            lifecycle.submit_held(releases)  # the run before's, if this one broke before taking them
             _send(taking)  # perhaps claimed already: then that delivery finds it taken
             raise
 
@@ -165,12 +167,24 @@ def _send(run_id: int) -> None:
         log.warning("run %s could not be sent; the scheduler sends it again", run_id, exc_info=True)
 
 
-def _execute(run_id: int) -> int | None:
-    """Claim run ``run_id`` and execute it; the run its finish held back for this worker, if any."""
+Releases = list[tuple[str, lifecycle.Then]]
 
+
+def _execute(run_id: int, before: Releases) -> tuple[int | None, Releases]:
+    """Claim run ``run_id`` and execute it; the run its finish held back for this worker, if any,
+    and the releases that finish asked for, kept until that run's view is open (``_execute``
+    again). ``before``: such releases of the run before, handed to the janitor once this run's
+    view is open, or when it goes no further."""
+    try:
+        return _claim_and_execute(run_id, before)
+    finally:
+        lifecycle.submit_held(before)  # emptied once handed over: a no-op after the view's opening
+
+
+def _claim_and_execute(run_id: int, before: Releases) -> tuple[int | None, Releases]:
     global _current_stop
     if handing_back.is_set():
-        return None  # the cluster is stopping: the run stays queued and is sent again at start-up
+        return None, []  # the cluster is stopping: the run stays queued and is sent again at start-up
     close_old_connections()
     _skip_the_health_check()
     started = time.monotonic()
@@ -178,13 +192,13 @@ def _execute(run_id: int) -> int | None:
         begun = begin_run(run_id)  # claimed, and the task running: one transaction
     except TRANSIENT_DB_ERRORS as exc:
         log.warning("run %s could not be claimed (a database fault: %s); the scheduler sends it again", run_id, _first_line(exc))
-        return None
+        return None, []
     if begun is None:
         log.info("run %s is already taken or closed; nothing to do", run_id)
-        return None
+        return None, []
     run, token, go, redactor = begun
     if not go or redactor is None:
-        return None  # the task had ended, or another run holds it: the run was closed
+        return None, []  # the task had ended, or another run holds it: the run was closed
     task = run.task
     facts = Facts.of(task)
     recorder = StepRecorder(task, run.pk, token, redactor)
@@ -198,6 +212,7 @@ def _execute(run_id: int) -> int | None:
         remaining = task.limit("max_elapsed_ms")
         deadline = None if remaining is None else started + max(0, remaining - task.spent.get("elapsed_ms", 0)) / 1000
         workdir = lifecycle.prepare(task)
+        lifecycle.submit_held(before)  # the run before's release, now that its layer is this view's
         ctx = RunContext(task=task, run=run, workdir=workdir, facts=facts, recorder=recorder, deadline=deadline, stop=stop)
         # The task's processes reach the box through this run's broker, open while the worker works.
         with broker_serving(ctx) as broker:
@@ -212,14 +227,14 @@ def _execute(run_id: int) -> int | None:
     except LeaseLost:
         if handing_back.is_set():
             _hand_back(run_id, token, "the box is stopping", counts_as_attempt=False)
-            return None
+            return None, []
         log.info("run %s lost its lease; its late writes were refused", run_id)
         _release_if_ended(task.pk)
-        return None
+        return None, []
     except TRANSIENT_DB_ERRORS as exc:
         log.warning("run %s hit a database fault; handing it back to retry: %s", run_id, exc)
         _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
-        return None
+        return None, []
     except LimitReached as exc:
         outcome = Failed(exc.message, recoverable=True, hint=exc.hint)
     except Exception as exc:  # noqa: BLE001 - any crash of a worker fails its task, with the reason
@@ -231,20 +246,25 @@ def _execute(run_id: int) -> int | None:
         _current_stop = None
     held_s = ctx.held_s if ctx is not None else 0.0  # waiting for the owner is not running time
     elapsed_ms = int((time.monotonic() - started - held_s) * 1000)
+    releases: Releases = []
     try:
-        with runs.hold_first() as held:
+        with lifecycle.releases_held() as releases, runs.hold_first() as held:
             if finish_run(task, run, token, recorder, outcome, elapsed_ms):
                 # Ended meanwhile, maybe by a process on another machine whose release could not
                 # reach what this run holds here (its user, its mounts): release it on this one.
                 lifecycle.release_soon(task.pk)
-        return held[0] if held else None
+        if held:
+            pending, releases = releases, []
+            return held[0], pending  # released once the held run's view is open
     except LeaseLost:
         log.info("run %s lost its lease before finishing; its outcome was dropped", run_id)
         _release_if_ended(task.pk)
     except TRANSIENT_DB_ERRORS as exc:
         log.warning("run %s hit a database fault while finishing; handing it back to retry: %s", run_id, exc)
         _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
-    return None
+    finally:
+        lifecycle.submit_held(releases)  # at once, unless a held run goes on first
+    return None, []
 
 
 def _skip_the_health_check() -> None:

@@ -135,10 +135,45 @@ class Janitor:
 janitor = Janitor()
 
 
+class _Held(threading.local):
+    releases: list[tuple[str, Then]] | None = None
+
+
+_held = _Held()
+
+
 def release_soon(task_id: str, *, then: Then = None) -> None:
     """After a final move commits: the janitor releases the task (see the module's docstring),
-    then calls ``then`` (also when a release step failed: ``release`` logged it)."""
+    then calls ``then`` (also when a release step failed: ``release`` logged it). Inside
+    ``releases_held`` the release waits for the caller's ``submit_held``."""
+    if _held.releases is not None:
+        _held.releases.append((task_id, then))
+        return
     janitor.submit(task_id, then)
+
+
+@contextmanager
+def releases_held() -> Iterator[list[tuple[str, Then]]]:
+    """The releases this thread asks for inside the block are kept for the caller to hand to the
+    janitor (``submit_held``). A worker that goes on with its ended task's dependent opens the
+    dependent's view first: that opening seals the ended task's layer itself (the only part of
+    its release the dependent needs), and a janitor releasing beside it only took turns with it
+    at the interpreter and waited for the same layer's lock. Nothing waits on a held release for
+    correctness; one a process dies holding is finished by start-up reconcile, as any release is."""
+    held: list[tuple[str, Then]] = []
+    _held.releases = held
+    try:
+        yield held
+    finally:
+        _held.releases = None
+
+
+def submit_held(held: list[tuple[str, Then]]) -> None:
+    """Hand the releases ``releases_held`` kept to the janitor; the list is emptied (a second call
+    does nothing)."""
+    while held:
+        task_id, then = held.pop(0)
+        janitor.submit(task_id, then)
 
 
 def refill_soon() -> None:

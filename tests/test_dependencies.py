@@ -16,8 +16,8 @@ from django_q.brokers import get_broker
 
 from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
-from tasks import dependencies, jobs, runs, services
-from tasks.models import Dependency, EventKind, Run, RunKind, Task, TaskEvent
+from tasks import dependencies, jobs, lifecycle, runs, services
+from tasks.models import Dependency, EventKind, Layer, Run, RunKind, Task, TaskEvent
 from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
 
@@ -495,13 +495,37 @@ def test_a_held_dependent_whose_run_crashed_the_job_is_sent(box: Box, settings: 
     execute = jobs._execute
     calls: list[int] = []
 
-    def breaks_on_the_second(run_id: int) -> int | None:
+    def breaks_on_the_second(run_id: int, before: Any) -> Any:
         calls.append(run_id)
         if len(calls) > 1:
             raise RuntimeError("the job broke")
-        return execute(run_id)
+        return execute(run_id, before)
 
     monkeypatch.setattr(jobs, "_execute", breaks_on_the_second)
     with pytest.raises(RuntimeError):
         jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
     assert Run.objects.get(task_id=second["id"]).state == "queued" and get_broker().queue_size() == 1
+    assert lifecycle.janitor.drain() and Layer.objects.get(task_id=first["id"]).sealed  # its release was not lost
+
+
+def test_the_worker_opens_the_dependents_view_before_its_janitor_releases_the_task_before(
+        box: Box, settings: Any, monkeypatch: Any) -> None:
+    """The worker that goes on with a dependent opens its view first, which seals the ended task's
+    layer itself: the janitor's release of that task beside it only took turns with it at the
+    interpreter and waited on the same lock. The release is handed over right after; with no
+    dependent to go on with, at once."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    get_broker().purge_queue()
+    order: list[tuple[str, str]] = []
+    prepare, submit = lifecycle.prepare, lifecycle.janitor.submit
+    monkeypatch.setattr(lifecycle, "prepare", lambda task: order.append(("opened", task.pk)) or prepare(task))
+    monkeypatch.setattr(lifecycle.janitor, "submit", lambda job, then=None: order.append(("released", job)) or submit(job, then))
+
+    jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
+
+    assert [step for step in order if step[1] in (first["id"], second["id"])] == [
+        ("opened", first["id"]), ("opened", second["id"]), ("released", first["id"]), ("released", second["id"])]
+    assert lifecycle.janitor.drain()
+    assert box.task(second["id"])["state"] == "done" and Layer.objects.get(task_id=first["id"]).sealed
