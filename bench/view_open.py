@@ -8,10 +8,12 @@ CPU ms per start (median), and, from an audit hook and counters, the system call
 start that matter here (mkdir, mounts, fsync, child processes, files opened). The spare disk
 images are made before each measured start (``disk.make_spares`` waited for), so no ``mkfs``
 runs beside it.
+``--after-ended``: as a chain's worker starts a dependent, the task before it is left ended but
+not released, so the measured start stops and seals it itself; its release follows, untimed.
 The workspace's stack grows by one with each measured start (``--depths 1``: 1 to 1 + n).
 ``BENCH_WHERE=os.mkdir`` (an audit event) tells where each such call was made from;
 ``BENCH_PROFILE=FILE`` writes a cProfile (this thread's CPU) of the measured starts.
-Usage: .venv/bin/python bench/view_open.py [-n 9] [--depths 1,200]
+Usage: .venv/bin/python bench/view_open.py [-n 9] [--depths 1,200] [--after-ended]
 """
 from __future__ import annotations
 
@@ -104,6 +106,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=9)
     parser.add_argument("--depths", default="1,200")
+    parser.add_argument("--after-ended", action="store_true",
+                        help="the task before is not released before a start: the start seals it (a chain's link)")
     args = parser.parse_args()
     data = new_data_dir("box-bench-open-")
     try:
@@ -131,6 +135,11 @@ def main() -> None:
             (overlay.OverlayDriver, "open", "driver.open (all)"), (overlay, "_idmapped", "  id-mapped lowers"),
             (overlay, "adopt", "  upper given to the user"), (mounts, "mount_overlay", "  overlay mount"),
             (disk, "reserve", "disk.reserve"), (tree.Meta, "save", "meta saved (fsync)"),
+            (task_view, "seal_layer", "  seal_layer (the task before)"), (sandbox, "stop", "    sandbox.stop"),
+            (task_view, "_unmount", "    its view unmounted"), (overlay.OverlayDriver, "seal", "    driver.seal"),
+            (task_view, "_note_due", "    _note_due"), (task_view, "_task_of", "    its rows read"),
+            (disk, "settle", "    disk.settle (upper out of its image)"),
+            (task_view, "changes_of", "    changes_of (the manifest)"), (compaction, "read_trees", "    read_trees"),
             (lifecycle, "prepare", "prepare (all)"),
         ):
             timed(owner, name, label)
@@ -160,11 +169,21 @@ def main() -> None:
                     lifecycle.prepare(task)
             else:
                 lifecycle.prepare(task)
+            release_ended()
             (paths.view_dir(task.pk) / f"f{n}.txt").write_text(f"task {n}\n")
             Task.objects.filter(pk=task.pk).update(state=State.DONE)
             task.refresh_from_db()
             task_view.on_final_move(task, State.DONE)
-            assert lifecycle.release(task.pk)
+            if args.after_ended:
+                ended.append(task.pk)  # released after the next start, which seals it
+            else:
+                assert lifecycle.release(task.pk)
+
+        ended: list[str] = []
+
+        def release_ended() -> None:
+            while ended:
+                assert lifecycle.release(ended.pop())
 
         print(f"disk limit {limit or 'off'} MB, BOX_LAYER_MAX_DEPTH {compaction.max_depth()}", flush=True)
         for depth in [int(d) for d in args.depths.split(",")]:
@@ -191,6 +210,7 @@ def main() -> None:
                 print(f"  {count / args.n:5.1f} {where}")
             WHERE.clear()
             print("per start: " + ", ".join(f"{name} {count / args.n:.1f}" for name, count in sorted(CALLS.items())), flush=True)
+        release_ended()
         if PROFILE is not None:
             PROFILE.dump_stats(os.environ["BENCH_PROFILE"])
     finally:
