@@ -38,7 +38,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -315,21 +315,32 @@ def trim_pool() -> int:
     meanwhile; a trim killed there leaves a claim ``drop_stale_claims`` knows), and a claim made
     meanwhile stops the trim."""
     deleted = 0
-    while quiet_for() >= TRIM_IDLE_S:
-        with _pool_lock():
-            held = claims()
-            free = [i for i in pool_users() if i.name not in held]
-            if len(free) <= 2 * settings.BOX_USER_POOL:
-                return deleted
-            surplus = free[-1].name
-            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(surplus))
-        try:
-            remove_user(surplus)
-            deleted += 1
-        finally:
-            with _pool_lock():
-                _unlink(_claim_path(surplus))
+
+    def surplus(held: dict[str, str], existing: list[Identity]) -> str | None:
+        free = [i for i in existing if i.name not in held]
+        return free[-1].name if len(free) > 2 * settings.BOX_USER_POOL else None
+
+    while quiet_for() >= TRIM_IDLE_S and _changing_one(surplus, remove_user):
+        deleted += 1
     return deleted
+
+
+def _changing_one(pick: Callable[[dict[str, str], list[Identity]], str | None], change: Callable[[str], object]) -> bool:
+    """Under the pool's lock, ``pick`` a user from the claims and the pool's users (None: there is
+    nothing to do) and claim it as being changed by this process, so nobody takes it meanwhile
+    (a process killed there leaves a claim ``drop_stale_claims`` knows); ``change`` it outside the
+    lock, then drop the claim. False when ``pick`` found nothing."""
+    with _pool_lock():
+        name = pick(claims(), pool_users())
+        if name is None:
+            return False
+        os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(name))
+    try:
+        change(name)
+    finally:
+        with _pool_lock():
+            _unlink(_claim_path(name))
+    return True
 
 
 @contextlib.contextmanager
@@ -373,21 +384,15 @@ def fill_pool() -> int:
     """Make free users until ``BOX_USER_POOL`` are ready; returns how many were made. Off every
     task's path (the janitor, the scheduler's start)."""
     made = 0
-    while True:
-        with _pool_lock():
-            held = claims()
-            existing = pool_users()
-            free = [i for i in existing if i.name not in held]
-            if len(free) >= settings.BOX_USER_POOL:
-                return made
-            name = _new_name(set(held) | {i.name for i in existing})
-            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(name))
-        try:
-            _create(name)
-            made += 1
-        finally:
-            with _pool_lock():
-                _unlink(_claim_path(name))
+
+    def new(held: dict[str, str], existing: list[Identity]) -> str | None:
+        if len([i for i in existing if i.name not in held]) >= settings.BOX_USER_POOL:
+            return None
+        return _new_name(set(held) | {i.name for i in existing})
+
+    while _changing_one(new, _create):
+        made += 1
+    return made
 
 
 def empty_pool() -> None:
