@@ -130,8 +130,27 @@ export function upsertRow(list, task, options) {
   // control in the new row (or its first control).
   const controls = (node) => [...node.querySelectorAll("a[href], button, input, select, textarea, [tabindex]")];
   const focusAt = existing.contains(document.activeElement) ? controls(existing).indexOf(document.activeElement) : null;
-  existing.replaceWith(row);
-  if (focusAt !== null) (controls(row)[focusAt] ?? controls(row)[0] ?? row)?.focus();
+  const kept = keepTitle(existing, row) ? existing : row;
+  if (kept === row) existing.replaceWith(row);
+  if (focusAt !== null && !kept.contains(document.activeElement)) (controls(kept)[focusAt] ?? controls(kept)[0] ?? kept)?.focus();
+}
+
+// The row and its title link stay the same elements when the link is unchanged, and the rest is
+// the new row's: a click pressed on the link as the task moved on (its state, its step) lands
+// when it is released, and a link with focus keeps it. Only the link is kept: the other
+// controls carry listeners made for the view they were drawn from. False: nothing was changed.
+function keepTitle(existing, row) {
+  const head = existing.querySelector(":scope > .task-row-head");
+  const freshHead = row.querySelector(":scope > .task-row-head");
+  const title = head?.querySelector(":scope > a.task-title");
+  const freshTitle = freshHead?.querySelector(":scope > a.task-title");
+  if (!title || !freshTitle || title.outerHTML !== freshTitle.outerHTML) return false;
+  for (const node of [...head.childNodes]) if (node !== title) node.remove();
+  head.append(...[...freshHead.childNodes].filter((node) => node !== freshTitle));
+  for (const node of [...existing.childNodes]) if (node !== head) node.remove();
+  existing.append(...[...row.childNodes].filter((node) => node !== freshHead));
+  existing.dataset.seq = row.dataset.seq;
+  return true;
 }
 
 function decisionButtons(approval, version, onDone, big) {

@@ -36,6 +36,25 @@ def test_a_live_update_keeps_keyboard_focus_and_the_list_asks_for_the_inbox_coun
     expect(page.locator("#task-step")).to_have_text("—")
 
 
+def test_a_click_pressed_on_a_row_before_a_live_update_still_opens_the_task(page: Any) -> None:
+    """A person presses a task's link as the task moves on: the row redrawn under the pointer
+    between the press and the release lost the click (the page stayed on the list)."""
+    create_owner(page)
+    new_task(page, "Step by step", [{"name": f"part {i}", "run": "sleep 0.4"} for i in range(1, 6)])
+    row = task_row(page, "Step by step")
+    step = row.locator(".task-step")
+    expect(step).to_contain_text("part", timeout=30_000)
+    link = row.get_by_role("link", name="Step by step")
+    box = link.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    expect(step).not_to_have_text(step.inner_text(), timeout=30_000)  # a live update came meanwhile
+    page.mouse.up()
+    expect(page.get_by_role("heading", name="Step by step")).to_be_visible()
+    assert re.search(r"/tasks/[a-z0-9]+$", page.url), page.url
+
+
 def test_a_refused_field_is_explained_in_the_forms_words(page: Any) -> None:
     create_owner(page)
     new_task(page, "   ", [{"run": "true"}])
