@@ -154,7 +154,7 @@ def execute_run(run_id: int) -> None:
         try:
             held, releases = _execute(taking, releases)
         except BaseException:
-            lifecycle.submit_held(releases)  # the run before's, if this one broke before taking them
+            lifecycle.submit_held(releases)  # the run before's: a no-op once ``_execute`` handed them over
             _send(taking)  # perhaps claimed already: then that delivery finds it taken
             raise
 
@@ -167,10 +167,7 @@ def _send(run_id: int) -> None:
         log.warning("run %s could not be sent; the scheduler sends it again", run_id, exc_info=True)
 
 
-Releases = list[tuple[str, lifecycle.Then]]
-
-
-def _execute(run_id: int, before: Releases) -> tuple[int | None, Releases]:
+def _execute(run_id: int, before: lifecycle.Held) -> tuple[int | None, lifecycle.Held]:
     """Claim run ``run_id`` and execute it; the run its finish held back for this worker, if any,
     and the releases that finish asked for, kept until that run's view is open (``_execute``
     again). ``before``: such releases of the run before, handed to the janitor once this run's
@@ -181,7 +178,7 @@ def _execute(run_id: int, before: Releases) -> tuple[int | None, Releases]:
         lifecycle.submit_held(before)  # emptied once handed over: a no-op after the view's opening
 
 
-def _claim_and_execute(run_id: int, before: Releases) -> tuple[int | None, Releases]:
+def _claim_and_execute(run_id: int, before: lifecycle.Held) -> tuple[int | None, lifecycle.Held]:
     global _current_stop
     if handing_back.is_set():
         return None, []  # the cluster is stopping: the run stays queued and is sent again at start-up
@@ -246,7 +243,7 @@ def _claim_and_execute(run_id: int, before: Releases) -> tuple[int | None, Relea
         _current_stop = None
     held_s = ctx.held_s if ctx is not None else 0.0  # waiting for the owner is not running time
     elapsed_ms = int((time.monotonic() - started - held_s) * 1000)
-    releases: Releases = []
+    releases: lifecycle.Held = []
     try:
         with lifecycle.releases_held() as releases, runs.hold_first() as held:
             if finish_run(task, run, token, recorder, outcome, elapsed_ms):

@@ -44,6 +44,7 @@ RELEASE_RETRY_S = (0.5, 2.0)
 
 
 Then = Callable[[], None] | None  # what to do once a release is complete
+Held = list[tuple[str, Then]]  # releases kept by ``releases_held``: (task id, then)
 
 
 class Janitor:
@@ -136,7 +137,7 @@ janitor = Janitor()
 
 
 class _Held(threading.local):
-    releases: list[tuple[str, Then]] | None = None
+    releases: Held | None = None
 
 
 _held = _Held()
@@ -153,14 +154,14 @@ def release_soon(task_id: str, *, then: Then = None) -> None:
 
 
 @contextmanager
-def releases_held() -> Iterator[list[tuple[str, Then]]]:
+def releases_held() -> Iterator[Held]:
     """The releases this thread asks for inside the block are kept for the caller to hand to the
     janitor (``submit_held``). A worker that goes on with its ended task's dependent opens the
     dependent's view first: that opening seals the ended task's layer itself (the only part of
     its release the dependent needs), and a janitor releasing beside it only took turns with it
     at the interpreter and waited for the same layer's lock. Nothing waits on a held release for
     correctness; one a process dies holding is finished by start-up reconcile, as any release is."""
-    held: list[tuple[str, Then]] = []
+    held: Held = []
     _held.releases = held
     try:
         yield held
@@ -168,7 +169,7 @@ def releases_held() -> Iterator[list[tuple[str, Then]]]:
         _held.releases = None
 
 
-def submit_held(held: list[tuple[str, Then]]) -> None:
+def submit_held(held: Held) -> None:
     """Hand the releases ``releases_held`` kept to the janitor; the list is emptied (a second call
     does nothing)."""
     while held:
