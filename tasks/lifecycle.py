@@ -292,5 +292,6 @@ def empty_spare_pool() -> None:
             # by a pid that is gone: the claim is dropped first, so the user goes too.
             users.drop_stale_claims()
             users.empty_pool()
+            users.remove_orphan_groups()
         except Exception:  # noqa: BLE001 - the next start tries again
             log.exception("removing the pool of task users at stop failed; the next start tries again")

@@ -150,6 +150,7 @@ def reconcile() -> list[str]:
 
     if os.geteuid() == 0:
         users.drop_stale_claims()
+        users.remove_orphan_groups()  # a group whose user's userdel was killed half-way
         for ident in users.legacy_users():  # the earlier scheme's per-task users: box-<task id>
             users.kill_processes(ident.uid)
             users.clear_keyrings(ident)

@@ -201,12 +201,52 @@ def _claim_path(name: str) -> Path:
     return pool_dir() / name
 
 
+def _stem() -> str:
+    """What every pool user's (and its group's) name starts with: this box's digest."""
+    return f"{PREFIX}{_digest()[:10]}-"
+
+
 def _new_name(taken: set[str]) -> str:
-    stem = f"{PREFIX}{_digest()[:10]}-"
+    """The first pool name neither ``taken`` nor used by any account or group: a group left
+    without its user (a ``userdel`` or ``useradd`` killed half-way) would make ``useradd
+    --user-group`` of that name fail every time (``orphan_groups`` removes it at start-up)."""
+    stem = _stem()
     n = 0
-    while f"{stem}{n}" in taken:
+    while f"{stem}{n}" in taken or _name_used(f"{stem}{n}"):
         n += 1
     return f"{stem}{n}"
+
+
+def _name_used(name: str) -> bool:
+    return _user_exists(name) or _group_exists(name)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def orphan_groups() -> list[str]:
+    """Groups named as this box's pool users that have no user of that name and no claim (nobody
+    is making or deleting that user): left by an account tool killed half-way."""
+    stem, held = _stem(), claims()
+    return sorted(g.gr_name for g in grp.getgrall()
+                  if g.gr_name.startswith(stem) and g.gr_name not in held and not _user_exists(g.gr_name))
+
+
+def remove_orphan_groups() -> list[str]:
+    """Delete the ``orphan_groups`` (at start-up, as root); returns their names."""
+    removed = []
+    for name in orphan_groups():
+        with _pool_lock():  # a user of that name is made or deleted only while claimed
+            if name in claims() or _user_exists(name):
+                continue
+            _run_account_tool(["groupdel", name], ok_codes={0, 6})
+        removed.append(name)
+    return removed
 
 
 def find_user(task_id: str) -> Identity | None:
@@ -261,7 +301,8 @@ def _create(name: str) -> Identity:
     _run_account_tool(argv, ok_codes={0, 9})  # 9: the name exists (a crash between useradd and its claim)
     found = _identity(name)
     if found is None:
-        raise SandboxError(f"useradd reported success but {name} does not exist or is not the box's", field="user")
+        what = "an account of that name is not the box's" if _name_used(name) else "it does not exist"
+        raise SandboxError(f"useradd could not make the pool user {name}: {what}", field="user")
     return found
 
 

@@ -308,3 +308,27 @@ def test_an_idle_janitor_trims_the_pool_once_it_is_quiet(sandboxed, monkeypatch)
     assert sandboxed.wait_state(task["id"], "done", "failed")["state"] == "done"
     lifecycle.janitor.drain()  # its release done; it then waits for the quiet and trims
     wait_for(lambda: len(_free_users()) == 2 * django_settings.BOX_USER_POOL, timeout=30, what="the surplus deleted")
+
+
+def test_a_group_left_without_its_user_neither_blocks_new_pool_users_nor_outlives_the_start_up(settings: Any, db: None) -> None:
+    """A worker killed while ``userdel`` ran can leave the user's group behind. ``useradd
+    --user-group`` of that name then fails, and every task that needed a new pool user failed to
+    start (CI saw one such name fail 82 tasks). The name is passed over, and start-up removes the
+    group."""
+    settings.BOX_USER_POOL = 0  # every claim makes a user: the name's first choice is used at once
+    users.empty_pool()
+    orphan = users._new_name(set())
+    subprocess.run(["groupadd", "--system", orphan], check=True)
+    try:
+        ident, fresh = users.claim_user("tkorphan1")
+        assert fresh and ident.name != orphan and users.find_user("tkorphan1") == ident
+        users.give_back("tkorphan1", ident)
+        assert users.find_user("tkorphan1") is None
+
+        assert users.orphan_groups() == [orphan]
+
+        cleanup.reconcile()
+        assert users.orphan_groups() == []
+        assert not users._group_exists(orphan)
+    finally:
+        subprocess.run(["groupdel", orphan], capture_output=True, check=False)
