@@ -150,20 +150,26 @@ def _reaches(start: str, target: str) -> bool:
     return False
 
 
-def add_edge(task: Task, on: Task, edge: EdgeSpec, *, recovers: Dependency | None = None) -> Dependency:
+def add_edge(task: Task, on: Task, edge: EdgeSpec, *, recovers: Dependency | None = None,
+             new: bool = False) -> Dependency:
     """The one way an edge is added: ``task`` waits for ``on``. Refuses a self edge, a second
     edge between the same two tasks, and an edge that would close a cycle. ``recovers``: the
-    failed edge a recovery review's edge replaces (``recovery_due``)."""
+    failed edge a recovery review's edge replaces (``recovery_due``). ``new``: ``task`` is being
+    created in this transaction, from edges ``parse_edges`` checked: it has no edge yet and
+    nothing can wait for it, so neither check is asked of the database."""
     field = "dependsOn"
     if on.pk == task.pk:
         raise InvalidSpec("a task cannot depend on itself", field=field)
     if on.owner_id != task.owner_id:
         raise InvalidSpec(f"no task '{on.pk}'", field=field)
-    with transaction.atomic():
+    # No savepoint of its own (two round trips): a refusal here ends its caller's transaction too.
+    with transaction.atomic(savepoint=False):
+        # Taken also for a new task: a dependency's final move takes it before it looks for
+        # dependents, so it either sees this edge or has ended before the creation's verdict.
         lock_owner(task.owner_id)  # a no-op when the caller took it first
-        if Dependency.objects.filter(task=task, on=on).exists():
+        if not new and Dependency.objects.filter(task=task, on=on).exists():
             raise Conflict(f"task '{task.pk}' already depends on '{on.pk}'", field=field)
-        if _reaches(on.pk, task.pk):
+        if not new and _reaches(on.pk, task.pk):
             raise Conflict(f"'{task.pk}' cannot depend on '{on.pk}': '{on.pk}' already waits for '{task.pk}' "
                            "(the edge would close a cycle)", field=field, code="DEPENDENCY_CYCLE")
         return Dependency.objects.create(task=task, on=on, condition=edge.condition, required=edge.required,
@@ -183,6 +189,7 @@ class Verdict:
     failure: str = ""
     edge: Dependency | None = None  # with ``failure``: the edge that can never be satisfied
     started: bool = False
+    waiting_on: tuple[str, ...] = ()  # the dependencies not ended yet, in the edges' order
 
 
 def artifact_present(on_id: str, artifact: str, *, seal: bool = True) -> bool:
@@ -234,7 +241,7 @@ def verdict(task: Task) -> Verdict:
         found = cursor.fetchall()
     if found[0][0]:
         return Verdict(started=True)
-    waiting = False
+    waiting: list[str] = []
     for row in found:
         if row[1] is None:
             break  # no edge: the one row says only whether a run is open
@@ -243,11 +250,11 @@ def verdict(task: Task) -> Verdict:
         on_state = row[-1]
         state = edge_state(edge, on_state)
         if state == "waiting":
-            waiting = True
+            waiting.append(edge.on_id)
         elif state == "unsatisfied" and edge.required:
             failed = Dependency.objects.select_related("on").get(pk=edge.pk)
             return Verdict(failure=_why(failed, on_state), edge=failed)
-    return Verdict(ready=not waiting)
+    return Verdict(ready=not waiting, waiting_on=tuple(waiting))
 
 
 @functools.cache

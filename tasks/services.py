@@ -473,7 +473,7 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     edges = dependencies.parse_edges(task.depends_on)
     for edge in edges:
         on = spec.dependencies.get(edge.on) or Task.objects.get(pk=edge.on)  # the spec's check read it
-        dependencies.add_edge(task, on, edge)
+        dependencies.add_edge(task, on, edge, new=True)
     if not edges:
         runs.create_run(task, RunKind.START, first=True)
         return task
@@ -483,7 +483,7 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     if found.ready:
         runs.create_run(task, RunKind.START, first=True)
     else:
-        waiting = list(Task.objects.filter(pk__in=[e.on for e in edges], state__in=ACTIVE).values_list("pk", flat=True))
+        waiting = list(found.waiting_on)
         record_event(task, EventKind.NOTE, f"waits for {', '.join(waiting)} before it starts", {"waiting_for_tasks": waiting})
     return task
 
