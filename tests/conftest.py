@@ -21,7 +21,8 @@ from rest_framework.test import APIClient
 
 from boxsite.auth import issue_api_token
 from tasks import lifecycle, sandbox
-from tasks.layers import disk, unmount_views
+from tasks.layers import disk, mounts, unmount_views
+from tasks.layers import paths as layer_paths
 from tasks.models import Task, Workspace
 from tasks.sandbox import users
 from tests.factories import make_owner
@@ -100,6 +101,12 @@ def _worker_data_dir(worker_id: str) -> Iterator[None]:
         lifecycle.janitor.drain()
         lifecycle.empty_spare_pool()
         disk.drop_spares()  # the pool's free task users (claimed ones are released by each test)
+        # A box process a test killed while it probed left its probe's mount: the next probe of
+        # a box process removes it (``paths.probe_dir``), as here.
+        for kind in ("probe", "disk-probe"):
+            layer_paths.probe_dir(settings.BOX_DATA_DIR, kind)
+        mounted = mounts.mounts_under(settings.BOX_DATA_DIR)
+        assert not mounted, f"the tests left mounts in their data directory behind: {mounted}"
     left = users_left_behind()
     assert not left, f"the tests left task users of their boxes behind: {left}"
 

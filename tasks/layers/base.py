@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 from pathlib import Path
 
 from django.conf import settings
@@ -36,7 +35,7 @@ def _run_probe(data: Path) -> str | None:
     if os.geteuid() != 0:
         return "the box is not running as root"
 
-    base = data / "layers" / f".probe-{os.getpid()}-{threading.get_ident()}"
+    base = paths.probe_dir(data, "probe")
     try:
         for part in ("lower", "upper", "work", "view"):
             (base / part).mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ def _run_probe(data: Path) -> str | None:
         return f"{MKFS} is not installed (Debian: e2fsprogs)"
     if not Path("/dev/loop-control").exists():
         return "this kernel offers no loop devices (/dev/loop-control)"
-    base = data / "layers" / f".disk-probe-{os.getpid()}-{threading.get_ident()}"
+    base = paths.probe_dir(data, "disk-probe")
     image, point = base / "disk.img", base / "disk"
     try:
         point.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from django.conf import settings
 
 from boxsite.errors import InvalidRequest
 from boxsite.setting_paths import path_setting
+from tasks.layers import mounts
 
 NAME_MAX = 255  # bytes in one name, on Linux's file systems
 PATH_MAX = 4096  # bytes in a path, its final NUL included
@@ -49,6 +51,33 @@ def probed(name: str, probe: Callable[[Path], str | None]) -> str | None:
         if key not in _probed:
             _probed[key] = probe(Path(key[1]))
         return _probed[key]
+
+
+def probe_dir(data: Path, kind: str) -> Path:
+    """Where this process and thread try a kernel feature for real (``layers/.<kind>-<pid>-<thread>``),
+    once the ones of processes that are gone are removed: a probe killed between its mount and
+    its unmount left both behind, a mount nothing else would ever take down."""
+    layers, prefix = data / "layers", f".{kind}-"
+    try:
+        entries = [entry for entry in os.scandir(layers) if entry.name.startswith(prefix)]
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        pid = entry.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            mounts.unmount_all_under(Path(entry.path))
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return layers / f"{prefix}{os.getpid()}-{threading.get_ident()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def layer_dir(task_id: str) -> Path:

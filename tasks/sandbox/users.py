@@ -543,6 +543,12 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
+def running_processes_of(uid: int) -> list[int]:
+    """``processes_of(uid)`` less the zombies: a process that has exited is not running, even
+    while its parent (often the machine's init, for a sandbox's own init) has not reaped it."""
+    return [pid for pid in processes_of(uid) if not _is_zombie(pid)]
+
+
 def kill_processes(uid: int, *, timeout: float = 10.0, spare_namespace: str | None = None) -> int:
     """SIGKILL every process of ``uid`` until none is left; returns how many were killed. With
     ``spare_namespace`` (``os.readlink`` of a ``/proc/<pid>/ns/pid``), the processes in that PID
@@ -557,7 +563,7 @@ def kill_processes(uid: int, *, timeout: float = 10.0, spare_namespace: str | No
     deadline = time.monotonic() + timeout
     delay = 0.005
     while True:
-        pids = [pid for pid in processes_of(uid) if not _is_zombie(pid) and not _in_namespace(pid, spare_namespace)]
+        pids = [pid for pid in running_processes_of(uid) if not _in_namespace(pid, spare_namespace)]
         if not pids:
             return killed
         for pid in pids:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from boxsite import procs
-from tasks.sandbox.users import processes_of
+from tasks.sandbox.users import processes_of, running_processes_of
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -72,7 +72,7 @@ def test_stop_at_payment_types_nothing_and_stops_for_good(sandboxed, site):
     uid = uid_of(task["id"])
     assert uid is not None
     assert sandboxed.api.post(f"/api/tasks/{task['id']}/cancel").status_code == 200
-    wait_for(lambda: not processes_of(uid), timeout=30, what="every process of the task's user to go")
+    wait_for(lambda: not running_processes_of(uid), timeout=30, what="every process of the task's user to go")
     assert not any(os.path.exists(f"/proc/{pid}") for pid in held)
 
 
@@ -125,7 +125,7 @@ def test_cancel_releases_the_browser(sandboxed, site, cluster_mode, tmp_path):
         uid = uid_of(task["id"])
         assert sandboxed.api.post(f"/api/tasks/{task['id']}/cancel").status_code == 200
         assert uid is not None
-        wait_for(lambda: not processes_of(uid), timeout=30, what="every process of the task's user to go")
+        wait_for(lambda: not running_processes_of(uid), timeout=30, what="every process of the task's user to go")
         assert sandboxed.wait_state(task["id"], "cancelled")["state"] == "cancelled"
 
 
@@ -148,5 +148,5 @@ def test_the_approval_run_attaches_from_another_process_to_the_browser_the_clust
         assert view["state"] == "done", (view["error"], [e["summary"] for e in sandboxed.events(task["id"])])
         assert site.gets["/pay"] == 1 and site.posts["/pay"] == 1
         uid = uid_of(task["id"])
-        wait_for(lambda: uid is None or not processes_of(uid), timeout=30, what="the kept browser to go with the task")
+        wait_for(lambda: uid is None or not running_processes_of(uid), timeout=30, what="the kept browser to go with the task")
         assert not any(os.path.exists(f"/proc/{pid}") for pid in kept)

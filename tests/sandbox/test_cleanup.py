@@ -17,7 +17,7 @@ from tasks.models import Task
 from tasks.sandbox import cleanup, paths, users
 from tasks.sandbox.cleanup import release
 from tasks.sandbox.paths import runtime_dir
-from tasks.sandbox.users import processes_of
+from tasks.sandbox.users import processes_of, running_processes_of
 from tests.cluster import running_box
 from tests.conftest import database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -37,7 +37,9 @@ def cluster_mode(settings):
 
 
 def _processes(uid: int) -> list[int]:
-    return processes_of(uid)
+    """The user's processes still running (one that exited may wait a while for the machine's
+    init to reap it: the sandbox's init is reparented there when its worker is killed)."""
+    return running_processes_of(uid)
 
 
 def _started(box, task_id: str) -> int:

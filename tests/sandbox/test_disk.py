@@ -5,6 +5,7 @@ its limit is kept and undone as ever."""
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tasks.layers import disk, mounts, paths
+from tasks.layers import base, disk, mounts, paths
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
@@ -115,3 +116,34 @@ def test_health_says_the_disk_limit_holds(limited: Any) -> None:
     held = limited.api.get("/api/health").json()["isolation"]["limits"]["disk"]
     assert held["enforced"] is True and held["default_mb"] == settings.BOX_TASK_DISK_MB, held
     assert held["how"].startswith("enforced with a loop-mounted ext4 image"), held
+
+
+def test_a_probe_killed_with_its_image_mounted_leaves_nothing_once_the_box_probes_again(settings: Any) -> None:
+    """A box process killed between its probe's mount and unmount left the mount behind, and
+    nothing took it down: CI's next clone could not delete the data directory. The next probe
+    (any box process, at its first need) removes the leftovers of processes that are gone."""
+    data = Path(settings.BOX_DATA_DIR)
+    gone = os.fork()
+    if gone == 0:
+        os._exit(0)
+    os.waitpid(gone, 0)
+    left = data / "layers" / f".disk-probe-{gone}-1"
+    left.mkdir(parents=True)
+    disk._make_image(left / "disk.img", limit_mb=1, content_bytes=0, content_files=0)
+    disk._mount(left / "disk.img", left / "disk")  # as the probe had it when it was killed
+    overlay_left = data / "layers" / f".probe-{gone}-1"
+    for part in ("lower", "upper", "work", "view"):
+        (overlay_left / part).mkdir(parents=True)
+    mounts.mount_overlay(overlay_left / "view", [overlay_left / "lower"], overlay_left / "upper", overlay_left / "work")
+    mine = data / "layers" / f".disk-probe-{os.getpid()}-2"
+    mine.mkdir()  # a probe of a process still running is left alone
+    try:
+        assert mounts.mounts_under(left) and mounts.mounts_under(overlay_left)
+        assert disk._run_probe(data) is None and base._run_probe(data) is None
+        assert not mounts.mounts_under(left) and not left.exists()
+        assert not mounts.mounts_under(overlay_left) and not overlay_left.exists()
+        assert mine.is_dir()
+    finally:
+        mounts.unmount_all_under(left, overlay_left)
+        for path in (left, overlay_left, mine):
+            shutil.rmtree(path, ignore_errors=True)
