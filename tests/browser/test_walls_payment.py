@@ -2,7 +2,6 @@
 the browser's release: at a pause and on cancel no Chromium of the task's user remains."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -73,7 +72,7 @@ def test_stop_at_payment_types_nothing_and_stops_for_good(sandboxed, site):
     assert uid is not None
     assert sandboxed.api.post(f"/api/tasks/{task['id']}/cancel").status_code == 200
     wait_for(lambda: not running_processes_of(uid), timeout=30, what="every process of the task's user to go")
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in held)
+    assert not any(procs.alive(pid) for pid in held)  # killed (a zombie not yet reaped runs nothing)
 
 
 def test_fill_then_approve_fills_only_on_a_named_origin_and_approval_pays_exactly_once(sandboxed, site):
@@ -149,4 +148,4 @@ def test_the_approval_run_attaches_from_another_process_to_the_browser_the_clust
         assert site.gets["/pay"] == 1 and site.posts["/pay"] == 1
         uid = uid_of(task["id"])
         wait_for(lambda: uid is None or not running_processes_of(uid), timeout=30, what="the kept browser to go with the task")
-        assert not any(os.path.exists(f"/proc/{pid}") for pid in kept)
+        assert not any(procs.alive(pid) for pid in kept)
