@@ -26,6 +26,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from boxsite import procs
 from boxsite.errors import InvalidRequest
 from boxsite.setting_paths import path_setting
 from tasks.layers import mounts
@@ -64,20 +65,10 @@ def probe_dir(data: Path, kind: str) -> Path:
         entries = []
     for entry in entries:
         pid = entry.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not procs.alive(int(pid)):
             mounts.unmount_all_under(Path(entry.path))
             shutil.rmtree(entry.path, ignore_errors=True)
     return layers / f"{prefix}{os.getpid()}-{threading.get_ident()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def layer_dir(task_id: str) -> Path:
