@@ -69,20 +69,25 @@ def empty_pool_of(data_dir: str | Path, local_dir: str | Path | None = None) -> 
 
 
 def users_left_behind() -> dict[str, list[str]]:
-    """Task users (free or claimed) of a data directory this test worker used, by the test that
-    first used it. Once the session's boxes are stopped there must be none: nothing else removes
-    the users of a temporary data directory, which is gone by then. Those of a directory that is
-    gone are removed here (nobody can use them); the others only reported."""
+    """Task users (free or claimed), and groups of pool users that are gone, of a data directory
+    this test worker used, by the test that first used it. Once the session's boxes are stopped
+    there must be none: nothing else removes those of a temporary data directory, which is gone
+    by then. Those of a directory that is gone are removed here (nobody can use them); the others
+    only reported."""
     left: dict[str, list[str]] = {}
     for directory, test in _data_dirs.items():
         found = users.pool_users(directory)
-        if not found:
+        groups = users.userless_groups(directory)  # also a claimed one: no box runs now
+        if not found and not groups:
             continue
         gone = not Path(directory).exists()
-        left[f"{directory} ({'gone; ' if gone else ''}first used by {test})"] = [ident.name for ident in found]
+        left[f"{directory} ({'gone; ' if gone else ''}first used by {test})"] = (
+            [ident.name for ident in found] + [f"group {name}" for name in groups])
         if gone:
             for ident in found:
                 users.remove_user(ident.name)
+            for name in groups:
+                users.remove_user(name)  # no user of that name: only its group goes
     return left
 
 
@@ -108,7 +113,7 @@ def _worker_data_dir(worker_id: str) -> Iterator[None]:
         mounted = mounts.mounts_under(settings.BOX_DATA_DIR)
         assert not mounted, f"the tests left mounts in their data directory behind: {mounted}"
     left = users_left_behind()
-    assert not left, f"the tests left task users of their boxes behind: {left}"
+    assert not left, f"the tests left task users (or their groups) of their boxes behind: {left}"
 
 
 @pytest.fixture(autouse=True, scope="session")

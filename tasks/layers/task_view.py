@@ -379,7 +379,11 @@ def _note_due(task: Task, layer: Layer) -> bool:
     """``Layer.note_due`` as the seal writes it with the manifest: layers not in the task's view were applied before its own."""
     if task.folders or task.state != State.DONE or layer.applied_at is None:
         return False
-    return bool(_not_stacked(task, list(_applied_since_created(task, layer).values_list("task_id", "applied_at"))))
+    # Only the ids: a busy workspace applies hundreds of layers within one lease, and making
+    # each row's time (and tuple) was most of a seal's CPU in a chain of tasks.
+    stacked = set(task.layers)
+    return any(task_id not in stacked
+               for task_id in _applied_since_created(task, layer).values_list("task_id", flat=True))
 
 
 def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None:

@@ -117,8 +117,9 @@ def legacy_marker() -> str:
     return f"box task user {_digest()}"
 
 
-def pool_dir() -> Path:
-    return paths.local_dir() / "users"
+def pool_dir(local_dir: str | Path | None = None) -> Path:
+    """Where the pool's claims live (of the box with ``local_dir``, by default this one)."""
+    return Path(local_dir or paths.local_dir()) / "users"
 
 
 _pool_thread_lock = threading.Lock()
@@ -180,11 +181,12 @@ def _box_accounts() -> list[tuple[str, int, int, str]]:
     return found
 
 
-def claims() -> dict[str, str]:
-    """Pool user name -> the task that holds it (or ``.fill-<pid>`` while it is being made)."""
+def claims(local_dir: str | Path | None = None) -> dict[str, str]:
+    """Pool user name -> the task that holds it (or ``.fill-<pid>`` while it is being made), in
+    the pool of the box with ``local_dir`` (by default this one)."""
     found = {}
     try:
-        entries = list(os.scandir(pool_dir()))
+        entries = list(os.scandir(pool_dir(local_dir)))
     except FileNotFoundError:
         return {}
     for entry in entries:
@@ -201,9 +203,10 @@ def _claim_path(name: str) -> Path:
     return pool_dir() / name
 
 
-def _stem() -> str:
-    """What every pool user's (and its group's) name starts with: this box's digest."""
-    return f"{PREFIX}{_digest()[:10]}-"
+def _stem(local_dir: str | Path | None = None) -> str:
+    """What every pool user's (and its group's) name starts with: the box's digest (of the box
+    with ``local_dir``, by default this one)."""
+    return f"{PREFIX}{_digest(local_dir)[:10]}-"
 
 
 def _new_name(taken: set[str]) -> str:
@@ -229,12 +232,19 @@ def _user_exists(name: str) -> bool:
     return True
 
 
-def orphan_groups() -> list[str]:
-    """Groups named as this box's pool users that have no user of that name and no claim (nobody
-    is making or deleting that user): left by an account tool killed half-way."""
-    stem, held = _stem(), claims()
-    return sorted(g.gr_name for g in grp.getgrall()
-                  if g.gr_name.startswith(stem) and g.gr_name not in held and not _user_exists(g.gr_name))
+def orphan_groups(local_dir: str | Path | None = None) -> list[str]:
+    """Groups named as the box's pool users that have no user of that name and no claim (nobody
+    is making or deleting that user): left by an account tool killed half-way. Of the box with
+    ``local_dir``, by default this one."""
+    held = claims(local_dir)
+    return [name for name in userless_groups(local_dir) if name not in held]
+
+
+def userless_groups(local_dir: str | Path | None = None) -> list[str]:
+    """Every group named as the box's pool users that has no user of that name, claimed or not
+    (a stopped box must have none)."""
+    stem = _stem(local_dir)
+    return sorted(g.gr_name for g in grp.getgrall() if g.gr_name.startswith(stem) and not _user_exists(g.gr_name))
 
 
 def remove_orphan_groups() -> list[str]:
@@ -283,22 +293,38 @@ def claim_user(task_id: str) -> tuple[Identity, bool]:
                 _mark_active()
                 _refill_wanted.set()
                 return free[0], True
-            # The pool is empty: reserve a new name (the claim link) and make the user outside the lock.
+            # The pool is empty: reserve a new name and make the user outside the lock. Until
+            # the user exists the claim is the maker's (``.fill-<pid>``): one killed inside
+            # useradd leaves a claim ``drop_stale_claims`` knows, and the group useradd may have
+            # made goes at the next start (``remove_orphan_groups``); the task's next run claims
+            # another name. Held by the task, that claim named a user that never came, and the
+            # run that came next failed on the group (``useradd --user-group`` of a name in use).
             mine = _new_name(set(held) | {ident.name for ident in pool_users()})
-            os.symlink(task_id, _claim_path(mine))
+            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(mine))
             _mark_active()
-            fresh = True
+            reserved = True
         else:
-            fresh = False
-    found = _identity(mine)
-    if found is not None:
-        return found, fresh
+            reserved = False
+    if not reserved:
+        found = _identity(mine)
+        if found is not None:
+            return found, False
     try:
-        return _create(mine), True
+        made = _create(mine)
     except BaseException:
         with _pool_lock():
             _unlink(_claim_path(mine))
         raise
+    if reserved:
+        _hold(mine, task_id)
+    return made, True
+
+
+def _hold(name: str, holder: str) -> None:
+    """Point ``name``'s claim at ``holder`` (a task, or the process that is deleting it)."""
+    with _pool_lock():
+        _unlink(_claim_path(name))
+        os.symlink(holder, _claim_path(name))
 
 
 def _create(name: str) -> Identity:
@@ -330,7 +356,17 @@ def give_back(task_id: str, ident: Identity) -> None:
             _unlink(_claim_path(ident.name))
             _mark_active()
             return
-    remove_user(ident.name)  # still claimed while it goes: nobody else can take it meanwhile
+        # Still claimed while it goes (nobody else can take it meanwhile), by this process: one
+        # killed inside userdel leaves a claim ``drop_stale_claims`` knows, where the task's
+        # claim named a user that was gone, which no release looked at again (and its group
+        # stayed for good).
+        _unlink(_claim_path(ident.name))
+        os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(ident.name))
+    try:
+        remove_user(ident.name)
+    except BaseException:
+        _hold(ident.name, task_id)  # the task's again: its release is tried again
+        raise
     with _pool_lock():
         _unlink(_claim_path(ident.name))
 

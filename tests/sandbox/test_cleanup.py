@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -342,3 +343,67 @@ def test_a_group_left_without_its_user_neither_blocks_new_pool_users_nor_outlive
     finally:
         users.empty_pool()
         subprocess.run(["groupdel", orphan], capture_output=True, check=False)
+
+
+
+def _killed_inside(tool: str, first_half: str, code: str, tmp_path: Path) -> None:
+    """Run ``code`` in a box process of its own (``manage.py shell``, a user per task) whose
+    ``tool`` does ``first_half`` of the real tool's work on the account named last, then kills
+    that process (SIGKILL, as a killed worker would end it)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / tool).write_text(f'#!/bin/sh\nfor name; do :; done\n{first_half}\nkill -9 $PPID\nsleep 60\n')
+    (fake / tool).chmod(0o755)
+    env = {**database_env(), "BOX_DATA_DIR": str(django_settings.BOX_DATA_DIR), "BOX_USER_POOL": "0",
+           "PATH": f"{fake}:{os.environ['PATH']}"}
+    env.pop("BOX_LOCAL_DIR", None)
+    done = subprocess.run([sys.executable, str(Path(django_settings.BASE_DIR) / "manage.py"), "shell", "-c", code],
+                          env=env, cwd=django_settings.BASE_DIR, capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, (done.returncode, done.stderr.decode()[-2000:])
+
+
+@pytest.fixture
+def own_box(settings: Any, tmp_path: Path) -> Any:
+    """A box of its own, with a user per task: any other box process of the worker's data
+    directory starting or stopping meanwhile would clean up what the test looks for."""
+    settings.BOX_DATA_DIR = tmp_path / "box"
+    settings.BOX_LOCAL_DIR = None
+    settings.BOX_USER_POOL = 0
+    yield settings
+    users.drop_stale_claims()
+    users.empty_pool()
+    users.remove_orphan_groups()
+
+
+def test_a_give_back_killed_inside_userdel_leaves_no_claim_or_group_after_the_start_up(own_box, db, tmp_path):
+    """With a user per task the give-back deletes the user while it is still claimed. Killed
+    between ``userdel``'s removal of the user and of its group, the task's claim named a user
+    that was gone: no release or start-up looked at it again, and the name and its group stayed
+    taken for good."""
+    userdel = shutil.which("userdel")
+    _killed_inside("userdel", f'{userdel} "$name" && groupadd --system "$name"',
+                   "from tasks.sandbox import users\n"
+                   "ident, _ = users.claim_user('tkhalfdel1')\nusers.give_back('tkhalfdel1', ident)", tmp_path)
+    [left] = users.userless_groups()
+    assert users.find_user("tkhalfdel1") is None
+
+    cleanup.reconcile()
+    assert users.userless_groups() == [] and not users._group_exists(left)
+    assert users.claims() == {}
+
+
+def test_a_run_killed_inside_useradd_leaves_its_task_a_user_to_claim(own_box, db, tmp_path):
+    """The pool empty, a claim makes its user. Killed after ``useradd`` made the group and
+    before the user, the task held a claim naming a user that never came: its next run made that
+    name again, and ``useradd --user-group`` failed on the group, run after run."""
+    _killed_inside("useradd", 'groupadd --system "$name"',
+                   "from tasks.sandbox import users\nusers.claim_user('tkhalfadd1')", tmp_path)
+    [left] = users.userless_groups()
+    assert users.find_user("tkhalfadd1") is None
+
+    ident, fresh = users.claim_user("tkhalfadd1")  # the task's next run
+    assert fresh and ident.name != left and users.find_user("tkhalfadd1") == ident
+    users.give_back("tkhalfadd1", ident)
+
+    cleanup.reconcile()
+    assert users.userless_groups() == [] and users.claims() == {}
