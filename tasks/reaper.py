@@ -10,7 +10,6 @@ task fails with a clear error, ``recoverable`` and a ``hint``. It sits above ``t
 """
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals import actions
+from boxsite import procs
 from tasks import runs, services
 from tasks import step_receipts as receipts
 from tasks.models import EventKind, Run, RunKind, RunState, Task, TaskEvent
@@ -157,18 +157,8 @@ def resume_after_restart(now: Any = None, *, started_before: Any = None) -> int:
     return sum(
         _lose(run_id, token, outcome="lost", error="the box restarted while this run was working", plan=plan, now=now).active
         for run_id, token, pid in rows
-        if pid is not None and not _process_alive(pid)
+        if pid is not None and not procs.alive(pid)  # a zombie is gone too: it does no work
     )
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def mark_interrupted_step(task: Task, why: str, run: Run | None = None) -> None:

@@ -3,13 +3,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 from django_q.brokers import get_broker
 
-from tasks.models import Run, Task
+from boxsite import procs
+from tasks.models import Run, RunState, Task
+from tasks.reaper import resume_after_restart
 from tests.cluster import MANAGE, running_box, spawn, stop
 from tests.conftest import database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -64,3 +70,24 @@ def test_a_run_whose_message_was_lost_is_sent_again_within_the_bound(box, tmp_pa
         assert Run.objects.filter(task_id=task["id"]).count() == 1  # the same run, sent again
     finally:
         stop(scheduler)
+
+
+def test_a_run_whose_worker_is_a_zombie_is_resumed_at_the_restart_not_left_to_its_lease(box):
+    """A worker that died but was not yet waited for by its parent is a zombie: it does no work,
+    yet ``kill(pid, 0)`` says it exists, and the restart left its run "running" for a lease."""
+    task = box.create(title="cut off", flow=QUICK)
+    zombie = subprocess.Popen(["true"])
+    try:
+        wait_for(lambda: procs.state(zombie.pid) == "Z", timeout=30, what="the child to exit unreaped")
+        now = timezone.now()
+        Run.objects.filter(task_id=task["id"]).update(
+            state=RunState.RUNNING, lease_token="t" * 32, lease_expires_at=now + timedelta(minutes=5),
+            started_at=now - timedelta(seconds=1), worker_host=socket.gethostname()[:255], worker_pid=zombie.pid)
+        Task.objects.filter(pk=task["id"]).update(state="running")
+
+        assert resume_after_restart(started_before=now) == 1
+    finally:
+        zombie.wait()
+    runs = list(Run.objects.filter(task_id=task["id"]).order_by("number"))
+    assert runs[0].state == RunState.LOST and len(runs) == 2, [(r.number, r.state) for r in runs]
+    assert "the box restarted" in box.events(task["id"])[-1]["summary"]
