@@ -11,7 +11,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from tests.conftest import database_env, track_data_dir
+from tests.conftest import database_env, empty_pool_of, track_data_dir
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 
@@ -67,3 +67,6 @@ def running_box(tmp_path: Path, *, scheduler: bool = True, **env_overrides: str)
     finally:
         for proc in procs.values():
             stop(proc)
+        # What the supervisor does after its children stopped: the pool's spare users go (also
+        # one an account tool finished after its process was killed).
+        empty_pool_of(env["BOX_DATA_DIR"], env.get("BOX_LOCAL_DIR"))

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from boxsite import procs
 from boxsite.errors import BoxError
 from tasks.sandbox import paths
 from tasks.sandbox.support import INIT, SYSTEM_PYTHON
@@ -494,14 +495,44 @@ def empty_pool() -> None:
 
 
 def stale_claims() -> dict[str, str]:
-    """Claims made by a process that is gone while it was making a pool user."""
+    """Claims made by a process that is gone (a zombie too) while it was making or deleting a
+    pool user, once no account tool it started on that user is still running (waited for, up to
+    ``_TOOL_WAIT_S``): until then the user may still be half-way, and one handed out then would
+    vanish under its task."""
     stale = {}
     for name, holder in claims().items():
         if holder.startswith(_FILLING):
             pid = holder[len(_FILLING):]
-            if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
+            if not pid.isdigit() or not procs.alive(int(pid)):
                 stale[name] = holder
+    deadline = time.monotonic() + _TOOL_WAIT_S
+    while stale and (busy := _account_tools_running() & set(stale)):
+        if time.monotonic() > deadline:
+            return {name: holder for name, holder in stale.items() if name not in busy}
+        time.sleep(0.01)  # a tool takes milliseconds: wait for it (at start-up and stop only)
     return stale
+
+
+_TOOL_WAIT_S = 10.0
+
+
+_ACCOUNT_TOOLS = {b"useradd", b"userdel", b"groupadd", b"groupdel"}
+
+
+def _account_tools_running() -> set[str]:
+    """The accounts the account tools running on the machine now act on (named last)."""
+    names = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and os.path.basename(argv[0]) in _ACCOUNT_TOOLS:
+            names.add(argv[-1].decode(errors="replace"))
+    return names
 
 
 def drop_stale_claims() -> None:
@@ -539,7 +570,11 @@ def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
     delay = 0.01
     while True:
         with _accounts_lock():
-            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            # In a session of its own: a kill of the box process's group (a stop's last
+            # SIGKILL) must not cut the tool half-way (a user without its group, a group left
+            # without its user). Killed itself, the box process leaves a claim start-up knows;
+            # the tool finishes on its own, in milliseconds.
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, start_new_session=True)
         if done.returncode in ok_codes:
             return
         busy = done.returncode in (8, 10) or any(m in done.stderr for m in _LOCK_BUSY)

@@ -346,19 +346,20 @@ def test_a_group_left_without_its_user_neither_blocks_new_pool_users_nor_outlive
 
 
 
-def _killed_inside(tool: str, first_half: str, code: str, tmp_path: Path) -> None:
-    """Run ``code`` in a box process of its own (``manage.py shell``, a user per task) whose
-    ``tool`` does ``first_half`` of the real tool's work on the account named last, then kills
-    that process (SIGKILL, as a killed worker would end it)."""
+def _killed_inside(tool: str, first_half: str, code: str, tmp_path: Path, *, kill: str = "kill -9 $PPID") -> None:
+    """Run ``code`` in a box process of its own (``manage.py shell``, a user per task, in a
+    session of its own) whose ``tool`` does ``first_half`` of the real tool's work on the
+    account named last (``$name``), then kills that process (SIGKILL, as a killed worker would
+    end it; ``kill``: another way)."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / tool).write_text(f'#!/bin/sh\nfor name; do :; done\n{first_half}\nkill -9 $PPID\nsleep 60\n')
+    (fake / tool).write_text(f'#!/bin/sh\nfor name; do :; done\n{first_half}\n{kill}\n')
     (fake / tool).chmod(0o755)
     env = {**database_env(), "BOX_DATA_DIR": str(django_settings.BOX_DATA_DIR), "BOX_USER_POOL": "0",
            "PATH": f"{fake}:{os.environ['PATH']}"}
     env.pop("BOX_LOCAL_DIR", None)
     done = subprocess.run([sys.executable, str(Path(django_settings.BASE_DIR) / "manage.py"), "shell", "-c", code],
-                          env=env, cwd=django_settings.BASE_DIR, capture_output=True, timeout=120)
+                          env=env, cwd=django_settings.BASE_DIR, capture_output=True, timeout=120, start_new_session=True)
     assert done.returncode == -signal.SIGKILL, (done.returncode, done.stderr.decode()[-2000:])
 
 
@@ -407,3 +408,20 @@ def test_a_run_killed_inside_useradd_leaves_its_task_a_user_to_claim(own_box, db
 
     cleanup.reconcile()
     assert users.userless_groups() == [] and users.claims() == {}
+
+
+def test_a_kill_of_the_box_process_group_lets_its_account_tool_finish(own_box, db, tmp_path):
+    """A stop ends with a SIGKILL of the box process's whole group, which cut a ``userdel``
+    still running half-way: CI found a pool user's group left after a cluster's stop. The tool
+    runs in a session of its own, and finishes; start-up then drops the dead process's claim."""
+    userdel, done = shutil.which("userdel"), tmp_path / "userdel-finished"
+    # The fake tool kills the box process's group first (as the stop does), then does the real work.
+    _killed_inside("userdel", "kill -9 -$(ps -o pgid= -p $PPID | tr -d ' ')",
+                   "from tasks.sandbox import users\n"
+                   "ident, _ = users.claim_user('tkgroupkill1')\nusers.give_back('tkgroupkill1', ident)", tmp_path,
+                   kill=f'{userdel} "$name" && touch {done}')
+    wait_for(done.exists, timeout=30, what="the account tool to finish after its box process was killed")
+    assert users.find_user("tkgroupkill1") is None
+
+    cleanup.reconcile()
+    assert users.pool_users() == [] and users.userless_groups() == [] and users.claims() == {}
