@@ -301,7 +301,7 @@ def claim_user(task_id: str) -> tuple[Identity, bool]:
             # another name. Held by the task, that claim named a user that never came, and the
             # run that came next failed on the group (``useradd --user-group`` of a name in use).
             mine = _new_name(set(held) | {ident.name for ident in pool_users()})
-            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(mine))
+            os.symlink(_this_maker(), _claim_path(mine))
             _mark_active()
             reserved = True
         else:
@@ -324,8 +324,18 @@ def claim_user(task_id: str) -> tuple[Identity, bool]:
 def _hold(name: str, holder: str) -> None:
     """Point ``name``'s claim at ``holder`` (a task, or the process that is deleting it)."""
     with _pool_lock():
-        _unlink(_claim_path(name))
-        os.symlink(holder, _claim_path(name))
+        _point(name, holder)
+
+
+def _point(name: str, holder: str) -> None:
+    """``_hold``, for a caller that holds the pool lock."""
+    _unlink(_claim_path(name))
+    os.symlink(holder, _claim_path(name))
+
+
+def _this_maker() -> str:
+    """The claim of this process while it makes or deletes a pool user (``stale_claims``)."""
+    return f"{_FILLING}{os.getpid()}"
 
 
 def _create(name: str) -> Identity:
@@ -361,8 +371,7 @@ def give_back(task_id: str, ident: Identity) -> None:
         # killed inside userdel leaves a claim ``drop_stale_claims`` knows, where the task's
         # claim named a user that was gone, which no release looked at again (and its group
         # stayed for good).
-        _unlink(_claim_path(ident.name))
-        os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(ident.name))
+        _point(ident.name, _this_maker())
     try:
         remove_user(ident.name)
     except BaseException:
@@ -418,7 +427,7 @@ def _changing_one(pick: Callable[[dict[str, str], list[Identity]], str | None], 
         name = pick(claims(), pool_users())
         if name is None:
             return False
-        os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(name))
+        os.symlink(_this_maker(), _claim_path(name))
     try:
         change(name)
     finally:
@@ -485,7 +494,7 @@ def empty_pool() -> None:
         held = claims()
         free = [i for i in pool_users() if i.name not in held]
         for ident in free:
-            os.symlink(f"{_FILLING}{os.getpid()}", _claim_path(ident.name))  # nobody claims it while it goes
+            os.symlink(_this_maker(), _claim_path(ident.name))  # nobody claims it while it goes
     for ident in free:
         try:
             remove_user(ident.name)
@@ -514,8 +523,6 @@ def stale_claims() -> dict[str, str]:
 
 
 _TOOL_WAIT_S = 10.0
-
-
 _ACCOUNT_TOOLS = {b"useradd", b"userdel", b"groupadd", b"groupdel"}
 
 
