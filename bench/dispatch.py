@@ -26,14 +26,13 @@ import pwd
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import BenchBox, percentile  # noqa: E402
+from harness import BenchBox, new_data_dir, percentile  # noqa: E402
 
 TRIVIAL = {"steps": [{"write": {"path": "out.txt", "content": "x"}}]}
 
@@ -204,7 +203,7 @@ def floors(n: int) -> dict[str, tuple[float, float]]:
     removed with the system's tools (``useradd`` + ``userdel``: what a task's own user costs
     without a pool, the floor the design names)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    scratch = Path(tempfile.mkdtemp(prefix="box-bench-floor-"))
+    scratch = new_data_dir("box-bench-floor-")  # beside the bench box's data
     for name in ("lower", "upper", "work", "merged", "users"):
         (scratch / name).mkdir()
     (scratch / "lower" / "file.txt").write_text("x")

@@ -47,7 +47,7 @@ def setup_django(data: Path, *, sandbox: str = "off", migrate: bool = True) -> N
 
 
 def new_data_dir(prefix: str) -> Path:
-    """A fresh data directory for a bench set up by ``setup_django``: under /var/tmp (a real
+    """A fresh data directory for a bench (a ``BenchBox``, or one set up by ``setup_django``): under /var/tmp (a real
     disk, where the box keeps its data), or under ``TMPDIR`` when that is set."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR") or "/var/tmp"))
 
@@ -82,7 +82,7 @@ def free_port() -> int:
 class BenchBox:
     def __init__(self, *, postgres: bool = False, redis: bool = False, workers: int = 2, extra_env: dict[str, str] | None = None,
                  cluster: str = "qcluster") -> None:
-        self.data = Path(tempfile.mkdtemp(prefix="box-bench-"))
+        self.data = new_data_dir("box-bench-")  # where a box keeps its data: a real disk, not /tmp
         self.port = free_port()
         self.env = dict(os.environ)
         self.env.update({"BOX_DATA_DIR": str(self.data), "BOX_PORT": str(self.port), "BOX_WORKERS": str(workers),

@@ -1,8 +1,9 @@
 """The edges of a run: moving the task to running when it starts, and applying its outcome."""
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -16,8 +17,21 @@ from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, StepRe
 from tasks.states import Review, State, WaitingFor
 from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
+log = logging.getLogger(__name__)
 
-def begin_run(run_id: int) -> tuple[Run, str, bool, Redactor | None] | None:
+# A claimed run: the run, its lease token, whether to go on, and its redactor (``begin_run``).
+Begun = tuple[Run, str, bool, Redactor | None]
+
+
+class Finished(NamedTuple):
+    """What ``finish_run`` did: whether the task had ended meanwhile, and the run it claimed for
+    this worker in the same transaction (``claim_next``), if any."""
+
+    ended_meanwhile: bool
+    claimed: Begun | None = None
+
+
+def begin_run(run_id: int) -> Begun | None:
     """Claim run ``run_id`` and move its task to running, with its isolation note: one
     transaction, the task's row locked before the run's (the one lock order). None when
     someone else has the run (a second delivery) or it is closed. Else the run, its lease token,
@@ -39,7 +53,7 @@ def begin_run(run_id: int) -> tuple[Run, str, bool, Redactor | None] | None:
             time.sleep(RETRY_PAUSE_S)
 
 
-def _claim_and_begin(run_id: int) -> tuple[Run, str, bool, Redactor | None] | None:
+def _claim_and_begin(run_id: int) -> Begun | None:
     if runs.lock_task_of_queued(run_id) is None:
         return None
     claimed = runs.claim(run_id)
@@ -66,18 +80,35 @@ def _claim_and_begin(run_id: int) -> tuple[Run, str, bool, Redactor | None] | No
     return run, token, True, redactor
 
 
-def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int) -> bool:
-    """Apply a run's outcome to its task, in one transaction that proves the lease first. True
-    when the task had ended meanwhile (cancelled, perhaps by a process on another machine).
+def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int, *,
+               claim_next: bool = False) -> Finished:
+    """Apply a run's outcome to its task, in one transaction that proves the lease first; whether
+    the task had ended meanwhile (cancelled, perhaps by a process on another machine).
 
     A plain end (done, no completion criteria) proves the lease by closing the run, the first
     write to it: that update is conditional on the run's state and token as the heartbeat's is,
     and nobody changes either without the task's row, which the transaction holds. Every other
-    outcome writes events or blockers first, after the heartbeat's proof."""
+    outcome writes events or blockers first, after the heartbeat's proof.
+
+    ``claim_next`` (the worker goes on with the run this finish starts, ``tasks.jobs``): the first
+    run due now that the outcome created (a dependent's first run, say) is claimed and its task
+    moved to running in the same transaction (``begin_run``'s work), so a chain's link commits once
+    where it committed twice. Its claim is in a savepoint of its own: one that fails leaves the
+    finish whole, and the run is claimed after the commit as any other."""
 
     # As the vault stands now: a secret added while the run ran is masked in its outcome too.
     redact = recorder.redactor = refreshed(recorder.redactor)
     plain_end = isinstance(outcome, Done) and not task.criteria
+    claimed: Begun | None = None
+
+    def write_and_claim() -> bool:
+        nonlocal claimed
+        claimed = None  # a transaction tried again claims again
+        with runs.noting_due() as due:
+            ended = write()
+        if claim_next and due and not ended:
+            claimed = _claim_in_finish(due[0])
+        return ended
 
     def close(how: str, error: str = "") -> None:
         if not runs.finish(run.pk, token, how, error):
@@ -117,7 +148,22 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
         return False
 
     # The task as it stands now (a cancel may have come).
-    return recorder.guarded(write, fresh=task, write_proves_lease=plain_end)
+    ended = recorder.guarded(write_and_claim, fresh=task, write_proves_lease=plain_end)
+    return Finished(ended, claimed)
+
+
+def _claim_in_finish(run_id: int) -> Begun | None:
+    """``begin_run``'s claim inside a finish's transaction, in a savepoint; None, the savepoint
+    undone, when it fails (the run stays queued and is claimed after the commit). A transient
+    database fault goes up: the finish's transaction is lost with it and tried again whole."""
+    try:
+        with transaction.atomic():
+            return _claim_and_begin(run_id)
+    except TRANSIENT_DB_ERRORS:
+        raise
+    except Exception:  # noqa: BLE001 - the finish must land; the run is claimed the usual way
+        log.exception("run %s could not be claimed with the finish that started it; it is claimed after", run_id)
+        return None
 
 
 def _meets_criteria(task: Task, run: Run, token: str, recorder: StepRecorder) -> bool:

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import (
@@ -17,7 +18,7 @@ from tasks import lifecycle, reaper, runs
 from tasks.broker.server import serving as broker_serving
 from tasks.context import RunContext
 from tasks.facts import Facts
-from tasks.finalize import begin_run, finish_run
+from tasks.finalize import Begun, begin_run, finish_run
 from tasks.models import Task
 from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
 from tasks.states import FINAL
@@ -137,25 +138,40 @@ def execute_run(run_id: int) -> None:
     A run whose finish started another task's run (a dependent that was waiting on it) goes on
     with that run in the same worker, so a chain of tasks does not wait for the queue at each
     link. That run is held back from the queue (``runs.hold_first``): the other worker is not
-    woken only to find it taken. It is sent after all when this worker does not take it (the
-    cluster is stopping, or this job is past a tenth of django-q2's job timeout, so a run taken
-    this way has nearly a job's time of its own); if the process dies holding it, the scheduler
-    sends it again (it was written as sent), and the claim runs each run once either way.
+    woken only to find it taken. When this worker goes on with it, the finish that started it
+    claims it too, in the same transaction (``finish_run``'s ``claim_next``); it is sent instead
+    when this worker does not take it (the cluster is stopping, or this job is past a tenth of
+    django-q2's job timeout, so a run taken this way has nearly a job's time of its own). If the
+    process dies holding it unclaimed, the scheduler sends it again (it was written as sent);
+    claimed, the reaper takes it back once its lease is gone, as any claimed run's; the claim runs
+    each run once either way.
     """
     began = time.monotonic()
     budget = settings.BOX_JOB_TIMEOUT_S / 10
-    held, releases = _execute(run_id, [])
+
+    def goes_on() -> bool:
+        return not handing_back.is_set() and time.monotonic() - began < budget
+
+    held, releases, claimed = _execute(run_id, [], goes_on)
     while held is not None:
-        if handing_back.is_set() or time.monotonic() - began >= budget:
+        if claimed is None and not goes_on():
             lifecycle.submit_held(releases)
             _send(held)
             return
-        taking = held
+        taking, taken = held, claimed
         try:
-            held, releases = _execute(taking, releases)
-        except BaseException:
+            held, releases, claimed = _execute(taking, releases, goes_on, taken)
+        except BaseException as exc:
             lifecycle.submit_held(releases)  # the run before's: a no-op once ``_execute`` handed them over
-            _send(taking)  # perhaps claimed already: then that delivery finds it taken
+            if taken is not None and isinstance(exc, Exception):
+                # Claimed with the finish before: handed back, so it resumes at once (a hand-back
+                # of a run that went further finds it closed, or gone from its lease, and is a no-op).
+                _hand_back(taking, taken[1], f"its worker's job broke ({type(exc).__name__})", counts_as_attempt=False)
+            else:
+                # Perhaps claimed already (by ``_execute``, or with the finish before by a process
+                # that is exiting): then that delivery finds it taken, and the reaper takes the
+                # run back once its lease is gone.
+                _send(taking)
             raise
 
 
@@ -167,35 +183,45 @@ def _send(run_id: int) -> None:
         log.warning("run %s could not be sent; the scheduler sends it again", run_id, exc_info=True)
 
 
-def _execute(run_id: int, before: lifecycle.Held) -> tuple[int | None, lifecycle.Held]:
-    """Claim run ``run_id`` and execute it; the run its finish held back for this worker, if any,
-    and the releases that finish asked for, kept until that run's view is open (``_execute``
-    again). ``before``: such releases of the run before, handed to the janitor once this run's
-    view is open, or when it goes no further."""
+# What ``_execute`` leaves for the worker: the run its finish held back for this worker (or
+# None), the releases that finish asked for, and that run's claim when the finish made it.
+Next = tuple[int | None, lifecycle.Held, Begun | None]
+
+
+def _execute(run_id: int, before: lifecycle.Held, goes_on: Callable[[], bool], claimed: Begun | None = None) -> Next:
+    """Claim run ``run_id`` (unless ``claimed``: the finish before claimed it) and execute it; the
+    run its finish held back for this worker, if any, and the releases that finish asked for,
+    kept until that run's view is open (``_execute`` again). ``before``: such releases of the run
+    before, handed to the janitor once this run's view is open, or when it goes no further.
+    ``goes_on``: whether this worker goes on with the next run, asked at the finish, which then
+    claims it too (``finish_run``'s ``claim_next``)."""
     try:
-        return _claim_and_execute(run_id, before)
+        return _claim_and_execute(run_id, before, goes_on, claimed)
     finally:
         lifecycle.submit_held(before)  # emptied once handed over: a no-op after the view's opening
 
 
-def _claim_and_execute(run_id: int, before: lifecycle.Held) -> tuple[int | None, lifecycle.Held]:
+def _claim_and_execute(run_id: int, before: lifecycle.Held, goes_on: Callable[[], bool], claimed: Begun | None) -> Next:
     global _current_stop
-    if handing_back.is_set():
-        return None, []  # the cluster is stopping: the run stays queued and is sent again at start-up
-    close_old_connections()
-    _skip_the_health_check()
     started = time.monotonic()
-    try:
-        begun = begin_run(run_id)  # claimed, and the task running: one transaction
-    except TRANSIENT_DB_ERRORS as exc:
-        log.warning("run %s could not be claimed (a database fault: %s); the scheduler sends it again", run_id, _first_line(exc))
-        return None, []
-    if begun is None:
-        log.info("run %s is already taken or closed; nothing to do", run_id)
-        return None, []
-    run, token, go, redactor = begun
+    if claimed is None:
+        if handing_back.is_set():
+            return None, [], None  # the cluster is stopping: the run stays queued and is sent again at start-up
+        close_old_connections()
+        _skip_the_health_check()
+        try:
+            claimed = begin_run(run_id)  # claimed, and the task running: one transaction
+        except TRANSIENT_DB_ERRORS as exc:
+            log.warning("run %s could not be claimed (a database fault: %s); the scheduler sends it again", run_id, _first_line(exc))
+            return None, [], None
+        if claimed is None:
+            log.info("run %s is already taken or closed; nothing to do", run_id)
+            return None, [], None
+    # A run claimed with the finish before goes on as one claimed here: a stop that came since
+    # stops it at once (below) and hands it back.
+    run, token, go, redactor = claimed
     if not go or redactor is None:
-        return None, []  # the task had ended, or another run holds it: the run was closed
+        return None, [], None  # the task had ended, or another run holds it: the run was closed
     task = run.task
     facts = Facts.of(task)
     recorder = StepRecorder(task, run.pk, token, redactor)
@@ -224,14 +250,14 @@ def _claim_and_execute(run_id: int, before: lifecycle.Held) -> tuple[int | None,
     except LeaseLost:
         if handing_back.is_set():
             _hand_back(run_id, token, "the box is stopping", counts_as_attempt=False)
-            return None, []
+            return None, [], None
         log.info("run %s lost its lease; its late writes were refused", run_id)
         _release_if_ended(task.pk)
-        return None, []
+        return None, [], None
     except TRANSIENT_DB_ERRORS as exc:
         log.warning("run %s hit a database fault; handing it back to retry: %s", run_id, exc)
         _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
-        return None, []
+        return None, [], None
     except LimitReached as exc:
         outcome = Failed(exc.message, recoverable=True, hint=exc.hint)
     except Exception as exc:  # noqa: BLE001 - any crash of a worker fails its task, with the reason
@@ -246,13 +272,19 @@ def _claim_and_execute(run_id: int, before: lifecycle.Held) -> tuple[int | None,
     releases: lifecycle.Held = []
     try:
         with lifecycle.releases_held() as releases, runs.hold_first() as held:
-            if finish_run(task, run, token, recorder, outcome, elapsed_ms):
+            finished = finish_run(task, run, token, recorder, outcome, elapsed_ms, claim_next=goes_on())
+            if finished.ended_meanwhile:
                 # Ended meanwhile, maybe by a process on another machine whose release could not
                 # reach what this run holds here (its user, its mounts): release it on this one.
                 lifecycle.release_soon(task.pk)
         if held:
             pending, releases = releases, []
-            return held[0], pending  # released once the held run's view is open
+            next_claimed = finished.claimed
+            if next_claimed is not None and next_claimed[0].pk != held[0]:  # pragma: no cover - the first due is the first sent
+                log.error("run %s was claimed with its finish but run %s was held; the reaper takes it back",
+                          next_claimed[0].pk, held[0])
+                next_claimed = None
+            return held[0], pending, next_claimed  # released once the held run's view is open
     except LeaseLost:
         log.info("run %s lost its lease before finishing; its outcome was dropped", run_id)
         _release_if_ended(task.pk)
@@ -261,7 +293,7 @@ def _claim_and_execute(run_id: int, before: lifecycle.Held) -> tuple[int | None,
         _hand_back(run_id, token, f"a database fault ({type(exc).__name__}: {_first_line(exc)})", counts_as_attempt=True)
     finally:
         lifecycle.submit_held(releases)  # at once, unless a held run goes on first
-    return None, []
+    return None, [], None
 
 
 def _skip_the_health_check() -> None:

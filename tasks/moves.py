@@ -172,7 +172,7 @@ def release(task: Task, now: datetime, summary: str, data: dict[str, Any], *, re
             (run_id,) = cursor.fetchone()
     task.event_seq = seq
     transaction.on_commit(functools.partial(publish_event, task.pk, task.owner_id, event_id, seq, EventKind.NOTE))
-    transaction.on_commit(functools.partial(runs.send, run_id))
+    runs.send_after_commit(int(run_id))
     return int(run_id)
 
 

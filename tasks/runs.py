@@ -30,7 +30,7 @@ from tasks.models import Run, RunState, Task, Workspace
 
 log = logging.getLogger(__name__)
 
-_sending = threading.local()  # ``hold_first``'s list while one is open in this thread
+_sending = threading.local()  # ``hold_first``'s and ``noting_due``'s lists while one is open in this thread
 _kept: tuple[tuple[str, int], Broker] | None = None  # ``_broker``'s: the queue's name and the process
 _kept_lock = threading.Lock()
 
@@ -129,8 +129,17 @@ def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, d
         available_at=now + timedelta(seconds=delay_s), enqueued_at=now if delay_s <= 0 else None,
     )
     if delay_s <= 0:
-        transaction.on_commit(lambda: send(run.pk))
+        send_after_commit(run.pk)
     return run
+
+
+def send_after_commit(run_id: int) -> None:
+    """Run ``run_id``, created due now in this transaction, is sent once it commits (and noted
+    for ``noting_due``)."""
+    transaction.on_commit(functools.partial(send, run_id))
+    noted = getattr(_sending, "due", None)
+    if noted is not None:
+        noted.append(run_id)
 
 
 def enqueue(run_id: int) -> None:
@@ -160,6 +169,20 @@ def _broker() -> Broker:
         if _kept is None or _kept[0] != key:
             _kept = (key, get_broker())
         return _kept[1]
+
+
+@contextlib.contextmanager
+def noting_due() -> Iterator[list[int]]:
+    """The ids of the runs due now that this thread creates inside the block, in order (each
+    also sent after commit, or held by ``hold_first``): for a caller that claims the first in the
+    same transaction (``finalize.finish_run``). A run created in a savepoint that was rolled back
+    is listed too; its claim finds nothing."""
+    due: list[int] = []
+    _sending.due = due
+    try:
+        yield due
+    finally:
+        _sending.due = None
 
 
 @contextlib.contextmanager

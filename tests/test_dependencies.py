@@ -486,8 +486,9 @@ def test_a_held_dependent_whose_worker_died_is_sent_again_by_the_scheduler(box: 
     assert runs.dispatch_due(later) == 1
     assert box.task(second["id"])["state"] == "done" and runs_of(second["id"]) == [RunKind.START]
 
-def test_a_held_dependent_whose_run_crashed_the_job_is_sent(box: Box, settings: Any, monkeypatch: Any) -> None:
-    """A job that breaks while it takes the held run sends that run: no wait for the re-send."""
+def test_a_held_dependent_whose_run_crashed_the_job_resumes_at_once(box: Box, settings: Any, monkeypatch: Any) -> None:
+    """A job that breaks while it takes the held run (claimed with the finish before) hands that
+    run back: a new run is queued and sent at once, no wait for its lease to run out."""
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
     first = box.create(title="first", flow=flow(WRITE))
     second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
@@ -495,17 +496,115 @@ def test_a_held_dependent_whose_run_crashed_the_job_is_sent(box: Box, settings: 
     execute = jobs._execute
     calls: list[int] = []
 
-    def breaks_on_the_second(run_id: int, before: Any) -> Any:
+    def breaks_on_the_second(run_id: int, *args: Any) -> Any:
         calls.append(run_id)
-        if len(calls) > 1:
+        if len(calls) == 2:
             raise RuntimeError("the job broke")
-        return execute(run_id, before)
+        return execute(run_id, *args)
 
     monkeypatch.setattr(jobs, "_execute", breaks_on_the_second)
     with pytest.raises(RuntimeError):
         jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
-    assert Run.objects.get(task_id=second["id"]).state == "queued" and get_broker().queue_size() == 1
+    handed, again = Run.objects.filter(task_id=second["id"]).order_by("number")
+    assert (handed.state, handed.outcome) == ("lost", "handed back") and "job broke" in handed.error
+    assert again.state == "queued" and again.enqueued_at is not None and get_broker().queue_size() == 1
     assert lifecycle.janitor.drain() and Layer.objects.get(task_id=first["id"]).sealed  # its release was not lost
+    jobs.execute_run(again.pk)
+    assert box.task(second["id"])["state"] == "done"
+
+
+def test_the_finish_that_starts_a_dependent_claims_it_in_its_own_transaction(box: Box, settings: Any, monkeypatch: Any) -> None:
+    """The worker going on with a dependent has it claimed, and its task moved to running, by the
+    finish that released it: a chain's link commits once for both, no claim of its own."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    third = box.create(title="third", flow=flow({"write": {"path": "c.txt", "content": "c"}}), dependsOn=[second["id"]])
+    get_broker().purge_queue()
+    claims: list[int] = []
+    begin = jobs.begin_run
+    monkeypatch.setattr(jobs, "begin_run", lambda run_id: claims.append(run_id) or begin(run_id))
+    finished_at: dict[str, Any] = {}
+    finish = jobs.finish_run
+
+    def seen_at_the_finish(task: Task, *args: Any, **kwargs: Any) -> Any:
+        done = finish(task, *args, **kwargs)
+        if done.claimed is not None:  # committed: the dependent is running already
+            claimed = done.claimed[0]
+            finished_at[task.pk] = (Task.objects.get(pk=claimed.task_id).state, Run.objects.get(pk=claimed.pk).state)
+        return done
+
+    monkeypatch.setattr(jobs, "finish_run", seen_at_the_finish)
+    jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
+    assert claims == [Run.objects.get(task_id=first["id"]).pk]  # only the job's own run went through ``begin_run``
+    assert finished_at == {first["id"]: ("running", "running"), second["id"]: ("running", "running")}
+    for task in (first, second, third):
+        assert box.task(task["id"])["state"] == "done" and runs_of(task["id"]) == [RunKind.START]
+    summaries = [e.summary for e in TaskEvent.objects.filter(task_id=second["id"]).order_by("seq")]
+    released = summaries.index("its dependencies allow it to start")
+    assert summaries[released + 1] == "running" and summaries[released + 2].startswith("isolation: ")
+
+
+def test_a_dependent_whose_claim_fails_in_the_finish_is_claimed_after_it(box: Box, settings: Any, monkeypatch: Any,
+                                                                        caplog: Any) -> None:
+    """The claim with the finish is in a savepoint of its own: one that fails leaves the finish
+    whole (the task done, its dependent released), and the worker claims the run after it."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    get_broker().purge_queue()
+    from tasks import finalize
+
+    claim = finalize._claim_and_begin
+
+    def fails_inside_a_transaction_it_did_not_open(run_id: int) -> Any:
+        claimed = claim(run_id)  # its writes are made, then undone with the savepoint
+        if connection.in_atomic_block and Task.objects.filter(pk=second["id"], state="running").exists() \
+                and not getattr(fails_inside_a_transaction_it_did_not_open, "failed", False):
+            fails_inside_a_transaction_it_did_not_open.failed = True  # type: ignore[attr-defined]
+            raise RuntimeError("the claim broke")
+        return claimed
+
+    monkeypatch.setattr(finalize, "_claim_and_begin", fails_inside_a_transaction_it_did_not_open)
+    jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
+    assert "the claim broke" in caplog.text
+    for task in (first, second):
+        assert box.task(task["id"])["state"] == "done" and runs_of(task["id"]) == [RunKind.START]
+    moves = [e.data["to"] for e in TaskEvent.objects.filter(task_id=second["id"], kind=EventKind.STATUS).order_by("seq")]
+    assert moves == ["queued", "running", "done"]  # the undone claim's move left nothing behind
+
+
+def test_a_stop_after_the_finish_claimed_a_dependent_takes_no_further_run(box: Box, settings: Any,
+                                                                         monkeypatch: Any) -> None:
+    """A stop that comes after the finish claimed the dependent: that run goes on as one just
+    claimed (its step ends, or it is handed back), and its own finish claims nothing more: the
+    next link's run is sent to the queue, to be taken at the next start."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+    first = box.create(title="first", flow=flow(WRITE))
+    second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
+    third = box.create(title="third", flow=flow({"write": {"path": "c.txt", "content": "c"}}), dependsOn=[second["id"]])
+    get_broker().purge_queue()
+    finish = jobs.finish_run
+    claimed: dict[str, bool] = {}
+
+    def stop_after_the_first(task: Task, *args: Any, **kwargs: Any) -> Any:
+        done = finish(task, *args, **kwargs)
+        claimed[task.title] = done.claimed is not None
+        if task.pk == first["id"]:
+            jobs.handing_back.set()  # the cluster's SIGUSR1 (``hand_back_on_signal``)
+        return done
+
+    monkeypatch.setattr(jobs, "finish_run", stop_after_the_first)
+    try:
+        jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
+    finally:
+        jobs.handing_back.clear()
+    assert claimed == {"first": True, "second": False}
+    assert box.task(first["id"])["state"] == box.task(second["id"])["state"] == "done"
+    waiting = Run.objects.get(task_id=third["id"])
+    assert waiting.state == "queued" and get_broker().queue_size() == 1
+    jobs.execute_run(waiting.pk)
+    assert box.task(third["id"])["state"] == "done"
 
 
 def test_the_worker_opens_the_dependents_view_before_its_janitor_releases_the_task_before(

@@ -97,6 +97,24 @@ def test_a_finish_that_starts_a_dependent_executes_no_more_statements_than_count
     assert len(statements) <= FINISH_STARTING[connection.vendor], "\n".join(statements)
 
 
+# The same finish with the worker going on (``claim_next``): in the same transaction, a savepoint
+# around the dependent's claim and move to running (``begin_run``'s statements less its
+# transaction), where the claim was a transaction of its own.
+FINISH_CLAIMING = {"sqlite": 28, "postgresql": 22}
+
+
+def test_a_finish_that_claims_its_dependent_executes_no_more_statements_than_counted(box: Box, settings: Any) -> None:
+    task, run, token = _claimed(box, settings, "dependency")
+    dependent = box.create(title="dependent", flow=TRIVIAL, dependsOn=[task.pk])
+    recorder = StepRecorder(task, run.pk, token, Facts.of(task).redactor())
+    with runs.hold_first() as held, CaptureQueriesContext(connection) as queries:
+        finished = finish_run(task, run, token, recorder, Done("done"), 5, claim_next=True)
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert finished.claimed is not None and held == [finished.claimed[0].pk]
+    assert Run.objects.get(pk=held[0]).state == "running" and box.task(dependent["id"])["state"] == "running"
+    assert len(statements) <= FINISH_CLAIMING[connection.vendor], "\n".join(statements)
+
+
 def test_a_plain_finish_whose_lease_was_taken_over_writes_nothing(box: Box, settings: Any) -> None:
     # Its lease is proven by the run's close (``runs.finish``), not by a heartbeat before it.
     task, run, token = _claimed(box, settings, "taken over")
