@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from approvals.blockers import open_blockers_for_pause
+from boxsite import reads
 from tasks import completion, runs, services
 from tasks.facts import Redactor, redactor_for, refreshed
 from tasks.isolation import isolation_note, isolation_of
@@ -96,6 +97,14 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
     where it committed twice. Its claim is in a savepoint of its own: one that fails leaves the
     finish whole, and the run is claimed after the commit as any other."""
 
+    # The vault's stamp (and the settings row) are read once for the whole finish: the
+    # outcome's redactor, and the dependents it starts (their notes', their claim's).
+    with reads.read_once():
+        return _finish(task, run, token, recorder, outcome, elapsed_ms, claim_next)
+
+
+def _finish(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int,
+            claim_next: bool) -> Finished:
     # As the vault stands now: a secret added while the run ran is masked in its outcome too.
     redact = recorder.redactor = refreshed(recorder.redactor)
     plain_end = isinstance(outcome, Done) and not task.criteria
