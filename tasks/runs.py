@@ -177,12 +177,8 @@ def noting_due() -> Iterator[list[int]]:
     also sent after commit, or held by ``hold_first``): for a caller that claims the first in the
     same transaction (``finalize.finish_run``). A run created in a savepoint that was rolled back
     is listed too; its claim finds nothing."""
-    due: list[int] = []
-    _sending.due = due
-    try:
+    with _listed("due") as due:
         yield due
-    finally:
-        _sending.due = None
 
 
 @contextlib.contextmanager
@@ -191,12 +187,19 @@ def hold_first() -> Iterator[list[int]]:
     the caller to run next or else ``send``: no second delivery to another worker, which only
     finds the run taken. It was written as sent, so if the process dies holding it, the
     scheduler sends it again after ``BOX_RESEND_S`` (``stranded_runs``)."""
-    held: list[int] = []
-    _sending.held = held
-    try:
+    with _listed("held") as held:
         yield held
+
+
+@contextlib.contextmanager
+def _listed(name: str) -> Iterator[list[int]]:
+    """A list of run ids kept as ``_sending.<name>`` in this thread while the block runs."""
+    listed: list[int] = []
+    setattr(_sending, name, listed)
+    try:
+        yield listed
     finally:
-        _sending.held = None
+        setattr(_sending, name, None)
 
 
 def claim(run_id: int) -> tuple[Run, str] | None:
