@@ -217,8 +217,8 @@ def _claim_and_execute(run_id: int, before: lifecycle.Held, goes_on: Callable[[]
         if claimed is None:
             log.info("run %s is already taken or closed; nothing to do", run_id)
             return None, [], None
-    # A run claimed with the finish before goes on as one claimed here: a stop that came since
-    # stops it at once (below) and hands it back.
+    # A run claimed with the finish before goes on as one claimed here would: a stop that came
+    # since is set on it below, so its step stops and the run is handed back.
     run, token, go, redactor = claimed
     if not go or redactor is None:
         return None, [], None  # the task had ended, or another run holds it: the run was closed

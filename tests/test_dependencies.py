@@ -16,7 +16,7 @@ from django_q.brokers import get_broker
 
 from boxsite.auth import issue_api_token
 from boxsite.models import BoxSettings
-from tasks import dependencies, jobs, lifecycle, runs, services
+from tasks import dependencies, finalize, jobs, lifecycle, runs, services
 from tasks.models import Dependency, EventKind, Layer, Run, RunKind, Task, TaskEvent
 from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
@@ -553,8 +553,6 @@ def test_a_dependent_whose_claim_fails_in_the_finish_is_claimed_after_it(box: Bo
     first = box.create(title="first", flow=flow(WRITE))
     second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
     get_broker().purge_queue()
-    from tasks import finalize
-
     claim = finalize._claim_and_begin
 
     def fails_inside_a_transaction_it_did_not_open(run_id: int) -> Any:
