@@ -281,8 +281,12 @@ def _claim_and_execute(run_id: int, before: lifecycle.Held, goes_on: Callable[[]
             pending, releases = releases, []
             next_claimed = finished.claimed
             if next_claimed is not None and next_claimed[0].pk != held[0]:  # pragma: no cover - the first due is the first sent
-                log.error("run %s was claimed with its finish but run %s was held; the reaper takes it back",
+                # Not the run this worker goes on with: handed back, so it resumes at once rather
+                # than after its lease.
+                log.error("run %s was claimed with its finish but run %s was held; it is handed back",
                           next_claimed[0].pk, held[0])
+                _hand_back(next_claimed[0].pk, next_claimed[1], "claimed for a run its worker did not take",
+                           counts_as_attempt=False)
                 next_claimed = None
             return held[0], pending, next_claimed  # released once the held run's view is open
     except LeaseLost:
