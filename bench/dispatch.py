@@ -170,12 +170,21 @@ def released(box: BenchBox, timeout: float = 60) -> None:
     claims = box.data / "users"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        held = [e for e in os.scandir(claims) if not e.name.startswith(".") and not os.readlink(e.path).startswith(".")] \
-            if claims.is_dir() else []
-        if not held:
+        if not (claims.is_dir() and any(_held_claim(entry) for entry in os.scandir(claims))):
             return
         time.sleep(0.05)
     raise RuntimeError(f"task users still claimed {timeout:.0f} s after the burst")
+
+
+def _held_claim(entry: os.DirEntry[str]) -> bool:
+    """A pool user's claim held by a task (a claim names its holder; a free user's, or one being
+    made or deleted, starts with a dot). A claim the pool let go of meanwhile is not held."""
+    if entry.name.startswith("."):
+        return False
+    try:
+        return not os.readlink(entry.path).startswith(".")
+    except FileNotFoundError:
+        return False
 
 
 _UNSHARE = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--ipc", "--uts", "/bin/true"]
