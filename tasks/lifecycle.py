@@ -37,6 +37,11 @@ from tasks.states import ACTIVE, FINAL
 log = logging.getLogger(__name__)
 
 _REFILL = ""  # a janitor job that is not a task id: make free pool users
+_HANG_UP = "\0"  # nor is this one: let go of the database connection now (``Janitor.drain``)
+# A janitor out of jobs keeps its database connection this long. In a chain of tasks a release
+# comes every few tens of milliseconds; a connection made for each cost the janitor and the
+# database (a server process started per connection) more than the release's own statements.
+IDLE_CONNECTION_S = 2.0
 # A release with a failed step (a mount still busy, a process not yet gone) is run again after
 # each of these pauses before it is left to start-up reconcile: a pool user stays claimed, and a
 # layer unsealed, only if every try failed.
@@ -72,12 +77,24 @@ class Janitor:
     def _work(self, jobs: queue.Queue[tuple[str, Then]]) -> None:
         trimmed = True  # the pool's surplus users go once it is quiet after some work (``users.trim_pool``)
         while True:
+            connected = connection.connection is not None
+            wait = None if trimmed else users.TRIM_IDLE_S
+            if connected:
+                wait = IDLE_CONNECTION_S if wait is None else min(wait, IDLE_CONNECTION_S)
             try:
-                job, then = jobs.get(timeout=None if trimmed else users.TRIM_IDLE_S)
+                job, then = jobs.get(timeout=wait)
             except queue.Empty:
-                trimmed = self._trim()
+                if connected:
+                    connection.close()  # hold no database connection while idle
+                else:
+                    trimmed = self._trim()
+                continue
+            if job == _HANG_UP:
+                connection.close()
+                self._done(jobs)
                 continue
             trimmed = not sandbox.available()
+            _replace_if_broken()
             try:
                 if job == _REFILL:
                     if sandbox.available():
@@ -91,12 +108,13 @@ class Janitor:
             except Exception:  # noqa: BLE001 - the janitor outlives one failure; reconcile retries
                 log.exception("the janitor's job %r failed; start-up reconcile will try again", job)
             finally:
-                jobs.task_done()
-                if jobs.unfinished_tasks == 0:
-                    connection.close()  # hold no database connection while idle
-                with self._lock:  # no job submitted between the count and the flag
-                    if jobs.unfinished_tasks == 0:
-                        self._idle.set()
+                self._done(jobs)
+
+    def _done(self, jobs: queue.Queue[tuple[str, Then]]) -> None:
+        jobs.task_done()
+        with self._lock:  # no job submitted between the count and the flag
+            if jobs.unfinished_tasks == 0:
+                self._idle.set()
 
     @staticmethod
     def _trim() -> bool:
@@ -118,12 +136,22 @@ class Janitor:
             return
         for pause in RELEASE_RETRY_S:
             time.sleep(pause)
+            _replace_if_broken()  # the step may have failed on a connection the database dropped
             if release(task_id):
                 log.info("the release of task %s completed when tried again", task_id)
                 return
 
     def drain(self, timeout: float = 30.0) -> bool:
-        """Wait until every job submitted in this process is done (False at the timeout)."""
+        """Wait until every job submitted in this process is done and the janitor has let go of
+        its database connection (False at the timeout): a process's end, a test's."""
+        if self._pid != os.getpid():
+            return True
+        self.submit(_HANG_UP)
+        return self.wait_idle(timeout)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until every job submitted in this process is done (False at the timeout); the
+        janitor may still hold its database connection (``IDLE_CONNECTION_S``)."""
         if self._pid != os.getpid():
             return True
         deadline = time.monotonic() + timeout
@@ -134,6 +162,13 @@ class Janitor:
 
 
 janitor = Janitor()
+
+
+def _replace_if_broken() -> None:
+    """The janitor keeps its connection between jobs: one that failed (a database restart, a
+    terminated server process) is replaced before the next job, with no round trip to find out."""
+    if connection.errors_occurred:
+        connection.close()
 
 
 class _Held(threading.local):
