@@ -132,7 +132,7 @@ def main() -> None:
             (task_view, "seal_stack", "seal_stack (the lowers sealed?)"),
             (task_view, "_reopen", "_reopen (a retry's layer)"), (task_view, "_open_disk", "disk image (_open_disk)"),
             (task_view, "roots_for", "roots_for (lower trees, flat)"),
-            (overlay.OverlayDriver, "open", "driver.open (all)"), (overlay, "_idmapped", "  id-mapped lowers"),
+            (overlay.OverlayDriver, "open", "driver.open (all)"), (overlay, "_mount_idmapped", "  id-mapped lowers, mounted"),
             (overlay, "adopt", "  upper given to the user"), (mounts, "mount_overlay", "  overlay mount"),
             (disk, "reserve", "disk.reserve"), (tree.Meta, "save", "meta saved (fsync)"),
             (task_view, "seal_layer", "  seal_layer (the task before)"), (sandbox, "stop", "    sandbox.stop"),
@@ -144,7 +144,7 @@ def main() -> None:
         ):
             timed(owner, name, label)
         counted(os, "fsync")
-        for name in ("attach_idmapped", "mount_overlay", "bind", "mount_image"):
+        for name in ("clone_idmapped", "attach_idmapped", "mount_overlay", "mount_overlay_layers", "bind", "mount_image"):
             counted(mounts, name)
         sys.addaudithook(_audit)
         user = get_user_model().objects.create_superuser(username="bench", password="bench-password", email="")

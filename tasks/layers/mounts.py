@@ -37,10 +37,8 @@ def mount_overlay(target: Path, lowers: list[Path], upper: Path, work: Path) -> 
     redirect_dir and metacopy are off so the upper directory alone holds every changed file's
     full content: a finished layer is self-contained and can be read, diffed or stacked alone.
     """
-    options = (
-        f"lowerdir={':'.join(escape_option(p) for p in lowers)},upperdir={escape_option(upper)},"
-        f"workdir={escape_option(work)},redirect_dir=off,metacopy=off,index=off,xino=off"
-    )
+    options = (f"lowerdir={':'.join(escape_option(p) for p in lowers)},upperdir={escape_option(upper)},"
+               f"workdir={escape_option(work)},{','.join(f'{key}={value}' for key, value in _OVERLAY_FEATURES)}")
     data = options.encode()
     if len(data) >= 4096:  # mount(2) takes one page of options
         raise MountError(errno.E2BIG, f"overlay options are {len(data)} bytes; lower the compaction depth")
@@ -49,6 +47,8 @@ def mount_overlay(target: Path, lowers: list[Path], upper: Path, work: Path) -> 
         err = ctypes.get_errno()
         raise MountError(err, f"mounting the overlay at {target} failed: {os.strerror(err)}")
 
+
+_OVERLAY_FEATURES = (("redirect_dir", "off"), ("metacopy", "off"), ("index", "off"), ("xino", "off"))
 
 MS_BIND = 0x1000
 
@@ -144,6 +144,7 @@ _SYS_MOUNT_SETATTR = 442
 _OPEN_TREE_CLONE = 1
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
+_AT_SYMLINK_NOFOLLOW = 0x100
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOUNT_ATTR_RDONLY = 0x1
 _MOUNT_ATTR_NOSUID = 0x2
@@ -172,22 +173,71 @@ def _make_dir(path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
-def attach_idmapped(source: Path, target: Path, userns_fd: int) -> None:
-    """Mount ``source`` read-only at ``target``, its owner's files shown as the ids ``userns_fd``
-    maps them to. A lower layer mounted so lets a task's own user change files root owns on
-    disk (through copy-up), while the disk keeps root's ids."""
+def clone_idmapped(source: Path | str, *, userns_fd: int | None = None, at: int = _AT_FDCWD) -> int:
+    """A detached read-only copy of the directory ``source`` (relative to the detached mount
+    ``at`` when given), without what is mounted below it: a file descriptor the caller closes.
+    With ``userns_fd``, its owner's files are shown as the ids that namespace maps them to; a
+    copy made from such a copy (``at``) keeps its id-map. A lower layer mounted so lets a task's
+    own user change files root owns on disk (through copy-up), while the disk keeps root's ids."""
     libc = _lib()
-    fd = _check(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(source), _OPEN_TREE_CLONE | os.O_CLOEXEC),
+    fd = _check(libc.syscall(_SYS_OPEN_TREE, at, os.fsencode(source), _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_SYMLINK_NOFOLLOW),
                 f"open_tree {source}")
+    if userns_fd is None:
+        return fd
     try:
         attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, userns_fd)
         _check(libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)),
                f"id-map {source}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def attach_idmapped(source: Path, target: Path, userns_fd: int) -> None:
+    """Mount ``source`` read-only at ``target``, id-mapped (``clone_idmapped``): a kernel without
+    overlay layers given by file descriptor (``mount_overlay_layers``) stacks such mounts."""
+    fd = clone_idmapped(source, userns_fd=userns_fd)
+    try:
         _make_dir(target)
-        _check(libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
+        _check(_lib().syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
                f"attach {source} at {target}")
     finally:
         os.close(fd)
+
+
+# --- an overlay whose lower layers are given by file descriptor (fsopen, fsconfig, fsmount) ---
+_SYS_FSOPEN = 430
+_SYS_FSCONFIG = 431
+_SYS_FSMOUNT = 432
+_FSOPEN_CLOEXEC = 1
+_FSMOUNT_CLOEXEC = 1
+_FSCONFIG_SET_STRING = 1
+_FSCONFIG_SET_FD = 5
+_FSCONFIG_CMD_CREATE = 6
+
+
+def mount_overlay_layers(target: Path, lower_fds: list[int], upper: Path, work: Path) -> None:
+    """Mount an overlay at ``target`` whose lower layers (newest first) are the detached mounts
+    ``lower_fds`` (``clone_idmapped``): nothing of them is mounted on the host, so there is
+    nothing to unmount but the view, and no layer's path is in the view's mount options (each
+    shows as ``/``). Needs Linux 6.15 or later (``overlay.layers_by_fd_refusal``)."""
+    libc = _lib()
+    context = _check(libc.syscall(_SYS_FSOPEN, b"overlay", _FSOPEN_CLOEXEC), "fsopen overlay")
+    try:
+        for fd in lower_fds:
+            _check(libc.syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_FD, b"lowerdir+", None, fd), "a lower layer by descriptor")
+        for key, value in (("upperdir", str(upper)), ("workdir", str(work)), *_OVERLAY_FEATURES):
+            _check(libc.syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_STRING, key.encode(), os.fsencode(value), 0), key)
+        _check(libc.syscall(_SYS_FSCONFIG, context, _FSCONFIG_CMD_CREATE, None, None, 0), f"the overlay at {target}")
+        mount = _check(libc.syscall(_SYS_FSMOUNT, context, _FSMOUNT_CLOEXEC, 0), f"fsmount {target}")
+        try:
+            _check(libc.syscall(_SYS_MOVE_MOUNT, mount, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
+                   f"attach the overlay at {target}")
+        finally:
+            os.close(mount)
+    finally:
+        os.close(context)
 
 
 # --- loop devices (a task's disk image, tasks.layers.disk) ------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from tasks.layers import mounts, paths
@@ -66,10 +67,11 @@ class OverlayDriver:
         for directory in (root.upper, root.work, root.view):
             directory.mkdir(parents=True, exist_ok=True)
         lowers = [tree.root for tree in root.lowers]
-        if owner is not None:
-            lowers = _idmapped(lowers, root.mounts, owner)
-            adopt(root.upper, owner)  # the task's user creates files at the top of its view
-        mounts.mount_overlay(root.view, lowers, root.upper, root.work)
+        if owner is None:
+            mounts.mount_overlay(root.view, lowers, root.upper, root.work)
+            return
+        adopt(root.upper, owner)  # the task's user creates files at the top of its view
+        _mount_idmapped(root, lowers, owner)
 
     def changes(self, root: Root) -> list[Change]:
         return layer_changes(LayerTree(root.upper), root.lower, prefix=root.name)
@@ -138,53 +140,126 @@ def drop_unchanged_copies(tree: LayerTree, lower: Stack) -> None:
     visit("")
 
 
-def _idmapped(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[Path]:
-    """The lower layers as the task's user sees them: its owner's files shown as the user's
-    (overlayfs itself cannot be id-mapped, its layers can). Unmounted with the view.
+def layers_by_fd_refusal() -> str | None:
+    """Why this kernel takes no detached mount as an overlay's lower layer, given by descriptor
+    (``mounts.mount_overlay_layers``, Linux 6.15; None: it does). Probed once per process and
+    data directory, for real."""
+    return paths.probed("overlay-fd", _probe_layers_by_fd)
+
+
+def _probe_layers_by_fd(data: Path) -> str | None:
+    base = paths.probe_dir(data, "layerfd")
+    try:
+        for part in ("lower", "upper", "work", "view"):
+            (base / part).mkdir(parents=True, exist_ok=True)
+        (base / "lower" / "f").write_text("x")
+        lower = mounts.clone_idmapped(base / "lower")
+        try:
+            mounts.mount_overlay_layers(base / "view", [lower], base / "upper", base / "work")
+        finally:
+            os.close(lower)
+        try:
+            if (base / "view" / "f").read_text() != "x":
+                return "an overlay over a detached lower layer did not show it"
+        finally:
+            mounts.unmount(base / "view")
+        return None
+    except OSError as exc:
+        return f"the kernel takes no detached overlay layer by descriptor: {exc}"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _mount_idmapped(root: Root, lowers: list[Path], owner: tuple[int, int]) -> None:
+    """Mount ``root``'s view over ``lowers`` as the task's user sees them: their owner's files
+    shown as the user's (overlayfs itself cannot be id-mapped, its layers can).
 
     Each directory of the data directory that holds lower layers (``layers``, ``flats``,
-    ``workspaces``) is mounted once per task, id-mapped (root's files shown as the user's) and
+    ``workspaces``) is copied once, detached, id-mapped (root's files shown as the user's) and
     read-only, without what is mounted below it (other tasks' views and images); each lower
-    layer in it is given to overlayfs as a symbolic link into that mount, so the view's mount
-    options name ``under/<n>``, no layer's task. The box makes every directory on the way as
-    root: a path through such a mount is walked on root's ids. A lower layer another user owns,
-    one outside the data directory, or one below another mount is mounted again on its own. ``under`` is root's alone (0700): these mounts show root's files as the
-    task user's. The sandbox never sees any of them: its root holds the view alone
-    (``tasks.sandbox.init``)."""
+    layer is a detached copy of its directory in that copy, given to overlayfs by descriptor.
+    Nothing but the view is mounted on the host, and the view's mount options name no layer
+    (each shows as ``/``). A kernel that takes no layer so (``layers_by_fd_refusal``) gets the
+    same copies mounted under ``root.mounts`` instead (``_attached``)."""
+    if layers_by_fd_refusal() is not None:
+        mounts.mount_overlay(root.view, _attached(lowers, root.mounts, owner), root.upper, root.work)
+        return
+    opened: list[int] = []
+    try:
+        layers: list[int] = []
+        areas: dict[str, int] = {}
+        for lower, userns, area_name, rest in _placed(lowers, owner, set()):
+            opened.append(userns)
+            if area_name and area_name not in areas:
+                areas[area_name] = mounts.clone_idmapped(paths.data_dir() / area_name, userns_fd=userns)
+                opened.append(areas[area_name])
+            if area_name:
+                layers.append(mounts.clone_idmapped(rest, at=areas[area_name]))
+            else:
+                layers.append(mounts.clone_idmapped(lower, userns_fd=userns))
+            opened.append(layers[-1])
+        mounts.mount_overlay_layers(root.view, layers, root.upper, root.work)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _placed(lowers: list[Path], owner: tuple[int, int], attached: set[str]) -> Iterator[tuple[Path, int, str, str]]:
+    """Each lower layer with the user namespace that maps its owner's ids to ``owner`` (a file
+    descriptor: the caller closes it), and where it is id-mapped from: the directory of the data
+    directory it is in and its path inside it, or ``""`` twice when it is mapped on its own (one
+    another user owns, one outside the data directory, or one below another mount). ``attached``:
+    mount points of this view's own (``_attached``), which hide nothing."""
     # Paths as strings: a start handles every lower this way (up to the compaction depth), and
     # pathlib's parsing of each joined or compared path was most of this function's CPU.
     data = paths.data_dir()
-    data_prefix, under_name = f"{data}/", str(under)
-    table = mounts.mounts_under(under, data)  # one reading of the mount table for every layer
-    attached = {str(point) for point in table if point == under or under in point.parents}
+    data_prefix = f"{data}/"
+    table = mounts.mounts_under(data)  # one reading of the mount table for every layer
     below = tuple(f"{point}/" for point in table if point != data and str(point) not in attached)
-    if not attached:
-        for directory in (under.parent, under):
-            _private(directory)
     namespaces: dict[tuple[int, int], int] = {}
-    mapped: list[Path] = []
     try:
-        for index, lower in enumerate(lowers):
+        for lower in lowers:
             name = str(lower)
             st = os.stat(name)
             key = (st.st_uid, st.st_gid)
             if key not in namespaces:
                 namespaces[key] = userns_mapping(owner[0], owner[1], st.st_uid, st.st_gid)
-            target = f"{under_name}/{index}"
-            # the lower's directory of the data directory, and its path inside it (root's layers only)
             area_name, _, rest = name[len(data_prefix):].partition("/") if name.startswith(data_prefix) and key == (0, 0) else ("", "", "")
-            if rest and not f"{name}/".startswith(below):
-                area = f"{under_name}/{area_name}"
-                if area not in attached:
-                    mounts.attach_idmapped(data / area_name, Path(area), namespaces[key])
-                    attached.add(area)
-                _link(target, f"{area}/{rest}")
-            elif target not in attached:
-                mounts.attach_idmapped(lower, Path(target), namespaces[key])
-            mapped.append(Path(target))
+            if not rest or f"{name}/".startswith(below):
+                area_name = rest = ""
+            yield lower, os.dup(namespaces[key]), area_name, rest
     finally:
         for fd in namespaces.values():
             os.close(fd)
+
+
+def _attached(lowers: list[Path], under: Path, owner: tuple[int, int]) -> list[Path]:
+    """``_mount_idmapped`` on a kernel before 6.15: the id-mapped copies are mounted under
+    ``under`` (root's alone, 0700: the sandbox never sees them, its root holds the view alone),
+    each area once, and each lower layer is given to overlayfs as a symbolic link into its area's
+    mount, so the view's mount options name ``under/<n>``, no layer's task. The box makes every
+    directory on the way as root: a path through such a mount is walked on root's ids.
+    Unmounted with the view."""
+    under_name = str(under)
+    attached = {str(point) for point in mounts.mounts_under(under)}
+    if not attached:
+        for directory in (under.parent, under):
+            _private(directory)
+    mapped: list[Path] = []
+    for index, (lower, userns, area_name, rest) in enumerate(_placed(lowers, owner, attached)):
+        try:
+            target = f"{under_name}/{index}"
+            if area_name:
+                area = f"{under_name}/{area_name}"
+                if area not in attached:
+                    mounts.attach_idmapped(paths.data_dir() / area_name, Path(area), userns)
+                    attached.add(area)
+                _link(target, f"{area}/{rest}")
+            elif target not in attached:
+                mounts.attach_idmapped(lower, Path(target), userns)
+            mapped.append(Path(target))
+        finally:
+            os.close(userns)
     return mapped
 
 

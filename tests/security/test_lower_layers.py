@@ -1,21 +1,41 @@
 """Attack: a task's command hunts for other tasks' layers through the lower mounts of its view.
 
-A sandboxed overlay view stacks lower layers that the box mounts id-mapped on the host (one
-mount per directory of layers, ``tasks.layers.overlay._idmapped``): those mounts show every
-layer of the data directory. The task's root holds its view alone; nothing it can name (the
-view's mount options, /proc, its file descriptors, a walk of its tree) leads to them.
+A sandboxed overlay view stacks lower layers id-mapped (``tasks.layers.overlay._mount_idmapped``):
+detached copies of each directory of layers, given to overlayfs by descriptor, or on a kernel
+before 6.15 the same copies mounted on the host (one mount per directory of layers), which show
+every layer of the data directory. The task's root holds its view alone; nothing it can name
+(the view's mount options, /proc, its file descriptors, a walk of its tree) leads to them.
+Each test runs both ways.
 """
 from __future__ import annotations
 
 import os
 import textwrap
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+from tasks import lifecycle
+from tasks.layers import mounts, overlay
 from tasks.layers import paths as layer_paths
+from tasks.workers import flow as flow_worker
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.sandbox.conftest import data_dir_where_a_box_keeps_it, needs_sandbox, results
 
 pytestmark = needs_sandbox
+
+
+@pytest.fixture(autouse=True, params=["by descriptor", "attached"])
+def lower_mounting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the view's lower layers reach overlayfs: by descriptor where the kernel takes them so,
+    else mounted under the task's own directory of lower mounts (forced here for the second)."""
+    if request.param == "attached":
+        monkeypatch.setattr(overlay, "layers_by_fd_refusal", lambda: "as on a kernel before 6.15")
+    elif overlay.layers_by_fd_refusal() is not None:
+        pytest.skip(f"this kernel: {overlay.layers_by_fd_refusal()}")
+    return str(request.param)
 
 HUNT = textwrap.dedent("""
     import os, sys
@@ -82,3 +102,30 @@ def test_a_task_cannot_reach_another_tasks_layer_through_its_views_lower_mounts(
         assert seen["own_view"] == "mine"  # the stacked layer is read through the view, as it should be
         assert seen["mentions_ids"] == "False"
         assert seen["found"] == ""
+
+
+def test_a_sandboxed_views_lower_layers_are_mounted_on_the_host_only_where_the_kernel_needs_it(
+        sandboxed: Any, lower_mounting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    write = flow_worker.write_regular
+
+    def looking(target: Path, content: str) -> None:  # the second task's write, its view open
+        task_id = target.parent.parent.name
+        seen.update(view=mounts.mounts_under(layer_paths.task_dir(task_id)),
+                    lowers=mounts.mounts_under(layer_paths.lower_mounts_dir(task_id)),
+                    owner=os.stat(target.parent / "a.txt").st_uid)
+        write(target, content)
+
+    first = sandboxed.create(title="first", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
+    assert sandboxed.wait_state(first["id"], "done")["state"] == "done"
+    monkeypatch.setattr(flow_worker, "write_regular", looking)
+    second = sandboxed.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}))
+    assert sandboxed.wait_state(second["id"], "done")["state"] == "done"
+    assert seen["view"] == [layer_paths.view_dir(second["id"])]
+    assert seen["owner"] != 0  # the first task's file, root's on disk, is the second task's user's in its view
+    if lower_mounting == "by descriptor":
+        assert seen["lowers"] == []  # nothing but the view: nothing else to unmount, nothing left by a crash
+    else:
+        assert seen["lowers"]
+    assert lifecycle.janitor.drain()
+    assert mounts.mounts_under(layer_paths.task_dir(second["id"]), layer_paths.lower_mounts_dir(second["id"])) == []
