@@ -18,7 +18,8 @@ from tasks import lifecycle, runs
 from tasks.facts import Facts, refreshed
 from tasks.finalize import begin_run, finish_run
 from tasks.jobs import execute_run
-from tasks.models import EventKind, Run, Task, TaskEvent, VaultSecret, Workspace
+from tasks.layers import task_view
+from tasks.models import EventKind, Layer, Run, Task, TaskEvent, VaultSecret, Workspace
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.vault import set_secret
 from tasks.workers.base import Done, Failed
@@ -244,6 +245,25 @@ def test_the_start_logs_its_move_then_its_isolation_numbered_by_the_moves_own_up
     # the move to running takes both its numbers; then the step, its result and the move to done
     assert len(numbered) == 4, "\n".join(numbered)
     assert "'running'" in numbered[0] and '"event_seq" + 2' in numbered[0]
+
+
+def test_a_seal_reads_its_rows_in_one_statement_and_writes_them_in_one(box: Box, settings: Any, monkeypatch: Any) -> None:
+    # A dependent's start seals the layer of the task before it (``task_view.seal_layer``); the
+    # seal once read the task, the layer and the ids of every layer applied within a lease.
+    monkeypatch.setattr(lifecycle, "release_soon", lambda task_id, then=None: None)  # the seal left to the test
+    for _ in range(3):
+        run_counted(box, settings)  # layers applied within the lease, in the stack of the next
+    task_id, _ = run_counted(box, settings, flow({"write": {"path": "b.txt", "content": "b"}}))
+    assert not Layer.objects.get(task_id=task_id).sealed
+    with CaptureQueriesContext(connection) as queries:
+        task_view.seal_layer(task_id)
+    statements = [q["sql"] for q in queries.captured_queries]
+    layer = Layer.objects.get(task_id=task_id)
+    assert layer.sealed and layer.manifest["paths"] == [{"path": "b.txt", "kind": "added"}] and not layer.note_due
+    assert len(statements) == 2, "\n".join(statements)
+    for earlier in Task.objects.exclude(pk=task_id).values_list("pk", flat=True):
+        lifecycle.release(earlier)
+    lifecycle.release(task_id)
 
 
 def test_a_release_reads_its_task_without_ordering_it(box: Box, settings: Any) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import json
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Field, Model
 from django.db.models.sql.subqueries import InsertQuery
@@ -18,6 +20,7 @@ from tasks.layers import paths
 from tasks.layers.base import driver_name
 from tasks.layers.locks import workspace_lock
 from tasks.models import Dependency, Layer, LayerState, Task, Workspace
+from tasks.states import State
 
 
 def current_stack(workspace: Workspace | int) -> list[str]:
@@ -155,3 +158,48 @@ def _add_layer_statement(vendor: str, values: str) -> str:
             f"'[]'::jsonb) AS ids FROM {table} WHERE {_start_stack_condition()}) "
             f"UPDATE {tasks} SET {layers} = stack.ids FROM added, stack WHERE {tasks}.{task_pk} = %s "
             f"RETURNING added.{pk}, {tasks}.{layers}")
+
+
+def write_seal(task: Task, layer: Layer, manifest: dict[str, Any]) -> bool:
+    """The seal's write of ``layer``'s row, in one statement: its manifest, ``sealed``, and
+    ``note_due`` (whether layers of the workspace were applied before its own that its task's
+    view did not show: the override note is due, ``task_view.note_overrides``). Returns
+    ``note_due``.
+
+    Those layers can only be among those applied since the task was created, less a lease: a
+    start leaves out only layers applied after its task's creation, and a final move takes its
+    layer's ``applied_at`` before it commits, so a task created and started meanwhile records
+    its stack without it; the bound leaves room for that transaction. The database compares them
+    with the stack the task recorded (its row's ``layers``), which never leaves it: fetching the
+    ids to compare here made a row for each task the workspace finished within the lease (a
+    burst, a chain posted at once), and naming the stack in the query grew with the workspace's
+    history."""
+    field = Layer._meta.get_field("manifest")
+    if task.folders or task.state != State.DONE or layer.applied_at is None:
+        Layer.objects.filter(pk=layer.pk).update(manifest=manifest, note_due=False, sealed=True)
+        return False
+    since = task.created_at - timedelta(seconds=settings.BOX_LEASE_SECONDS)
+    applied = Layer._meta.get_field("applied_at")
+    with connection.cursor() as cursor:
+        cursor.execute(_seal_statement(connection.vendor), [
+            field.get_db_prep_save(manifest, connection=connection), True, task.workspace_id, LayerState.APPLIED.value,
+            applied.get_db_prep_value(since, connection=connection), applied.get_db_prep_value(layer.applied_at, connection=connection),
+            task.pk, task.pk, layer.pk])
+        found = cursor.fetchall()
+    return bool(found and found[0][0])
+
+
+@functools.cache
+def _seal_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    table, tasks = quote(Layer._meta.db_table), quote(Task._meta.db_table)
+    manifest, sealed, due, pk, workspace, state, applied, task_id = (quote(_column(Layer, name)) for name in (
+        "manifest", "sealed", "note_due", "id", "workspace", "state", "applied_at", "task"))
+    stack = f"(SELECT {tasks}.{quote(_column(Task, 'layers'))} FROM {tasks} WHERE {tasks}.{quote(_column(Task, 'id'))} = %s)"
+    if vendor == "postgresql":
+        unstacked = f"NOT ({stack} ? other.{task_id})"  # jsonb: the array holds that string
+    else:
+        unstacked = f"other.{task_id} NOT IN (SELECT value FROM json_each({stack}))"
+    return (f"UPDATE {table} SET {manifest} = %s, {sealed} = %s, {due} = EXISTS (SELECT 1 FROM {table} AS other "
+            f"WHERE other.{workspace} = %s AND other.{state} = %s AND other.{applied} >= %s AND other.{applied} < %s "
+            f"AND other.{task_id} <> %s AND {unstacked}) WHERE {table}.{pk} = %s RETURNING {table}.{due}")

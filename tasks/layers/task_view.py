@@ -27,7 +27,7 @@ from tasks.layers.diff import Change
 from tasks.layers.driver import Root
 from tasks.layers.locks import drop_layer_lock, layer_lock, workspace_lock
 from tasks.layers.roots import changes_of, roots_for, tree_for
-from tasks.layers.stack_record import current_stack, layer_task_ids, record_layer
+from tasks.layers.stack_record import current_stack, layer_task_ids, record_layer, write_seal
 from tasks.layers.tree import DIR, LayerTree, Meta, NativeMarkers, apply_layer
 from tasks.models import EventKind, Layer, LayerState, Task, Workspace
 from tasks.sandbox import users
@@ -261,7 +261,7 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
         meta = Meta.load(directory)
         if not meta.sealed:
             if rows is None:
-                task, layer = _task_of(task_id), next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most
+                task, layer = _rows_of(task_id)
             else:  # read outside this lock: a retry may have made the task active again since
                 task, layer = rows
                 state = next(iter(Task.objects.filter(pk=task_id).values_list("state", flat=True)), None)
@@ -291,11 +291,10 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
                 meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
                 summary = summarise(changes_of(task, layer, roots, meta))
-            due = _note_due(task, layer)
             # ``sealed`` lets a start whose task was created before this one finished keep the
             # layer in its stack (``_start_stack_condition``). It is set a moment before the meta
             # says sealed: such a start waits on this lock for that moment, as any start did.
-            Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=due, sealed=True)
+            due = write_seal(task, layer, summary)
             if due and connection.in_atomic_block:
                 # Sealed inside a caller's transaction (a dependency's check, say): the task's own
                 # release may find the layer sealed before that commit shows it the flag, and
@@ -329,7 +328,7 @@ def record_lost_seal(task_id: str) -> None:
         with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
             roots = roots_for(task, layer, for_mount=False, layers=lowers)
             summary = summarise(changes_of(task, layer, roots, meta))
-        Layer.objects.filter(pk=layer.pk).update(manifest=summary, note_due=_note_due(task, layer), sealed=True)
+        write_seal(task, layer, summary)
 
 
 # What a release and a seal read of the task: making the model of the whole row (40 fields, JSON
@@ -344,6 +343,18 @@ def _task_of(task_id: str) -> Task | None:
         return Task.objects.select_related("workspace").only(*_SEALED_BY).get(pk=task_id)
     except Task.DoesNotExist:
         return None
+
+
+def _rows_of(task_id: str) -> tuple[Task | None, Layer | None]:
+    """The task (as ``_task_of`` reads it) and its layer, in one statement; (None, None) when
+    the layer is gone (a task has a layer from its first start on)."""
+    fields = [field.name for field in Layer._meta.concrete_fields]
+    try:
+        layer = (Layer.objects.select_related("task__workspace")
+                 .only(*fields, *(f"task__{name}" for name in _SEALED_BY)).get(task_id=task_id))
+    except Layer.DoesNotExist:
+        return None, None
+    return layer.task, layer
 
 
 def _is_final(meta: Meta, native: bool) -> bool:
@@ -373,17 +384,6 @@ def _not_stacked(task: Task, rows: list[Row]) -> list[Row]:
     left out of it while they sealed."""
     stacked = set(task.layers)
     return [row for row in rows if row[0] not in stacked]
-
-
-def _note_due(task: Task, layer: Layer) -> bool:
-    """``Layer.note_due`` as the seal writes it with the manifest: layers not in the task's view were applied before its own."""
-    if task.folders or task.state != State.DONE or layer.applied_at is None:
-        return False
-    # Only the ids: a busy workspace applies hundreds of layers within one lease, and making
-    # each row's time (and tuple) was most of a seal's CPU in a chain of tasks.
-    stacked = set(task.layers)
-    return any(task_id not in stacked
-               for task_id in _applied_since_created(task, layer).values_list("task_id", flat=True))
 
 
 def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None:
