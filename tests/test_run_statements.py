@@ -275,6 +275,17 @@ def test_a_release_reads_its_task_without_ordering_it(box: Box, settings: Any) -
     assert reads and not [sql for sql in reads if "ORDER BY" in sql], reads  # a ``first()`` orders and slices
 
 
+def test_a_release_whose_override_note_is_not_due_reads_no_other_layer(box: Box, settings: Any) -> None:
+    # The seal writes whether the note is due; a release looked for the notes' layers each time.
+    run_counted(box, settings)
+    task_id, _ = run_counted(box, settings)
+    lifecycle.janitor.drain()
+    assert not Layer.objects.get(task_id=task_id).note_due
+    with CaptureQueriesContext(connection) as queries:
+        lifecycle.release(task_id)
+    assert not [q["sql"] for q in queries.captured_queries if '"applied_at" >=' in q["sql"]]
+
+
 def _claimed(box: Box, settings: Any, title: str) -> tuple[Task, Run, str]:
     """A trivial task whose start run this test claimed (the cluster's first move, done here)."""
     queue_through_the_cluster(settings)

@@ -399,6 +399,8 @@ def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None
     start left it out unsealed, and its release has not got there) is sealed first: its paths
     are its seal's manifest."""
     overridden: dict[str, list[str]] = {}
+    if not found_due and not Layer.objects.filter(pk=layer.pk, note_due=True).exists():
+        return  # the seal found every layer applied before this one in its view (nearly always)
     if not task.folders and task.state == State.DONE and layer.applied_at is not None:
         due = Exists(Layer.objects.filter(pk=layer.pk, note_due=True))
         others = _not_stacked(task, list(_applied_since_created(task, layer).filter(due).order_by("applied_at")
@@ -491,7 +493,9 @@ def _remove_view(task_id: str) -> None:
 def release(task_id: str, *, stopped: bool = False) -> None:
     """After ``task_id`` ended (or at start-up): unmount, seal, note, settle its layer. Idempotent.
     ``stopped``: ``sandbox.stop`` completed for the task just before."""
-    task = _task_of(task_id)
+    task, layer = _rows_of(task_id)
+    if task is None:  # no layer: the task is gone, or never opened a view
+        task = _task_of(task_id)
     if task is not None and task.state in ACTIVE:
         log.warning("release(%s) called while the task is %s; its view is left alone", task_id, task.state)
         return
@@ -500,7 +504,6 @@ def release(task_id: str, *, stopped: bool = False) -> None:
         disk.unmount(task_id)
         _remove_view(task_id)
         return
-    layer = next(iter(Layer.objects.filter(task_id=task_id)), None)  # one at most (one to one)
     if layer is not None:
         seal_layer(task_id, stopped=stopped, rows=(task, layer))
         note_overrides(task, layer)  # after the seal and its lock, whoever sealed the layer
