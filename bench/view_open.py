@@ -117,7 +117,7 @@ def main() -> None:
         from django.contrib.auth import get_user_model
 
         from tasks import lifecycle, sandbox, services
-        from tasks.layers import compaction, disk, mounts, overlay, paths, task_view, tree
+        from tasks.layers import compaction, disk, mounts, overlay, paths, stack_record, task_view, tree
         from tasks.models import Task, Workspace
         from tasks.sandbox import users
         from tasks.states import State
@@ -137,7 +137,7 @@ def main() -> None:
             (disk, "reserve", "disk.reserve"), (tree.Meta, "save", "meta saved (fsync)"),
             (task_view, "seal_layer", "  seal_layer (the task before)"), (sandbox, "stop", "    sandbox.stop"),
             (task_view, "_unmount", "    its view unmounted"), (overlay.OverlayDriver, "seal", "    driver.seal"),
-            (task_view, "_note_due", "    _note_due"), (task_view, "_task_of", "    its rows read"),
+            (stack_record, "write_seal", "    write_seal (its row)"), (task_view, "rows_of", "    its rows read"),
             (disk, "settle", "    disk.settle (upper out of its image)"),
             (task_view, "changes_of", "    changes_of (the manifest)"), (compaction, "read_trees", "    read_trees"),
             (lifecycle, "prepare", "prepare (all)"),

@@ -19,6 +19,7 @@ from tasks.broker.server import serving as broker_serving
 from tasks.context import RunContext
 from tasks.facts import Facts
 from tasks.finalize import Begun, begin_run, finish_run
+from tasks.layers import sealer
 from tasks.models import Task
 from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
 from tasks.states import FINAL
@@ -272,7 +273,14 @@ def _claim_and_execute(run_id: int, before: lifecycle.Held, goes_on: Callable[[]
     releases: lifecycle.Held = []
     try:
         with lifecycle.releases_held() as releases, runs.hold_first() as held:
-            finished = finish_run(task, run, token, recorder, outcome, elapsed_ms, claim_next=goes_on())
+            # A done task's layer is sealed beside its finish, off the path of a task chained after it.
+            sealing = sealer.seal_beside(task.pk, run.pk, token) \
+                if isinstance(outcome, Done) and not task.criteria and not task.folders else None
+            try:
+                finished = finish_run(task, run, token, recorder, outcome, elapsed_ms, claim_next=goes_on())
+            finally:
+                if sealing is not None:
+                    sealing.set()
             if finished.ended_meanwhile:
                 # Ended meanwhile, maybe by a process on another machine whose release could not
                 # reach what this run holds here (its user, its mounts): release it on this one.

@@ -15,12 +15,9 @@ refills the pool of task users after a claim took one.
 """
 from __future__ import annotations
 
-import atexit
 import fcntl
 import logging
-import multiprocessing.util
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +26,7 @@ from pathlib import Path
 
 from django.db import connection
 
+from boxsite.background import Background
 from tasks import layers, sandbox
 from tasks.models import Task
 from tasks.sandbox import users
@@ -36,12 +34,6 @@ from tasks.states import ACTIVE, FINAL
 
 log = logging.getLogger(__name__)
 
-_REFILL = ""  # a janitor job that is not a task id: make free pool users
-_HANG_UP = "\0"  # nor is this one: let go of the database connection now (``Janitor.drain``)
-# A janitor out of jobs keeps its database connection this long. In a chain of tasks a release
-# comes every few tens of milliseconds; a connection made for each cost the janitor and the
-# database (a server process started per connection) more than the release's own statements.
-IDLE_CONNECTION_S = 2.0
 # A release with a failed step (a mount still busy, a process not yet gone) is run again after
 # each of these pauses before it is left to start-up reconcile: a pool user stays claimed, and a
 # layer unsealed, only if every try failed.
@@ -53,82 +45,48 @@ Held = list[tuple[str, Then]]  # releases kept by ``releases_held``: (task id, t
 
 
 class Janitor:
-    """One background thread per process: releases ended tasks and refills the user pool."""
+    """One background thread per process (``boxsite.background``): releases ended tasks and
+    refills the user pool; once it has been quiet long enough, trims the pool's surplus."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: queue.Queue[tuple[str, Then]] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._idle = threading.Event()
-        self._idle.set()
+        self._trimmed = True  # the pool's surplus users go once it is quiet after some work
+        self._thread = Background("box-janitor", quiet_wait=self._quiet_wait, on_quiet=self._trim)
 
     def submit(self, job: str, then: Then = None) -> None:
-        with self._lock:
-            if self._pid != os.getpid():  # a forked child (a django-q2 worker) starts its own thread
-                self._jobs, self._pid = queue.Queue(), os.getpid()
-                self._thread = threading.Thread(target=self._work, args=(self._jobs,), name="box-janitor", daemon=True)
-                self._thread.start()
-                atexit.register(self.drain)  # an ordinary exit (a management command)
-                multiprocessing.util.Finalize(self, self.drain, exitpriority=10)  # a django-q2 worker's exit
-            self._jobs.put((job, then))
-            self._idle.clear()  # under the lock, as ``_work``'s check: a drain never misses this job
+        """Release task ``job``, then call ``then``; or refill the pool (``""``, ``refill_soon``)."""
+        self._thread.submit(lambda: self._run(job, then))
 
-    def _work(self, jobs: queue.Queue[tuple[str, Then]]) -> None:
-        trimmed = True  # the pool's surplus users go once it is quiet after some work (``users.trim_pool``)
-        while True:
-            connected = connection.connection is not None
-            wait = None if trimmed else users.TRIM_IDLE_S
-            if connected:
-                wait = IDLE_CONNECTION_S if wait is None else min(wait, IDLE_CONNECTION_S)
-            try:
-                job, then = jobs.get(timeout=wait)
-            except queue.Empty:
-                if connected:
-                    connection.close()  # hold no database connection while idle
-                else:
-                    trimmed = self._trim()
-                continue
-            if job == _HANG_UP:
-                connection.close()
-                self._done(jobs)
-                continue
-            trimmed = not sandbox.available()
-            _replace_if_broken()
-            try:
-                if job == _REFILL:
-                    if sandbox.available():
-                        users.fill_pool()
-                else:
-                    self._release(job)
-                    if then is not None:
-                        then()  # whatever waited for this release to be complete
-                    if sandbox.available() and users.refill_wanted():
-                        users.fill_pool()
-            except Exception:  # noqa: BLE001 - the janitor outlives one failure; reconcile retries
-                log.exception("the janitor's job %r failed; start-up reconcile will try again", job)
-            finally:
-                self._done(jobs)
+    def _run(self, job: str, then: Then) -> None:
+        self._trimmed = not sandbox.available()
+        try:
+            if not job:
+                if sandbox.available():
+                    users.fill_pool()
+                return
+            self._release(job)
+            if then is not None:
+                then()  # whatever waited for this release to be complete
+            if sandbox.available() and users.refill_wanted():
+                users.fill_pool()
+        except Exception:  # noqa: BLE001 - the janitor outlives one failure; reconcile retries
+            log.exception("the janitor's job %r failed; start-up reconcile will try again", job)
 
-    def _done(self, jobs: queue.Queue[tuple[str, Then]]) -> None:
-        jobs.task_done()
-        with self._lock:  # no job submitted between the count and the flag
-            if jobs.unfinished_tasks == 0:
-                self._idle.set()
+    def _quiet_wait(self) -> float | None:
+        return None if self._trimmed else users.TRIM_IDLE_S
 
-    @staticmethod
-    def _trim() -> bool:
+    def _trim(self) -> None:
         """Idle: delete the pool's surplus users if it has been quiet long enough (another
-        process may still be claiming). True when there is nothing more to wait for."""
+        process may still be claiming)."""
         try:
             if users.quiet_for() < users.TRIM_IDLE_S:
-                return False
+                return
             users.trim_pool()
+            self._trimmed = True
         except Exception:  # noqa: BLE001 - the surplus stays until the next quiet spell; the box's stop removes it
             log.exception("trimming the pool of task users failed")
+            self._trimmed = True
         finally:
             connection.close()
-        return True
 
     @staticmethod
     def _release(task_id: str) -> None:
@@ -136,39 +94,24 @@ class Janitor:
             return
         for pause in RELEASE_RETRY_S:
             time.sleep(pause)
-            _replace_if_broken()  # the step may have failed on a connection the database dropped
+            if connection.errors_occurred:  # the step may have failed on a connection the database dropped
+                connection.close()
             if release(task_id):
                 log.info("the release of task %s completed when tried again", task_id)
                 return
 
     def drain(self, timeout: float = 30.0) -> bool:
-        """Wait until every job submitted in this process is done and the janitor has let go of
-        its database connection (False at the timeout): a process's end, a test's."""
-        if self._pid != os.getpid():
-            return True
-        self.submit(_HANG_UP)
-        return self.wait_idle(timeout)
+        """Wait until every release and seal this process asked for is done, and both threads
+        have let go of their database connections (False at the timeout): a release waits for
+        its layer's seal (``tasks.layers.sealer``)."""
+        return layers.sealer.drain(timeout) and self._thread.drain(timeout)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until every job submitted in this process is done (False at the timeout); the
-        janitor may still hold its database connection (``IDLE_CONNECTION_S``)."""
-        if self._pid != os.getpid():
-            return True
-        deadline = time.monotonic() + timeout
-        while not self._idle.wait(0.05):
-            if time.monotonic() > deadline:
-                return False
-        return True
+        """Wait until every release this process asked for is done (``Background.wait_idle``)."""
+        return self._thread.wait_idle(timeout)
 
 
 janitor = Janitor()
-
-
-def _replace_if_broken() -> None:
-    """The janitor keeps its connection between jobs: one that failed (a database restart, a
-    terminated server process) is replaced before the next job, with no round trip to find out."""
-    if connection.errors_occurred:
-        connection.close()
 
 
 class _Held(threading.local):
@@ -214,7 +157,7 @@ def submit_held(held: Held) -> None:
 
 def refill_soon() -> None:
     """The janitor makes free pool users up to ``BOX_USER_POOL`` (a box's start, after a claim)."""
-    janitor.submit(_REFILL)
+    janitor.submit("")
 
 
 @contextmanager

@@ -332,6 +332,13 @@ def holds_lease(run_id: int, token: str) -> bool:
     return heartbeat(run_id, token)
 
 
+def lease_lasts(run_id: int, token: str, seconds: float) -> bool:
+    """The run holds its lease for at least ``seconds`` more, as last committed: a read, which
+    neither extends the lease nor waits for a transaction that holds the run's row."""
+    return Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token,
+                              lease_expires_at__gt=timezone.now() + timedelta(seconds=seconds)).exists()
+
+
 def finish(run_id: int, token: str, outcome: str, error: str = "", *, charged: bool = True) -> bool:
     """Close the run with its outcome; ``charged=False`` refunds the attempt (a wait for the owner).
     False when the run no longer holds its lease (nothing was written): the update is conditional

@@ -14,11 +14,12 @@ from django.db.backends.signals import connection_created
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
+from boxsite import background
 from tasks import lifecycle, runs
 from tasks.facts import Facts, refreshed
 from tasks.finalize import begin_run, finish_run
 from tasks.jobs import execute_run
-from tasks.layers import task_view
+from tasks.layers import sealer, task_view
 from tasks.models import EventKind, Layer, Run, Task, TaskEvent, VaultSecret, Workspace
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.vault import set_secret
@@ -200,7 +201,7 @@ def test_the_janitor_keeps_its_database_connection_from_one_release_to_the_next(
 
 
 def test_an_idle_janitor_lets_go_of_its_database_connection(box: Box, settings: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(lifecycle, "IDLE_CONNECTION_S", 0.2)
+    monkeypatch.setattr(background, "IDLE_CONNECTION_S", 0.2)
     made: list[Any] = []
 
     def count(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -251,6 +252,7 @@ def test_a_seal_reads_its_rows_in_one_statement_and_writes_them_in_one(box: Box,
     # A dependent's start seals the layer of the task before it (``task_view.seal_layer``); the
     # seal once read the task, the layer and the ids of every layer applied within a lease.
     monkeypatch.setattr(lifecycle, "release_soon", lambda task_id, then=None: None)  # the seal left to the test
+    monkeypatch.setattr(sealer, "seal_beside", lambda *args: threading.Event())  # nor begun beside the finish
     for _ in range(3):
         run_counted(box, settings)  # layers applied within the lease, in the stack of the next
     task_id, _ = run_counted(box, settings, flow({"write": {"path": "b.txt", "content": "b"}}))

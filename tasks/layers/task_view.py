@@ -261,7 +261,7 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
         meta = Meta.load(directory)
         if not meta.sealed:
             if rows is None:
-                task, layer = _rows_of(task_id)
+                task, layer = rows_of(task_id)
             else:  # read outside this lock: a retry may have made the task active again since
                 task, layer = rows
                 state = next(iter(Task.objects.filter(pk=task_id).values_list("state", flat=True)), None)
@@ -270,45 +270,61 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 task.state = state  # as it is now (undone meanwhile, say): the seal's notes read it
             if task is None or layer is None or task.state in ACTIVE:
                 return
-            # The task's release runs in the background (tasks.lifecycle's janitor). Its layer
-            # joins no stack before its sandbox is stopped: its processes gone and every file
-            # its user owned handed back, or a later task's id-mapped view would show them as
-            # nobody's. Idempotent: a no-op when the janitor got there first. The rest of the
-            # sandbox's release (keyrings, the user back to the pool) is not waited for here.
-            if not stopped:
-                sandbox.stop(task_id)
-            driver = get_driver(layer.driver)
-            if driver.name == "overlay" and disk.limited(task_id):
-                # the upper leaves its image before the seal rewrites it (a full image has no
-                # room for the whiteouts the seal writes)
-                _unmount(task_id)
-                disk.settle(task_id)
-            with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
-                roots = roots_for(task, layer, for_mount=False, layers=lowers)
-                _restore_set_aside(directory, meta, roots)
-                for root in roots:
-                    driver.seal(root, meta)
-                disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
-                meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
-                summary = summarise(changes_of(task, layer, roots, meta))
-            # ``sealed`` lets a start whose task was created before this one finished keep the
-            # layer in its stack (``_start_stack_condition``). It is set a moment before the meta
-            # says sealed: such a start waits on this lock for that moment, as any start did.
-            due = write_seal(task, layer, summary)
-            if due and connection.in_atomic_block:
-                # Sealed inside a caller's transaction (a dependency's check, say): the task's own
-                # release may find the layer sealed before that commit shows it the flag, and
-                # write no note. Whoever commits the flag writes the note too (once: the clear).
-                transaction.on_commit(lambda: note_overrides(task, layer), robust=True)
-            # The meta is saved sealed last: a reader that finds the layer sealed (and so skips
-            # sealing it) finds its manifest written too. The override note is not: the task's
-            # release writes it after this lock (``note_overrides``), so a start that stacks the
-            # layer does not wait for it; ``note_due`` keeps it due across a crash.
-            meta.save(directory)
-            if task.folders:
-                review.record_touched(task, roots)  # reads the sealed layer (its lock is held here)
+            roots, summary = seal_files(task, layer, meta, stopped=stopped)
+            record_seal(task, layer, meta, roots, summary)
         if native and meta.format == "portable":
             _to_native(directory, meta)
+
+
+def seal_files(task: Task, layer: Layer, meta: Meta, *, stopped: bool = False) -> tuple[list[Root], dict[str, Any]]:
+    """The first half of a seal, on disk: ``task``'s view stopped and its changes left in the
+    layer format in ``meta`` (not saved); its roots and its manifest. Call under the layer's
+    lock, once the task's runs can write no more (it ended, or its worker's run finished its
+    work and holds the lease: ``tasks.layers.sealer``). ``stopped``: ``sandbox.stop`` completed
+    for the task just before (the janitor)."""
+    task_id = task.pk
+    # The task's release runs in the background (tasks.lifecycle's janitor). Its layer joins no
+    # stack before its sandbox is stopped: its processes gone and every file its user owned
+    # handed back, or a later task's id-mapped view would show them as nobody's. Idempotent: a
+    # no-op when the janitor got there first. The rest of the sandbox's release (keyrings, the
+    # user back to the pool) is not waited for here.
+    if not stopped:
+        sandbox.stop(task_id)
+    driver = get_driver(layer.driver)
+    if driver.name == "overlay" and disk.limited(task_id):
+        # the upper leaves its image before the seal rewrites it (a full image has no room for
+        # the whiteouts the seal writes)
+        _unmount(task_id)
+        disk.settle(task_id)
+    with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
+        roots = roots_for(task, layer, for_mount=False, layers=lowers)
+        _restore_set_aside(paths.layer_dir(task_id), meta, roots)
+        for root in roots:
+            driver.seal(root, meta)
+        disk.settle(task_id)  # the copy driver's working copy was in the image: drop it
+        meta.driver, meta.format, meta.sealed = driver.name, driver.markers, True
+        return roots, summarise(changes_of(task, layer, roots, meta))
+
+
+def record_seal(task: Task, layer: Layer, meta: Meta, roots: list[Root], summary: dict[str, Any]) -> None:
+    """The second half of a seal (``seal_files`` made it): the layer's row, then its meta, saved
+    sealed. Call under the layer's lock, with ``task`` ended (as it is now)."""
+    # ``sealed`` lets a start whose task was created before this one finished keep the layer in
+    # its stack (``_start_stack_condition``). It is set a moment before the meta says sealed: such
+    # a start waits on this lock for that moment, as any start did.
+    due = write_seal(task, layer, summary)
+    if due and connection.in_atomic_block:
+        # Sealed inside a caller's transaction (a dependency's check, say): the task's own
+        # release may find the layer sealed before that commit shows it the flag, and write no
+        # note. Whoever commits the flag writes the note too (once: the clear).
+        transaction.on_commit(lambda: note_overrides(task, layer), robust=True)
+    # The meta is saved sealed last: a reader that finds the layer sealed (and so skips sealing
+    # it) finds its manifest written too. The override note is not: the task's release writes it
+    # after this lock (``note_overrides``), so a start that stacks the layer does not wait for it;
+    # ``note_due`` keeps it due across a crash.
+    meta.save(paths.layer_dir(task.pk))
+    if task.folders:
+        review.record_touched(task, roots)  # reads the sealed layer (its lock is held here)
 
 
 def record_lost_seal(task_id: str) -> None:
@@ -345,7 +361,7 @@ def _task_of(task_id: str) -> Task | None:
         return None
 
 
-def _rows_of(task_id: str) -> tuple[Task | None, Layer | None]:
+def rows_of(task_id: str) -> tuple[Task | None, Layer | None]:
     """The task (as ``_task_of`` reads it) and its layer, in one statement; (None, None) when
     the layer is gone (a task has a layer from its first start on)."""
     fields = [field.name for field in Layer._meta.concrete_fields]
@@ -493,7 +509,7 @@ def _remove_view(task_id: str) -> None:
 def release(task_id: str, *, stopped: bool = False) -> None:
     """After ``task_id`` ended (or at start-up): unmount, seal, note, settle its layer. Idempotent.
     ``stopped``: ``sandbox.stop`` completed for the task just before."""
-    task, layer = _rows_of(task_id)
+    task, layer = rows_of(task_id)
     if task is None:  # no layer: the task is gone, or never opened a view
         task = _task_of(task_id)
     if task is not None and task.state in ACTIVE:

@@ -42,8 +42,10 @@ def stop(task_id: str) -> None:
         with users.task_lock(task_id):
             ident = users.find_user(task_id)
             if ident is not None:
-                if users.ran_processes(ident):  # the mark stays: ``release`` sweeps the keyrings
+                # the mark stays: ``release`` sweeps the keyrings
+                if users.ran_processes(ident) and not users.processes_stopped(ident):
                     users.kill_processes(ident.uid)
+                    users.mark_stopped(ident)
                 disown_files(task_id, ident)
 
 
@@ -57,7 +59,7 @@ def release(task_id: str, *, stopped: bool = False) -> None:
             ident = users.find_user(task_id)
             if ident is not None:
                 if users.ran_processes(ident):  # a task of file steps only never started one
-                    if not stopped:
+                    if not stopped and not users.processes_stopped(ident):
                         users.kill_processes(ident.uid)
                     users.clear_keyrings(ident)
                     users.swept(ident)

@@ -685,7 +685,20 @@ def mark_ran(ident: Identity) -> None:
     its uid may hold processes and keys, so its release sweeps them (``ran_processes``)."""
     directory = pool_dir()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _unlink(directory / f".stopped-{ident.name}")
     os.close(os.open(directory / f".ran-{ident.name}", os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def mark_stopped(ident: Identity) -> None:
+    """After ``kill_processes`` left no process of ``ident``: none runs as it again before the
+    launcher's next ``mark_ran``, so a later stop of the same task (its layer's seal, then its
+    release) does not scan /proc again. Its keys are still there for the release to sweep."""
+    os.close(os.open(pool_dir() / f".stopped-{ident.name}", os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def processes_stopped(ident: Identity) -> bool:
+    """``mark_stopped`` since the launcher last started a process as ``ident``."""
+    return (pool_dir() / f".stopped-{ident.name}").exists()
 
 
 def ran_processes(ident: Identity) -> bool:
@@ -699,6 +712,7 @@ def ran_processes(ident: Identity) -> bool:
 def swept(ident: Identity) -> None:
     """After ``ident``'s processes were killed and its keyrings emptied: nothing of it is left."""
     _unlink(pool_dir() / f".ran-{ident.name}")
+    _unlink(pool_dir() / f".stopped-{ident.name}")
 
 
 def _is_zombie(pid: int) -> bool:

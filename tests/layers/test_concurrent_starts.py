@@ -24,7 +24,7 @@ from tasks.layers.tree import Meta
 from tasks.models import Layer, Task
 from tests.conftest import wait_for
 from tests.factories import flow
-from tests.layers.conftest import read, undo
+from tests.layers.conftest import no_seal_beside_the_finish, read, undo
 from tests.pauses.helpers import cont
 
 SEES_A = {"run": "if [ -e a.txt ]; then cat a.txt; else echo missing; fi > seen.txt"}
@@ -90,7 +90,9 @@ def held_layer(task_id: str, until: Callable[[], bool]) -> Iterator[HeldLayer]:
 @contextmanager
 def janitor_kept_from_the_layers(monkeypatch) -> Iterator[None]:
     """Ended tasks' layers are left unsealed (their processes are stopped, their users given
-    back); on leaving, the janitor's work is put back and done."""
+    back); on leaving, the janitor's work is put back and done. Nor are they sealed beside their
+    finish."""
+    no_seal_beside_the_finish(monkeypatch)
     release = layers.release
     monkeypatch.setattr(layers, "release", lambda *args, **kwargs: None)
     try:
@@ -215,6 +217,7 @@ def test_a_stack_that_skips_a_layer_gets_a_flat_of_its_own_which_the_sweep_keeps
     b = lbox.create(title="B", dependsOn=[gate], flow=flow(checks, {"checkpoint": "hold"}, checks))["id"]
     release = layers.release
     monkeypatch.setattr(layers, "release", lambda task_id, **kwargs: None if task_id == skipped else release(task_id, **kwargs))
+    no_seal_beside_the_finish(monkeypatch)
     finish(lbox, skipped)  # its layer is left unsealed
     with held_layer(skipped, until=in_state(b, "waiting", "done", "failed")) as held:
         finish(lbox, kept)  # its release seals it, then waits for the skipped layer (its note, its refresh)

@@ -16,7 +16,7 @@ from tasks.layers import task_view
 from tasks.layers.tree import LayerTree, Meta
 from tasks.models import Layer, Task
 from tests.factories import flow
-from tests.layers.conftest import read
+from tests.layers.conftest import no_seal_beside_the_finish, read
 from tests.layers.test_owner_files import finished
 from tests.pauses.helpers import cont
 
@@ -156,6 +156,7 @@ def test_a_seal_inside_another_transaction_writes_the_note_when_that_commits(lbo
     slow, _ = overlapping(lbox)
     release = layers.release
     monkeypatch.setattr(layers, "release", lambda *args, **kwargs: None)  # the janitor has not got to it yet
+    no_seal_beside_the_finish(monkeypatch)  # nor the sealer
     finish(lbox, slow)
     assert lifecycle.janitor.drain()
     monkeypatch.setattr(layers, "release", release)
