@@ -54,8 +54,9 @@ def begin_run(run_id: int) -> Begun | None:
             time.sleep(RETRY_PAUSE_S)
 
 
-def _claim_and_begin(run_id: int) -> Begun | None:
-    if runs.lock_task_of_queued(run_id) is None:
+def _claim_and_begin(run_id: int, *, task_locked: bool = False) -> Begun | None:
+    """``task_locked``: this transaction holds the row of the run's task already."""
+    if not task_locked and runs.lock_task_of_queued(run_id) is None:
         return None
     claimed = runs.claim(run_id)
     if claimed is None:
@@ -167,7 +168,9 @@ def _claim_in_finish(run_id: int) -> Begun | None:
     database fault goes up: the finish's transaction is lost with it and tried again whole."""
     try:
         with transaction.atomic():
-            return _claim_and_begin(run_id)
+            # A run the finish made due was made under its task's row lock, in this transaction
+            # (``runs.create_run``): the lock is held (a savepoint undone took the run with it).
+            return _claim_and_begin(run_id, task_locked=True)
     except TRANSIENT_DB_ERRORS:
         raise
     except Exception:  # noqa: BLE001 - the finish must land; the run is claimed the usual way

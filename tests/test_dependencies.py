@@ -556,8 +556,8 @@ def test_a_dependent_whose_claim_fails_in_the_finish_is_claimed_after_it(box: Bo
     claim = finalize._claim_and_begin
     failed: list[int] = []
 
-    def fails_inside_a_transaction_it_did_not_open(run_id: int) -> Any:
-        claimed = claim(run_id)  # its writes are made, then undone with the savepoint
+    def fails_inside_a_transaction_it_did_not_open(run_id: int, **kwargs: Any) -> Any:
+        claimed = claim(run_id, **kwargs)  # its writes are made, then undone with the savepoint
         if connection.in_atomic_block and not failed and Task.objects.filter(pk=second["id"], state="running").exists():
             failed.append(run_id)
             raise RuntimeError("the claim broke")

@@ -102,8 +102,9 @@ def test_a_finish_that_starts_a_dependent_executes_no_more_statements_than_count
 
 # The same finish with the worker going on (``claim_next``): in the same transaction, a savepoint
 # around the dependent's claim and move to running (``begin_run``'s statements less its
-# transaction, and its vault read: the finish's), where the claim was a transaction of its own.
-FINISH_CLAIMING = {"sqlite": 26, "postgresql": 20}
+# transaction, its vault read (the finish's) and its lock of the task's row, which the decision
+# took), where the claim was a transaction of its own.
+FINISH_CLAIMING = {"sqlite": 25, "postgresql": 19}
 
 
 def test_a_finish_that_claims_its_dependent_executes_no_more_statements_than_counted(box: Box, settings: Any) -> None:
