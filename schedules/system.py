@@ -24,7 +24,7 @@ log = logging.getLogger("box.schedules")
 
 
 def compact_layers() -> None:
-    """Every workspace: build the flat its next task needs, delete flats and undone layers that
+    """Every workspace: build the flats its next task needs, delete flats and undone layers that
     nobody reads."""
     for workspace in Workspace.objects.all():
         refresh_workspace(workspace)

@@ -204,7 +204,7 @@ def seal_stack(workspace: Workspace, newest_first: list[str], markers: str, *, f
     (``compaction.to_seal``). The rest are in a cached flat and long sealed: the work is bounded
     by the compaction depth, not by the number of done tasks. ``flat_only``: only those the flat
     is built from (a refresh that builds it mounts nothing)."""
-    own, _, _ = compaction.split(newest_first, markers)
+    own, _ = compaction.split(newest_first, markers)
     for task_id in compaction.to_seal(workspace, newest_first, markers):
         if flat_only and task_id in own:
             continue
@@ -540,20 +540,20 @@ def delete_layer(task_id: str) -> None:
 
 
 def refresh_workspace(workspace: Workspace) -> None:
-    """After a layer joined or left: build the flat the next task needs, and delete undone
-    layers and flats that no active task reads any more. The flat is built before the workspace
+    """After a layer joined or left: build the flats the next task needs, and delete undone
+    layers and flats that no active task reads any more. The flats are built before the workspace
     lock is taken (``ensure_flat`` needs none), and the lock only when there may be something to
     delete: the starts take it to record their stacks."""
     stack = current_stack(workspace)
     markers = get_driver(driver_name()).markers
-    # Only what the flat is built from: a layer stacked on its own is sealed by its own release
+    # Only what the flats are built from: a layer stacked on its own is sealed by its own release
     # (or by a start that stacks it), and sealing it here made one janitor wait on the lock of
     # another's seal in progress, for nothing, in every burst.
     seal_stack(workspace, stack, markers, flat_only=True)
-    _, key, inside = compaction.split(stack, markers)
-    if key is not None:
-        compaction.ensure_flat(workspace, inside, markers)
-    if not compaction.sweep_wanted(workspace, {key} if key else set()) and not any(
+    _, flats = compaction.split(stack, markers)
+    for flat in flats:
+        compaction.ensure_flat(workspace, flat.layers, markers)
+    if not compaction.sweep_wanted(workspace, {flat.key for flat in flats}) and not any(
             paths.layer_dir(task_id).exists() for task_id in layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False)):
         return  # nothing a sweep could delete; one that appears later is a later refresh's
     with workspace_lock(workspace.pk):
@@ -561,19 +561,15 @@ def refresh_workspace(workspace: Workspace) -> None:
         readers = {layer_id for _, layers in active for layer_id in layers}
         layer_rows = dict(Layer.objects.filter(task_id__in=[pk for pk, _ in active]).values_list("task_id", "driver"))
         keep: set[str] = set()
-        if key is not None:
-            compaction.ensure_flat(workspace, inside, markers)  # again: a sweep may have taken it since
-            keep.add(key)
+        for flat in flats:
+            compaction.ensure_flat(workspace, flat.layers, markers)  # again: a sweep may have taken it since
+            keep.add(flat.key)
         # The stack read before the lock may be stale by now (a layer joined or left since):
-        # the next start's flat is the current stack's, so it is kept too (built by that start).
-        _, current_key, _ = compaction.split(current_stack(workspace), markers)
-        if current_key is not None:
-            keep.add(current_key)
+        # the next start's flats are the current stack's, so they are kept too (built by that start).
+        keep |= {flat.key for flat in compaction.split(current_stack(workspace), markers)[1]}
         for pk, layers in active:
             if pk in layer_rows:
-                _, active_key, _ = compaction.split(list(layers), get_driver(layer_rows[pk]).markers)
-                if active_key:
-                    keep.add(active_key)
+                keep |= {flat.key for flat in compaction.split(list(layers), get_driver(layer_rows[pk]).markers)[1]}
         compaction.sweep_flats(workspace, keep)
         for task_id in layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False):
             if task_id not in readers and paths.layer_dir(task_id).exists():

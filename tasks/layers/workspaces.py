@@ -99,13 +99,14 @@ def view_of(workspace: Workspace) -> Iterator[Stack]:
 def describe(workspace: Workspace) -> dict[str, Any]:
     ids = current_stack(workspace)
     markers = get_driver(driver_name()).markers
-    own, key, inside = compaction.split(ids, markers)
+    own, flats = compaction.split(ids, markers)
     return {
         "name": workspace.name,
         "createdAt": workspace.created_at.isoformat(),
         "driver": driver_name(),
         "layers": ids,
-        "stack": {"separate": own, "compacted": inside[::-1], "depth": len(own) + (1 if key else 0) + 1},
+        "stack": {"separate": own, "compacted": compaction.layers_inside(flats), "flats": len(flats),
+                  "depth": len(own) + len(flats) + 1},
     }
 
 

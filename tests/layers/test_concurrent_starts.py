@@ -206,7 +206,7 @@ def test_a_stack_that_skips_a_layer_gets_a_flat_of_its_own_which_the_sweep_keeps
     """Flats are keyed by the layers they hold: a stack without a layer between two it holds has
     a flat no other stack has. The janitor's refresh (its stack holds that layer) keeps it while
     the task is active, and an undo of the skipped layer deletes it, as nobody reads it."""
-    settings.BOX_LAYER_MAX_DEPTH = 3  # a flat of all but the newest layer
+    settings.BOX_LAYER_MAX_DEPTH = 3  # flats of all but the newest layer
     for n in range(2):
         task = lbox.create(title=f"x{n}", flow=flow({"write": {"path": f"x{n}.txt", "content": f"{n}\n"}}))
         assert lbox.wait_state(task["id"], "done", "failed")["state"] == "done"
@@ -229,12 +229,11 @@ def test_a_stack_that_skips_a_layer_gets_a_flat_of_its_own_which_the_sweep_keeps
     stack = Task.objects.get(pk=b).layers
     assert skipped not in stack and kept in stack
     markers = get_driver(driver_name()).markers
-    _, key, inside = compaction.split(stack, markers)
-    assert key is not None and kept in inside  # the flat holds a layer newer than the one skipped
+    [flat] = [flat for flat in compaction.split(stack, markers)[1] if kept in flat.layers]  # newer than the one skipped
     flats = layer_paths.flats_dir(Task.objects.get(pk=b).workspace_id)
     assert lifecycle.janitor.drain()  # the kept task's refresh: a flat of the current stack, and a sweep
     assert lifecycle.release(skipped)
-    assert (flats / key / "ids.json").exists(), "the sweep took the flat of an active task's stack"
+    assert (flats / flat.key / "ids.json").exists(), "the sweep took the flat of an active task's stack"
 
     undo(lbox, skipped)
     assert lifecycle.janitor.drain()

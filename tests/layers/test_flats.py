@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 from pathlib import Path
@@ -99,7 +100,7 @@ def test_a_flat_being_built_is_not_swept_and_two_builders_get_one_flat(lbox, set
         builder.join(timeout=30)
     assert not both_built.broken
     assert len(built) == 2 and built[0] == built[1]
-    assert compaction._read_ids(built[0]) == inside
+    assert json.loads((built[0] / "ids.json").read_text()) == inside
     assert sorted(p.name for p in (built[0] / "upper").iterdir()) == ["f0.txt", "f1.txt", "f2.txt"]
     assert not [p for p in root.iterdir() if p.name.startswith(".build-")]
 
@@ -137,19 +138,18 @@ def test_a_refresh_keeps_the_flat_of_a_stack_that_changed_before_its_lock(lbox, 
     done = _done_tasks(lbox, 4)
     workspace = Workspace.objects.get(name="home")
     markers = get_driver(driver_name()).markers
-    _, next_key, next_inside = compaction.split(list(reversed(done[:-1])), markers)
-    assert next_key is not None
+    _, [next_flat] = compaction.split(list(reversed(done[:-1])), markers)
     sweep_wanted = compaction.sweep_wanted
 
     def after_the_stack_changed(ws: Workspace, keep: set[str]) -> bool:
         if Layer.objects.filter(task_id=done[-1], state=LayerState.APPLIED).update(state=LayerState.DISCARDED):
-            compaction.ensure_flat(ws, next_inside, markers)  # as a start or another refresh would
+            compaction.ensure_flat(ws, next_flat.layers, markers)  # as a start or another refresh would
         return sweep_wanted(ws, keep)
 
     monkeypatch.setattr(compaction, "sweep_wanted", after_the_stack_changed)
     task_view.refresh_workspace(workspace)
     assert task_view.current_stack(workspace) == list(reversed(done[:-1]))
-    assert (layer_paths.flats_dir(workspace.pk) / next_key / "ids.json").exists()
+    assert (layer_paths.flats_dir(workspace.pk) / next_flat.key / "ids.json").exists()
 
 
 def test_a_browse_holds_its_flat_against_a_sweep(lbox, settings):
@@ -182,3 +182,30 @@ def test_a_refresh_with_nothing_to_sweep_does_not_wait_for_the_workspace_lock(lb
         refresher.start()
         wait_for(lambda: finished.is_set() or None, timeout=20, what="the refresh to complete")
     refresher.join(timeout=10)
+
+
+@pytest.mark.parametrize("depth", [3, 4, 8, 16])
+def test_flats_are_runs_whose_rebuilds_copy_each_layer_a_logarithmic_number_of_times(settings, depth):
+    """Issue 19: one flat over every old layer was built again at each step of the split, so a
+    start at 300 done tasks copied 300 tasks' files. The runs (binary digits of the flattened
+    steps) keep the mounted depth within ``BOX_LAYER_MAX_DEPTH`` and, at the default depth, the
+    layers copied into new flats over a workspace's life near n log n (one flat: n² / step)."""
+    settings.BOX_LAYER_MAX_DEPTH = depth
+    history = [f"t{n}" for n in range(2048)]
+    built: set[str] = set()
+    copied = one_flat_copied = 0
+    for count in range(1, len(history) + 1):
+        newest_first = history[:count][::-1]
+        own, flats = compaction.split(newest_first, "native")
+        assert len(own) + len(flats) <= depth
+        assert own + compaction.layers_inside(flats) == newest_first
+        assert all(flat.key == compaction.flat_key(flat.layers, "native") for flat in flats)
+        copied += sum(len(flat.layers) for flat in flats if flat.key not in built)
+        built |= {flat.key for flat in flats}
+        flattened = compaction.flattened_count(count)
+        if flattened != compaction.flattened_count(count - 1):
+            one_flat_copied += flattened
+    assert copied * 2 <= one_flat_copied
+    if depth == 16:
+        levels = (len(history) // (depth // 2)).bit_length() + 1
+        assert copied <= len(history) * levels, (copied, one_flat_copied)

@@ -119,6 +119,7 @@ def test_deep_stacks_are_compacted_without_losing_a_file_and_rebuilt_after_an_un
     workspace = lbox.api.get("/api/workspaces/home").json()
     assert workspace["stack"]["compacted"], workspace
     assert workspace["stack"]["depth"] <= 3 + 1
+    assert workspace["stack"]["flats"] == 2  # f0's deletion in the newer flat hides it in the older
     expected = {f"f{n}.txt": f"{n}\n" for n in range(1, 8)} | {"f1.txt": "1 changed by 5\n"}
     check = lbox.create(title="check", flow=flow({"run": "for f in f*.txt; do printf '%s=' $f; cat $f; done > all.out"}))
     check = lbox.wait_state(check["id"], "done", "failed")
