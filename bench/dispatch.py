@@ -403,13 +403,12 @@ def main() -> None:
             box.request("PATCH", "/api/settings", {"maxActiveTasks": args.chain + 10})
             chains = [chained_by_depends_on(box, args.chain) for _ in range(args.rounds)]
             by_client = chained_by_client(box, args.chain)
-        chains.sort(key=lambda chain: chain[0])
-        by_edges, marks, cpu_by_role = chains[len(chains) // 2]
+        by_edges, marks, cpu_by_role = sorted(chains, key=lambda chain: chain[0])[len(chains) // 2]
         links[label.split(" ")[0]] = phase_table(marks)
         print(f"{label:40} {by_edges:12.1f} {by_client:9.1f} {'<= 2':>7} {os.getloadavg()[0]:5.1f}", flush=True)
         print(f"{'  dependsOn cpu ms/task by process':40} " + ", ".join(f"{role} {ms:.0f}" for role, ms in cpu_by_role.items()),
               flush=True)
-        print(f"{'  each chain, s':40} " + ", ".join(f"{chain[0]:.2f}" for chain in chains), flush=True)
+        print(f"{'  each chain, s (in the order run)':40} " + ", ".join(f"{chain[0]:.2f}" for chain in chains), flush=True)
     print_phases("a chain's link, median ms per phase (from the task before done)", links)
     print("(the first phase of a link: the dependency done -> its dependent's first run committed;"
           f" the median of {args.rounds} chains, each in the same box after the one before)")

@@ -253,7 +253,7 @@ BOX_LIVE_POLL_SECONDS = env_float("BOX_LIVE_POLL_SECONDS", 0.1)
 BOX_PRESETS_FILE = env_str("BOX_PRESETS_FILE")
 BOX_TOOLS_FILE = env_str("BOX_TOOLS_FILE")
 BOX_LAYER_DRIVER = env_str("BOX_LAYER_DRIVER", "auto")
-# Layers a task mounts before the oldest are compacted into one flat lower layer.
+# Lower layers a task mounts (besides the base) before the oldest are compacted into flat layers.
 BOX_LAYER_MAX_DEPTH = env_int("BOX_LAYER_MAX_DEPTH", 16, minimum=2)
 # auto: sandbox every task when the box runs as root (tasks.sandbox); off: never (says so).
 BOX_SANDBOX = env_str("BOX_SANDBOX", "auto")

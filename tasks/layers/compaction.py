@@ -203,8 +203,10 @@ def _complete_flats(root: Path) -> list[tuple[Path, list[str], str]]:
         if known is None:
             try:
                 ids = json.loads((root / name / "ids.json").read_text())
-            except (FileNotFoundError, NotADirectoryError, ValueError):
+            except (OSError, ValueError):
                 continue  # being built or swept, or a stray file
+            if not isinstance(ids, list) or not ids or not all(isinstance(task_id, str) for task_id in ids):
+                continue  # not a flat the box wrote: it covers nothing
             known = (ids, Meta.load(root / name).format)
             if len(_cached) >= _CACHED_MAX:
                 _cached.clear()

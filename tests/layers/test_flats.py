@@ -131,6 +131,21 @@ def test_a_sweep_passes_over_a_stray_file_among_the_flats(lbox, settings):
     assert not flat.exists()
 
 
+
+def test_a_flat_is_built_past_strays_that_name_no_layers(lbox, settings):
+    """What the flats directory holds that the box did not write (an empty or malformed list of
+    layers, a directory where the list goes) covers nothing: a build takes the layers instead."""
+    settings.BOX_LAYER_MAX_DEPTH = 2
+    done = _done_tasks(lbox, 3)
+    workspace = Workspace.objects.get(name="home")
+    root = layer_paths.private_dir(layer_paths.flats_dir(workspace.pk))
+    for name, ids in (("empty", "[]"), ("not-a-list", '{"a": 1}'), ("numbers", "[1, 2]"), ("broken", "[")):
+        (root / name).mkdir()
+        (root / name / "ids.json").write_text(ids)
+    (root / "a-directory" / "ids.json").mkdir(parents=True)
+    flat = compaction.ensure_flat(workspace, list(done), get_driver(driver_name()).markers)
+    assert sorted(p.name for p in (flat / "upper").iterdir()) == ["f0.txt", "f1.txt", "f2.txt"]
+
 def test_a_refresh_keeps_the_flat_of_a_stack_that_changed_before_its_lock(lbox, settings, monkeypatch):
     """The refresh read the stack of 4 layers; before it takes the lock, the newest is undone and
     the stack of 3's flat is built: the sweep keeps that flat, which the next start mounts."""
