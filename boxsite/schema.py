@@ -197,12 +197,19 @@ class Inbox(s.Serializer):
     questions = QuestionView(many=True)
 
 
+class WorkspaceStack(s.Serializer):
+    separate = _strs(help_text="layers a new task mounts on their own, newest first")
+    compacted = _strs(help_text="layers a new task mounts inside flats, newest first")
+    flats = Int(help_text="the flat layers those are merged into")
+    depth = Int(help_text="the lower layers a new task mounts: the separate ones, the flats and the base")
+
+
 class Workspace(s.Serializer):
     name = Str()
     createdAt = Str()
     driver = Str()
     layers = _strs()
-    stack = Obj()
+    stack = WorkspaceStack()
 
 
 class WorkspacePage(s.Serializer):
