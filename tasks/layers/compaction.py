@@ -89,6 +89,14 @@ def split(newest_first: list[str], markers: str) -> tuple[list[str], list[Flat]]
     return newest_first[: len(newest_first) - flattened], flats[::-1]
 
 
+def one_flat_key(newest_first: list[str], markers: str) -> str | None:
+    """The key of the one flat over every layer below the split that the layout before runs
+    built (until 2026-12-04), or None: a task a worker of that version still runs has it mounted,
+    so a sweep keeps it while the task is active."""
+    flattened = flattened_count(len(newest_first))
+    return flat_key(list(reversed(newest_first))[:flattened], markers) if flattened else None
+
+
 def layers_inside(flats: list[Flat]) -> list[str]:
     """The layers held by ``flats`` (newest first, as ``split`` gives them), newest first."""
     return [task_id for flat in flats for task_id in reversed(flat.layers)]
@@ -207,6 +215,8 @@ def _complete_flats(root: Path) -> list[tuple[Path, list[str], str]]:
                 continue  # being built or swept, or a stray file
             if not isinstance(ids, list) or not ids or not all(isinstance(task_id, str) for task_id in ids):
                 continue  # not a flat the box wrote: it covers nothing
+            if not os.path.exists(root / name / "meta.json"):
+                continue  # being swept (its spelling would read as the default)
             known = (ids, Meta.load(root / name).format)
             if len(_cached) >= _CACHED_MAX:
                 _cached.clear()

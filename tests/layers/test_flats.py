@@ -16,10 +16,11 @@ from tasks.layers import compaction, task_view, workspaces
 from tasks.layers import paths as layer_paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.locks import workspace_lock
-from tasks.models import Layer, LayerState, Workspace
+from tasks.models import Layer, LayerState, Task, Workspace
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.layers.conftest import read
+from tests.pauses.helpers import cont
 
 
 def _done_tasks(lbox: Any, count: int) -> list[str]:
@@ -198,6 +199,31 @@ def test_a_refresh_with_nothing_to_sweep_does_not_wait_for_the_workspace_lock(lb
         wait_for(lambda: finished.is_set() or None, timeout=20, what="the refresh to complete")
     refresher.join(timeout=10)
 
+
+
+def test_the_one_flat_an_older_worker_mounted_stays_while_its_task_is_active(lbox, settings):
+    """A worker of the version before runs mounted one flat over every layer below the split.
+    While its task is active, a sweep by this version keeps that flat; once it ended, it goes."""
+    settings.BOX_LAYER_MAX_DEPTH = 4
+    _done_tasks(lbox, 7)
+    task = lbox.create(title="held", flow=flow({"checkpoint": "go on"}, {"run": "cat f0.txt f6.txt > seen.out"}))
+    lbox.wait_state(task["id"], "waiting")
+    workspace = Workspace.objects.get(name="home")
+    markers = get_driver(driver_name()).markers
+    stack = Task.objects.get(pk=task["id"]).layers
+    own, flats = compaction.split(stack, markers)
+    assert len(flats) == 2  # runs of 4 and 2 layers: neither is the one flat of 6
+    one_flat = compaction.ensure_flat(workspace, list(reversed(stack))[:6], markers)  # as that worker built it
+    assert one_flat.name == compaction.one_flat_key(stack, markers)
+
+    task_view.refresh_workspace(workspace)
+    assert (one_flat / "ids.json").exists()
+    assert cont(lbox, task["id"], approve=True).status_code == 200
+    assert lbox.wait_state(task["id"], "done", "failed")["state"] == "done"
+    assert read(lbox, "seen.out") == "0\n6\n"
+    assert lifecycle.janitor.drain()
+    task_view.refresh_workspace(workspace)
+    assert not one_flat.exists()
 
 @pytest.mark.parametrize("depth", [3, 4, 8, 16])
 def test_flats_are_runs_whose_rebuilds_copy_each_layer_a_logarithmic_number_of_times(settings, depth):
