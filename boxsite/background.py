@@ -34,6 +34,14 @@ def _hang_up() -> None:
     connection.close()
 
 
+def close_if_broken() -> None:
+    """Close this thread's database connection if a statement failed on it (a database restart,
+    a terminated server process): the next statement makes a new one, with no round trip to find
+    out first."""
+    if connection.errors_occurred:
+        connection.close()
+
+
 class Background:
     """Jobs run by a thread of this process, one at a time. A job that raises is logged and the
     next one runs: whatever it left undone is the caller's to repair (start-up reconcile).
@@ -73,8 +81,7 @@ class Background:
                 else:
                     self._on_quiet()
                 continue
-            if connection.errors_occurred:  # the job before failed on it: no round trip to find out
-                connection.close()
+            close_if_broken()  # the job before failed on it
             try:
                 job()
             except Exception:  # noqa: BLE001 - the thread outlives one failure; the job's owner repairs

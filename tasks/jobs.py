@@ -274,8 +274,9 @@ def _claim_and_execute(run_id: int, before: lifecycle.Held, goes_on: Callable[[]
     try:
         with lifecycle.releases_held() as releases, runs.hold_first() as held:
             # A done task's layer is sealed beside its finish, off the path of a task chained after it.
-            sealing = sealer.seal_beside(task.pk, run.pk, token) \
-                if isinstance(outcome, Done) and not task.criteria and not task.folders else None
+            sealing = None
+            if isinstance(outcome, Done) and not task.criteria and not task.folders:
+                sealing = sealer.seal_beside(task.pk, run.pk, token)
             try:
                 finished = finish_run(task, run, token, recorder, outcome, elapsed_ms, claim_next=goes_on())
             finally:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from django.db import connection
 
-from boxsite.background import Background
+from boxsite.background import Background, close_if_broken
 from tasks import layers, sandbox
 from tasks.models import Task
 from tasks.sandbox import users
@@ -52,24 +52,33 @@ class Janitor:
         self._trimmed = True  # the pool's surplus users go once it is quiet after some work
         self._thread = Background("box-janitor", quiet_wait=self._quiet_wait, on_quiet=self._trim)
 
-    def submit(self, job: str, then: Then = None) -> None:
-        """Release task ``job``, then call ``then``; or refill the pool (``""``, ``refill_soon``)."""
-        self._thread.submit(lambda: self._run(job, then))
+    def submit(self, task_id: str, then: Then = None) -> None:
+        """Release ``task_id``, then call ``then`` (whatever waited for the release)."""
+        self._thread.submit(lambda: self._run(task_id, then))
 
-    def _run(self, job: str, then: Then) -> None:
+    def refill(self) -> None:
+        """Make free pool users up to ``BOX_USER_POOL``."""
+        self._thread.submit(self._refill)
+
+    def _run(self, task_id: str, then: Then) -> None:
         self._trimmed = not sandbox.available()
         try:
-            if not job:
-                if sandbox.available():
-                    users.fill_pool()
-                return
-            self._release(job)
+            self._release(task_id)
             if then is not None:
                 then()  # whatever waited for this release to be complete
             if sandbox.available() and users.refill_wanted():
                 users.fill_pool()
         except Exception:  # noqa: BLE001 - the janitor outlives one failure; reconcile retries
-            log.exception("the janitor's job %r failed; start-up reconcile will try again", job)
+            log.exception("the release of task %s failed; start-up reconcile will try again", task_id)
+
+    def _refill(self) -> None:
+        self._trimmed = not sandbox.available()
+        if not sandbox.available():
+            return
+        try:
+            users.fill_pool()
+        except Exception:  # noqa: BLE001 - the janitor outlives one failure; the next claim refills
+            log.exception("refilling the pool of task users failed; the next claim tries again")
 
     def _quiet_wait(self) -> float | None:
         return None if self._trimmed else users.TRIM_IDLE_S
@@ -94,8 +103,7 @@ class Janitor:
             return
         for pause in RELEASE_RETRY_S:
             time.sleep(pause)
-            if connection.errors_occurred:  # the step may have failed on a connection the database dropped
-                connection.close()
+            close_if_broken()  # the step may have failed on a connection the database dropped
             if release(task_id):
                 log.info("the release of task %s completed when tried again", task_id)
                 return
@@ -157,7 +165,7 @@ def submit_held(held: Held) -> None:
 
 def refill_soon() -> None:
     """The janitor makes free pool users up to ``BOX_USER_POOL`` (a box's start, after a claim)."""
-    janitor.submit("")
+    janitor.refill()
 
 
 @contextmanager

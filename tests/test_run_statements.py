@@ -19,13 +19,14 @@ from tasks import lifecycle, runs
 from tasks.facts import Facts, refreshed
 from tasks.finalize import begin_run, finish_run
 from tasks.jobs import execute_run
-from tasks.layers import sealer, task_view
+from tasks.layers import task_view
 from tasks.models import EventKind, Layer, Run, Task, TaskEvent, VaultSecret, Workspace
 from tasks.recorder import LeaseLost, LimitReached, StepRecorder
 from tasks.vault import set_secret
 from tasks.workers.base import Done, Failed
 from tests.conftest import Box, queue_through_the_cluster, wait_for
 from tests.factories import flow
+from tests.layers.conftest import no_seal_beside_the_finish
 
 TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
 # Statements one trivial run executes in the worker's own thread, from its claim to its finish,
@@ -253,7 +254,7 @@ def test_a_seal_reads_its_rows_in_one_statement_and_writes_them_in_one(box: Box,
     # A dependent's start seals the layer of the task before it (``task_view.seal_layer``); the
     # seal once read the task, the layer and the ids of every layer applied within a lease.
     monkeypatch.setattr(lifecycle, "release_soon", lambda task_id, then=None: None)  # the seal left to the test
-    monkeypatch.setattr(sealer, "seal_beside", lambda *args: threading.Event())  # nor begun beside the finish
+    no_seal_beside_the_finish(monkeypatch)  # nor begun beside the finish
     for _ in range(3):
         run_counted(box, settings)  # layers applied within the lease, in the stack of the next
     task_id, _ = run_counted(box, settings, flow({"write": {"path": "b.txt", "content": "b"}}))

@@ -89,12 +89,17 @@ def split(newest_first: list[str], markers: str) -> tuple[list[str], list[Flat]]
     return newest_first[: len(newest_first) - flattened], flats[::-1]
 
 
-def one_flat_key(newest_first: list[str], markers: str) -> str | None:
-    """The key of the one flat over every layer below the split that the layout before runs
-    built (until 2026-12-04), or None: a task a worker of that version still runs has it mounted,
-    so a sweep keeps it while the task is active."""
+def mounted_keys(newest_first: list[str], markers: str) -> set[str]:
+    """The flats a task that recorded this stack may have mounted, which a sweep keeps while it
+    is active: its runs, and the one flat over every layer below the split that the layout
+    before runs built (until 2026-12-04), for a worker of that version still running it beside
+    this one (a rolling upgrade of several machines)."""
+    _, flats = split(newest_first, markers)
+    keys = {flat.key for flat in flats}
     flattened = flattened_count(len(newest_first))
-    return flat_key(list(reversed(newest_first))[:flattened], markers) if flattened else None
+    if flattened:
+        keys.add(flat_key(list(reversed(newest_first))[:flattened], markers))
+    return keys
 
 
 def layers_inside(flats: list[Flat]) -> list[str]:

@@ -569,11 +569,7 @@ def refresh_workspace(workspace: Workspace) -> None:
         keep |= {flat.key for flat in compaction.split(current_stack(workspace), markers)[1]}
         for pk, layers in active:
             if pk in layer_rows:
-                markers_of = get_driver(layer_rows[pk]).markers
-                keep |= {flat.key for flat in compaction.split(list(layers), markers_of)[1]}
-                one_flat = compaction.one_flat_key(list(layers), markers_of)
-                if one_flat is not None:
-                    keep.add(one_flat)  # a worker of the version before runs may have it mounted
+                keep |= compaction.mounted_keys(list(layers), get_driver(layer_rows[pk]).markers)
         compaction.sweep_flats(workspace, keep)
         for task_id in layer_task_ids(workspace.pk, LayerState.DISCARDED, newest_first=False):
             if task_id not in readers and paths.layer_dir(task_id).exists():
