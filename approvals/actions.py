@@ -43,9 +43,9 @@ from approvals.models import (
 )
 from boxsite.models import BoxSettings
 from tasks.events import record_event
-from tasks.facts import Redactor
 from tasks.models import EventKind, Task
-from tasks.recorder import LeaseLost, StepRecorder
+from tasks.run.recorder import LeaseLost, StepRecorder
+from tasks.vault.facts import Redactor
 
 RECEIPT_EXCERPT = 300  # characters of a response or result kept in a receipt
 RECONCILE_FIELD = "outcome"

@@ -34,11 +34,11 @@ from approvals.models import (
     QuestionKind,
     QuestionState,
 )
-from tasks import runs
 from tasks.events import record_event
-from tasks.facts import guess_kind, redactor_for
 from tasks.models import EventKind, Run, RunKind, Task
+from tasks.run import leases as runs
 from tasks.states import State, WaitingFor
+from tasks.vault.facts import guess_kind, redactor_for
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser

@@ -1,4 +1,4 @@
-"""How approvals and questions look to callers (camelCase, like ``tasks.presenters``).
+"""How approvals and questions look to callers (camelCase, like ``tasks.api.presenters``).
 
 Their text was redacted when stored; it passes the task's redaction function again on the way
 out, because a fact may have become secret since (an input that turned out to be a card number).
@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from approvals.models import Action, Approval, ApprovalState, Question, QuestionState
-from tasks.facts import Redactor, redactor_for
 from tasks.models import EventKind, TaskEvent
+from tasks.vault.facts import Redactor, redactor_for
 
 SCREENSHOT_LOOKBACK = 20  # step results searched for the page a blocker is about
 

@@ -8,7 +8,7 @@ question row is ``approvals.blockers``'s.
 
 The task's ``state`` is still written only by ``tasks.services.transition``: a decision that ends
 the task (deny) goes through it; the others only bump ``version`` (``tasks.services.bump_version``)
-and leave the move back to running to ``tasks.finalize.begin_run`` when the new run starts.
+and leave the move back to running to ``tasks.run.finish.begin_run`` when the new run starts.
 """
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ from django.utils import timezone
 
 from approvals import actions, blockers
 from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState, Reconciliation
-from boxsite.errors import Conflict, InvalidRequest, NotFound, StaleApproval
-from boxsite.principal import Principal, Via
-from boxsite.validation import AnyText, Body, Flag, Names, Obj, Whole
+from boxsite.core.errors import Conflict, InvalidRequest, NotFound, StaleApproval
+from boxsite.core.principal import Principal, Via
+from boxsite.core.validation import AnyText, Body, Flag, Names, Obj, Whole
 from tasks.budget import raise_budget
 from tasks.events import record_event
-from tasks.facts import Facts, Redactor, guess_kind
-from tasks.flows import missing_names
 from tasks.models import EventKind, Task
 from tasks.services import bump_version, get_task_for, transition
+from tasks.spec.flows import missing_names
 from tasks.states import ACTIVE, State, WaitingFor
-from tasks.vault import VAULT_FIELD, read_secret, set_secret
+from tasks.vault.facts import Facts, Redactor, guess_kind
+from tasks.vault.store import VAULT_FIELD, read_secret, set_secret
 
 # How a decision arrived, by who asked: the portal (a browser session), the phone, or a program.
 VIA = {Via.SESSION: "portal", Via.DEVICE: "phone", Via.TOKEN: "api"}

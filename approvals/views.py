@@ -12,11 +12,11 @@ from approvals import services
 from approvals.models import Action
 from approvals.presenters import present_action, present_approval, present_question
 from approvals.services import AnswerBody, DecideBody
-from boxsite import schema
-from boxsite.pagination import Sort, limit_param, page
-from boxsite.principal import Principal
-from tasks.facts import Redactor, redactor_for
+from boxsite.core import schema
+from boxsite.core.pagination import Sort, limit_param, page
+from boxsite.core.principal import Principal
 from tasks.services import get_task_for
+from tasks.vault.facts import Redactor, redactor_for
 
 ACTION_SORTS = {
     "-created": Sort("-created", "created_at", descending=True),

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import PYTHON, ROOT, api_request, free_port  # noqa: E402
 
-from boxsite import procs  # noqa: E402 - the repository's root is on the path once harness is imported
+from boxsite.core import procs  # noqa: E402 - the repository's root is on the path once harness is imported
 
 STEPS = 3
 # Each step appends a line to a file of its task's own (the workspace's stack shows every

@@ -26,7 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-if str(ROOT) not in sys.path:  # a bench imports the box's own helpers (boxsite.procs) after this module
+if str(ROOT) not in sys.path:  # a bench imports the box's own helpers (boxsite.core.procs) after this module
     sys.path.append(str(ROOT))
 
 
@@ -56,8 +56,8 @@ def remove_data_dir(data: Path) -> None:
     """Remove a bench's data directory set up by ``setup_django``, with every mount left under it.
     The releases still running in this process's background janitor finish first: one that ran
     on after the removal would make parts of the directory again (its lock files)."""
-    from tasks import lifecycle  # the box's code imports only once ``setup_django`` configured Django
     from tasks.layers import mounts
+    from tasks.run import lifecycle  # the box's code imports only once ``setup_django`` configured Django
 
     lifecycle.janitor.drain()
     mounts.unmount_all_under(data)
@@ -219,7 +219,7 @@ class BenchBox:
 _RELEASE_HOST = """
 import django
 django.setup()
-from tasks import lifecycle
+from tasks.run import lifecycle
 from tasks.sandbox import users
 lifecycle.release_host()
 for ident in [*users.pool_users(), *users.legacy_users()]:

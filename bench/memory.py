@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import BenchBox, percentile  # noqa: E402
 
-from boxsite import procs  # noqa: E402 - the repository's root is on the path once harness is imported
+from boxsite.core import procs  # noqa: E402 - the repository's root is on the path once harness is imported
 
 TRIVIAL = {"steps": [{"write": {"path": "out.txt", "content": "x"}}]}
 WEB_TARGET_MB = 150

@@ -116,9 +116,10 @@ def main() -> None:
         from django.conf import settings
         from django.contrib.auth import get_user_model
 
-        from tasks import lifecycle, sandbox, services
+        from tasks import sandbox, services
         from tasks.layers import compaction, disk, mounts, overlay, paths, stack_record, task_view, tree
         from tasks.models import Task, Workspace
+        from tasks.run import lifecycle
         from tasks.sandbox import users
         from tasks.states import State
 

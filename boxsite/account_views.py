@@ -15,11 +15,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals.actions import actions_today
-from boxsite import schema, services
-from boxsite.auth import DEVICE_COOKIE
+from boxsite import services
+from boxsite.core import schema
+from boxsite.core.auth import DEVICE_COOKIE
+from boxsite.core.principal import Principal
+from boxsite.core.qr import qr_svg
 from boxsite.models import ApiToken, BoxSettings, Device
-from boxsite.principal import Principal
-from boxsite.qr import qr_svg
 
 DEVICE_COOKIE_AGE = 400 * 24 * 3600  # browsers cap cookie lifetimes at about 400 days
 

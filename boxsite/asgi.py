@@ -17,12 +17,12 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 # The portal's CSS/JS are a handful of small files served by the box itself (no CDN, no separate
 # web server to set up); Django's static handler serves /static/ from the app's own directory.
 get_asgi_application()  # django.setup()
-from boxsite.handler import OneStepASGIHandler, StaticFilesHandler  # noqa: E402
+from boxsite.core.handler import OneStepASGIHandler, StaticFilesHandler  # noqa: E402
 
 django_app = StaticFilesHandler(OneStepASGIHandler())
 
-from boxsite.ws_auth import DeviceCookieMiddleware, NulCookiesDropped  # noqa: E402
-from tasks.routing import websocket_urlpatterns  # noqa: E402
+from boxsite.core.ws_auth import DeviceCookieMiddleware, NulCookiesDropped  # noqa: E402
+from tasks.api.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_app,

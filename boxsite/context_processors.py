@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 
 from approvals.models import Approval, ApprovalState, Question, QuestionState
-from boxsite.principal import Principal
+from boxsite.core.principal import Principal
 from tasks.models import Task
 
 

@@ -7,8 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, models
 
-from boxsite import reads
-from boxsite.db.rows import Rows, column
+from boxsite.core import reads
+from boxsite.core.db.rows import Rows, column
 
 
 def hash_key(raw: str) -> str:
@@ -68,14 +68,14 @@ class BoxSettings(models.Model):
     task_memory_mb = models.PositiveIntegerField(null=True, blank=True)
     task_cpu_percent = models.PositiveIntegerField(null=True, blank=True)
     task_disk_mb = models.PositiveIntegerField(null=True, blank=True)  # BOX_TASK_DISK_MB until set
-    # The model (tasks.model.current_config); null/blank: the environment's BOX_MODEL_* value.
+    # The model (tasks.llm.client.current_config); null/blank: the environment's BOX_MODEL_* value.
     model_base_url = models.CharField(max_length=500, blank=True)
     model_name = models.CharField(max_length=200, blank=True)
     model_key_name = models.CharField(max_length=128, null=True, blank=True)  # "" = no key
     model_input_cents_per_million = models.FloatField(null=True, blank=True)
     model_output_cents_per_million = models.FloatField(null=True, blank=True)
     # Whether a running task may create child tasks and schedules through its broker
-    # (tasks.delegation), and how many one task may create in all.
+    # (tasks.tools.delegation), and how many one task may create in all.
     tasks_may_create_work = models.BooleanField(default=False)
     max_created_per_task = models.PositiveIntegerField(default=5)
     # The owner's calendar (an IANA name) and the most consequential actions a day of it should
@@ -86,7 +86,7 @@ class BoxSettings(models.Model):
 
     @classmethod
     def current(cls) -> BoxSettings:
-        """The row; read once per request or task creation (``boxsite.reads``)."""
+        """The row; read once per request or task creation (``boxsite.core.reads``)."""
         return reads.held("box_settings", lambda: cls.objects.get_or_create(pk=1)[0])
 
     @classmethod

@@ -16,21 +16,22 @@ from django.views.decorators.http import require_http_methods
 
 from approvals.models import Action
 from approvals.presenters import present_action
-from boxsite import services, signin
+from boxsite import services
 from boxsite.account_views import set_device_cookie
-from boxsite.auth import DEVICE_COOKIE, device_for
-from boxsite.errors import BoxError, NotFound
+from boxsite.core import signin
+from boxsite.core.auth import DEVICE_COOKIE, device_for
+from boxsite.core.errors import BoxError, NotFound
+from boxsite.core.principal import Principal
 from boxsite.models import BoxSettings
-from boxsite.principal import Principal
 from tasks import dependencies
-from tasks.consumers import TaskListConsumer
-from tasks.facts import redactor_for
-from tasks.model import present_settings as model_settings
+from tasks.api.consumers import TaskListConsumer
+from tasks.api.presenters import present_task
+from tasks.llm.client import present_settings as model_settings
 from tasks.models import Task, Workspace
-from tasks.presenters import present_task
 from tasks.services import get_task_for
-from tasks.spec import BUILTIN_WORKERS
-from tasks.tools import all_tools
+from tasks.spec.task import BUILTIN_WORKERS
+from tasks.tools.registry import all_tools
+from tasks.vault.facts import redactor_for
 from tasks.workers.presets import all_presets, installed_presets
 
 
@@ -80,7 +81,7 @@ def setup(request: HttpRequest) -> HttpResponse:
 
 
 class ThrottledSignInForm(AuthenticationForm):
-    """The sign-in form, refused while ``boxsite.signin`` has the name or address locked; each
+    """The sign-in form, refused while ``boxsite.core.signin`` has the name or address locked; each
     failure counts."""
 
     locked_message = ""

@@ -15,9 +15,9 @@ from schedules.files import scan_all
 from schedules.system import reconcile as reconcile_system_schedules
 from schedules.tick import fire_due
 from tasks import layers
-from tasks.lifecycle import reconcile
-from tasks.reaper import reap_expired, resume_after_restart
-from tasks.runs import dispatch_due, resend_unclaimed
+from tasks.run.leases import dispatch_due, resend_unclaimed
+from tasks.run.lifecycle import reconcile
+from tasks.run.reaper import reap_expired, resume_after_restart
 from tasks.services import release_waiting
 
 log = logging.getLogger("box.scheduler")

@@ -15,8 +15,10 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from boxsite.auth import issue_api_token
-from boxsite.errors import Forbidden, InvalidRequest, NotFound
+from boxsite.core.auth import issue_api_token
+from boxsite.core.errors import Forbidden, InvalidRequest, NotFound
+from boxsite.core.principal import Principal
+from boxsite.core.validation import MISSING, Body, Choice, Flag, Names, Problem, Text, Whole, time_zone_named
 from boxsite.models import (
     ApiToken,
     BoxSettings,
@@ -25,9 +27,7 @@ from boxsite.models import (
     PairingCode,
     hash_key,
 )
-from boxsite.principal import Principal
-from boxsite.validation import MISSING, Body, Choice, Flag, Names, Problem, Text, Whole, time_zone_named
-from tasks.spec import host_list, valid_host
+from tasks.spec.task import host_list, valid_host
 
 PAIRING_TTL = timedelta(minutes=10)
 # Crockford's base32 without the letters people misread (I, L, O, U): 8 characters = 40 bits,

@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from boxsite.env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
-from boxsite.keyfiles import read_or_create
+from boxsite.core.env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
+from boxsite.core.keyfiles import read_or_create
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BOX_DATA_DIR = env_path("BOX_DATA_DIR", str(BASE_DIR / "var"))
@@ -76,8 +76,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "boxsite.headers.ContentSecurityPolicyMiddleware",  # scripts only from the box's own files
-    "boxsite.middleware.ApiEdgeMiddleware",  # NUL in path/query, declared body too large: refused first
+    "boxsite.core.headers.ContentSecurityPolicyMiddleware",  # scripts only from the box's own files
+    "boxsite.core.middleware.ApiEdgeMiddleware",  # NUL in path/query, declared body too large: refused first
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -89,7 +89,7 @@ MIDDLEWARE = [
 ROOT_URLCONF = "boxsite.urls"
 ASGI_APPLICATION = "boxsite.asgi.application"
 WSGI_APPLICATION = "boxsite.wsgi.application"
-# Threads the web process serves requests on (boxsite.handler); kept for the process's life.
+# Threads the web process serves requests on (boxsite.core.handler); kept for the process's life.
 BOX_WEB_THREADS = env_int("BOX_WEB_THREADS", 8, minimum=1)
 
 TEMPLATES = [
@@ -138,15 +138,15 @@ if DATABASE_URL:
         _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "options": _options}
     # Every process keeps its connections (``BOX_DB_CONN_MAX_AGE``), checked before each request's
     # or job's first use: the worker and the scheduler have one, and the web process one per
-    # thread it serves requests on (``BOX_WEB_THREADS``, kept for its life by boxsite.handler)
+    # thread it serves requests on (``BOX_WEB_THREADS``, kept for its life by boxsite.core.handler)
     # and one for the live streams' reads (Channels runs them on one thread).
     DATABASES = {"default": _db}
 else:
     _sqlite_path = env_path("BOX_SQLITE_PATH", str(BOX_DATA_DIR / "box.sqlite3"))
     DATABASES = {
         "default": {
-            # Django's SQLite backend whose writers queue on a file lock (boxsite/db/sqlite).
-            "ENGINE": "boxsite.db.sqlite",
+            # Django's SQLite backend whose writers queue on a file lock (boxsite/core/db/sqlite).
+            "ENGINE": "boxsite.core.db.sqlite",
             "NAME": str(_sqlite_path),
             "OPTIONS": {
                 "timeout": env_float("BOX_SQLITE_BUSY_TIMEOUT_S", 20.0),
@@ -158,7 +158,7 @@ else:
         }
     }
     # Every process keeps its threads' connections, as on PostgreSQL: the web process serves
-    # requests on a few threads kept for its life (boxsite.handler), and a worker runs job after
+    # requests on a few threads kept for its life (boxsite.core.handler), and a worker runs job after
     # job (django-q2 closes a connection past its age between jobs, and every connection before
     # it forks). A new connection costs about 2 ms of CPU (the file opened, the pragmas, Django's
     # functions registered); a worker closed and opened one six times per trivial task.
@@ -205,7 +205,7 @@ LIVE_REDIS_CONNECT_TIMEOUT_S = 5.0
 def live_layer(url: str, *, prefix: str = "asgi", **host: Any) -> dict[str, Any]:
     """The Redis channel layer's settings for ``url``; ``host``: more of redis-py's connection options."""
     return {
-        "BACKEND": "boxsite.live_layer.LiveRedisChannelLayer",
+        "BACKEND": "boxsite.core.live_layer.LiveRedisChannelLayer",
         "CONFIG": {
             "hosts": [{"address": url, "socket_timeout": LIVE_REDIS_READ_TIMEOUT_S,
                        "socket_connect_timeout": LIVE_REDIS_CONNECT_TIMEOUT_S, **host}],
@@ -220,7 +220,7 @@ if REDIS_URL:
 else:
     Q_CLUSTER["orm"] = "default"
     # django-q2's ORM queue, whose pusher is woken by each enqueue instead of waiting out its poll.
-    Q_CLUSTER["broker_class"] = "tasks.queue_broker.WakingORM"
+    Q_CLUSTER["broker_class"] = "tasks.run.queue.WakingORM"
     CHANNEL_LAYERS = {}
 
 # --- the box's own knobs ----------------------------------------------------------------
@@ -271,7 +271,7 @@ BOX_TASK_CPU_PERCENT = env_int("BOX_TASK_CPU_PERCENT", 100, minimum=1)
 BOX_TASK_DISK_MB = env_int("BOX_TASK_DISK_MB", 10240, minimum=0)
 if 0 < BOX_TASK_DISK_MB < 16:
     raise ImproperlyConfigured(f"BOX_TASK_DISK_MB={BOX_TASK_DISK_MB}: use 0 (no default) or at least 16")
-# The model (tasks.model): an OpenAI-compatible chat-completions endpoint. Settings → Model
+# The model (tasks.llm.client): an OpenAI-compatible chat-completions endpoint. Settings → Model
 # overrides each of these; the API key is the vault secret named BOX_MODEL_KEY_NAME (empty: the
 # endpoint takes no key, as local servers often do). Prices are cents per million tokens.
 BOX_MODEL_BASE_URL = env_str("BOX_MODEL_BASE_URL") or ""
@@ -287,14 +287,14 @@ BOX_BROWSER_EXECUTABLE = env_str("BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium") 
 # --- API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "boxsite.auth.BearerTokenAuthentication",
-        "boxsite.auth.DeviceCookieAuthentication",
+        "boxsite.core.auth.BearerTokenAuthentication",
+        "boxsite.core.auth.DeviceCookieAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "EXCEPTION_HANDLER": "boxsite.errors.exception_handler",
-    # JSON only, bounded in size and depth, no NUL characters (boxsite.parsers).
-    "DEFAULT_PARSER_CLASSES": ["boxsite.parsers.BoxJSONParser"],
+    "EXCEPTION_HANDLER": "boxsite.core.errors.exception_handler",
+    # JSON only, bounded in size and depth, no NUL characters (boxsite.core.parsers).
+    "DEFAULT_PARSER_CLASSES": ["boxsite.core.parsers.BoxJSONParser"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -310,7 +310,7 @@ SPECTACULAR_SETTINGS = {
     # JSON Schema 2020-12 inside (nullable is a type), so a client can validate bodies with it.
     "OAS_VERSION": "3.1.0",
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "boxsite.schema.add_error_responses"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "boxsite.core.schema.add_error_responses"],
 }
 
 SESSION_COOKIE_HTTPONLY = True
@@ -320,7 +320,7 @@ SECURE_COOKIES = env_bool("BOX_SECURE_COOKIES", BOX_PRODUCTION)
 SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
 LOGIN_URL = "/login"
-# Failed sign-ins (boxsite.signin): this many from one address for one name locks that pair for
+# Failed sign-ins (boxsite.core.signin): this many from one address for one name locks that pair for
 # BOX_SIGNIN_LOCKOUT_SECONDS; an address is locked at 4x (any names), a name at 10x (any address).
 BOX_SIGNIN_MAX_FAILURES = env_int("BOX_SIGNIN_MAX_FAILURES", 5, minimum=1)
 BOX_SIGNIN_LOCKOUT_SECONDS = env_int("BOX_SIGNIN_LOCKOUT_SECONDS", 900, minimum=1)

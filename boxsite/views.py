@@ -16,11 +16,11 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite import schema
-from boxsite.middleware import is_api_path
-from tasks.isolation import describe_isolation
+from boxsite.core import schema
+from boxsite.core.middleware import is_api_path
+from tasks.sandbox.isolation import describe_isolation
 
-log = logging.getLogger("boxsite.errors")
+log = logging.getLogger("boxsite.core.errors")
 
 
 @extend_schema(responses={200: schema.Health})

@@ -21,8 +21,8 @@ from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, croniter
 
-from boxsite.errors import InvalidRequest
-from boxsite.validation import time_zone_named
+from boxsite.core.errors import InvalidRequest
+from boxsite.core.validation import time_zone_named
 
 MIN_INTERVAL_SECONDS = 60
 MAX_INTERVAL_SECONDS = 366 * 24 * 3600

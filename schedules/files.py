@@ -24,8 +24,8 @@ from datetime import UTC, datetime
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from boxsite.errors import BoxError
-from boxsite.principal import Via
+from boxsite.core.errors import BoxError
+from boxsite.core.principal import Via
 from schedules.models import SeenFile, SeenState, Trigger, TriggerKind
 from schedules.specs import fill, firing_principal
 from tasks import services as task_services

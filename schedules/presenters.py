@@ -7,7 +7,7 @@ from typing import Any
 from django.utils import timezone
 
 from schedules.models import Delivery, Firing, Schedule, Trigger, TriggerKind
-from tasks.facts import Facts
+from tasks.vault.facts import Facts
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -12,9 +12,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from boxsite.errors import Conflict, Forbidden, NotFound
-from boxsite.principal import Principal, Via
-from boxsite.validation import AnyText, AnyWhole, Body, Flag, Obj, Text, Whole
+from boxsite.core.errors import Conflict, Forbidden, NotFound
+from boxsite.core.principal import Principal, Via
+from boxsite.core.validation import AnyText, AnyWhole, Body, Flag, Obj, Text, Whole
 from schedules.cadence import Cadence
 from schedules.models import Firing, Origin, Schedule
 from schedules.specs import check_template, fill, firing_principal

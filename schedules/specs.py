@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from boxsite.errors import BoxError, InvalidSpec
-from boxsite.principal import Principal, Via
-from tasks.facts import Facts
-from tasks.spec import parse_spec
+from boxsite.core.errors import BoxError, InvalidSpec
+from boxsite.core.principal import Principal, Via
+from tasks.spec.task import parse_spec
+from tasks.vault.facts import Facts
 
 _NAME = re.compile(r"\$\{([^}]+)\}")
 TITLE_MAX = 200

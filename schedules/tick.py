@@ -20,8 +20,8 @@ from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from boxsite.errors import BoxError, TooManyTasks
-from boxsite.principal import Via
+from boxsite.core.errors import BoxError, TooManyTasks
+from boxsite.core.principal import Via
 from schedules.models import Firing, Schedule
 from schedules.specs import fill, firing_principal
 from schedules.system import is_job, run_job

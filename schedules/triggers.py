@@ -14,13 +14,13 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from boxsite.principal import Principal, Via
-from boxsite.validation import Body, Choice, Flag, Number, Obj, Text, Whole, existing_dir
+from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.core.principal import Principal, Via
+from boxsite.core.validation import Body, Choice, Flag, Number, Obj, Text, Whole, existing_dir
 from schedules.models import Origin, Trigger, TriggerKind
 from schedules.services import name_field, origin_of
 from schedules.specs import check_template
-from tasks.crypto import decrypt, encrypt
+from tasks.vault.crypto import decrypt, encrypt
 
 SECRET_MIN_LENGTH = 16
 DEFAULT_GRACE_SECONDS = 24 * 3600

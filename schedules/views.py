@@ -18,14 +18,14 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite import schema
-from boxsite.errors import BoxError, InvalidRequest, PayloadTooLarge
-from boxsite.pagination import Sort, limit_param, page
-from boxsite.principal import Principal
+from boxsite.core import schema
+from boxsite.core.errors import BoxError, InvalidRequest, PayloadTooLarge
+from boxsite.core.pagination import Sort, limit_param, page
+from boxsite.core.principal import Principal
 from schedules import services, triggers, webhooks
 from schedules.models import Origin, Schedule, ScheduleStatus, Trigger, TriggerKind
 from schedules.presenters import present_delivery, present_firing, present_schedule, present_trigger
-from tasks.presenters import present_task
+from tasks.api.presenters import present_task
 
 SCHEDULE_SORTS = {
     "next": Sort("next", "next_run_at", descending=False, nullable=True),

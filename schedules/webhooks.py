@@ -38,9 +38,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
-from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from boxsite.parsers import storable_text
-from boxsite.principal import Principal, Via
+from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.core.parsers import storable_text
+from boxsite.core.principal import Principal, Via
 from schedules.models import Delivery, Trigger, TriggerKind
 from schedules.signatures import GITHUB_HEADER, SignatureError, Verified, github_header, verify
 from schedules.specs import fill, firing_principal

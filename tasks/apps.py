@@ -8,7 +8,7 @@ class TasksConfig(AppConfig):
     def ready(self) -> None:
         # The tools a task uses to create work (task.create, schedule.create) need the task
         # services, which need the registry: they are registered once the apps are loaded.
-        from tasks import delegation, tools  # noqa: PLC0415 - they import models: not before the registry is ready
+        from tasks.tools import delegation, registry  # noqa: PLC0415 - they import models: not before the registry is ready
 
         for tool in delegation.TOOLS:
-            tools.register(tool)
+            registry.register(tool)

@@ -15,7 +15,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
 from tasks.models import EventKind, Task
-from tasks.recorder import StepRecorder
+from tasks.run.recorder import StepRecorder
 
 
 class OverBudget(Exception):

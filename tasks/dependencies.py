@@ -17,8 +17,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from boxsite.db.rows import Rows, column
-from boxsite.errors import Conflict, InvalidSpec
+from boxsite.core.db.rows import Rows, column
+from boxsite.core.errors import Conflict, InvalidSpec
 from tasks.layers import paths
 from tasks.layers.task_view import record_lost_seal, seal_layer
 from tasks.layers.tree import FILE, LayerTree

@@ -24,10 +24,10 @@ from django.db.models import F, Field, QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from boxsite.db.rows import column
-from tasks import runs
-from tasks.facts import Redactor, redactor_for
+from boxsite.core.db.rows import column
 from tasks.models import Task, TaskEvent
+from tasks.run import leases as runs
+from tasks.vault.facts import Redactor, redactor_for
 
 log = logging.getLogger(__name__)
 

@@ -14,15 +14,16 @@ from django.db import (
     connection,
 )
 
-from tasks import lifecycle, reaper, runs
 from tasks.broker.server import serving as broker_serving
-from tasks.context import RunContext
-from tasks.facts import Facts
-from tasks.finalize import Begun, begin_run, finish_run
 from tasks.layers import sealer
 from tasks.models import Task
-from tasks.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
+from tasks.run import leases as runs
+from tasks.run import lifecycle, reaper
+from tasks.run.context import RunContext
+from tasks.run.finish import Begun, begin_run, finish_run
+from tasks.run.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, LimitReached, StepRecorder
 from tasks.states import FINAL
+from tasks.vault.facts import Facts
 from tasks.workers import worker_for
 from tasks.workers.base import Done, Failed, Outcome
 from tasks.workers.shaping import SHAPE_RESUME, shape_output

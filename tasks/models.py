@@ -7,10 +7,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, models
 
-from boxsite.db.rows import Rows, column
-from boxsite.principal import Principal, Via
+from boxsite.core.db.rows import Rows, column
+from boxsite.core.principal import Principal, Via
 from tasks.ids import new_task_id
-from tasks.limits import default_limit
+from tasks.spec.limits import default_limit
 from tasks.states import FINAL, Review, State, WaitingFor
 
 
@@ -38,7 +38,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
     """The one access rule (docs/decisions.md, "Who may see and act on a task").
 
     The owner, signed in or with an API token, reaches every task of theirs; so does the box
-    acting for them (schedules, triggers). A running task creating work (``tasks.delegation``)
+    acting for them (schedules, triggers). A running task creating work (``tasks.tools.delegation``)
     reaches itself and the tasks it created. A paired phone reaches the tasks it started, never a
     folder task; beyond those it answers the approvals and questions of its inbox.
     """
@@ -104,11 +104,11 @@ class Task(models.Model):
     constraints = models.JSONField(default=dict)
     limits = models.JSONField(default=dict)
     output = models.JSONField(null=True, blank=True)
-    criteria = models.JSONField(null=True, blank=True)  # the completion contract (tasks.completion)
+    criteria = models.JSONField(null=True, blank=True)  # the completion contract (tasks.run.completion)
     folders = models.JSONField(default=list)
     depends_on = models.JSONField(default=list)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="subtasks")
-    # Provenance of a task a running task created through its broker (tasks.delegation): that
+    # Provenance of a task a running task created through its broker (tasks.tools.delegation): that
     # task (also its ``parent``) and the number of the run that asked.
     created_by_task = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="created_tasks")
     created_by_run = models.PositiveIntegerField(null=True, blank=True)
@@ -195,7 +195,7 @@ class Dependency(models.Model):
 class EventKind(models.TextChoices):
     STATUS = "status"
     STEP = "step"
-    STEP_RESULT = "step_result"  # what a step did (tasks.evidence), logged before the next begins
+    STEP_RESULT = "step_result"  # what a step did (tasks.run.evidence), logged before the next begins
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
     COST = "cost"
@@ -310,7 +310,7 @@ class Layer(models.Model):
 
 
 class VaultSecret(models.Model):
-    """A secret encrypted at rest (Fernet, ``tasks.crypto``); written only by ``tasks.vault``.
+    """A secret encrypted at rest (Fernet, ``tasks.vault.crypto``); written only by ``tasks.vault``.
     The API never returns ``ciphertext`` or its value."""
 
     name = models.CharField(max_length=128, unique=True)

@@ -22,11 +22,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Field
 
-from boxsite.db.rows import column
-from tasks import runs
+from boxsite.core.db.rows import column
 from tasks.events import MAX_SUMMARY, publish_event
-from tasks.facts import Redactor
 from tasks.models import EventKind, Run, RunKind, Task, TaskEvent
+from tasks.run import leases as runs
+from tasks.vault.facts import Redactor
 
 Event = tuple[str, str, dict[str, Any]]  # kind, summary, data: as ``record_event`` takes them
 # The event's columns in the statements' order; its number is the update's (``seq``), not a parameter.

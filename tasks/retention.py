@@ -24,10 +24,10 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from boxsite.models import BoxSettings
-from tasks import artifacts, lifecycle
 from tasks.events import record_event
 from tasks.layers import paths
 from tasks.models import EventKind, Run, Task, TaskEvent
+from tasks.run import artifacts, lifecycle
 from tasks.states import ACTIVE, FINAL, State
 
 log = logging.getLogger(__name__)

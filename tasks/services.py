@@ -11,23 +11,25 @@ from django.db.models import F
 from django.utils import timezone
 
 from approvals import blockers
-from boxsite import reads
-from boxsite.db.rows import column
-from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
+from boxsite.core import reads
+from boxsite.core.db.rows import column
+from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
+from boxsite.core.principal import Principal
 from boxsite.models import BoxSettings
-from boxsite.principal import Principal
-from tasks import dependencies, layers, lifecycle, moves, runs
+from tasks import dependencies, layers, moves
+from tasks.api.presenters import is_final_view
 from tasks.events import numbered_update, record_event
-from tasks.facts import Facts, Redactor, redactor_for, seal_facts
 from tasks.layers import review
 from tasks.layers.locks import layer_lock
 from tasks.layers.paths import show
 from tasks.layers.roots import changes_of
 from tasks.layers.task_view import seal_layer
 from tasks.models import Condition, Dependency, EventKind, Layer, LayerState, Run, RunKind, RunState, Task
-from tasks.presenters import is_final_view
-from tasks.spec import RetryBody, TaskSpec, parse_spec
+from tasks.run import leases as runs
+from tasks.run import lifecycle
+from tasks.spec.task import RetryBody, TaskSpec, parse_spec
 from tasks.states import ACTIVE, FINAL, Review, State, can_move, can_move_review
+from tasks.vault.facts import Facts, Redactor, redactor_for, seal_facts
 
 log = logging.getLogger(__name__)
 
@@ -431,7 +433,7 @@ def _create_task(body: Any, principal: Principal, *, source: str | None) -> Task
 
 def _locked_settings() -> BoxSettings:
     """The settings row, locked until the transaction ends (PostgreSQL; SQLite's write
-    transaction holds the whole database), and kept as the operation's read (``boxsite.reads``)."""
+    transaction holds the whole database), and kept as the operation's read (``boxsite.core.reads``)."""
     row = BoxSettings.locked()
     reads.keep("box_settings", row)
     return row

@@ -19,11 +19,12 @@ from django.test.utils import override_settings
 from django_q.conf import Conf
 from rest_framework.test import APIClient
 
-from boxsite.auth import issue_api_token
-from tasks import lifecycle, sandbox
+from boxsite.core.auth import issue_api_token
+from tasks import sandbox
 from tasks.layers import disk, mounts, unmount_views
 from tasks.layers import paths as layer_paths
 from tasks.models import Task, Workspace
+from tasks.run import lifecycle
 from tasks.sandbox import users
 from tests.factories import make_owner
 

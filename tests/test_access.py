@@ -11,8 +11,8 @@ from channels.db import database_sync_to_async
 from rest_framework.test import APIClient
 
 from approvals.models import Approval, ApprovalState
-from boxsite.auth import DEVICE_COOKIE
-from tasks import urls as task_urls
+from boxsite.core.auth import DEVICE_COOKIE
+from tasks.api import urls as task_urls
 from tasks.models import Task
 from tasks.services import note
 from tests.conftest import Box

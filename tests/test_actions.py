@@ -16,8 +16,8 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from approvals.models import ActionDay
-from boxsite import schema
-from tasks import runs
+from boxsite.core import schema
+from tasks.run import leases as runs
 from tasks.workers import flow as flow_worker
 from tests.conftest import Box
 from tests.factories import flow

@@ -6,9 +6,9 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from boxsite.auth import device_for, token_for
+from boxsite.core.auth import device_for, token_for
+from boxsite.core.principal import Principal, Via
 from boxsite.models import ApiToken, Device, hash_key
-from boxsite.principal import Principal, Via
 from tasks.events import record_event
 from tasks.models import Task
 from tests.factories import flow, make_owner

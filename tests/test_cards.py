@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from tasks.facts import looks_like_card, mask_cards
+from tasks.vault.facts import looks_like_card, mask_cards
 from tests.factories import flow
 
 SIZES = "sizes: 1 299986 299985 0 bytes"  # its digits pass the Luhn check

@@ -14,10 +14,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.brokers import get_broker
 
-from boxsite.auth import issue_api_token
+from boxsite.core.auth import issue_api_token
 from boxsite.models import BoxSettings
-from tasks import dependencies, finalize, jobs, lifecycle, runs, services
+from tasks import dependencies, jobs, services
 from tasks.models import Dependency, EventKind, Layer, Run, RunKind, Task, TaskEvent
+from tasks.run import finish as finalize
+from tasks.run import leases as runs
+from tasks.run import lifecycle
 from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
 

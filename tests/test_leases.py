@@ -1,4 +1,4 @@
-"""A run's lease as the worker proves it (``tasks.runs``): the claim, the heartbeat, and whether
+"""A run's lease as the worker proves it (``tasks.run.leases``): the claim, the heartbeat, and whether
 another run of the task still runs. The hottest of these statements are written by hand (one per
 guarded write): here they are held to what the ORM reads back."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from tasks import jobs, runs
+from tasks import jobs
 from tasks.models import Run, RunKind, RunState, Task
+from tasks.run import leases as runs
 from tests.conftest import Box, queue_through_the_cluster, wait_for
 from tests.factories import flow
 

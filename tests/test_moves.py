@@ -9,11 +9,12 @@ import pytest
 from django.db import transaction
 from django.forms.models import model_to_dict
 
-from boxsite.errors import Conflict
-from tasks import events, moves, runs, services
+from boxsite.core.errors import Conflict
+from tasks import events, moves, services
 from tasks.models import Task, TaskEvent
+from tasks.run import leases as runs
 from tasks.states import State
-from tasks.vault import set_secret
+from tasks.vault.store import set_secret
 from tests.conftest import queue_through_the_cluster
 
 SECRET = "sk-live-moved-with-its-events-51a9"

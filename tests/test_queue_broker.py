@@ -1,4 +1,4 @@
-"""The embedded queue's broker (tasks.queue_broker.WakingORM)."""
+"""The embedded queue's broker (tasks.run.queue.WakingORM)."""
 from __future__ import annotations
 
 import time
@@ -10,7 +10,7 @@ from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from tasks.queue_broker import WakingORM
+from tasks.run.queue import WakingORM
 
 
 @pytest.mark.django_db(transaction=True)

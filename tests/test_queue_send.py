@@ -1,4 +1,4 @@
-"""Sending runs to the queue (``tasks.runs.send``): every run sent arrives as its job, and on Redis
+"""Sending runs to the queue (``tasks.run.leases.send``): every run sent arrives as its job, and on Redis
 the process's sends share one connection instead of making one each (docs/performance.md,
 "Sixth day: the web's and the queue's CPU per task")."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from django.conf import settings as django_settings
 from django_q.brokers import get_broker
 from django_q.signing import SignedPackage
 
-from tasks import runs
 from tasks.models import Run
+from tasks.run import leases as runs
 from tests.conftest import Box, queue_through_the_cluster
 from tests.factories import flow
 

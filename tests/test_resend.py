@@ -7,8 +7,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from tasks import runs
 from tasks.models import Run
+from tasks.run import leases as runs
 from tests.conftest import Box, queue_through_the_cluster
 from tests.factories import flow
 

@@ -14,15 +14,16 @@ from django.db.backends.signals import connection_created
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from boxsite import background
-from tasks import lifecycle, runs
-from tasks.facts import Facts, refreshed
-from tasks.finalize import begin_run, finish_run
+from boxsite.core import background
 from tasks.jobs import execute_run
 from tasks.layers import task_view
 from tasks.models import EventKind, Layer, Run, Task, TaskEvent, VaultSecret, Workspace
-from tasks.recorder import LeaseLost, LimitReached, StepRecorder
-from tasks.vault import set_secret
+from tasks.run import leases as runs
+from tasks.run import lifecycle
+from tasks.run.finish import begin_run, finish_run
+from tasks.run.recorder import LeaseLost, LimitReached, StepRecorder
+from tasks.vault.facts import Facts, refreshed
+from tasks.vault.store import set_secret
 from tasks.workers.base import Done, Failed
 from tests.conftest import Box, queue_through_the_cluster, wait_for
 from tests.factories import flow

@@ -17,7 +17,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from boxsite import procs
+from boxsite.core import procs
 from tasks.layers import mounts
 from tests.conftest import empty_pool_of, track_data_dir, wait_for
 

@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from boxsite.auth import issue_api_token
+from boxsite.core.auth import issue_api_token
 from boxsite.models import BoxSettings
 from tasks.models import Run, Task, TaskEvent
 

@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from boxsite.errors import Conflict
+from boxsite.core.errors import Conflict
 from tasks import services
 from tasks.models import Task, TaskEvent
 from tasks.states import ALLOWED, REVIEW_MOVES, Review, State

@@ -1,4 +1,4 @@
-"""The web process serves requests on a few threads kept for its life (boxsite.handler): a
+"""The web process serves requests on a few threads kept for its life (boxsite.core.handler): a
 request's signals, middleware and view run on one of them, and requests at the same time run on
 different ones. Each thread keeps its database connection (on PostgreSQL too: a pool checkout per
 request cost a round trip and its bookkeeping)."""

@@ -31,7 +31,7 @@ runcluster.Command().run_from_argv(["manage.py", "runcluster"])
 """
 
 # Modules only the web process or a rare kind of step needs, each tens of MB in every worker.
-NOT_IN_A_WORKER = ("twisted", "daphne", "openai", "playwright", "boxsite.urls", "tasks.views", "drf_spectacular.openapi")
+NOT_IN_A_WORKER = ("twisted", "daphne", "openai", "playwright", "boxsite.urls", "tasks.api.views", "drf_spectacular.openapi")
 
 
 def test_a_worker_is_forked_without_web_only_modules() -> None:

@@ -1,4 +1,4 @@
-"""SQLite's writers queue on the writer gate (boxsite.db.sqlite), not in SQLite's busy handler."""
+"""SQLite's writers queue on the writer gate (boxsite.core.db.sqlite), not in SQLite's busy handler."""
 from __future__ import annotations
 
 import threading
@@ -11,7 +11,7 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from boxsite.db.sqlite.base import Gate
+from boxsite.core.db.sqlite.base import Gate
 
 pytestmark = pytest.mark.skipif(settings.DB_IS_POSTGRES, reason="the writer gate is the SQLite backend's")
 

@@ -165,7 +165,7 @@ async function loadDevices() {
 $("pair-start").addEventListener("click", async () => {
   try {
     const pairing = await api("POST", "/api/pairing");
-    // The SVG is drawn by the box itself (boxsite.qr), not from user input.
+    // The SVG is drawn by the box itself (boxsite.core.qr), not from user input.
     $("pairing-reach").hidden = !pairing.reachWarning;
     $("pairing-reach").textContent = pairing.reachWarning ?? "";
     $("pairing-qr").innerHTML = pairing.qrSvg;

@@ -6,13 +6,15 @@ from typing import Any
 
 from approvals import actions
 from approvals.models import ApprovalKind, QuestionKind
-from tasks import budget, delegation, tools
+from tasks import budget
 from tasks.broker.holds import Holds
 from tasks.broker.protocol import CallError, text_arg
-from tasks.context import RunContext
-from tasks.facts import guess_kind
 from tasks.models import EventKind
+from tasks.run.context import RunContext
 from tasks.states import WaitingFor
+from tasks.tools import delegation
+from tasks.tools import registry as tools
+from tasks.vault.facts import guess_kind
 
 FACT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
 MAX_SPEND_CENTS = 10_000_000  # a sanity bound: a typo should not ask the owner for $100k

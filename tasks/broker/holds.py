@@ -20,10 +20,10 @@ from approvals.blockers import open_question, request_approval
 from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
 from tasks import budget, services
 from tasks.broker.protocol import Denied, TaskEnded
-from tasks.context import RunContext
-from tasks.facts import Facts
 from tasks.models import Task
+from tasks.run.context import RunContext
 from tasks.states import FINAL, State, WaitingFor
+from tasks.vault.facts import Facts
 
 POLL_SECONDS = 0.1
 T = TypeVar("T")

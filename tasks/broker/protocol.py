@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from boxsite.errors import BoxError
+from boxsite.core.errors import BoxError
 
 MAX_LINE = 1024 * 1024  # a request larger than this is refused, not buffered without bound
 
@@ -41,7 +41,7 @@ class Denied(CallError):
 
 
 class NotAllowed(CallError):
-    """The owner's policy does not allow it (``tasks.delegation``)."""
+    """The owner's policy does not allow it (``tasks.tools.delegation``)."""
 
     code = "NOT_ALLOWED"
 

@@ -25,13 +25,13 @@ from typing import Any
 
 from django.db import connection
 
-from boxsite.errors import BoxError
+from boxsite.core.errors import BoxError
 from tasks.broker import paths
 from tasks.broker.calls import Calls
 from tasks.broker.holds import Holds
 from tasks.broker.protocol import MAX_LINE, CallError, TaskEnded, decode, encode, reply_error, reply_ok
-from tasks.context import RunContext
-from tasks.recorder import LeaseLost, LimitReached
+from tasks.run.context import RunContext
+from tasks.run.recorder import LeaseLost, LimitReached
 from tasks.sandbox import users
 
 log = logging.getLogger(__name__)

@@ -22,12 +22,12 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page
 
 from tasks.browser.session import BrowserSession
-from tasks.evidence import StepFailed, bounded
-from tasks.model import ModelError, NoModel
+from tasks.llm.client import ModelError, NoModel
+from tasks.run.evidence import StepFailed, bounded
 from tasks.workers.asking import ask_model
 
 if TYPE_CHECKING:
-    from tasks.context import RunContext
+    from tasks.run.context import RunContext
 
 MAX_CANDIDATES = 200
 REF = "data-box-ref"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tasks.evidence import Evidence
+    from tasks.run.evidence import Evidence
 
 ACTING = ("browse", "click", "fill", "pick")
 KINDS = (*ACTING, "extract", "screenshot")

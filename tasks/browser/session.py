@@ -39,11 +39,11 @@ from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_
 from tasks.browser import origins
 from tasks.browser.binary import executable, missing_reason
 from tasks.browser.relay import DevtoolsRelay
-from tasks.evidence import StepFailed
+from tasks.run.evidence import StepFailed
 from tasks.sandbox import launcher, paths, support
 
 if TYPE_CHECKING:
-    from tasks.context import RunContext
+    from tasks.run.context import RunContext
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ URL, title and the element it chose (the result event). A field holding a secret
 transparent in every screenshot, and the snapshot passes the task's redactor.
 
 Payment pages are recognised here (a card field, a control that pays): ``PaymentStop`` and
-``tasks.tools.NeedsApproval`` go up to the flow worker, which pauses.
+``tasks.tools.registry.NeedsApproval`` go up to the flow worker, which pauses.
 """
 from __future__ import annotations
 
@@ -23,18 +23,18 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page
 
 from approvals.models import ApprovalKind
-from boxsite.cards import looks_like_card
-from tasks import artifacts
+from boxsite.core.cards import looks_like_card
 from tasks.browser import origins
 from tasks.browser.kinds import ACTING, DEFAULT_TIMEOUT_S, KINDS, PaymentStop
 from tasks.browser.session import BrowserSession
-from tasks.evidence import Evidence, StepFailed, bounded
-from tasks.flows import TARGET_KEYS
 from tasks.models import EventKind
-from tasks.tools import NeedsApproval
+from tasks.run import artifacts
+from tasks.run.evidence import Evidence, StepFailed, bounded
+from tasks.spec.flows import TARGET_KEYS
+from tasks.tools.registry import NeedsApproval
 
 if TYPE_CHECKING:
-    from tasks.context import RunContext
+    from tasks.run.context import RunContext
 
 __all__ = ["ACTING", "DEFAULT_TIMEOUT_S", "KINDS", "PaymentStop", "execute"]
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from django.conf import settings
 
-from boxsite import procs
-from boxsite.errors import InvalidRequest
-from boxsite.setting_paths import path_setting
+from boxsite.core import procs
+from boxsite.core.errors import InvalidRequest
+from boxsite.core.setting_paths import path_setting
 from tasks.layers import mounts
 
 NAME_MAX = 255  # bytes in one name, on Linux's file systems

@@ -24,12 +24,12 @@ import threading
 
 from django.conf import settings
 
-from boxsite.background import Background
-from tasks import runs
+from boxsite.core.background import Background
 from tasks.layers import paths, task_view
 from tasks.layers.locks import layer_lock
 from tasks.layers.tree import Meta
 from tasks.models import Layer
+from tasks.run import leases as runs
 from tasks.states import ACTIVE
 
 _sealer = Background("box-sealer")
@@ -45,7 +45,7 @@ def seal_beside(task_id: str, run_id: int, token: str) -> threading.Event:
 
 
 def drain(timeout: float = 30.0) -> bool:
-    """Wait until the seals this process began are done (``boxsite.background``)."""
+    """Wait until the seals this process began are done (``boxsite.core.background``)."""
     return _sealer.drain(timeout)
 
 

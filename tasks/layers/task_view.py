@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, QuerySet
 from django.utils import timezone
 
-from boxsite.errors import Conflict
+from boxsite.core.errors import Conflict
 from tasks import sandbox
 from tasks.events import record_event
 from tasks.layers import compaction, disk, mounts, paths, review
@@ -283,7 +283,7 @@ def seal_files(task: Task, layer: Layer, meta: Meta, *, stopped: bool = False) -
     work and holds the lease: ``tasks.layers.sealer``). ``stopped``: ``sandbox.stop`` completed
     for the task just before (the janitor)."""
     task_id = task.pk
-    # The task's release runs in the background (tasks.lifecycle's janitor). Its layer joins no
+    # The task's release runs in the background (tasks.run.lifecycle's janitor). Its layer joins no
     # stack before its sandbox is stopped: its processes gone and every file its user owned
     # handed back, or a later task's id-mapped view would show them as nobody's. Idempotent: a
     # no-op when the janitor got there first. The rest of the sandbox's release (keyrings, the

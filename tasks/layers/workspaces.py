@@ -12,9 +12,9 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from boxsite.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from boxsite.principal import Principal
-from boxsite.validation import AnyText, Body, existing_dir
+from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.core.principal import Principal
+from boxsite.core.validation import AnyText, Body, existing_dir
 from tasks.layers import compaction, paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.copy import copy_tree

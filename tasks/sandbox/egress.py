@@ -3,7 +3,7 @@
 An HTTP proxy that runs as threads in the worker process running the task (it has the host's
 network; it lives as long as the task's processes do). It accepts plain requests with an
 absolute ``http://`` URL and ``CONNECT host:port``, checks the destination with the one allowlist
-rule (``tasks.net.allowed_addresses``), connects only to the addresses that check returned, and
+rule (``tasks.tools.http.allowed_addresses``), connects only to the addresses that check returned, and
 then relays bytes. Every refusal answers ``403`` and is recorded as a ``blocked_connection``
 event with host and port.
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tasks.net import Blocked, allowed_addresses
 from tasks.sandbox.users import SandboxError
+from tasks.tools.http import Blocked, allowed_addresses
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ files). Listed hosts are reachable only through the egress proxy, via the in-nam
 
 Without it (not root, or turned off) a process runs as the box's user in its own session in the
 task's directory, and listed hosts are offered through the proxy environment variables only:
-a program that ignores them is not stopped. ``tasks.isolation`` says so to the owner.
+a program that ignores them is not stopped. ``tasks.sandbox.isolation`` says so to the owner.
 """
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ from django.db import connection
 from tasks.broker.paths import client_dir
 from tasks.layers import disk
 from tasks.models import EventKind, Task
-from tasks.recorder import LeaseLost, LimitReached
+from tasks.run.recorder import LeaseLost, LimitReached
 from tasks.sandbox import cgroups, egress, idmap, paths, support, users
 from tasks.sandbox.cleanup import release
 from tasks.states import FINAL
 
 if TYPE_CHECKING:
-    from tasks.context import RunContext
     from tasks.models import Task
+    from tasks.run.context import RunContext
 
 FORWARD_PORT = 3128  # inside the task's own network namespace, so every task can use it
 MAX_PROCESSES = 1024  # per task user: a fork bomb stops here

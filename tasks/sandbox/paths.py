@@ -19,7 +19,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from boxsite.setting_paths import path_setting
+from boxsite.core.setting_paths import path_setting
 
 BOX_BIN_DIR = Path("/usr/local/lib/box/bin")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # after the client's directory

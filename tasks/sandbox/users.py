@@ -44,8 +44,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from boxsite import procs
-from boxsite.errors import BoxError
+from boxsite.core import procs
+from boxsite.core.errors import BoxError
 from tasks.sandbox import paths
 from tasks.sandbox.support import INIT, SYSTEM_PYTHON
 

@@ -28,13 +28,23 @@ from django.utils import timezone
 from approvals import actions
 from approvals.models import ApprovalKind
 from tasks import budget
-from tasks.context import RunContext
-from tasks.evidence import Evidence, bounded
-from tasks.facts import guess_kind
-from tasks.model import Decision, KeyMissing, ModelConfig, ModelError, NoModel, ToolCall, call_model, current_config, read_key
+from tasks.llm.client import (
+    Decision,
+    KeyMissing,
+    ModelConfig,
+    ModelError,
+    NoModel,
+    ToolCall,
+    call_model,
+    current_config,
+    read_key,
+)
 from tasks.models import EventKind
+from tasks.run.context import RunContext
+from tasks.run.evidence import Evidence, bounded
 from tasks.states import WaitingFor
-from tasks.tools import NeedsApproval, get_tool
+from tasks.tools.registry import NeedsApproval, get_tool
+from tasks.vault.facts import guess_kind
 from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, needs_key
 from tasks.workers.flow import FlowWorker, StepFailed, check_time, inside, substitute
 

@@ -15,9 +15,9 @@ import jsonschema
 
 from approvals.models import ApprovalKind
 from tasks import budget
-from tasks.context import RunContext
-from tasks.model import Decision, ModelConfig, ModelError, call_model, current_config, read_key
-from tasks.tools import NeedsApproval
+from tasks.llm.client import Decision, ModelConfig, ModelError, call_model, current_config, read_key
+from tasks.run.context import RunContext
+from tasks.tools.registry import NeedsApproval
 
 
 def ask_model(ctx: RunContext, messages: list[dict[str, Any]], *, purpose: str, schema: dict[str, Any] | None = None,

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from approvals.models import ApprovalKind
 from tasks.states import WaitingFor
-from tasks.vault import VAULT_FIELD
+from tasks.vault.store import VAULT_FIELD
 
 if TYPE_CHECKING:
-    from tasks.context import RunContext
+    from tasks.run.context import RunContext
 
 
 @dataclass

@@ -9,10 +9,10 @@ import time
 
 from django.utils import timezone
 
-from tasks.context import RunContext
 from tasks.models import EventKind
-from tasks.recorder import LeaseLost
-from tasks.vault import read_secret
+from tasks.run.context import RunContext
+from tasks.run.recorder import LeaseLost
+from tasks.vault.store import read_secret
 from tasks.workers import process
 from tasks.workers.base import Done, Failed, Outcome, needs_key
 from tasks.workers.flow import record_result

@@ -20,20 +20,20 @@ from django.utils import timezone
 
 from approvals import actions
 from approvals.models import ActionKind, ApprovalKind
-from tasks import step_receipts as receipts
 from tasks.broker.protocol import CallError
 from tasks.browser import kinds as browser_kinds
-from tasks.context import RunContext
-from tasks.evidence import Evidence, StepFailed, bounded
-from tasks.facts import guess_kind, open_records, seal_records
-from tasks.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
-from tasks.human import looks_like_human_wall
-from tasks.model import KeyMissing, ModelError, NoModel
+from tasks.browser.walls import looks_like_human_wall
+from tasks.llm.client import KeyMissing, ModelError, NoModel
 from tasks.models import EventKind, TaskEvent
-from tasks.net import Blocked
-from tasks.recorder import LeaseLost, LimitReached
+from tasks.run import receipts
+from tasks.run.context import RunContext
+from tasks.run.evidence import Evidence, StepFailed, bounded
+from tasks.run.recorder import LeaseLost, LimitReached
+from tasks.spec.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
 from tasks.states import WaitingFor
-from tasks.tools import NeedsApproval, call
+from tasks.tools.http import Blocked
+from tasks.tools.registry import NeedsApproval, call
+from tasks.vault.facts import guess_kind, open_records, seal_records
 from tasks.workers import process
 from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused, needs_key
@@ -225,7 +225,7 @@ class FlowWorker:
             if 0 <= int(at) < len(steps):
                 steps[int(at)] = amended
         # Saved values are data: stored real (sealed when something in them is secret,
-        # tasks.facts.seal_records) and redacted only where they are shown.
+        # tasks.vault.facts.seal_records) and redacted only where they are shown.
         records: dict[str, Any] = open_records(ctx.task.records or {}, ctx.facts.values)
         known = {**flow.get("vars", {}), **records, **ctx.facts.values}
         missing = missing_names(flow, {**ctx.facts.values, **records})
@@ -269,7 +269,7 @@ class FlowWorker:
                 started = self._start_data(ctx, index, total, kind, start)
                 # The summary shows values, not ${names} (a secret value is masked back to its name).
                 # An acting step is counted in the write that records its start (a tool call counts
-                # itself, tasks.tools.call): past the limit, nothing is recorded.
+                # itself, tasks.tools.registry.call): past the limit, nothing is recorded.
                 acts = STEP_KINDS[kind].acts and kind != "tool"
                 ctx.recorder.step(describe(substitute(step, known), index, total) + (" (retry)" if started.get("retry") else ""),
                                   started, progress=index / total, counts=("actions", "max_actions") if acts else None)
@@ -511,7 +511,7 @@ def run_result(ctx: RunContext, written: str, name: str, done: process.Finished,
 
 def from_step_receipt(ctx: RunContext, step: dict[str, Any], receipt: receipts.Receipt) -> tuple[Any, Evidence]:
     """A ``run`` step's result from the receipt a lost earlier run left when the step's process
-    had ended (``tasks.step_receipts``): recorded, not run again."""
+    had ended (``tasks.run.receipts``): recorded, not run again."""
     done = process.Finished(receipt.code, receipt.stdout, receipt.stderr, timed_out=receipt.timed_out)
     value = step["run"]
     written = value if isinstance(value, str) else value["cmd"]
@@ -703,7 +703,7 @@ def http_answer(response: dict[str, Any], asked: dict[str, Any]) -> tuple[Any, E
 
 def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False, position: str = "call",
               replays: list[dict[str, Any]] | None = None) -> Any:
-    """A flow ``tool`` step: the one tool-call path (``tasks.tools.call``), its refusals and
+    """A flow ``tool`` step: the one tool-call path (``tasks.tools.registry.call``), its refusals and
     failures turned into the step's failure. ``NeedsApproval`` goes up to pause the flow,
     ``ActionUnknown`` to ask the owner."""
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from boxsite.errors import InvalidFlow
-from tasks.context import RunContext
-from tasks.describe import guide
-from tasks.flows import validate_flow
-from tasks.model import KeyMissing, ModelError, NoModel, current_config
+from boxsite.core.errors import InvalidFlow
+from tasks.llm.client import KeyMissing, ModelError, NoModel, current_config
 from tasks.models import EventKind, Task
+from tasks.run.context import RunContext
+from tasks.spec.describe import guide
+from tasks.spec.flows import validate_flow
 from tasks.states import WaitingFor
-from tasks.tools import NeedsApproval
+from tasks.tools.registry import NeedsApproval
 from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Continue, Failed, Outcome, Paused, needs_key
 

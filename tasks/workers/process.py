@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tasks import artifacts
 from tasks.broker.paths import process_env
-from tasks.evidence import Evidence, tail
+from tasks.run import artifacts
+from tasks.run.evidence import Evidence, tail
 from tasks.sandbox import launcher
 
 if TYPE_CHECKING:
-    from tasks.context import RunContext
+    from tasks.run.context import RunContext
 
 MAX_CAPTURE = 64 * 1024  # kept in memory: the tail the log shows
 MAX_SPOOL = 8 * 1024 * 1024  # written to the spool: the whole output, for an artifact

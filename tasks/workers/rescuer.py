@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from boxsite.errors import InvalidFlow
-from tasks.context import RunContext
-from tasks.evidence import bounded
-from tasks.flows import step_kind, validate_flow
-from tasks.model import KeyMissing, ModelError, NoModel, current_config
-from tasks.tools import NeedsApproval
+from boxsite.core.errors import InvalidFlow
+from tasks.llm.client import KeyMissing, ModelError, NoModel, current_config
+from tasks.run.context import RunContext
+from tasks.run.evidence import bounded
+from tasks.spec.flows import step_kind, validate_flow
+from tasks.tools.registry import NeedsApproval
 from tasks.workers.asking import ask_model
 from tasks.workers.base import Continue, Failed, Outcome
 

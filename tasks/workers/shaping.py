@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tasks.context import RunContext
-from tasks.evidence import bounded
-from tasks.facts import open_records
-from tasks.model import KeyMissing, ModelError, NoModel
+from tasks.llm.client import KeyMissing, ModelError, NoModel
 from tasks.models import EventKind
+from tasks.run.context import RunContext
+from tasks.run.evidence import bounded
 from tasks.states import WaitingFor
-from tasks.tools import NeedsApproval
+from tasks.tools.registry import NeedsApproval
+from tasks.vault.facts import open_records
 from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Done, Outcome, Paused, needs_key
 

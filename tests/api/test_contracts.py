@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from boxsite.auth import issue_api_token
+from boxsite.core.auth import issue_api_token
 from boxsite.models import BoxSettings
-from tasks.limits import DEFAULT_LIMITS
 from tasks.models import Task
-from tasks.spec import SPEC_FIELDS, LimitsBody
+from tasks.spec.limits import DEFAULT_LIMITS
+from tasks.spec.task import SPEC_FIELDS, LimitsBody
 from tests.conftest import Box
 from tests.factories import flow
 from tests.pauses.helpers import cont, pending_approval, post

@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from boxsite.principal import Principal
+from boxsite.core.principal import Principal
 from schedules.signatures import github_header
 from tests.conftest import Box
 from tests.factories import flow

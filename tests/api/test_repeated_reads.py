@@ -7,12 +7,12 @@ from typing import Any
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from boxsite import reads
+from boxsite.core import reads
 from boxsite.models import BoxSettings
 from tasks.events import record_event
-from tasks.facts import Facts, vault_values
 from tasks.models import EventKind, Task
-from tasks.vault import delete_secret, set_secret
+from tasks.vault.facts import Facts, vault_values
+from tasks.vault.store import delete_secret, set_secret
 from tests.conftest import Box, queue_through_the_cluster
 from tests.factories import flow
 

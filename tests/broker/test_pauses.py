@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tasks.broker.paths import socket_path
-from tasks.isolation import describe_isolation
 from tasks.models import Run
+from tasks.sandbox.isolation import describe_isolation
 from tests.broker.conftest import Marks, events_of
 from tests.conftest import wait_for
 

@@ -7,7 +7,7 @@ import os
 import pytest
 from rest_framework.test import APIClient
 
-from boxsite.auth import issue_api_token
+from boxsite.core.auth import issue_api_token
 from tasks.models import Task
 from tests.browser.test_walls_payment import CARD, chromium_of
 from tests.factories import flow

@@ -10,9 +10,9 @@ from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from boxsite.models import BoxSettings
-from tasks import lifecycle
 from tasks.models import Task
 from tasks.retention import prune_expired
+from tasks.run import lifecycle
 from tests.factories import flow
 
 

@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect, sync_playwright
 
-from tasks import lifecycle
 from tasks.models import Workspace
+from tasks.run import lifecycle
 from tests.cluster import spawn, stop
 from tests.conftest import database_env, wait_for
 

@@ -2,7 +2,7 @@
 an approve gate lets go ahead, the tool and its arguments; redacted."""
 from __future__ import annotations
 
-from tasks.tools import Tool, register
+from tasks.tools.registry import Tool, register
 from tests.factories import flow
 from tests.pauses.helpers import pending_approval
 

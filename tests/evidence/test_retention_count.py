@@ -8,10 +8,10 @@ from datetime import timedelta
 from django.utils import timezone
 
 from boxsite.models import BoxSettings
-from tasks import artifacts
 from tasks.layers import paths
 from tasks.models import Task
 from tasks.retention import prune_expired
+from tasks.run import artifacts
 from tests.factories import flow
 
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks import lifecycle
 from tasks.layers import copy, task_view
+from tasks.run import lifecycle
 
 POINTS = (
     "before the first move",  # the scan journaled, nothing moved yet

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tasks import lifecycle
 from tasks.layers import mounts, paths
 from tasks.models import Task
+from tasks.run import lifecycle
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -46,7 +46,7 @@ def test_cancelling_a_task_whose_worker_was_killed_unmounts_and_keeps_its_diff(l
     task = _running_in_a_killed_cluster(lbox, tmp_path, driver)
     response = lbox.api.post(f"/api/tasks/{task['id']}/cancel")
     assert response.status_code == 200, response.json()
-    # The release runs in the background (tasks.lifecycle's janitor), right after the cancel.
+    # The release runs in the background (tasks.run.lifecycle's janitor), right after the cancel.
     wait_for(lambda: _views(task["id"]) == [], what="the cancelled task's view to be unmounted")
     wait_for(lambda: not (settings.BOX_DATA_DIR / "tasks" / task["id"] / "view").exists(), what="its view to go")
     assert lbox.api.get(f"/api/tasks/{task['id']}/diff").json()["added"] == ["part.txt"]

@@ -15,13 +15,14 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from tasks import dependencies, layers, lifecycle
+from tasks import dependencies, layers
 from tasks.layers import compaction
 from tasks.layers import paths as layer_paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.locks import layer_lock
 from tasks.layers.tree import Meta
 from tasks.models import Layer, Task
+from tasks.run import lifecycle
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.layers.conftest import no_seal_beside_the_finish, read, undo

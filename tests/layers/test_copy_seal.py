@@ -18,12 +18,13 @@ import pytest
 from django.conf import settings
 from django.db import transaction
 
-from boxsite.errors import Conflict
-from tasks import lifecycle, sandbox
+from boxsite.core.errors import Conflict
+from tasks import sandbox
 from tasks.layers import disk, paths
 from tasks.layers.roots import roots_for
 from tasks.layers.task_view import REOPENED, _reopen, on_final_move, on_retry, open_view
 from tasks.models import Layer, Task
+from tasks.run import lifecycle
 from tasks.states import State
 from tests.cluster import MANAGE
 from tests.conftest import Box, database_env, queue_through_the_cluster

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tasks import lifecycle
 from tasks.layers import compaction, task_view, workspaces
 from tasks.layers import paths as layer_paths
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.locks import workspace_lock
 from tasks.models import Layer, LayerState, Task, Workspace
+from tasks.run import lifecycle
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.layers.conftest import read

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rest_framework.test import APIClient
 
-from boxsite.auth import issue_api_token
+from boxsite.core.auth import issue_api_token
 from tests.factories import flow
 from tests.layers.conftest import diff_of, undo
 

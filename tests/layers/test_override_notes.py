@@ -10,11 +10,12 @@ from typing import Any
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from tasks import layers, lifecycle
+from tasks import layers
 from tasks.layers import paths as layer_paths
 from tasks.layers import task_view
 from tasks.layers.tree import LayerTree, Meta
 from tasks.models import Layer, Task
+from tasks.run import lifecycle
 from tests.factories import flow
 from tests.layers.conftest import no_seal_beside_the_finish, read
 from tests.layers.test_owner_files import finished

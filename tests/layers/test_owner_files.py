@@ -8,10 +8,10 @@ import threading
 import time
 from typing import Any
 
-from tasks import lifecycle
 from tasks.layers import paths as layer_paths
 from tasks.layers.tree import Meta
 from tasks.models import Task
+from tasks.run import lifecycle
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
 from tests.pauses.helpers import cont

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tasks import lifecycle
 from tasks.layers import disk, paths
 from tasks.layers.tree import Meta
+from tasks.run import lifecycle
 from tests.conftest import Box
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from tasks import jobs, layers, lifecycle, reaper, runs
+from tasks import jobs, layers
 from tasks.layers import paths, task_view
 from tasks.layers.tree import Meta
 from tasks.models import Layer, Run, Task
+from tasks.run import leases as runs
+from tasks.run import lifecycle, reaper
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 from tests.layers.conftest import read

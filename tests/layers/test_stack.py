@@ -8,12 +8,12 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from tasks import lifecycle
 from tasks.layers import compaction, stack_record, task_view
 from tasks.layers import paths as layer_paths
 from tasks.layers.locks import workspace_lock
 from tasks.layers.tree import Meta
 from tasks.models import Condition, Dependency, Layer, LayerState, Task, Workspace
+from tasks.run import lifecycle
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
 

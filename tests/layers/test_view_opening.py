@@ -8,10 +8,11 @@ import os
 import threading
 from typing import Any
 
-from tasks import lifecycle, services
+from tasks import services
 from tasks.layers import disk, paths, task_view
 from tasks.layers.tree import Meta
 from tasks.models import Task, Workspace
+from tasks.run import lifecycle
 from tasks.states import State
 from tests.conftest import Box
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tasks.tools import Tool, register
+from tasks.tools.registry import Tool, register
 from tests.fakemodel import Answer, FakeModel, call, say, secret_forms
 from tests.model.conftest import KEY
 from tests.pauses.helpers import cont, open_questions, pending_approval, post

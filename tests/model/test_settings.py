@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
-from boxsite.auth import DEVICE_COOKIE
+from boxsite.core.auth import DEVICE_COOKIE
 from tests.fakemodel import Answer, FakeModel, say
 from tests.model.conftest import KEY
 from tests.portal.conftest import pair_device

@@ -8,11 +8,12 @@ from django.db import transaction
 
 from approvals.blockers import stage_question
 from approvals.models import QuestionKind
-from boxsite.errors import BoxError, Conflict
-from tasks import lifecycle, services
+from boxsite.core.errors import BoxError, Conflict
+from tasks import services
 from tasks.models import Task
+from tasks.run import lifecycle
 from tasks.states import ACTIVE, State
-from tasks.tools import Tool, register
+from tasks.tools.registry import Tool, register
 from tests.conftest import wait_for
 
 SEEN_DURING_RUN: list[Any] = []

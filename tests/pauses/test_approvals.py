@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from approvals.blockers import request_approval
 from approvals.models import Approval, ApprovalKind
 from tasks.models import Task
-from tasks.tools import Tool, register
+from tasks.tools.registry import Tool, register
 from tests.factories import flow, make_owner
 from tests.pauses.helpers import cont, pending_approval, post, report
 

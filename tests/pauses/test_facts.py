@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.facts import Facts, Redactor, guess_kind, is_sensitive_name, looks_like_card, mask_cards
+from tasks.vault.facts import Facts, Redactor, guess_kind, is_sensitive_name, looks_like_card, mask_cards
 
 KEY = "-----BEGIN KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf\n9Cnzj4p4WGeKLs1Pt8Qu\n-----END KEY-----"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.human import looks_like_human_wall
+from tasks.browser.walls import looks_like_human_wall
 
 
 @pytest.mark.parametrize(("text", "label"), [

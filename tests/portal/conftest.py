@@ -12,7 +12,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from boxsite.asgi import application
-from boxsite.auth import DEVICE_COOKIE
+from boxsite.core.auth import DEVICE_COOKIE
 from boxsite.settings import live_layer
 
 ORIGIN = b"http://127.0.0.1:8000"

@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from boxsite.auth import DEVICE_COOKIE
+from boxsite.core.auth import DEVICE_COOKIE
 from boxsite.models import ApiToken, Device, PairingCode
 from tests.factories import make_owner
 from tests.portal.conftest import pair_device

@@ -13,9 +13,9 @@ from django.contrib.sessions.models import Session
 from django.db import connection
 from rest_framework.test import APIClient
 
-from boxsite.auth import DEVICE_COOKIE
-from tasks import consumers
-from tasks.consumers import SAFETY_POLL_S
+from boxsite.core.auth import DEVICE_COOKIE
+from tasks.api import consumers
+from tasks.api.consumers import SAFETY_POLL_S
 from tasks.models import Task
 from tasks.services import note
 from tests.factories import flow, make_owner

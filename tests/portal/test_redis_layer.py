@@ -1,4 +1,4 @@
-"""The live streams' Redis channel layer (boxsite.live_layer) over a real Redis.
+"""The live streams' Redis channel layer (boxsite.core.live_layer) over a real Redis.
 
 A page's stream outlasts a slow Redis: a consumer waits for its next message in channels_redis's
 blocking pop (5 s), and a reply that comes a moment after it must not end the consumer. redis-py
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from channels_redis.core import RedisChannelLayer
 
-from boxsite.live_layer import LiveRedisChannelLayer
+from boxsite.core.live_layer import LiveRedisChannelLayer
 from boxsite.settings import live_layer
 
 LATE_S = 0.5  # how late the proxy hands on each of Redis's replies

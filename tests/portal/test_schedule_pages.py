@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from boxsite.auth import DEVICE_COOKIE, issue_api_token
+from boxsite.core.auth import DEVICE_COOKIE, issue_api_token
 from tests.conftest import queue_through_the_cluster
 from tests.factories import make_owner
 from tests.portal.conftest import pair_device

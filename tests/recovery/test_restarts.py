@@ -13,9 +13,9 @@ from django.conf import settings
 from django.utils import timezone
 from django_q.brokers import get_broker
 
-from boxsite import procs
+from boxsite.core import procs
 from tasks.models import Run, RunState, Task
-from tasks.reaper import resume_after_restart
+from tasks.run.reaper import resume_after_restart
 from tests.cluster import MANAGE, running_box, spawn, stop
 from tests.conftest import database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow

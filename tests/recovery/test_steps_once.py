@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from boxsite import procs
-from tasks import runs, step_receipts
+from boxsite.core import procs
 from tasks.layers import paths as layer_paths
 from tasks.models import Run, Task
+from tasks.run import leases as runs
+from tasks.run import receipts as step_receipts
 from tasks.sandbox import users
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for

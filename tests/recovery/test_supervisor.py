@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from boxsite import procs
+from boxsite.core import procs
 from tasks.layers import mounts
 from tasks.sandbox import users
 from tests.conftest import wait_for

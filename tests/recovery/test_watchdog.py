@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from boxsite import procs
+from boxsite.core import procs
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow

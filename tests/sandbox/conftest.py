@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tasks import lifecycle
 from tasks.layers import disk
 from tasks.models import Task
+from tasks.run import lifecycle
 from tasks.sandbox import cleanup, users
 from tasks.sandbox.support import missing_reason
 from tasks.states import ACTIVE

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from tasks import lifecycle, sandbox
+from tasks import sandbox
 from tasks.models import Task
+from tasks.run import lifecycle
 from tasks.sandbox import cleanup, paths, users
 from tasks.sandbox.cleanup import release
 from tasks.sandbox.paths import runtime_dir

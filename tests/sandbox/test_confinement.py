@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tasks.broker.paths import client_dir
-from tasks.crypto import fernet
 from tasks.layers import disk
 from tasks.sandbox.paths import runtime_dir
+from tasks.vault.crypto import fernet
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.sandbox.conftest import data_dir_where_a_box_keeps_it, needs_sandbox, results, run_script

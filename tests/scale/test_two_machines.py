@@ -17,9 +17,9 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-from boxsite import procs
-from tasks import lifecycle
+from boxsite.core import procs
 from tasks.models import Run, RunState, Task
+from tasks.run import lifecycle
 from tests.cluster import MANAGE, spawn, stop
 from tests.conftest import Box, database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from boxsite.errors import Forbidden
-from boxsite.principal import Principal
+from boxsite.core.errors import Forbidden
+from boxsite.core.principal import Principal
 from schedules import services
 from schedules.models import Schedule
 from schedules.tick import fire_due

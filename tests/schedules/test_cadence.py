@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from boxsite.errors import InvalidRequest
+from boxsite.core.errors import InvalidRequest
 from schedules.cadence import Cadence
 
 

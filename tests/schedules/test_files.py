@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
-from boxsite.auth import issue_api_token
+from boxsite.core.auth import issue_api_token
 from schedules.files import scan_all
 from tests.conftest import Box
 from tests.schedules.conftest import run_scheduler_once, tasks_from

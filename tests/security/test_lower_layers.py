@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tasks import lifecycle
 from tasks.layers import mounts, overlay
 from tasks.layers import paths as layer_paths
+from tasks.run import lifecycle
 from tasks.workers import flow as flow_worker
 from tests.conftest import wait_for
 from tests.factories import flow

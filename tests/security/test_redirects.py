@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tasks import net
+from tasks.tools import http as net
 from tests.conftest import Box
 from tests.http_server import Handler, serving
 from tests.sandbox.conftest import needs_sandbox, results

@@ -15,10 +15,10 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from boxsite.models import Device, hash_key
-from tasks import crypto
-from tasks.facts import Facts
 from tasks.models import Task
-from tasks.vault import read_secret
+from tasks.vault import crypto
+from tasks.vault.facts import Facts
+from tasks.vault.store import read_secret
 
 SECRET = "sk-live-4f9a1c0ffee-DO-NOT-SHOW"
 

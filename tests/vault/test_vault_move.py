@@ -5,7 +5,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from tasks import crypto, vault
+from tasks.vault import crypto
+from tasks.vault import store as vault
 
 BEFORE_THE_MOVE = [("boxsite", "0001_initial"), ("tasks", "0004_event_kind_step_result")]
 

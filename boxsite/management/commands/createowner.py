@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from boxsite import services
-from boxsite.errors import NotFound
+from boxsite.core.errors import NotFound
 
 
 class Command(BaseCommand):

@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from boxsite.auth import issue_api_token
+from boxsite.core.auth import issue_api_token
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ then the box releases what its tasks held on the host (processes, task users, mo
 of the three dies, the others are stopped too, so the box is never half up. The cluster leader
 restarts a cluster that stops claiming runs while runs wait (``runcluster``'s watchdog); if runs
 still wait three times as long (the leader itself is wedged), the supervisor restarts the worker
-process (see ``tasks.runs.cluster_stuck``).
+process (see ``tasks.run.leases.cluster_stuck``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from tasks import lifecycle, runs
+from tasks.run import leases as runs
+from tasks.run import lifecycle
 
 log = logging.getLogger("box.supervisor")
 

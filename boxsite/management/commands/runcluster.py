@@ -4,10 +4,10 @@ itself when it stops claiming runs.
 SIGTERM or SIGINT to this process (the cluster leader, and only it) stops the cluster: first
 every worker process gets SIGUSR1, which stops the step in hand (its processes die) and hands
 the run back to resume at the next start; then the cluster's processes end, and the leader
-finishes the releases of ended tasks their janitors had not (``tasks.lifecycle.release_ended``).
+finishes the releases of ended tasks their janitors had not (``tasks.run.lifecycle.release_ended``).
 
 Its own watchdog: every second the leader checks whether runs wait while the cluster claims
-nothing (``tasks.runs.cluster_stuck``: a killed django-q2 worker can leave the queue's read
+nothing (``tasks.run.leases.cluster_stuck``: a killed django-q2 worker can leave the queue's read
 lock held for good, so every later run waits with no error). Then it logs it, stops the
 cluster the same way (a cluster too wedged to stop within seconds is killed), starts a fresh
 one and re-sends every unclaimed run. So a bare ``manage.py runcluster`` recovers by itself;
@@ -31,10 +31,11 @@ from django.db import close_old_connections, connections
 from django_q.cluster import Cluster
 from django_q.signals import post_spawn
 
-from boxsite.procs import descendants
-from tasks import lifecycle, runs
+from boxsite.core.procs import descendants
 from tasks.jobs import hand_back_on_signal
 from tasks.models import Run, RunState
+from tasks.run import leases as runs
+from tasks.run import lifecycle
 
 log = logging.getLogger("box.cluster")
 
@@ -143,7 +144,7 @@ def stop_cluster(cluster: Cluster, grace: float) -> None:
 
 
 class Watchdog:
-    """Judges a running cluster stuck (see ``tasks.runs.cluster_stuck``). A fresh cluster gets
+    """Judges a running cluster stuck (see ``tasks.run.leases.cluster_stuck``). A fresh cluster gets
     ``BOX_STUCK_S`` to come up before it is judged; each restart in a row doubles that (a
     machine too loaded to start one quickly must not be restarted in a loop), back to the base
     once a cluster has gone a while without needing one."""

@@ -5,7 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks import crypto, vault
+from tasks.vault import crypto
+from tasks.vault import store as vault
 
 
 class Command(BaseCommand):

@@ -1,0 +1,112 @@
+"""How callers prove who they are: bearer tokens (programs), device cookies (paired phones),
+and Django sessions (the owner's browser, with CSRF)."""
+from __future__ import annotations
+
+import functools
+import secrets
+from typing import Any, TypeVar
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Model
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from boxsite.core.db.rows import Rows, column
+from boxsite.models import ApiToken, Device, hash_key
+
+DEVICE_COOKIE = "box_device"
+TOKEN_PREFIX = "box_"
+C = TypeVar("C", ApiToken, Device)
+
+
+def new_token_value() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def issue_api_token(user: Any, name: str, *, can_use_folders: bool = False) -> tuple[ApiToken, str]:
+    """Create a token; the raw value is returned once and never stored."""
+    raw = new_token_value()
+    token = ApiToken.objects.create(user=user, name=name, key_hash=hash_key(raw), prefix=raw[:10], can_use_folders=can_use_folders)
+    return token, raw
+
+
+def token_for(raw: str) -> ApiToken | None:
+    token = _credential_with_user(ApiToken, raw)
+    return token if token is not None and token.user.is_active else None
+
+
+def device_for(raw: str) -> Device | None:
+    device = _credential_with_user(Device, raw)
+    return device if device is not None and device.user.is_active else None
+
+
+def _credential_with_user(model: type[C], raw: str) -> C | None:
+    """The unrevoked ``model`` row (a token, a device) whose key hashes as ``raw`` does, its user
+    read with it. Every request asks once: the statement is written once per process, where the
+    ORM built the join of both tables' columns each time (about 0.3 ms of CPU, a fifth of a
+    light request)."""
+    sql, rows = _credential_statement(model, connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [hash_key(raw)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    credential, user = rows.instances(row)
+    assert isinstance(credential, model) and isinstance(user, get_user_model())
+    credential.user = user
+    return credential
+
+
+@functools.cache
+def _credential_statement(model: type[Model], vendor: str) -> tuple[str, Rows]:
+    """The join of ``model``'s row and its user's, by the key's hash (unique)."""
+    quote = connection.ops.quote_name
+    user_model = get_user_model()
+    rows = Rows.of(model, user_model)
+    own, users = quote(model._meta.db_table), quote(user_model._meta.db_table)
+    user_id, key_hash, revoked_at = (quote(column(model, name)) for name in ("user", "key_hash", "revoked_at"))
+    user_pk = quote(column(user_model, user_model._meta.pk.name))
+    return (f"SELECT {rows.columns()} FROM {own} INNER JOIN {users} ON {own}.{user_id} = {users}.{user_pk} "
+            f"WHERE {own}.{key_hash} = %s AND {own}.{revoked_at} IS NULL"), rows
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Any) -> tuple[Any, ApiToken] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        parts = header.split()
+        if not parts or parts[0].lower() != self.keyword.lower():  # the scheme is case-insensitive (RFC 9110)
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("send 'Authorization: Bearer <token>'")
+        token = token_for(parts[1])
+        if token is None:
+            raise exceptions.AuthenticationFailed("unknown or revoked token")
+        now = timezone.now()
+        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request: Any) -> str:
+        return self.keyword
+
+
+class DeviceCookieAuthentication(authentication.BaseAuthentication):
+    """A paired phone's cookie. Unsafe methods still need the CSRF token, as for sessions."""
+
+    def authenticate(self, request: Any) -> tuple[Any, Device] | None:
+        raw = request.COOKIES.get(DEVICE_COOKIE)
+        if not raw:
+            return None
+        device = device_for(raw)
+        if device is None:
+            return None
+        authentication.SessionAuthentication().enforce_csrf(request)
+        now = timezone.now()
+        if device.last_seen_at is None or (now - device.last_seen_at).total_seconds() > 60:
+            Device.objects.filter(pk=device.pk).update(last_seen_at=now)
+        return device.user, device

@@ -1,0 +1,61 @@
+"""Settings → Model over the API: read and change the model configuration, test the connection."""
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from boxsite.core import schema
+from boxsite.core.errors import Forbidden
+from boxsite.core.principal import Principal
+from boxsite.core.validation import AnyNumber, AnyText, Body
+from tasks.llm import client as model
+from tasks.spec.describe import guide
+
+
+class ModelSettingsBody(Body):
+    """``PATCH /api/model``: any of the model settings. ``tasks.llm.client.update_settings`` checks
+    the values."""
+
+    what = "model settings"
+    baseUrl = AnyText(required=False, help_text="the chat-completions endpoint's base URL")
+    model = AnyText(required=False, help_text="the model's name at that endpoint")
+    keyName = AnyText(required=False, help_text="the vault secret holding the API key")
+    key = AnyText(required=False, help_text="stored in the vault under keyName; never returned")
+    inputCentsPerMillion = AnyNumber(required=False)
+    outputCentsPerMillion = AnyNumber(required=False)
+
+
+def _require_settings_right(request: Request) -> None:
+    if not Principal.of(request).can_change_settings:
+        raise Forbidden("only the owner (browser or API token) configures the model")
+
+
+@extend_schema(methods=["GET"], responses={200: schema.ModelSettings})
+@extend_schema(methods=["PATCH"], request=ModelSettingsBody, responses={200: schema.ModelSettings})
+@api_view(["GET", "PATCH"])
+def model_settings(request: Request) -> Response:
+    _require_settings_right(request)
+    if request.method == "PATCH":
+        model.update_settings(ModelSettingsBody.parse(request.data))
+    return Response(model.present_settings())
+
+
+@extend_schema(responses={200: schema.Describe})
+@api_view(["GET"])
+def describe(request: Request) -> Response:
+    """The guide to writing flows: the language, each step kind's schema, worked examples."""
+    return Response(guide())
+
+
+@extend_schema(request=None, responses={200: schema.ModelTest})
+@api_view(["POST"])
+def model_test(request: Request) -> Response:
+    """One short call to the configured model; what it answered (or why it could not)."""
+    _require_settings_right(request)
+    try:
+        config = model.current_config()
+    except model.NoModel as exc:
+        return Response({"ok": False, "error": str(exc), "kind": "config"})
+    return Response(model.check_connection(config))

@@ -1,0 +1,445 @@
+"""Runs and leases: claiming, heartbeats, finishing, and dispatching due runs.
+
+A run is claimed by a conditional update that sets a fresh lease token. Every write a worker
+makes checks that token (see ``tasks.run.recorder``), so a worker whose lease was taken over cannot
+write. Runs that end without finishing (an expired lease, a hand-back) are ``tasks.run.reaper``'s.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Field, ForeignKey, Max, Model
+from django.utils import timezone
+from django_q.brokers import Broker, get_broker
+from django_q.conf import Conf
+from django_q.tasks import async_task
+
+from boxsite.core.db.rows import Rows
+from tasks.models import Run, RunState, Task, Workspace
+
+log = logging.getLogger(__name__)
+
+_sending = threading.local()  # ``hold_first``'s and ``noting_due``'s lists while one is open in this thread
+_kept: tuple[tuple[str, int], Broker] | None = None  # ``_broker``'s: the queue's name and the process
+_kept_lock = threading.Lock()
+
+
+def _forget_kept_broker() -> None:
+    """In a forked child: the parent's broker is keyed by the parent's pid, and a thread of the
+    parent may have held the lock at the fork (the child would wait for it for good)."""
+    global _kept, _kept_lock
+    _kept, _kept_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_kept_broker)
+
+
+def lock_task(task_id: str) -> None:
+    """Lock the task's row for the rest of the transaction. Every transaction that writes a task
+    and its runs takes the task row first (see ``services.transition``), so two of them wait for
+    each other instead of deadlocking. SQLite has no row locks: the box opens its transactions
+    there with BEGIN IMMEDIATE, which already holds the one write lock, so nothing is read."""
+    if not connection.features.has_select_for_update:
+        return
+    list(Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True))
+
+
+def read_locked(task: Task) -> None:
+    """Read ``task`` again in full, its row locked for the rest of the transaction (``lock_task``),
+    by a statement written once, where the ORM built the read of every column at each run's finish.
+    As ``refresh_from_db`` with ``select_for_update``, except that a related row cached for the
+    same key is kept (the run's workspace, read with its claim); reverse one-to-one rows (its
+    layer) and prefetched rows are dropped, as there."""
+    statement, columns = _locked_read_statement(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [task.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise Task.DoesNotExist(f"no task '{task.pk}'")
+    (stored,) = columns.instances(row)
+    for field in Task._meta.concrete_fields:
+        value = getattr(stored, field.attname)
+        if isinstance(field, ForeignKey) and field.is_cached(task) and getattr(task, field.attname) != value:
+            field.delete_cached_value(task)  # as refresh_from_db: a related row cached for another key goes
+        setattr(task, field.attname, value)
+    for related in Task._meta.related_objects:
+        if related.one_to_one and related.is_cached(task):
+            related.delete_cached_value(task)
+    task.__dict__.pop("_prefetched_objects_cache", None)
+    task._state.adding, task._state.db = False, stored._state.db
+
+
+@functools.cache
+def _locked_read_statement(vendor: str) -> tuple[str, Rows]:
+    columns = Rows.of(Task)
+    quote = connection.ops.quote_name
+    statement = f"SELECT {columns.columns()} FROM {quote(Task._meta.db_table)} WHERE {quote(_column(Task, 'id'))} = %s"
+    if connection.features.has_select_for_update:
+        statement += " FOR UPDATE"
+    return statement, columns
+
+
+def lock_task_of_queued(run_id: int) -> str | None:
+    """The task of run ``run_id`` while the run is queued (else None), its row locked for the rest
+    of the transaction (``lock_task``): one statement, written once, where the run's read (built
+    by the ORM) and the lock were two."""
+    with connection.cursor() as cursor:
+        cursor.execute(_task_of_queued_statement(connection.vendor), [run_id, RunState.QUEUED.value])
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
+
+
+@functools.cache
+def _task_of_queued_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    run_task, run_pk, run_state = (quote(_column(Run, name)) for name in ("task", "id", "state"))
+    of_run = f"SELECT {run_task} FROM {quote(Run._meta.db_table)} WHERE {run_pk} = %s AND {run_state} = %s"
+    if not connection.features.has_select_for_update:
+        return of_run  # SQLite: BEGIN IMMEDIATE holds the one write lock already
+    task_pk = quote(_column(Task, "id"))
+    return f"SELECT {task_pk} FROM {quote(Task._meta.db_table)} WHERE {task_pk} = ({of_run}) FOR UPDATE"
+
+
+def lease_delta() -> timedelta:
+    return timedelta(seconds=settings.BOX_LEASE_SECONDS)
+
+
+def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, delay_s: float = 0.0, attempt: int = 1,
+               first: bool = False) -> Run:
+    """Create a queued run. Call inside the transaction that decided it; it is sent to the queue
+    after commit. A run due now is written as sent (``enqueued_at``) in that transaction: if the
+    process dies between the commit and the send, the scheduler sends it again after
+    ``BOX_RESEND_S`` (``stranded_runs``), as it does for a message the queue lost. ``first``:
+    the task was inserted in this transaction, so it has no run yet (its number is 1, not asked)."""
+    number = 1 if first else (Run.objects.filter(task=task).aggregate(n=Max("number"))["n"] or 0) + 1
+    now = timezone.now()
+    run = Run.objects.create(
+        task=task, number=number, kind=kind, attempt=attempt, resume=resume or {},
+        available_at=now + timedelta(seconds=delay_s), enqueued_at=now if delay_s <= 0 else None,
+    )
+    if delay_s <= 0:
+        send_after_commit(run.pk)
+    return run
+
+
+def send_after_commit(run_id: int) -> None:
+    """Run ``run_id``, created due now in this transaction, is sent once it commits (and noted
+    for ``noting_due``)."""
+    transaction.on_commit(functools.partial(send, run_id))
+    noted = getattr(_sending, "due", None)
+    if noted is not None:
+        noted.append(run_id)
+
+
+def enqueue(run_id: int) -> None:
+    """Mark a queued run sent, then send it (a run that came due, or one sent again)."""
+    Run.objects.filter(pk=run_id, state=RunState.QUEUED).update(enqueued_at=timezone.now())
+    send(run_id)
+
+
+def send(run_id: int) -> None:
+    held = getattr(_sending, "held", None)
+    if held is not None and not held:
+        held.append(run_id)  # ``hold_first``: the caller runs it next, or sends it
+        return
+    async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}", broker=_broker())
+
+
+def _broker() -> Broker:
+    """The queue's broker, one per process and queue name. django-q2 makes a broker for each job
+    it is given unless one is passed: on Redis a new client, so a new connection (its driver's
+    version looked up in the installed packages, a connect and a handshake) for every job sent,
+    about a sixth of a ``POST /api/tasks``'s CPU (docs/performance.md, "Sixth day"). redis-py's
+    client is shared by threads and makes its connections again in a forked child; the ORM
+    broker holds no connection of its own."""
+    global _kept
+    key = (Conf.CLUSTER_NAME, os.getpid())
+    with _kept_lock:
+        if _kept is None or _kept[0] != key:
+            _kept = (key, get_broker())
+        return _kept[1]
+
+
+@contextlib.contextmanager
+def noting_due() -> Iterator[list[int]]:
+    """The ids of the runs due now that this thread creates inside the block, in order (each
+    also sent after commit, or held by ``hold_first``): for a caller that claims the first in the
+    same transaction (``finalize.finish_run``). A run created in a savepoint that was rolled back
+    is listed too; its claim finds nothing."""
+    with _listed("due") as due:
+        yield due
+
+
+@contextlib.contextmanager
+def hold_first() -> Iterator[list[int]]:
+    """The first run this thread sends inside the block is held back from the queue instead, for
+    the caller to run next or else ``send``: no second delivery to another worker, which only
+    finds the run taken. It was written as sent, so if the process dies holding it, the
+    scheduler sends it again after ``BOX_RESEND_S`` (``stranded_runs``)."""
+    with _listed("held") as held:
+        yield held
+
+
+@contextlib.contextmanager
+def _listed(name: str) -> Iterator[list[int]]:
+    """A list of run ids kept as ``_sending.<name>`` in this thread while the block runs."""
+    listed: list[int] = []
+    setattr(_sending, name, listed)
+    try:
+        yield listed
+    finally:
+        setattr(_sending, name, None)
+
+
+def claim(run_id: int) -> tuple[Run, str] | None:
+    """Take the run if nobody has. A second delivery of the same run finds it taken: None.
+    The run comes with its task, and ``others_running``: whether another run of the task is
+    running (a held one, ``tasks.run.finish``). Call inside the transaction that locked the task's
+    row (``lock_task_of_queued``): other runs of the task change only under it."""
+    token = secrets.token_hex(16)
+    now = timezone.now()
+    adapt = connection.ops.adapt_datetimefield_value
+    taking = [RunState.RUNNING.value, token, adapt(now + lease_delta()), adapt(now), adapt(now),
+              socket.gethostname()[:255], os.getpid(), run_id, RunState.QUEUED.value]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            statement, columns = _taken_statement(connection.vendor)
+            cursor.execute(statement, [*taking, RunState.RUNNING.value])
+        else:
+            cursor.execute(_take_statement(connection.vendor), taking)
+            if cursor.rowcount != 1:
+                return None
+            statement, columns = _claimed_statement(connection.vendor)
+            cursor.execute(statement, [RunState.RUNNING.value, run_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    run, task, workspace = columns.instances(row[:-1])
+    assert isinstance(run, Run) and isinstance(task, Task) and isinstance(workspace, Workspace)
+    run.task, task.workspace = task, workspace
+    run.others_running = bool(row[-1])  # type: ignore[attr-defined]
+    return run, token
+
+
+@functools.cache
+def _take_statement(vendor: str) -> str:
+    """The claim's update, conditional on the run still being queued: written once, where the ORM
+    built it at every claim."""
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(_column(Run, name))} = %s" for name in _TAKEN)
+    return (f"UPDATE {quote(Run._meta.db_table)} SET {sets} "
+            f"WHERE {quote(_column(Run, 'id'))} = %s AND {quote(_column(Run, 'state'))} = %s")
+
+
+_TAKEN = ("state", "lease_token", "lease_expires_at", "heartbeat_at", "started_at", "worker_host", "worker_pid")
+
+
+@functools.cache
+def _taken_statement(vendor: str) -> tuple[str, Rows]:
+    """The claim's update and ``_claimed_statement``'s read in one statement (PostgreSQL): the run
+    as the update left it (``RETURNING``), its task and workspace, whether another run of the
+    task is running (read as before the update, which only moves this run)."""
+    columns = Rows.of(Run, Task, Workspace)
+    quote = connection.ops.quote_name
+    run, task, workspace, taken = (quote(Run._meta.db_table), quote(Task._meta.db_table), quote(Workspace._meta.db_table),
+                                   quote("taken"))
+    run_columns = [quote(_column(Run, field.name)) for field in Run._meta.concrete_fields]
+    other, task_of, state, pk = quote("other_run"), quote(_column(Run, "task")), quote(_column(Run, "state")), quote(_column(Run, "id"))
+    statement = (f"WITH {taken} AS ({_take_statement(vendor)} RETURNING {', '.join(run_columns)}) "
+                 f"SELECT {', '.join(f'{taken}.{name}' for name in run_columns)}, {Rows.of(Task, Workspace).columns()}, "
+                 f"EXISTS (SELECT 1 FROM {run} {other} WHERE {other}.{task_of} = {taken}.{task_of} "
+                 f"AND {other}.{state} = %s AND {other}.{pk} <> {taken}.{pk}) FROM {taken} "
+                 f"INNER JOIN {task} ON {taken}.{task_of} = {task}.{quote(_column(Task, 'id'))} "
+                 f"INNER JOIN {workspace} ON {task}.{quote(_column(Task, 'workspace'))} = {workspace}.{quote(_column(Workspace, 'id'))}")
+    return statement, columns
+
+
+@functools.cache
+def _claimed_statement(vendor: str) -> tuple[str, Rows]:
+    """The claimed run with its task and the task's workspace (the run's view opens on it), and
+    whether another run of the task is running: written once, where the ORM built the read of
+    both rows' columns at every claim (about a third of the claim's CPU) and the view read the
+    workspace's row in a round trip of its own. SQLite's; PostgreSQL reads them with the claim's
+    update (``_taken_statement``)."""
+    columns = Rows.of(Run, Task, Workspace)
+    quote = connection.ops.quote_name
+    run, task, workspace = quote(Run._meta.db_table), quote(Task._meta.db_table), quote(Workspace._meta.db_table)
+    statement = (f"SELECT {columns.columns()}, {_others_running_statement(vendor)} FROM {run} "
+                 f"INNER JOIN {task} ON {run}.{quote(_column(Run, 'task'))} = {task}.{quote(_column(Task, 'id'))} "
+                 f"INNER JOIN {workspace} ON {task}.{quote(_column(Task, 'workspace'))} = {workspace}.{quote(_column(Workspace, 'id'))} "
+                 f"WHERE {run}.{quote(_column(Run, 'id'))} = %s")
+    return statement, columns
+
+
+@functools.cache
+def _others_running_statement(vendor: str) -> str:
+    """Whether a run of the claimed run's task other than it is running: written once, where the
+    ORM built an ``Exists`` subquery at every claim (about 1.3 ms of CPU)."""
+    quote = connection.ops.quote_name
+    table, other = quote(Run._meta.db_table), quote("other_run")
+    task, state, pk = (quote(_column(Run, name)) for name in ("task", "state", "id"))
+    return (f"EXISTS (SELECT 1 FROM {table} {other} WHERE {other}.{task} = {table}.{task} "
+            f"AND {other}.{state} = %s AND {other}.{pk} <> {table}.{pk})")
+
+
+def _column(model: type[Model], name: str) -> str:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.column is not None
+    return field.column
+
+
+def heartbeat(run_id: int, token: str) -> bool:
+    """Extend the lease. False means the lease is gone (taken over, cancelled, finished).
+
+    Every guarded write of a run proves its lease with this (``holds_lease``): the statement is
+    written once, where the ORM built the update each time (about 0.5 ms of CPU)."""
+    with connection.cursor() as cursor:
+        cursor.execute(*lease_statement(run_id, token))
+        return cursor.rowcount == 1
+
+
+@functools.cache
+def heartbeat_statement(vendor: str) -> str:
+    """The lease's update (``lease_statement``'s), for a statement that embeds it."""
+    quote = connection.ops.quote_name
+    beat, expires, pk, state, token = (quote(_column(Run, name)) for name in
+                                       ("heartbeat_at", "lease_expires_at", "id", "state", "lease_token"))
+    return (f"UPDATE {quote(Run._meta.db_table)} SET {beat} = %s, {expires} = %s "
+            f"WHERE {pk} = %s AND {state} = %s AND {token} = %s")
+
+
+def lease_statement(run_id: int, token: str) -> tuple[str, list[Any]]:
+    """``holds_lease``'s update and its parameters, for a statement that proves the lease as part
+    of its own work (``events.record_numbered_event``); it matches one row while the lease holds."""
+    now = timezone.now()
+    adapt = connection.ops.adapt_datetimefield_value
+    return heartbeat_statement(connection.vendor), [adapt(now), adapt(now + lease_delta()), run_id, RunState.RUNNING.value, token]
+
+
+def holds_lease(run_id: int, token: str) -> bool:
+    """Check and extend the lease; call inside the transaction of the write it guards."""
+    return heartbeat(run_id, token)
+
+
+def lease_lasts(run_id: int, token: str, seconds: float) -> bool:
+    """The run holds its lease for at least ``seconds`` more, as last committed: a read, which
+    neither extends the lease nor waits for a transaction that holds the run's row."""
+    return Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token,
+                              lease_expires_at__gt=timezone.now() + timedelta(seconds=seconds)).exists()
+
+
+def finish(run_id: int, token: str, outcome: str, error: str = "", *, charged: bool = True) -> bool:
+    """Close the run with its outcome; ``charged=False`` refunds the attempt (a wait for the owner).
+    False when the run no longer holds its lease (nothing was written): the update is conditional
+    on the run's state and token, as the lease's heartbeat is, so it proves the lease as well
+    (``finalize.finish_run``). Written once per process, where the ORM built the update at every
+    run's end."""
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(_finish_statement(connection.vendor), [
+            RunState.FINISHED.value, outcome, error[:5000], adapt(timezone.now()), charged,
+            run_id, RunState.RUNNING.value, token])
+        return cursor.rowcount == 1
+
+
+@functools.cache
+def _finish_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    state, outcome, error, finished, charged, pk, token = (quote(_column(Run, name)) for name in (
+        "state", "outcome", "error", "finished_at", "charged", "id", "lease_token"))
+    return (f"UPDATE {quote(Run._meta.db_table)} SET {state} = %s, {outcome} = %s, {error} = %s, {finished} = %s, "
+            f"{charged} = %s WHERE {pk} = %s AND {state} = %s AND {token} = %s")
+
+
+def cancel_open_runs(task: Task) -> None:
+    """Close every queued or running run of a task that reached a final state (same transaction).
+    Written once per process: every final move asks it."""
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(_cancel_statement(connection.vendor), [
+            RunState.CANCELLED.value, adapt(timezone.now()), "cancelled", task.pk, RunState.QUEUED.value, RunState.RUNNING.value])
+
+
+@functools.cache
+def _cancel_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    state, token, finished, outcome, of_task = (quote(_column(Run, name)) for name in (
+        "state", "lease_token", "finished_at", "outcome", "task"))
+    return (f"UPDATE {quote(Run._meta.db_table)} SET {state} = %s, {token} = '', {finished} = %s, {outcome} = %s "
+            f"WHERE {of_task} = %s AND {state} IN (%s, %s)")
+
+
+def dispatch_due(now: Any = None) -> int:
+    """Enqueue runs whose backoff is over, and re-send runs the queue seems to have lost."""
+    now = now or timezone.now()
+    due = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=True, available_at__lte=now).values_list("pk", flat=True))
+    due += stranded_runs(now)
+    for run_id in due:
+        enqueue(run_id)
+    return len(due)
+
+
+def free_workers() -> int:
+    return int(settings.Q_CLUSTER["workers"]) - Run.objects.filter(state=RunState.RUNNING).count()  # type: ignore[call-overload]
+
+
+def stranded_runs(now: Any) -> list[int]:
+    """Queued runs the queue seems to have lost, while a worker is free to take them: sent more
+    than ``BOX_RESEND_S`` ago, and either overtaken (a run sent after it was claimed since then:
+    the queue hands runs out in the order they were sent) or no run at all was claimed in that
+    time (the queue died with its cluster).
+
+    A queue message can die with a cluster (prefetched, or locked by a reader that is gone).
+    Re-sending is safe because a second delivery of a claimed run does nothing; a run merely
+    waiting its turn behind a busy queue is not sent again, nor while no worker is free: copies
+    would pile up in the queue (a burst sent 105 copies for 44 tasks when every run older than
+    ``BOX_RESEND_S`` was sent again). A dependent's run its dependency's worker took at once
+    (``hold_first``) overtakes the queue too: a run waiting then is sent again, as before."""
+    if free_workers() <= 0:
+        return []
+    before = now - timedelta(seconds=settings.BOX_RESEND_S)
+    waiting = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__lt=before).values_list("pk", "enqueued_at"))
+    if not waiting:
+        return []
+    last_claimed = Run.objects.filter(started_at__gte=before).aggregate(sent=Max("enqueued_at"))["sent"]
+    return [run_id for run_id, sent in waiting if last_claimed is None or sent < last_claimed]
+
+
+def cluster_stuck(now: Any = None, *, for_s: float | None = None) -> bool:
+    """Runs wait while the cluster claims nothing: a worker is free, a sent run has been waiting
+    longer than ``for_s`` (``BOX_STUCK_S``), and no run was claimed in that time. The cluster
+    leader restarts its cluster then (a killed django-q2 worker can leave its queue locked for
+    good); the supervisor restarts the leader after three times as long."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=settings.BOX_STUCK_S if for_s is None else for_s)
+    if free_workers() <= 0:
+        return False
+    if not Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=False, available_at__lt=since).exists():
+        return False
+    return not Run.objects.filter(started_at__gte=since).exists()
+
+
+def resend_unclaimed() -> int:
+    """At start-up (of the scheduler, or of a restarted cluster): send every run that was sent
+    and never claimed again; the queue they were in may have died with the old cluster."""
+    unclaimed = list(Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=False).values_list("pk", flat=True))
+    for run_id in unclaimed:
+        enqueue(run_id)
+    if unclaimed:
+        log.info("re-sent %d queued run(s) the queue may have lost", len(unclaimed))
+    return len(unclaimed)
+
+
+def active_run(task: Task) -> Run | None:
+    return Run.objects.filter(task=task, state__in=[RunState.QUEUED, RunState.RUNNING]).order_by("-number").first()

@@ -1,0 +1,255 @@
+"""The step recorder: every write a worker makes, bound to its run's lease token.
+
+Each write opens a transaction, takes the task's row, checks (and extends) the lease with a
+conditional update before anything else is written, and commits only then. A worker whose lease
+was taken over gets ``LeaseLost`` and writes nothing. On PostgreSQL an event's write is one
+statement that does all of that in that order and writes nothing unless the lease holds
+(``events.record_numbered_event``): outside a caller's transaction, and while no other
+transaction holds the task's row, it is sent alone.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
+
+from tasks.events import RowHeld, record_numbered_event
+from tasks.models import EventKind, Task
+from tasks.run import leases as runs
+from tasks.vault.facts import Redactor
+
+T = TypeVar("T")
+L = TypeVar("L")
+Proof = Literal["heartbeat", "locking", "write"]  # what proves a guarded write's lease
+log = logging.getLogger(__name__)
+
+# Transient database errors: a restarted or busy database, a terminated connection, a deadlock
+# victim. They retry (a write, or the run within its attempts); they never fail a task by themselves.
+TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
+RETRY_PAUSE_S = 0.2
+
+
+class LeaseLost(Exception):
+    """The run's lease is gone: the task was cancelled, or the run was presumed dead."""
+
+
+class LimitReached(Exception):
+    def __init__(self, limit: str, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.message = message
+        self.hint = hint
+
+
+class StepRecorder:
+    def __init__(self, task: Task, run_id: int, token: str, redactor: Redactor) -> None:
+        self.task = task
+        self.run_id = run_id
+        self.token = token
+        self.redactor = redactor
+
+    def guarded(self, write: Callable[[], T], *, fresh: Task | None = None, write_proves_lease: bool = False) -> T:
+        """Run ``write`` in a transaction that first proves this run still holds its lease.
+        ``fresh``: that task is read again in full as the transaction's first statement, its row
+        locked by the read (in place of the bare lock), for a write that decides on the task as it
+        stands now (the run's finish). ``write_proves_lease``: the first thing ``write`` writes to
+        the run is an update conditional on its state and token (the run's close, ``runs.finish``),
+        and it raises ``LeaseLost`` when that matched nothing; the heartbeat's update is not sent
+        (nothing it wrote before is kept: the transaction is undone).
+
+        A transient database fault (a terminated connection, ``database is locked``) rolls the
+        transaction back; it is tried again on a fresh connection for up to a lease, so a short
+        fault costs a moment, not the run (a hand-back would run the step in hand again, even
+        one that had finished and was only being recorded). Past a lease the run's lease is gone
+        anyway, and the fault goes up to the worker, which hands the run back."""
+        # The one lock order: the task row before its run rows.
+        proof: Proof = "write" if write_proves_lease else "heartbeat"
+        if fresh is not None:
+            return self._guarded(lambda: runs.read_locked(fresh), lambda _: write(), proof=proof)
+        return self._guarded(lambda: runs.lock_task(self.task.pk), lambda _: write(), proof=proof)
+
+    def _guarded(self, locking: Callable[[], L], write: Callable[[L], T], *, proof: Proof = "heartbeat") -> T:
+        """``guarded``, with ``locking`` as the transaction's first statement: a write (or a
+        locking read) of the task's row, in place of the row lock, so the lease is proven after
+        the task row is held (the lock order); undone with the rest if the lease is gone. What it
+        returns is handed to ``write``. ``proof``: what proves the lease, ``heartbeat`` (its update,
+        right after ``locking``), ``locking`` (which returns something false when it is gone) or
+        ``write`` (``guarded``'s ``write_proves_lease``)."""
+
+        def attempt() -> T:
+            with transaction.atomic():
+                first = locking()
+                if proof == "heartbeat":
+                    held = runs.holds_lease(self.run_id, self.token)
+                else:  # ``write`` raises for itself
+                    held = proof == "write" or bool(first)
+                if not held:
+                    raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+                return write(first)
+
+        return self._retried(attempt)
+
+    def _retried(self, attempt: Callable[[], T]) -> T:
+        """``attempt()``, tried again on a fresh connection after a transient database fault
+        (``guarded``), unless an enclosing transaction was lost with it."""
+        deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
+        while True:
+            try:
+                return attempt()
+            except TRANSIENT_DB_ERRORS as exc:
+                if connection.in_atomic_block or time.monotonic() > deadline:
+                    raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
+                log.warning("run %s: a database fault while recording (%s); trying again", self.run_id,
+                            (str(exc).strip().splitlines() or [""])[0][:200])
+                connection.close()
+                time.sleep(RETRY_PAUSE_S)
+
+    def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
+              artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None,
+              resume: dict[str, Any] | None = None, records: dict[str, Any] | None = None,
+              counts: tuple[str, str | None] | None = None) -> None:
+        """Record an event; with ``resume``/``records``, save progress in the same transaction
+        (a step's result and the resume point past it are one write: a run cut off between
+        them would otherwise run a step again whose result the log already shows). ``counts``
+        (counter, limit name): count one action first, in the same transaction (``count``);
+        past the limit nothing is recorded and ``LimitReached`` goes up."""
+
+        updates: dict[str, Any] = {}
+        if resume is not None:
+            updates["resume"] = resume
+        if records is not None:
+            updates["records"] = records
+        if doing_now:
+            updates["step"] = self.redactor.text(summary)[:500]
+        if progress is not None:
+            updates["progress"] = max(0.0, min(1.0, progress))
+
+        def record(values: dict[str, Any], seen: dict[str, Any] | None = None, *, alone: bool = False) -> bool:
+            """The task row's write and the event at the number it takes, the lease proven once
+            the row is held: one statement on PostgreSQL (``record_numbered_event``)."""
+            return record_numbered_event(self.task, values, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts,
+                                         redactor=self.redactor, lease=(self.run_id, self.token), seen=seen,
+                                         alone=alone) is not None
+
+        def as_last_written(counted: tuple[str, str | None], *, alone: bool = False) -> bool | None:
+            """PostgreSQL: the action counted from the row as this run last wrote it, written only if
+            it is still so (no other writer of ``spent`` or ``limits`` came between): no locked read
+            first. None when it is not so, or the limit looks reached: nothing was written."""
+            seen = {"spent": self.task.spent, "limits": self.task.limits}
+            spent = self._counted_from(self.task, *counted, raising=False)
+            if spent is None:
+                return None
+            try:
+                held = record({**updates, "spent": spent}, seen, alone=alone)
+            except Task.DoesNotExist:
+                return None  # changed meanwhile: counted again from the locked row
+            self.task.spent = spent
+            return held
+
+        def from_locked_row(counted: tuple[str, str | None]) -> bool:
+            spent = self._counted(*counted)  # its read locks the row
+            held = record({**updates, "spent": spent})
+            self.task.spent = spent
+            return held
+
+        def locking() -> bool:
+            if counts is None:
+                return record(updates)
+            if connection.vendor == "postgresql":
+                held = as_last_written(counts)
+                if held is not None:
+                    return held
+            return from_locked_row(counts)
+
+        if connection.vendor == "postgresql" and not connection.in_atomic_block:
+            # The statement writes nothing unless the lease holds: atomic alone, so sent without a
+            # transaction around it (its BEGIN and COMMIT were two round trips of three), as long
+            # as the task's row is free (else it waits for it in a transaction, as before).
+            try:
+                # True: written, the lease held; False: the lease is gone; None: the row changed
+                # since this run wrote it (``as_last_written``), nothing written.
+                written = self._retried(lambda: record(updates, alone=True) if counts is None
+                                        else as_last_written(counts, alone=True))
+            except RowHeld:
+                self._guarded(locking, lambda _: None, proof="locking")
+            else:
+                if written is None:  # counted again from the row, in a transaction
+                    counted = counts
+                    assert counted is not None
+                    self._guarded(lambda: from_locked_row(counted), lambda _: None, proof="locking")
+                elif not written:
+                    raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+        else:
+            self._guarded(locking, lambda _: None, proof="locking")
+        if resume is not None:
+            self.task.resume = resume
+        if records is not None:
+            self.task.records = records
+
+    def step(self, summary: str, data: dict[str, Any] | None = None, *, progress: float | None = None,
+             counts: tuple[str, str | None] | None = None) -> None:
+        self.event(EventKind.STEP, summary, data, doing_now=True, progress=progress, counts=counts)
+
+    def note(self, summary: str, data: dict[str, Any] | None = None) -> None:
+        self.event(EventKind.NOTE, summary, data)
+
+    def error(self, summary: str, data: dict[str, Any] | None = None) -> None:
+        self.event(EventKind.ERROR, summary, data)
+
+    def output(self, summary: str, data: dict[str, Any] | None = None) -> None:
+        self.event(EventKind.OUTPUT, summary, data)
+
+    def save_progress(self, *, resume: dict[str, Any] | None = None, records: dict[str, Any] | None = None) -> None:
+        """Persist where a retry should pick up and what steps saved so far."""
+
+        def write() -> None:
+            updates: dict[str, Any] = {}
+            if resume is not None:
+                updates["resume"] = resume
+                self.task.resume = resume
+            if records is not None:
+                updates["records"] = records
+                self.task.records = records
+            Task.objects.filter(pk=self.task.pk).update(**updates)
+
+        self.guarded(write)
+
+    def count(self, counter: str, limit_name: str | None, amount: int = 1) -> None:
+        """Count an action, model call or plan in ``spent``, against the task's limit when it has
+        one (``limit_name``); ``LimitReached`` past it."""
+        self.guarded(lambda: self._count(counter, limit_name, amount))
+
+    def _count(self, counter: str, limit_name: str | None, amount: int = 1) -> None:
+        """``count``'s write, inside a lease-checked transaction."""
+        spent = self._counted(counter, limit_name, amount)
+        Task.objects.filter(pk=self.task.pk).update(spent=spent)
+        self.task.spent = spent
+
+    def _counted(self, counter: str, limit_name: str | None, amount: int = 1) -> dict[str, Any]:
+        """``spent`` with the action counted, for the caller to write; ``LimitReached`` past the limit."""
+        task = Task.objects.select_for_update().only("spent", "limits").get(pk=self.task.pk)  # read-modify-write of spent
+        self.task.limits = task.limits  # as the row is now: the next step's write is checked against it (``event``)
+        spent = self._counted_from(task, counter, limit_name, amount)
+        assert spent is not None
+        return spent
+
+    @staticmethod
+    def _counted_from(task: Task, counter: str, limit_name: str | None, amount: int = 1, *,
+                      raising: bool = True) -> dict[str, Any] | None:
+        """``task.spent`` with the action counted; past the limit ``LimitReached``, or None when not ``raising``."""
+        spent = dict(task.spent)
+        limit = task.limit(limit_name) if limit_name else None
+        if limit_name and limit is not None and spent.get(counter, 0) + amount > limit:
+            if not raising:
+                return None
+            raise LimitReached(
+                limit_name,
+                f"the task used all of its {limit_name} ({limit})",
+                f"raise limits.{limit_name} above {limit} and retry the task",
+            )
+        spent[counter] = spent.get(counter, 0) + amount
+        return spent

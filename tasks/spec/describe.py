@@ -1,0 +1,91 @@
+"""The guide to writing flows (``GET /api/describe``): the flow language, each step kind's
+schema and worked examples. The planner gives it to the model; a waiting-for-plan task points
+to it; a calling program or model can read it and write flows itself."""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.spec.flows import COMMON_KEYS, EXTRA_KEYS, STEP_KINDS
+
+WHAT = {
+    "run": "a shell command in the task's sandbox (string, or {cmd, env}); a non-zero exit fails the step; "
+           "its standard output is the step's result",
+    "write": "write a file of the task's copy: {path, content}",
+    "delete": "delete a file or directory of the task's copy: a path, or {path}",
+    "http": "an HTTP request through the task's host policy: a URL, or {url, method, headers, body}",
+    "tool": "call a broker tool the task lists: the tool's name, with 'args' beside it",
+    "browse": "open a page in the task's browser: a URL, or {url}",
+    "click": "click an element: a selector, or {selector|text|role|label|placeholder}",
+    "fill": "type into a field: {selector|text|role|label|placeholder, value}",
+    "pick": "choose an option: a selector, or {selector|..., value}",
+    "extract": "read the page into records: a description or {selector, ...}",
+    "screenshot": "take a screenshot of the page",
+    "model": "one model call: a prompt, or {prompt, schema (JSON Schema of the answer), system}",
+    "ask": "ask the owner for a named value: a name, or {name, why, kind, options}",
+    "approve": "wait for the owner's OK: a reason",
+    "checkpoint": "stop for the owner at a checkpoint: a reason, or {reason, payment, continuable}",
+}
+COMMON = {
+    "name": "a label for the step in the log",
+    "save": "keep the step's result under this name; later steps use it as ${name}",
+    "stop_before": "a reason: pause for the owner's OK before this step acts (only on steps that act)",
+    "timeout_s": "seconds the step may take",
+}
+EXAMPLES: list[dict[str, Any]] = [
+    {"task": "Count the Python files and write the number to count.txt",
+     "flow": {"steps": [{"run": "find . -name '*.py' | wc -l", "save": "count"},
+                        {"write": {"path": "count.txt", "content": "${count}"}}]}},
+    {"task": "Fetch the project's open issues and summarise them",
+     "flow": {"steps": [{"http": "https://api.github.com/repos/OWNER/REPO/issues", "save": "issues"},
+                        {"model": {"prompt": "Summarise these issues in five lines: ${issues}"}, "save": "summary"},
+                        {"write": {"path": "summary.md", "content": "${summary}"}}]}},
+    {"task": "Delete the build directory after the owner agrees",
+     "flow": {"steps": [{"delete": "build", "stop_before": "this deletes the build directory"}]}},
+    {"task": "Send the report to an address the owner gives",
+     "flow": {"steps": [{"ask": {"name": "email", "why": "where the report goes"}},
+                        {"tool": "mail.send", "args": {"to": "${email}", "subject": "Report"}, "stop_before": "it sends mail"}]}},
+]
+RULES = [
+    "A flow is a JSON object {\"vars\": {...}, \"steps\": [...]}; vars is optional.",
+    "Each step has exactly one kind key, plus the optional common keys.",
+    "${name} is replaced by a fact, a var, or an earlier step's save; a name nothing supplies makes the task ask the owner for it.",
+    "Secret values reach a model only as ${name}; write ${name} where one is needed.",
+    "Put stop_before on every step that deletes, sends, publishes or pays.",
+    "Paying is never automatic: a payment page is a checkpoint with payment: true.",
+]
+
+
+def step_schema(kind: str) -> dict[str, Any]:
+    """A JSON Schema of one step of ``kind`` (as validation checks it)."""
+    spec = STEP_KINDS[kind]
+    shapes: list[dict[str, Any]] = []
+    for shape in spec.shapes:
+        if shape == "str":
+            shapes.append({"type": "string"})
+        elif shape == "bool":
+            shapes.append({"type": "boolean"})
+        elif shape == "object":
+            shapes.append({"type": "object", "required": list(spec.required)})
+        else:
+            shapes.append({})
+    properties: dict[str, Any] = {kind: {"anyOf": shapes} if len(shapes) > 1 else shapes[0],
+                                  "name": {"type": "string"}, "save": {"type": "string"},
+                                  "timeout_s": {"type": "number", "exclusiveMinimum": 0}}
+    if spec.acts:
+        properties["stop_before"] = {"type": "string"}
+    for extra in EXTRA_KEYS.get(kind, set()):
+        properties[extra] = {"type": "object"}
+    return {"type": "object", "description": WHAT.get(kind, kind), "properties": properties, "required": [kind],
+            "additionalProperties": False}
+
+
+def guide() -> dict[str, Any]:
+    return {
+        "flowLanguage": RULES,
+        "commonKeys": {k: COMMON[k] for k in sorted(COMMON_KEYS)},
+        "steps": {name: {"acts": kind.acts, "what": WHAT.get(name, ""), "schema": step_schema(name)}
+                  for name, kind in STEP_KINDS.items()},
+        "examples": EXAMPLES,
+        "howToStart": "POST /api/tasks with {\"title\", \"flow\"} (worker flow); or {\"title\", \"prompt\", \"worker\": \"flow\"} "
+                  "to have the box's model plan it",
+    }
