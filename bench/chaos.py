@@ -198,7 +198,7 @@ def _leftovers(box: ChaosBox) -> list[str]:
     """What the stopped box left on the host: its task users (with their processes), mounts in
     its data dir. The users are found by the box's own code (their comment names the box)."""
     found = box.manage("shell", "-c", "from tasks.sandbox import users\n"
-                       "for i in users.pool_users(): print('user', i.name, 'processes', users.processes_of(i.uid))")
+                       "for i in users.pool_users(): print('user', i.name, 'processes', accounts.processes_of(i.uid))")
     leftovers = [line for line in found.splitlines() if line.startswith("user ")]
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         if str(box.data) in line:

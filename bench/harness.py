@@ -220,10 +220,10 @@ _RELEASE_HOST = """
 import django
 django.setup()
 from tasks.run import lifecycle
-from tasks.sandbox import users
+from tasks.sandbox import accounts, users
 lifecycle.release_host()
-for ident in [*users.pool_users(), *users.legacy_users()]:
-    users.remove_user(ident.name)
+for ident in [*users.pool_users(), *accounts.legacy_users()]:
+    accounts.remove_user(ident.name)
 """
 
 

@@ -25,7 +25,7 @@ from tasks.layers import disk, mounts, unmount_views
 from tasks.layers import paths as layer_paths
 from tasks.models import Task, Workspace
 from tasks.run import lifecycle
-from tasks.sandbox import users
+from tasks.sandbox import accounts, users
 from tests.factories import make_owner
 
 
@@ -86,9 +86,9 @@ def users_left_behind() -> dict[str, list[str]]:
             [ident.name for ident in found] + [f"group {name}" for name in groups])
         if gone:
             for ident in found:
-                users.remove_user(ident.name)
+                accounts.remove_user(ident.name)
             for name in groups:
-                users.remove_user(name)  # no user of that name: only its group goes
+                accounts.remove_user(name)  # no user of that name: only its group goes
     return left
 
 

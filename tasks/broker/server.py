@@ -32,7 +32,7 @@ from tasks.broker.holds import Holds
 from tasks.broker.protocol import MAX_LINE, CallError, TaskEnded, decode, encode, reply_error, reply_ok
 from tasks.run.context import RunContext
 from tasks.run.recorder import LeaseLost, LimitReached
-from tasks.sandbox import users
+from tasks.sandbox import accounts, users
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class BrokerServer:
             os.chown(self.path, account.uid, account.gid)
             os.chmod(self.path, 0o600)
 
-    def _task_account(self) -> users.Identity | None:
+    def _task_account(self) -> accounts.Identity | None:
         """The user the task holds from the box's pool (None: not root, or not claimed yet). It
         cannot change while the task runs: a user goes back to the pool only at release."""
         return users.find_user(self.ctx.task.pk) if os.geteuid() == 0 else None

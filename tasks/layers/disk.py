@@ -44,30 +44,9 @@ from pathlib import Path
 
 from django.conf import settings
 
-from tasks.layers import mounts, paths, upper_copy
+from tasks.layers import disk_image, mounts, paths, upper_copy
 
 log = logging.getLogger(__name__)
-
-MB = 1024 * 1024
-BLOCK = 4096
-BYTES_PER_INODE = 16 * 1024  # ext4's default ratio: a 1 GB limit allows 65536 new files
-MIN_INODES = 1024
-# The image is made this much larger than the limit (and the copy driver's working copy); the
-# ballast then takes back all but the limit. ext4's own space (inode tables, journal, reserved
-# clusters) must fit in it.
-SLACK = 64 * MB
-RESERVE = ".reserve"
-# A spare's limit, written in its root when the spare is made: only an image that has one is
-# emptied and used again after its task (``_recycle``); one a task made itself (for a working
-# copy, or when no spare waited) is deleted.
-LIMIT_FILE = ".limit"
-# What an emptied image keeps: the ballast, the limit, and ext4's own directory.
-KEPT_ENTRIES = frozenset({RESERVE, LIMIT_FILE, "lost+found"})
-MKFS = "mkfs.ext4"
-
-
-class DiskError(OSError):
-    pass
 
 
 def image_path(task_id: str) -> Path:
@@ -101,21 +80,21 @@ def unavailable() -> str | None:
 def _run_probe(data: Path) -> str | None:
     if os.geteuid() != 0:
         return "the box is not running as root (a loop-mounted filesystem per task needs it)"
-    if shutil.which(MKFS) is None:
-        return f"{MKFS} is not installed (Debian: e2fsprogs)"
+    if shutil.which(disk_image.MKFS) is None:
+        return f"{disk_image.MKFS} is not installed (Debian: e2fsprogs)"
     if not Path("/dev/loop-control").exists():
         return "this kernel offers no loop devices (/dev/loop-control)"
     base = paths.probe_dir(data, "disk-probe")
     image, point = base / "disk.img", base / "disk"
     try:
         point.mkdir(parents=True, exist_ok=True)
-        _make_image(image, limit_mb=1, content_bytes=0, content_files=0)
-        _mount(image, point)
+        disk_image.make_image(image, limit_mb=1, content_bytes=0, content_files=0)
+        disk_image.mount(image, point)
         try:
-            _reserve(point, 1)
+            disk_image.reserve_beyond(point, 1)
             try:
                 with open(point / "fill", "wb") as handle:
-                    handle.write(b"x" * (2 * MB))
+                    handle.write(b"x" * (2 * disk_image.MB))
                     handle.flush()
                     os.fsync(handle.fileno())
                 return "a write past the limit of a loop-mounted ext4 image was not refused"
@@ -126,7 +105,7 @@ def _run_probe(data: Path) -> str | None:
             mounts.unmount(point)
         return None
     except (OSError, subprocess.CalledProcessError) as exc:
-        return f"a loop-mounted ext4 image cannot be used on {data}: {_reason(exc)}"
+        return f"a loop-mounted ext4 image cannot be used on {data}: {disk_image.reason(exc)}"
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -140,12 +119,6 @@ def warm() -> None:
         make_spares(settings.BOX_TASK_DISK_MB)
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, subprocess.CalledProcessError):
-        return (exc.stderr or b"").decode(errors="replace").strip() or f"{exc.cmd[0]} exited {exc.returncode}"
-    return str(exc)
-
-
 def describe() -> str:
     reason = unavailable()
     if reason is not None:
@@ -154,75 +127,6 @@ def describe() -> str:
 
 
 # --- the image -----------------------------------------------------------------------------
-
-def _make_image(image: Path, *, limit_mb: int, content_bytes: int, content_files: int) -> None:
-    """A sparse image with an ext4 filesystem, large enough for the limit plus ``content`` (the
-    copy driver's working copy) plus ext4's overhead; made aside and renamed into place."""
-    limit = limit_mb * MB
-    inodes = content_files + max(MIN_INODES, limit // BYTES_PER_INODE)
-    size = content_bytes + limit + limit // 4 + inodes * 256 + SLACK
-    size -= size % BLOCK
-    partial = image.with_name(f".{image.name}.{os.getpid()}")
-    try:
-        with open(partial, "wb") as handle:
-            handle.truncate(size)
-        # -m 0: no blocks reserved for root (overlayfs writes as root); lazy init: nothing
-        # written for the inode tables and journal, so making it costs milliseconds, not size.
-        # ^resize_inode: the image never grows, so no blocks are set aside (and written) for it.
-        # ^has_journal: mounting and unmounting cost a third (the image lives as long as its task;
-        # after a crash it is checked with e2fsck before it is mounted again).
-        subprocess.run([MKFS, "-q", "-F", "-b", str(BLOCK), "-m", "0", "-N", str(inodes), "-O", "^resize_inode,^has_journal",
-                        "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", str(partial)],
-                       check=True, capture_output=True, timeout=120)
-        os.replace(partial, image)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def _mount(image: Path, point: Path) -> None:
-    """Loop-mount ``image`` at ``point`` (the loop device of an image still attached, by a lazily
-    detached earlier mount, is reused: one image never gets two filesystems)."""
-    point.mkdir(parents=True, exist_ok=True)
-    mounts.mount_image(image, point)
-
-
-def _reserve(point: Path, limit_mb: int, used_bytes: int = 0) -> None:
-    """Take every free block but ``limit_mb`` less ``used_bytes`` (what a retried task's layer
-    already holds), once: an existing ballast is kept. Works through the mounted root itself, so
-    an image unmounted meanwhile (``sweep``) never sends the ballast to the data filesystem."""
-    root = os.open(point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if os.fstat(root).st_dev == os.stat(point.parent).st_dev:
-            raise DiskError(errno.ENODEV, f"no disk image is mounted at {point}")
-        try:
-            os.stat(RESERVE, dir_fd=root)
-            return
-        except FileNotFoundError:
-            pass
-        st = os.fstatvfs(root)
-        extra = st.f_bavail * st.f_frsize - max(0, limit_mb * MB - used_bytes)
-        if extra < 0:
-            raise DiskError(errno.ENOSPC, f"the task's disk image has {st.f_bavail * st.f_frsize // MB} MB free, "
-                                          f"less than its limit of {limit_mb} MB")
-        partial = f"{RESERVE}.partial"
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600, dir_fd=root)
-        try:
-            if extra:
-                os.posix_fallocate(fd, 0, extra)
-        finally:
-            os.close(fd)
-        os.rename(partial, RESERVE, src_dir_fd=root, dst_dir_fd=root)
-    finally:
-        os.close(root)
-
-
-def _is_mount(point: Path) -> bool:
-    """An image is mounted at ``point``: it is on another filesystem than its parent (two
-    ``stat`` calls, where ``mounts.is_mounted`` reads every line of ``/proc/self/mountinfo``)."""
-    try:
-        return os.stat(point).st_dev != os.stat(point.parent).st_dev
-    except FileNotFoundError:
-        return False
 
 
 def limited(task_id: str) -> bool:
@@ -237,11 +141,11 @@ def create(task_id: str, limit_mb: int, *, content_bytes: int = 0, content_files
     with _lock(task_id):
         if not image.exists():
             if content_bytes or not _take_spare(limit_mb, image, point):
-                _make_image(image, limit_mb=limit_mb, content_bytes=content_bytes, content_files=content_files)
+                disk_image.make_image(image, limit_mb=limit_mb, content_bytes=content_bytes, content_files=content_files)
             if not content_bytes:
                 make_spares(limit_mb)
-        if not _is_mount(point):
-            _mount(image, point)
+        if not disk_image.is_mount(point):
+            disk_image.mount(image, point)
     return point
 
 
@@ -340,12 +244,12 @@ def make_spares(limit_mb: int) -> None:
                 name = f"{limit_mb}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
                 image, point = directory / f".{name}.making", directory / f"{name}.mnt"
                 try:
-                    _make_image(image, limit_mb=limit_mb, content_bytes=0, content_files=0)
+                    disk_image.make_image(image, limit_mb=limit_mb, content_bytes=0, content_files=0)
                     point.mkdir()
-                    _mount(image, point)
+                    disk_image.mount(image, point)
                     try:
-                        (point / LIMIT_FILE).write_text(f"{limit_mb}\n")  # before the ballast: it counts as the image's own
-                        _reserve(point, limit_mb)  # the ballast too: allocating it is most of a start's cost
+                        (point / disk_image.LIMIT_FILE).write_text(f"{limit_mb}\n")  # before the ballast: it counts as the image's own
+                        disk_image.reserve_beyond(point, limit_mb)  # the ballast too: allocating it is most of a start's cost
                         os.rename(image, directory / f"{name}.img")
                     except BaseException:
                         while mounts.unmount(point):
@@ -353,7 +257,7 @@ def make_spares(limit_mb: int) -> None:
                         raise
                 finally:
                     image.unlink(missing_ok=True)
-                    if not _is_mount(point):
+                    if not disk_image.is_mount(point):
                         point.rmdir()
         except (OSError, subprocess.SubprocessError):
             pass  # a task then makes its own image, as without spares
@@ -370,18 +274,18 @@ def mounted(task_id: str) -> Path | None:
     image, point = image_path(task_id), mount_point(task_id)
     if not image.exists():
         return None
-    if _is_mount(point):
+    if disk_image.is_mount(point):
         return point
     with _lock(task_id):
         if not image.exists():
             return None
-        if not _is_mount(point):
+        if not disk_image.is_mount(point):
             if mounts.attached_loop(image) is None:
                 # not mounted since a restart (or a crash): a filesystem without a journal is
                 # checked first (-p: repairs what is safe, fails on anything else). One still on a
                 # loop device is mounted somewhere (a spare's mount a crash left): it is live.
                 subprocess.run(["e2fsck", "-p", str(image)], capture_output=True, timeout=300)
-            _mount(image, point)
+            disk_image.mount(image, point)
     return point
 
 
@@ -390,8 +294,8 @@ def reserve(task_id: str, limit_mb: int, *, used_bytes: int = 0) -> None:
     exactly ``limit_mb`` to write, less ``used_bytes`` its reopened layer already holds. A spare
     image has its ballast already."""
     point = mount_point(task_id)
-    if not (point / RESERVE).exists() and _is_mount(point):
-        _reserve(point, limit_mb, used_bytes)
+    if not (point / disk_image.RESERVE).exists() and disk_image.is_mount(point):
+        disk_image.reserve_beyond(point, limit_mb, used_bytes)
 
 
 def bind(source: Path, target: Path) -> None:
@@ -406,12 +310,12 @@ def reached(task_id: str, limit_mb: int) -> bool:
     """True when the task has used its disk: (almost) no space or no inode left in its image.
     Never mounts anything (a task whose image is not mounted is not writing)."""
     point = mount_point(task_id)
-    if not _is_mount(point):
+    if not disk_image.is_mount(point):
         return False
     st = os.statvfs(point)
     # ext4 refuses a write a little before the last block is used (per-CPU counters, metadata
-    # for the write itself): within 1% of the limit, or 2 MB, counts as reached.
-    margin = max(2 * MB, limit_mb * MB // 100)
+    # for the write itself): within 1% of the limit, or 2 disk_image.MB, counts as reached.
+    margin = max(2 * disk_image.MB, limit_mb * disk_image.MB // 100)
     return st.f_bavail * st.f_frsize < margin or st.f_favail == 0
 
 
@@ -431,7 +335,7 @@ def settle(task_id: str) -> None:
     # Mounted here before this call: an image this machine's kernel had mounted may be kept for
     # its next task; one mounted only now (after a restart, or by another machine's start that
     # seals the layer) is deleted, never handed to a task here while another kernel holds it.
-    ours = _is_mount(mount_point(task_id))
+    ours = disk_image.is_mount(mount_point(task_id))
     point = mounted(task_id)
     if point is None:
         return
@@ -483,7 +387,7 @@ def _hand_back(task_id: str, point: Path, aside: Path, keep: bool) -> None:
 def _recycle(task_id: str, point: Path, image: Path) -> bool:
     """The settled layer's image ``image`` (set aside), still mounted at ``point``: emptied and
     made a spare again, still mounted, its ballast kept. False, the image as it was, when it
-    cannot be used again: not made as a spare (no ``LIMIT_FILE``), enough spares already,
+    cannot be used again: not made as a spare (no ``disk_image.LIMIT_FILE``), enough spares already,
     something in ``lost+found`` (a check's finds), a loop device that cannot discard, the spares
     on another filesystem, or less room than its limit once emptied.
 
@@ -495,10 +399,10 @@ def _recycle(task_id: str, point: Path, image: Path) -> bool:
     A crash meanwhile leaves the image aside, which ``sweep`` deletes, and at worst a spare's
     mount point with no image, which it drops."""
     with _lock(task_id):
-        if not _is_mount(point):
+        if not disk_image.is_mount(point):
             return False
         try:
-            limit_mb = int((point / LIMIT_FILE).read_text())
+            limit_mb = int((point / disk_image.LIMIT_FILE).read_text())
         except (OSError, ValueError):
             return False
         spares = _spares_dir()
@@ -507,14 +411,14 @@ def _recycle(task_id: str, point: Path, image: Path) -> bool:
                 or os.stat(spares).st_dev != os.stat(image).st_dev):
             return False
         for entry in os.scandir(point):
-            if entry.name in KEPT_ENTRIES:
+            if entry.name in disk_image.KEPT_ENTRIES:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
         st = os.statvfs(point)
-        if st.f_bavail * st.f_frsize < limit_mb * MB - max(2 * MB, limit_mb * MB // 100):
+        if st.f_bavail * st.f_frsize < limit_mb * disk_image.MB - max(2 * disk_image.MB, limit_mb * disk_image.MB // 100):
             return False  # the ballast grew, or ext4 kept space: a fresh image is exact again
         fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -595,17 +499,3 @@ def drop_spares() -> None:
                 pass
 
 
-def content_size(trees: list[Path]) -> tuple[int, int]:
-    """Bytes and entries under ``trees``: more than a working copy made of them takes (a layer
-    over another counts both), which costs nothing (the image is sparse)."""
-    size = files = 0
-    for tree in trees:
-        for current, dirs, names in os.walk(tree):
-            for name in (*dirs, *names):
-                try:
-                    st = os.lstat(os.path.join(current, name))
-                except FileNotFoundError:
-                    continue
-                size += -(-st.st_size // BLOCK) * BLOCK + BLOCK  # its blocks, and a block of metadata
-                files += 1
-    return size, files

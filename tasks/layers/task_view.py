@@ -21,7 +21,7 @@ from django.utils import timezone
 from boxsite.core.errors import Conflict
 from tasks import sandbox
 from tasks.events import record_event
-from tasks.layers import compaction, disk, mounts, paths, review
+from tasks.layers import compaction, disk, disk_image, mounts, paths, review
 from tasks.layers.base import driver_name, get_driver
 from tasks.layers.diff import Change
 from tasks.layers.driver import Root
@@ -92,7 +92,7 @@ def _open_disk(task: Task, layer: Layer) -> int | None:
     content = (0, 0)
     if layer.driver == "copy":  # the working copy goes into the image too
         with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
-            content = disk.content_size([tree.root for root in roots_for(task, layer, for_mount=False, layers=lowers)
+            content = disk_image.content_size([tree.root for root in roots_for(task, layer, for_mount=False, layers=lowers)
                                          for tree in root.lowers])
     paths.private_dir(directory)
     with layer_lock(task.pk):
@@ -122,7 +122,7 @@ def _reopen(task: Task, layer: Layer) -> int:
             return 0
         upper = directory / "upper"
         upper.mkdir(exist_ok=True)
-        held_bytes, held_files = disk.content_size([upper])
+        held_bytes, held_files = disk_image.content_size([upper])
         limit = task.limit("disk_mb") if sandbox.available() and disk.unavailable() is None else None
         if layer.driver == "copy":
             aside = directory / REOPENED
@@ -135,7 +135,7 @@ def _reopen(task: Task, layer: Layer) -> int:
             if limit is not None:
                 with compaction.read_trees(task.workspace, list(task.layers)) as lowers:
                     trees = [tree.root for root in roots_for(task, layer, for_mount=False, layers=lowers) for tree in root.lowers]
-                    content = disk.content_size([*trees, aside / "upper"])
+                    content = disk_image.content_size([*trees, aside / "upper"])
                 disk.create(task.pk, limit, content_bytes=content[0], content_files=content[1])
         elif limit is not None:
             point = disk.create(task.pk, limit, content_bytes=held_bytes, content_files=held_files)

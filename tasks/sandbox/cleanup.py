@@ -26,7 +26,7 @@ from pathlib import Path
 from django.conf import settings
 
 from tasks.models import Task
-from tasks.sandbox import cgroups, egress, paths, users
+from tasks.sandbox import accounts, cgroups, egress, paths, users
 from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def stop(task_id: str) -> None:
             if ident is not None:
                 # the mark stays: ``release`` sweeps the keyrings
                 if users.ran_processes(ident) and not users.processes_stopped(ident):
-                    users.kill_processes(ident.uid)
+                    accounts.kill_processes(ident.uid)
                     users.mark_stopped(ident)
                 disown_files(task_id, ident)
 
@@ -60,8 +60,8 @@ def release(task_id: str, *, stopped: bool = False) -> None:
             if ident is not None:
                 if users.ran_processes(ident):  # a task of file steps only never started one
                     if not stopped and not users.processes_stopped(ident):
-                        users.kill_processes(ident.uid)
-                    users.clear_keyrings(ident)
+                        accounts.kill_processes(ident.uid)
+                    accounts.clear_keyrings(ident)
                     users.swept(ident)
                 cgroups.remove(task_id)
                 disown_files(task_id, ident)
@@ -80,7 +80,7 @@ def stop_leftovers(task_id: str) -> int:
     ident = users.find_user(task_id)
     if ident is None or os.geteuid() != 0 or not users.ran_processes(ident):
         return 0
-    return users.kill_processes(ident.uid, spare_namespace=_kept_browser_namespace(task_id))
+    return accounts.kill_processes(ident.uid, spare_namespace=_kept_browser_namespace(task_id))
 
 
 def _kept_browser_namespace(task_id: str) -> str | None:
@@ -92,7 +92,7 @@ def _kept_browser_namespace(task_id: str) -> str | None:
     return namespace if isinstance(namespace, str) else None
 
 
-def disown_files(task_id: str, ident: users.Identity) -> None:
+def disown_files(task_id: str, ident: accounts.Identity) -> None:
     """Hand every file ``ident`` owns under the task's directories back to root.
 
     Does not cross into mounts (a still-mounted overlay view is the layers' business; its upper
@@ -103,7 +103,7 @@ def disown_files(task_id: str, ident: users.Identity) -> None:
             _disown_tree(root, ident)
 
 
-def _disown_tree(root: Path, ident: users.Identity) -> None:
+def _disown_tree(root: Path, ident: accounts.Identity) -> None:
     device = root.stat().st_dev
     for current, dirs, files in os.walk(root):
         kept = []
@@ -134,7 +134,7 @@ def _lstat(path: str) -> os.stat_result | None:
         return None
 
 
-def _disown(path: str, st: os.stat_result, ident: users.Identity) -> None:
+def _disown(path: str, st: os.stat_result, ident: accounts.Identity) -> None:
     if st.st_uid == ident.uid or st.st_gid == ident.gid:
         uid = 0 if st.st_uid == ident.uid else st.st_uid
         gid = 0 if st.st_gid == ident.gid else st.st_gid
@@ -153,11 +153,11 @@ def reconcile() -> list[str]:
     if os.geteuid() == 0:
         users.drop_stale_claims()
         users.remove_orphan_groups()  # a group whose user's userdel was killed half-way
-        for ident in users.legacy_users():  # the earlier scheme's per-task users: box-<task id>
-            users.kill_processes(ident.uid)
-            users.clear_keyrings(ident)
-            disown_files(ident.name[len(users.PREFIX):], ident)
-            users.remove_user(ident.name)
+        for ident in accounts.legacy_users():  # the earlier scheme's per-task users: box-<task id>
+            accounts.kill_processes(ident.uid)
+            accounts.clear_keyrings(ident)
+            disown_files(ident.name[len(accounts.PREFIX):], ident)
+            accounts.remove_user(ident.name)
     candidates = {task_id for task_id, _ in users.box_users()} if os.geteuid() == 0 else set()
     runtime_root = paths.runtime_root()
     if runtime_root.is_dir():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tasks.sandbox.users import SandboxError
+from tasks.sandbox.accounts import SandboxError
 from tasks.tools.http import Blocked, allowed_addresses
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from tasks.sandbox.users import SandboxError
+from tasks.sandbox.accounts import SandboxError
 
 # x86_64 and aarch64 share these (the new mount API is in the generic syscall table).
 _SYS_OPEN_TREE = 428

@@ -28,7 +28,7 @@ from tasks.broker.paths import client_dir
 from tasks.layers import disk
 from tasks.models import EventKind, Task
 from tasks.run.recorder import LeaseLost, LimitReached
-from tasks.sandbox import cgroups, egress, idmap, paths, support, users
+from tasks.sandbox import accounts, cgroups, egress, idmap, paths, support, users
 from tasks.sandbox.cleanup import release
 from tasks.states import FINAL
 
@@ -120,7 +120,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         env["HOME"] = str(view)
     # Inside its root the task's user is named after the task (its own /etc/passwd); on the host
     # the uid belongs to a user of the box's pool, claimed by this task alone until its release.
-    name = task.user or f"{users.PREFIX}{task.pk}"
+    name = task.user or f"{accounts.PREFIX}{task.pk}"
     env.update({"PATH": search, "TMPDIR": "/tmp", "USER": name, "LOGNAME": name})
     env.setdefault("BOX_BROKER_SOCKET", str(paths.broker_socket(task.pk)))
     forward = None
@@ -198,7 +198,7 @@ def size_text(megabytes: int) -> str:
 def _limit(task: Task, name: str) -> int:
     value = task.limit(name)
     if value is None:
-        raise users.SandboxError(f"the task has no {name} limit", field=f"limits.{name}")
+        raise accounts.SandboxError(f"the task has no {name} limit", field=f"limits.{name}")
     return value
 
 
@@ -223,7 +223,7 @@ def _has_ended(task_id: str) -> bool:
     return Task.objects.filter(pk=task_id, state__in=FINAL).exists()
 
 
-def _view_tree(workdir: Path, ident: users.Identity) -> int:
+def _view_tree(workdir: Path, ident: accounts.Identity) -> int:
     """A detached mount of the view that the task's user owns.
 
     A view whose root the user already owns (a layer driver handed it over) is bound as it is.
@@ -247,7 +247,7 @@ def _inside_view(workdir: Path, cwd: Path, view: Path) -> Path:
     try:
         relative = Path(cwd).resolve().relative_to(Path(workdir).resolve())
     except ValueError as exc:
-        raise users.SandboxError(f"a task's process must start inside its view, not in {cwd}", field="cwd") from exc
+        raise accounts.SandboxError(f"a task's process must start inside its view, not in {cwd}", field="cwd") from exc
     return view / relative
 
 
@@ -285,7 +285,7 @@ def _on_blocked(ctx: RunContext) -> egress.OnBlocked:
     return record
 
 
-def _unix_proxy(ctx: RunContext, socket_path: Path, ident: users.Identity) -> egress.EgressProxy:
+def _unix_proxy(ctx: RunContext, socket_path: Path, ident: accounts.Identity) -> egress.EgressProxy:
     proxy = egress.EgressProxy(ctx.task.pk, ctx.task.hosts, _on_blocked(ctx))
     proxy.start_unix(socket_path, ident.uid, ident.gid)
     return proxy

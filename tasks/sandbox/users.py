@@ -28,94 +28,29 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import grp
-import hashlib
 import logging
 import os
-import pwd
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 
 from boxsite.core import procs
-from boxsite.core.errors import BoxError
-from tasks.sandbox import paths
-from tasks.sandbox.support import INIT, SYSTEM_PYTHON
+from tasks.sandbox import accounts, paths
+from tasks.sandbox.accounts import Identity, SandboxError
 
 log = logging.getLogger(__name__)
 
-PREFIX = "box-"
-MAX_NAME = 32  # useradd's limit on Linux
 _FILLING = ".fill-"  # a claim link's target while a pool user is being made: ``.fill-<pid>``
-# Task users get ids from their own range, far from the distribution's system accounts (100-999,
-# which a busy box would exhaust) and from people's accounts.
-_ID_RANGE = ["-K", "SYS_UID_MIN=200000", "-K", "SYS_UID_MAX=299999", "-K", "SYS_GID_MIN=200000", "-K", "SYS_GID_MAX=299999"]
-_lock = threading.Lock()  # useradd/userdel rewrite /etc/passwd; one at a time from this process
-# ... and one at a time across every box process on the machine (web, workers, scheduler, and
-# other boxes): the shadow tools fail at once, not wait, when another holds /etc/passwd's lock.
-ACCOUNTS_LOCK = Path("/run/lock/box-accounts.lock") if Path("/run/lock").is_dir() else Path("/tmp/box-accounts.lock")
-_LOCK_BUSY = ("cannot lock", "lock /etc/", "try again later", "cannot remove entry", "cannot add entry", "unable to lock")
-
-
-@contextlib.contextmanager
-def _accounts_lock() -> Iterator[None]:
-    with _lock:
-        fd = os.open(ACCOUNTS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
-
-
-class SandboxError(BoxError):
-    """The sandbox could not be set up (a user, a namespace, a mount)."""
-
-    code = "SANDBOX_ERROR"
-    status = 500
-
-
-@dataclass(frozen=True)
-class Identity:
-    name: str
-    uid: int
-    gid: int
 
 
 def _check_task_id(task_id: str) -> str:
     if not task_id.isalnum() or len(task_id) > 64:
         raise SandboxError(f"cannot give a Linux user to task id {task_id!r}", field="id")
     return task_id
-
-
-def _digest(local_dir: str | Path | None = None) -> str:
-    name = str(local_dir or paths.local_dir())
-    return _digest_of(name) if os.path.isabs(name) else _digest_of.__wrapped__(name)
-
-
-@functools.lru_cache(maxsize=64)
-def _digest_of(local_dir: str) -> str:
-    """Resolved once per process and directory: every claim, lookup and release names the box's
-    pool by it."""
-    return hashlib.sha256(str(Path(local_dir).resolve()).encode()).hexdigest()[:16]
-
-
-def box_marker(local_dir: str | Path | None = None) -> str:
-    """The comment every user of this box's pool carries (which local data directory it belongs
-    to; by default this box's)."""
-    return f"box pool user {_digest(local_dir)}"
-
-
-def legacy_marker() -> str:
-    """The comment of a per-task user (``box-<task id>``) the earlier scheme made."""
-    return f"box task user {_digest()}"
 
 
 def pool_dir(local_dir: str | Path | None = None) -> Path:
@@ -141,45 +76,12 @@ def _pool_lock() -> Iterator[None]:
             os.close(fd)
 
 
-def _identity(name: str) -> Identity | None:
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        return None
-    if entry.pw_gecos != box_marker():
-        return None  # never treat someone else's account as the box's
-    return Identity(entry.pw_name, entry.pw_uid, entry.pw_gid)
-
-
 def pool_users(local_dir: str | Path | None = None) -> list[Identity]:
     """Every user of this box's pool (claimed or free), from the user database (of the box with
     ``local_dir``, by default this one)."""
-    marker = box_marker(local_dir)
-    return sorted((Identity(name, uid, gid) for name, uid, gid, gecos in _box_accounts()
+    marker = accounts.box_marker(local_dir)
+    return sorted((Identity(name, uid, gid) for name, uid, gid, gecos in accounts.box_accounts()
                    if gecos == marker), key=lambda i: i.name)
-
-
-_PASSWD = "/etc/passwd"
-_accounts_seen: tuple[tuple[int, ...], list[tuple[str, int, int, str]]] | None = None
-
-
-def _box_accounts() -> list[tuple[str, int, int, str]]:
-    """(name, uid, gid, comment) of every ``box-`` account. The whole user database is read
-    again only when /etc/passwd changed (useradd and userdel replace it), not at every claim,
-    release and refill."""
-    global _accounts_seen
-    try:
-        st = os.stat(_PASSWD)
-        version: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    except OSError:
-        version = None
-    seen = _accounts_seen
-    if version is not None and seen is not None and seen[0] == version:
-        return seen[1]
-    found = [(e.pw_name, e.pw_uid, e.pw_gid, e.pw_gecos) for e in pwd.getpwall() if e.pw_name.startswith(PREFIX)]
-    if version is not None:
-        _accounts_seen = (version, found)
-    return found
 
 
 def claims(local_dir: str | Path | None = None) -> dict[str, str]:
@@ -207,7 +109,7 @@ def _claim_path(name: str) -> Path:
 def _stem(local_dir: str | Path | None = None) -> str:
     """What every pool user's (and its group's) name starts with: the box's digest (of the box
     with ``local_dir``, by default this one)."""
-    return f"{PREFIX}{_digest(local_dir)[:10]}-"
+    return f"{accounts.PREFIX}{accounts.digest(local_dir)[:10]}-"
 
 
 def _new_name(taken: set[str]) -> str:
@@ -216,21 +118,9 @@ def _new_name(taken: set[str]) -> str:
     --user-group`` of that name fail every time (``orphan_groups`` removes it at start-up)."""
     stem = _stem()
     n = 0
-    while f"{stem}{n}" in taken or _name_used(f"{stem}{n}"):
+    while f"{stem}{n}" in taken or accounts.name_used(f"{stem}{n}"):
         n += 1
     return f"{stem}{n}"
-
-
-def _name_used(name: str) -> bool:
-    return _user_exists(name) or _group_exists(name)
-
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 def orphan_groups(local_dir: str | Path | None = None) -> list[str]:
@@ -245,7 +135,7 @@ def userless_groups(local_dir: str | Path | None = None) -> list[str]:
     """Every group named as the box's pool users that has no user of that name, claimed or not
     (a stopped box must have none)."""
     stem = _stem(local_dir)
-    return sorted(g.gr_name for g in grp.getgrall() if g.gr_name.startswith(stem) and not _user_exists(g.gr_name))
+    return sorted(g.gr_name for g in grp.getgrall() if g.gr_name.startswith(stem) and not accounts.user_exists(g.gr_name))
 
 
 def remove_orphan_groups() -> list[str]:
@@ -255,10 +145,10 @@ def remove_orphan_groups() -> list[str]:
     removed = []
     for name in orphan_groups():
         with _pool_lock():  # a user of that name is made or deleted only while claimed
-            if name in claims() or _user_exists(name):
+            if name in claims() or accounts.user_exists(name):
                 continue
             try:
-                _run_account_tool(["groupdel", name], ok_codes={0, 6})
+                accounts.run_account_tool(["groupdel", name], ok_codes={0, 6})
             except SandboxError:
                 log.exception("the group %s left without its pool user could not be removed; left for the next start", name)
                 continue
@@ -270,7 +160,7 @@ def find_user(task_id: str) -> Identity | None:
     """The user ``task_id`` holds now, or None."""
     for name, holder in claims().items():
         if holder == task_id:
-            return _identity(name)
+            return accounts.identity(name)
     return None
 
 
@@ -307,11 +197,11 @@ def claim_user(task_id: str) -> tuple[Identity, bool]:
         else:
             reserved = False
     if not reserved:
-        found = _identity(mine)
+        found = accounts.identity(mine)
         if found is not None:
             return found, False
     try:
-        made = _create(mine)
+        made = accounts.create(mine)
     except BaseException:
         with _pool_lock():
             _unlink(_claim_path(mine))
@@ -338,17 +228,6 @@ def _this_maker() -> str:
     return f"{_FILLING}{os.getpid()}"
 
 
-def _create(name: str) -> Identity:
-    argv = ["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-            "--user-group", "--comment", box_marker(), *_ID_RANGE, name]
-    _run_account_tool(argv, ok_codes={0, 9})  # 9: the name exists (a crash between useradd and its claim)
-    found = _identity(name)
-    if found is None:
-        what = "an account of that name is not the box's" if _name_used(name) else "it does not exist"
-        raise SandboxError(f"useradd could not make the pool user {name}: {what}", field="user")
-    return found
-
-
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -373,7 +252,7 @@ def give_back(task_id: str, ident: Identity) -> None:
         # stayed for good).
         _point(ident.name, _this_maker())
     try:
-        remove_user(ident.name)
+        accounts.remove_user(ident.name)
     except BaseException:
         _hold(ident.name, task_id)  # the task's again: its release is tried again
         raise
@@ -413,7 +292,7 @@ def trim_pool() -> int:
         free = [i for i in existing if i.name not in held]
         return free[-1].name if len(free) > 2 * settings.BOX_USER_POOL else None
 
-    while quiet_for() >= TRIM_IDLE_S and _changing_one(surplus, remove_user):
+    while quiet_for() >= TRIM_IDLE_S and _changing_one(surplus, accounts.remove_user):
         deleted += 1
     return deleted
 
@@ -483,7 +362,7 @@ def fill_pool() -> int:
             return None
         return _new_name(set(held) | {i.name for i in existing})
 
-    while _changing_one(new, _create):
+    while _changing_one(new, accounts.create):
         made += 1
     return made
 
@@ -497,7 +376,7 @@ def empty_pool() -> None:
             os.symlink(_this_maker(), _claim_path(ident.name))  # nobody claims it while it goes
     for ident in free:
         try:
-            remove_user(ident.name)
+            accounts.remove_user(ident.name)
         finally:
             with _pool_lock():
                 _unlink(_claim_path(ident.name))
@@ -515,7 +394,7 @@ def stale_claims() -> dict[str, str]:
             if not pid.isdigit() or not procs.alive(int(pid)):
                 stale[name] = holder
     deadline = time.monotonic() + _TOOL_WAIT_S
-    while stale and (busy := _account_tools_running() & set(stale)):
+    while stale and (busy := accounts.account_tools_running() & set(stale)):
         if time.monotonic() > deadline:
             return {name: holder for name, holder in stale.items() if name not in busy}
         time.sleep(0.01)  # a tool takes milliseconds: wait for it (at start-up and stop only)
@@ -523,23 +402,6 @@ def stale_claims() -> dict[str, str]:
 
 
 _TOOL_WAIT_S = 10.0
-_ACCOUNT_TOOLS = {b"useradd", b"userdel", b"groupadd", b"groupdel"}
-
-
-def _account_tools_running() -> set[str]:
-    """The accounts the account tools running on the machine now act on (named last)."""
-    names = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                argv = f.read().rstrip(b"\0").split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 1 and os.path.basename(argv[0]) in _ACCOUNT_TOOLS:
-            names.add(argv[-1].decode(errors="replace"))
-    return names
 
 
 def drop_stale_claims() -> None:
@@ -549,135 +411,14 @@ def drop_stale_claims() -> None:
                 _unlink(_claim_path(name))
 
 
-def remove_user(name: str) -> None:
-    """Delete a task user and its group (idempotent)."""
-    _run_account_tool(["userdel", name], ok_codes={0, 6})  # 6: no such user
-    # --user-group made a group of the same name; userdel removes it unless something else
-    # uses it. Remove it ourselves if it lingers, so group ids do not leak either (a check
-    # first: groupdel is one more turn at the machine-wide lock, and rarely needed).
-    if _group_exists(name):
-        _run_account_tool(["groupdel", name], ok_codes={0, 6})
-
-
-def _group_exists(name: str) -> bool:
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        return False
-    return True
-
-
-def _run_account_tool(argv: list[str], *, ok_codes: set[int]) -> None:
-    # Box processes take turns (``_accounts_lock``); the host's own tools may still hold
-    # /etc/passwd's lock (or /etc/subgid's: another box on the machine), and the shadow tools
-    # then give up at once (exit 10, or another code with a lock message: 1, 18 for subgid).
-    # userdel also refuses while a process of the user is still exiting (exit 8).
-    # All of these pass: retry for up to a minute.
-    deadline = time.monotonic() + 60
-    delay = 0.01
-    while True:
-        with _accounts_lock():
-            # In a session of its own: a kill of the box process's group (a stop's last
-            # SIGKILL) must not cut the tool half-way (a user without its group, a group left
-            # without its user). Killed itself, the box process leaves a claim start-up knows;
-            # the tool finishes on its own, in milliseconds.
-            done = subprocess.run(argv, capture_output=True, text=True, check=False, start_new_session=True)
-        if done.returncode in ok_codes:
-            return
-        busy = done.returncode in (8, 10) or any(m in done.stderr for m in _LOCK_BUSY)
-        if not busy or time.monotonic() > deadline:
-            raise SandboxError(f"{argv[0]} {argv[-1]} failed ({done.returncode}): {done.stderr.strip()}", field="user")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-
-
 def box_users() -> Iterator[tuple[str, Identity]]:
     """Every (task id, identity) a task of this box holds, from the claims."""
     for name, holder in claims().items():
         if holder.startswith("."):
             continue
-        ident = _identity(name)
+        ident = accounts.identity(name)
         if ident is not None:
             yield holder, ident
-
-
-def legacy_users() -> Iterator[Identity]:
-    """Per-task users (``box-<task id>``) of this box made by the earlier scheme."""
-    marker = legacy_marker()
-    for entry in pwd.getpwall():
-        if entry.pw_name.startswith(PREFIX) and entry.pw_gecos == marker:
-            yield Identity(entry.pw_name, entry.pw_uid, entry.pw_gid)
-
-
-def processes_of(uid: int) -> list[int]:
-    """Pids whose real, effective or saved uid is ``uid`` (from /proc, across all namespaces)."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status", "rb") as handle:
-                for line in handle:
-                    if line.startswith(b"Uid:"):
-                        if str(uid).encode() in line.split()[1:4]:
-                            pids.append(int(entry.name))
-                        break
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # it exited while we looked
-    return pids
-
-
-def running_processes_of(uid: int) -> list[int]:
-    """``processes_of(uid)`` less the zombies: a process that has exited is not running, even
-    while its parent (often the machine's init, for a sandbox's own init) has not reaped it."""
-    return [pid for pid in processes_of(uid) if not _is_zombie(pid)]
-
-
-def kill_processes(uid: int, *, timeout: float = 10.0, spare_namespace: str | None = None) -> int:
-    """SIGKILL every process of ``uid`` until none is left; returns how many were killed. With
-    ``spare_namespace`` (``os.readlink`` of a ``/proc/<pid>/ns/pid``), the processes in that PID
-    namespace are left alone.
-
-    Repeats because a process may fork between the scan and the kill. Processes inside a PID
-    namespace die with its init, which also runs as the task's user.
-    """
-    if uid == 0:
-        raise SandboxError("refusing to kill the processes of root", field="uid")
-    killed = 0
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
-        pids = [pid for pid in running_processes_of(uid) if not _in_namespace(pid, spare_namespace)]
-        if not pids:
-            return killed
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > deadline:
-            raise SandboxError(f"processes of uid {uid} survive SIGKILL: {pids}", field="uid")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
-
-
-def _in_namespace(pid: int, namespace: str | None) -> bool:
-    if namespace is None:
-        return False
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid") == namespace
-    except OSError:
-        return False
-
-
-def clear_keyrings(ident: Identity) -> None:
-    """Empty the uid's user keyrings: the kernel keeps them after its last process is gone, and
-    a later task that gets the same uid must not find what this one left."""
-    done = subprocess.run([str(SYSTEM_PYTHON), "-I", "-S", str(INIT), "--empty-keyrings", str(ident.uid), str(ident.gid)],
-                          capture_output=True, check=False, cwd="/")
-    if done.returncode != 0:
-        raise SandboxError(f"could not empty the keyrings of {ident.name}: {done.stderr.decode().strip()}", field="user")
 
 
 def mark_ran(ident: Identity) -> None:
@@ -690,7 +431,7 @@ def mark_ran(ident: Identity) -> None:
 
 
 def mark_stopped(ident: Identity) -> None:
-    """After ``kill_processes`` left no process of ``ident``: none runs as it again before the
+    """After ``accounts.kill_processes`` left no process of ``ident``: none runs as it again before the
     launcher's next ``mark_ran``, so a later stop of the same task (its layer's seal, then its
     release) does not scan /proc again. Its keys are still there for the release to sweep."""
     os.close(os.open(pool_dir() / f".stopped-{ident.name}", os.O_WRONLY | os.O_CREAT, 0o600))
@@ -715,9 +456,3 @@ def swept(ident: Identity) -> None:
     _unlink(pool_dir() / f".stopped-{ident.name}")
 
 
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True

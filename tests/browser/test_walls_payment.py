@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from boxsite.core import procs
-from tasks.sandbox.users import processes_of, running_processes_of
+from tasks.sandbox.accounts import processes_of, running_processes_of
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow

@@ -8,8 +8,8 @@ from typing import Any
 
 from tasks.layers import mounts, paths, tree
 from tasks.layers.tree import Meta, write_atomically
+from tasks.sandbox import accounts, users
 from tasks.sandbox import paths as sandbox_paths
-from tasks.sandbox import users
 
 
 def _count_parses(monkeypatch: Any) -> list[bytes]:
@@ -103,10 +103,10 @@ def test_the_pool_is_read_again_once_the_user_database_changes(monkeypatch, tmp_
     passwd = tmp_path / "passwd"
     passwd.write_text("one\n")
     listed: list[list[Any]] = [[_account("box-x-0", "m")]]
-    monkeypatch.setattr(users, "_PASSWD", str(passwd))
-    monkeypatch.setattr(users, "_accounts_seen", None)
-    monkeypatch.setattr(users.pwd, "getpwall", lambda: listed[-1])
-    monkeypatch.setattr(users, "box_marker", lambda local_dir=None: "m")
+    monkeypatch.setattr(accounts, "_PASSWD", str(passwd))
+    monkeypatch.setattr(accounts, "_accounts_seen", None)
+    monkeypatch.setattr(accounts.pwd, "getpwall", lambda: listed[-1])
+    monkeypatch.setattr(accounts, "box_marker", lambda local_dir=None: "m")
     assert [i.name for i in users.pool_users()] == ["box-x-0"]
     listed.append([_account("box-x-0", "m"), _account("box-x-1", "m"), _account("someone", "m")])
     passwd.write_text("one\ntwo\n")  # useradd rewrites the file
@@ -116,4 +116,4 @@ def test_the_pool_is_read_again_once_the_user_database_changes(monkeypatch, tmp_
 
 
 def _account(name: str, comment: str) -> Any:
-    return users.pwd.struct_passwd((name, "x", 200000, 200000, comment, "/nonexistent", "/usr/sbin/nologin"))
+    return accounts.pwd.struct_passwd((name, "x", 200000, 200000, comment, "/nonexistent", "/usr/sbin/nologin"))

@@ -17,7 +17,7 @@ from tasks.layers import paths as layer_paths
 from tasks.models import Run, Task
 from tasks.run import leases as runs
 from tasks.run import receipts as step_receipts
-from tasks.sandbox import users
+from tasks.sandbox import accounts, users
 from tests.cluster import running_box
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -50,7 +50,7 @@ def _task_processes(task_id: str) -> list[str]:
     """The live processes of the task's user (zombies are dead already), as "pid state cmdline"."""
     ident = users.find_user(task_id)
     found = []
-    for pid in [] if ident is None else users.processes_of(ident.uid):
+    for pid in [] if ident is None else accounts.processes_of(ident.uid):
         state = procs.state(pid)
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

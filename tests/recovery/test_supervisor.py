@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from boxsite.core import procs
 from tasks.layers import mounts
-from tasks.sandbox import users
+from tasks.sandbox import accounts, users
 from tests.conftest import wait_for
 from tests.test_runbox import ROOT, _alive, _call, _children, _manage
 
@@ -100,7 +100,7 @@ def _stop(box: RunningBox) -> float:
 
 def _leftovers(env: dict[str, str], task_ids: list[str]) -> list[str]:
     """What a stopped box left on the host: task users (and their processes), mounts in its data dir."""
-    found = [f"user {ident.name} with processes {users.processes_of(ident.uid)}"
+    found = [f"user {ident.name} with processes {accounts.processes_of(ident.uid)}"
              for ident in users.pool_users(env["BOX_DATA_DIR"])]  # its task users, free or held
     data_dir = env["BOX_DATA_DIR"]
     found += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if data_dir in line]

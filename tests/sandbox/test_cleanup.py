@@ -16,10 +16,10 @@ from django.conf import settings as django_settings
 from tasks import sandbox
 from tasks.models import Task
 from tasks.run import lifecycle
-from tasks.sandbox import cleanup, paths, users
+from tasks.sandbox import accounts, cleanup, paths, users
+from tasks.sandbox.accounts import processes_of, running_processes_of
 from tasks.sandbox.cleanup import release
 from tasks.sandbox.paths import runtime_dir
-from tasks.sandbox.users import processes_of, running_processes_of
 from tests.cluster import running_box
 from tests.conftest import database_env, queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -126,9 +126,9 @@ def test_a_task_of_file_steps_alone_is_released_without_sweeping_processes_or_ke
     task's release; a user no process ran as has nothing for them to find. A task that ran a
     command is still swept."""
     swept: list[str] = []
-    kill_processes, clear_keyrings = users.kill_processes, users.clear_keyrings
-    monkeypatch.setattr(users, "kill_processes", lambda uid, **kw: swept.append("processes") or kill_processes(uid, **kw))
-    monkeypatch.setattr(users, "clear_keyrings", lambda ident: swept.append("keyrings") or clear_keyrings(ident))
+    kill_processes, clear_keyrings = accounts.kill_processes, accounts.clear_keyrings
+    monkeypatch.setattr(accounts, "kill_processes", lambda uid, **kw: swept.append("processes") or kill_processes(uid, **kw))
+    monkeypatch.setattr(accounts, "clear_keyrings", lambda ident: swept.append("keyrings") or clear_keyrings(ident))
 
     def run(steps: dict[str, Any]) -> str:
         task = sandboxed.create(title="release", flow=flow(steps))
@@ -170,10 +170,10 @@ def test_tasks_one_after_another_reuse_the_pool_users_without_making_or_deleting
     ``useradd`` and a ``userdel`` (tens of ms of CPU each, under a machine-wide lock)."""
     made: list[str] = []
     deleted: list[str] = []
-    create, remove = users._create, users.remove_user
-    monkeypatch.setattr(users, "_create", lambda name: made.append(name) or create(name))
+    create, remove = accounts.create, accounts.remove_user
+    monkeypatch.setattr(accounts, "create", lambda name: made.append(name) or create(name))
     users.fill_pool()  # as the box's start does
-    monkeypatch.setattr(users, "remove_user", lambda name: deleted.append(name) or remove(name))
+    monkeypatch.setattr(accounts, "remove_user", lambda name: deleted.append(name) or remove(name))
     for i in range(4):
         task = sandboxed.create(title=f"trivial {i}", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
         assert sandboxed.wait_state(task["id"], "done", "failed")["state"] == "done"
@@ -233,15 +233,15 @@ def test_a_dependent_starts_on_its_dependencys_sealed_layer_without_waiting_for_
     that depends on it waits only for the seal: it runs, and sees the files its dependency made
     as root's (never as nobody's), while the keyring sweep is still going on."""
     sweeping, go_on, swept = threading.Event(), threading.Event(), threading.Event()
-    sweep = users.clear_keyrings
+    sweep = accounts.clear_keyrings
 
-    def slow_sweep(ident: users.Identity) -> None:
+    def slow_sweep(ident: accounts.Identity) -> None:
         sweeping.set()
         go_on.wait(timeout=20)
         sweep(ident)
         swept.set()
 
-    monkeypatch.setattr(users, "clear_keyrings", slow_sweep)
+    monkeypatch.setattr(accounts, "clear_keyrings", slow_sweep)
     try:
         upstream = sandboxed.create(title="makes a file", flow=flow({"run": "echo made > made.txt"}))
         assert sandboxed.wait_state(upstream["id"], "done", "failed")["state"] == "done"
@@ -277,7 +277,7 @@ def test_handing_files_back_passes_over_an_entry_gone_since_its_directory_was_li
         return lstat(path)
 
     monkeypatch.setattr(os, "lstat", vanishing)
-    cleanup._disown_tree(tmp_path, users.Identity("box-t", 4242, 4242))
+    cleanup._disown_tree(tmp_path, accounts.Identity("box-t", 4242, 4242))
     monkeypatch.setattr(os, "lstat", lstat)
     assert (lstat(tmp_path / "kept.txt").st_uid, lstat(tmp_path / "kept.txt").st_gid) == (0, 0)
 
@@ -340,7 +340,7 @@ def test_a_group_left_without_its_user_neither_blocks_new_pool_users_nor_outlive
 
         cleanup.reconcile()
         assert users.orphan_groups() == []
-        assert not users._group_exists(orphan)
+        assert not accounts.group_exists(orphan)
     finally:
         users.empty_pool()
         subprocess.run(["groupdel", orphan], capture_output=True, check=False)
@@ -390,7 +390,7 @@ def test_a_give_back_killed_inside_userdel_leaves_no_claim_or_group_after_the_st
     assert users.find_user("tkhalfdel1") is None
 
     cleanup.reconcile()
-    assert users.userless_groups() == [] and not users._group_exists(left)
+    assert users.userless_groups() == [] and not accounts.group_exists(left)
     assert users.claims() == {}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tasks.layers import base, disk, mounts, paths
+from tasks.layers import base, disk, disk_image, mounts, paths
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.layers.conftest import diff_of, read, undo
@@ -129,8 +129,8 @@ def test_a_probe_killed_with_its_image_mounted_leaves_nothing_once_the_box_probe
     os.waitpid(gone, 0)
     left = data / "layers" / f".disk-probe-{gone}-1"
     left.mkdir(parents=True)
-    disk._make_image(left / "disk.img", limit_mb=1, content_bytes=0, content_files=0)
-    disk._mount(left / "disk.img", left / "disk")  # as the probe had it when it was killed
+    disk_image.make_image(left / "disk.img", limit_mb=1, content_bytes=0, content_files=0)
+    disk_image.mount(left / "disk.img", left / "disk")  # as the probe had it when it was killed
     overlay_left = data / "layers" / f".probe-{gone}-1"
     for part in ("lower", "upper", "work", "view"):
         (overlay_left / part).mkdir(parents=True)

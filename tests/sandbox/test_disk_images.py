@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tasks.layers import disk, mounts, paths, upper_copy
+from tasks.layers import disk, disk_image, mounts, paths, upper_copy
 from tests.conftest import wait_for
 from tests.sandbox.conftest import needs_sandbox
 
@@ -45,14 +45,14 @@ def _spares() -> list[Path]:
 
 def _free_mb(point: Path) -> float:
     st = os.statvfs(point)
-    return st.f_bavail * st.f_frsize / disk.MB
+    return st.f_bavail * st.f_frsize / disk_image.MB
 
 
 def test_a_task_takes_a_spare_already_mounted_with_its_ballast(data: Path) -> None:
     disk.make_spares(LIMIT)
     spare = _spares()[0]
     spare_mount = spare.with_suffix(".mnt")
-    assert disk._is_mount(spare_mount)  # kept mounted, ballast taken
+    assert disk_image.is_mount(spare_mount)  # kept mounted, ballast taken
     device = os.stat(spare_mount).st_dev
 
     (data / "layers" / "t1").mkdir()
@@ -60,10 +60,10 @@ def test_a_task_takes_a_spare_already_mounted_with_its_ballast(data: Path) -> No
 
     assert os.stat(point).st_dev == device  # the spare's own filesystem: no second mount of the image
     wait_for(lambda: not spare_mount.exists(), timeout=10, what="the spare's own mount point dropped")
-    assert (point / disk.RESERVE).exists()
+    assert (point / disk_image.RESERVE).exists()
     assert LIMIT - 2 <= _free_mb(point) <= LIMIT
     with pytest.raises(OSError) as raised:
-        (point / "fill").write_bytes(b"x" * (LIMIT + 2) * disk.MB)
+        (point / "fill").write_bytes(b"x" * (LIMIT + 2) * disk_image.MB)
     assert raised.value.errno == errno.ENOSPC
 
 
@@ -75,7 +75,7 @@ def test_a_spare_whose_mount_went_is_mounted_by_the_task_itself(data: Path) -> N
     (data / "layers" / "t2").mkdir()
     point = disk.create("t2", LIMIT)
 
-    assert disk._is_mount(point) and (point / disk.RESERVE).exists()
+    assert disk_image.is_mount(point) and (point / disk_image.RESERVE).exists()
     assert LIMIT - 2 <= _free_mb(point) <= LIMIT
     assert mounts.attached_loop(disk.image_path("t2")) is not None
 
@@ -83,8 +83,8 @@ def test_a_spare_whose_mount_went_is_mounted_by_the_task_itself(data: Path) -> N
 def test_the_ballast_is_never_made_where_no_image_is_mounted(data: Path) -> None:
     bare = data / "layers" / "bare"
     bare.mkdir()
-    with pytest.raises(disk.DiskError) as raised:
-        disk._reserve(bare, 10**9)
+    with pytest.raises(disk_image.DiskError) as raised:
+        disk_image.reserve_beyond(bare, 10**9)
     assert raised.value.errno == errno.ENODEV
     assert not list(bare.iterdir())
 
@@ -141,7 +141,7 @@ def test_an_upper_with_hard_links_holes_or_odd_files_is_left_to_cp(tmp_path: Pat
         os.link(tmp_path / "upper" / "dir" / "file.txt", tmp_path / "upper" / "again")
     elif odd == "sparse":
         with open(tmp_path / "upper" / "holes", "wb") as handle:
-            handle.truncate(disk.MB // 2)
+            handle.truncate(disk_image.MB // 2)
     else:
         os.mkfifo(tmp_path / "upper" / "pipe")
     assert not upper_copy.copy_small(tmp_path / "upper", tmp_path / "copy")
@@ -154,7 +154,7 @@ def test_a_loop_device_found_attached_but_cleared_before_the_mount_is_not_mounte
     mounted then, it gave EIO under load. Seen stale once held, a device of its own is taken."""
     image, point = data / "layers" / "img", data / "layers" / "point"
     point.mkdir()
-    disk._make_image(image, limit_mb=LIMIT, content_bytes=0, content_files=0)
+    disk_image.make_image(image, limit_mb=LIMIT, content_bytes=0, content_files=0)
     control = os.open("/dev/loop-control", os.O_RDWR)
     try:
         stale = f"/dev/loop{mounts._lib().ioctl(control, mounts._LOOP_CTL_GET_FREE)}"  # attached to nothing
@@ -166,7 +166,7 @@ def test_a_loop_device_found_attached_but_cleared_before_the_mount_is_not_mounte
 
     mounts.mount_image(image, point)
 
-    assert disk._is_mount(point)
+    assert disk_image.is_mount(point)
     mounts.unmount(point)
 
 
@@ -215,27 +215,27 @@ def test_a_settled_image_is_emptied_and_the_next_task_takes_it_with_nothing_of_t
     _settled("t1")
 
     assert (data / "layers" / "t1" / "upper" / "secret.txt").read_text() == "the first task's\n"  # the layer is out
-    assert not disk.limited("t1") and not disk._is_mount(point)
+    assert not disk.limited("t1") and not disk_image.is_mount(point)
     (spare,) = disk._spares_dir().glob(f"{LIMIT}-*.img")
     kept = spare.with_suffix(".mnt")
     assert os.stat(kept).st_dev == device  # the same filesystem, still mounted: no unmount, no new image
-    assert _root_entries(kept) == disk.KEPT_ENTRIES
+    assert _root_entries(kept) == disk_image.KEPT_ENTRIES
     assert LIMIT - 2 <= _free_mb(kept) <= LIMIT
 
     (data / "layers" / "t2").mkdir()
     again = disk.create("t2", LIMIT)
     assert os.stat(again).st_dev == device
-    assert _root_entries(again) == disk.KEPT_ENTRIES  # nothing of the first task's
+    assert _root_entries(again) == disk_image.KEPT_ENTRIES  # nothing of the first task's
     assert LIMIT - 2 <= _free_mb(again) <= LIMIT
     with pytest.raises(OSError) as raised:
-        (again / "fill").write_bytes(b"x" * (LIMIT + 2) * disk.MB)
+        (again / "fill").write_bytes(b"x" * (LIMIT + 2) * disk_image.MB)
     assert raised.value.errno == errno.ENOSPC
 
 
 def test_an_image_made_for_a_working_copy_is_deleted_not_kept(data: Path) -> None:
     (data / "layers" / "t3").mkdir()
-    point = disk.create("t3", LIMIT, content_bytes=disk.MB, content_files=10)  # the copy driver's: no spare
-    assert not (point / disk.LIMIT_FILE).exists()
+    point = disk.create("t3", LIMIT, content_bytes=disk_image.MB, content_files=10)  # the copy driver's: no spare
+    assert not (point / disk_image.LIMIT_FILE).exists()
 
     _settled("t3")
 
@@ -303,7 +303,7 @@ def test_a_machine_directory_on_another_filesystem_makes_each_image_and_keeps_no
         _spares()
         (data / "layers" / "t7").mkdir()
         point = disk.create("t7", LIMIT)  # the spare cannot be renamed into the layer: an image of its own
-        assert disk._is_mount(point) and not (point / disk.LIMIT_FILE).exists()
+        assert disk_image.is_mount(point) and not (point / disk_image.LIMIT_FILE).exists()
         wait_for(lambda: not disk._making, timeout=30, what="the spare maker done")
         before = sorted(disk._spares_dir().glob(f"{LIMIT}-*.img"))
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from tasks.models import Task, Workspace
-from tasks.sandbox import cleanup, users
+from tasks.sandbox import accounts, cleanup, users
 from tasks.sandbox.paths import runtime_root
 from tests.conftest import wait_for
 from tests.factories import flow
@@ -78,7 +78,7 @@ def _plant_key(uid: int, gid: int, description: str) -> str:
     return planted.stdout.strip()
 
 
-def _keys_of(ident: users.Identity) -> str:
+def _keys_of(ident: accounts.Identity) -> str:
     """Every key the uid can see (/proc/keys lists those it may view), as that uid sees them."""
     return _as_user(ident.uid, ident.gid, "cat", "/proc/keys").stdout
 
