@@ -18,10 +18,10 @@ made larger than needed, and after mounting, everything free beyond the limit is
 mounted with ``discard``: space a task frees is given back to the host.
 
 At seal the layer's changes leave the image for ``layers/<task>/upper`` on the data filesystem,
-where every other layer is (``settle``): a finished layer is read, diffed, stacked, kept and
-undone exactly as before. The overlay upper is copied out before the seal rewrites it; the copy
-driver's seal moves each changed file out of the working copy. The copy costs what the task
-changed. The image itself is then emptied and kept, still mounted, for a later task
+where every other layer is (``settle``): a finished layer is read, diffed, stacked, kept and undone
+exactly as a layer written without an image. The overlay upper is copied out before the seal
+rewrites it; the copy driver's seal moves each changed file out of the working copy. The copy costs
+what the task changed. The image itself is then emptied and kept, still mounted, for a later task
 (``_recycle``), or deleted when it cannot be.
 
 Where the image cannot be made (not root, no loop devices, no ``mkfs.ext4``) ``unavailable()``
@@ -169,8 +169,8 @@ def _make_image(image: Path, *, limit_mb: int, content_bytes: int, content_files
         # -m 0: no blocks reserved for root (overlayfs writes as root); lazy init: nothing
         # written for the inode tables and journal, so making it costs milliseconds, not size.
         # ^resize_inode: the image never grows, so no blocks are set aside (and written) for it.
-        # ^has_journal: mounting and unmounting cost a third (the image lives as long as its task;
-        # after a crash it is checked with e2fsck before it is mounted again).
+        # ^has_journal: a journal makes mounting and unmounting dearer (the image lives as long as
+        # its task; after a crash it is checked with e2fsck before it is mounted again).
         subprocess.run([MKFS, "-q", "-F", "-b", str(BLOCK), "-m", "0", "-N", str(inodes), "-O", "^resize_inode,^has_journal",
                         "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", str(partial)],
                        check=True, capture_output=True, timeout=120)
@@ -309,8 +309,8 @@ def _detach(source: Path) -> None:
 
 def _in_background(work: Callable[..., None], *args: object) -> None:
     """Run ``work`` in a thread of its own without waiting for it to be scheduled, as
-    ``threading.Thread.start`` does (2-3 ms on a loaded machine, on the task's path). Like a
-    daemon thread, it does not hold up the process's exit."""
+    ``threading.Thread.start`` does (a wait for the new thread to take the GIL, on the task's
+    path). Like a daemon thread, it does not hold up the process's exit."""
     _thread.start_new_thread(work, args)
 
 
