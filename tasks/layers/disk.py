@@ -284,7 +284,7 @@ def _take_spare(limit_mb: int, image: Path, point: Path) -> bool:
 
 def _adopt(source: Path, point: Path) -> None:
     """Show the spare's filesystem, mounted at ``source``, at ``point`` too, then drop ``source``.
-    Checked after the bind: had the spare's mount gone first (``sweep``), the bind showed the
+    Checked after the bind: had the spare's mount gone first (``sweep``), the bind would show the
     empty directory under it, which is undone; the caller then mounts the image itself."""
     try:
         device = os.stat(source).st_dev

@@ -2,12 +2,12 @@
 
 When a worker's run ends with its work done (``Done``, no completion criteria, no folders), its
 layer joins the workspace as soon as the finish commits, and a task chained after it stacks it at
-once: that task's start had to seal it first (its processes stopped, its view unmounted, its
-changes put in the layer format, its manifest and row written), a tenth of a chain's link. The
-worker hands the seal to this process's **sealer** thread instead, which seals the files while
-the finish's transaction runs (mostly waiting for the database) and writes the rows once it has
-committed; a start that stacks the layer meanwhile waits for the layer's lock, as it waited for
-any seal.
+once: that task's start must find it sealed, or seal it first (its processes stopped, its view
+unmounted, its changes put in the layer format, its manifest and row written), a large part of
+a chain's link. The worker hands the seal to this process's **sealer** thread instead, which
+seals the files while the finish's transaction runs (mostly waiting for the database) and writes
+the rows once it has committed; a start that stacks the layer meanwhile waits for the layer's
+lock, as it waits for any seal.
 
 Sealing before the task is final is safe because nothing else can write the layer: the worker's
 run has done its work and holds the lease, which nobody takes over before it expires (checked
