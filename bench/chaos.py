@@ -11,7 +11,7 @@ ended (or the deadline passed) it stops the box with Ctrl-C and prints:
 - failed by faults: tasks that failed (none of these tasks can fail by itself);
 - steps run twice: step completions beyond one per step (each step appends a line as it ends);
   of them, those whose first completion was recorded (a step result in the log, then the step
-  ran again). A kill between a step's last action and its record no longer runs it again: the
+  ran again). A kill between a step's last action and its record does not run it again: the
   step's receipt, written the moment its process is reaped, gives the retry its result
   ("from receipt" counts those); only a kill in the instant between the process's exit and
   that write would still run the step again (the log marks it interrupted);

@@ -1,6 +1,6 @@
 """A task's start and release against the number of done tasks in its workspace.
 
-Issue 19: a start (``open_view``) and a release should cost what the mounted stack costs
+A start (``open_view``) and a release should cost what the mounted stack costs
 (bounded by ``BOX_LAYER_MAX_DEPTH`` through compaction), not one step per done task. For a
 workspace with ``--depths`` done tasks (each one small file), tasks are started and released
 one after the other; each line gives the median ms per start and per release, the calls of

@@ -13,9 +13,9 @@ class BoxsiteConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # At exit, Python's last garbage collections walk every object a process made (a
-        # Django process holds ~200k): a second or more of CPU before a stopped box process is
-        # gone. Frozen objects are skipped by those collections; exit handlers still run, files
+        # At exit, Python's last garbage collections walk every object a process made, and a
+        # Django process holds very many: CPU spent before a stopped box process is gone.
+        # Frozen objects are skipped by those collections; exit handlers still run, files
         # and connections are still closed. Registered first, so it runs after every other
         # exit handler (they run last-registered first).
         atexit.register(gc.freeze)

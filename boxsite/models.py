@@ -92,8 +92,9 @@ class BoxSettings(models.Model):
     @classmethod
     def locked(cls) -> BoxSettings:
         """The row, locked until the transaction ends (PostgreSQL; SQLite's write transaction
-        holds the whole database). Every task creation asks: the statement is written once per
-        process, where the ORM built it each time; the row is made by the ORM only the first time."""
+        holds the whole database). Every task creation asks, so the statement is written once
+        per process rather than built by the ORM each time; the row is made by the ORM only the
+        first time."""
         sql, rows = _locked_settings_statement(connection.vendor)
         with connection.cursor() as cursor:
             cursor.execute(sql, [1])

@@ -56,7 +56,7 @@ if BOX_PUBLIC_URL:
     CSRF_TRUSTED_ORIGINS.append(BOX_PUBLIC_URL)
 
 # Not "daphne": the web process is daphne itself, and its app (for `runserver` only) would load
-# Twisted into every worker and scheduler process too (~16 MB each).
+# Twisted into the memory of every worker and scheduler process too.
 INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -160,8 +160,8 @@ else:
     # Every process keeps its threads' connections, as on PostgreSQL: the web process serves
     # requests on a few threads kept for its life (boxsite.core.handler), and a worker runs job after
     # job (django-q2 closes a connection past its age between jobs, and every connection before
-    # it forks). A new connection costs about 2 ms of CPU (the file opened, the pragmas, Django's
-    # functions registered); a worker closed and opened one six times per trivial task.
+    # it forks). A new connection costs CPU (the file opened, the pragmas, Django's functions
+    # registered), and a worker that does not keep its connection pays it several times a task.
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("BOX_DB_CONN_MAX_AGE", 60)
 DB_IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -194,10 +194,10 @@ Q_CLUSTER: dict[str, object] = {
 }
 # channels_redis waits for a consumer's next message in a blocking pop of 5 s, and redis-py cuts
 # any read at its socket timeout, 5 s by default: a reply Redis sends a moment late (a loaded
-# machine) was cut, the pop sent again and, after redis-py's retries, the consumer ended, and with
-# it the page's live stream. Reads get this long instead; the layer's connections keep a
-# cancellation that Python 3.11's wait_for swallows, which ended only on such a cut read before
-# (docs/decisions.md, "Portal, phone and live streams").
+# machine) would be cut, the pop sent again and, after redis-py's retries, the consumer would
+# end, and with it the page's live stream. Reads get this long instead; the layer's connections
+# keep a cancellation that Python 3.11's wait_for swallows, which with reads this long nothing
+# else ends (docs/decisions.md, "Portal, phone and live streams").
 LIVE_REDIS_READ_TIMEOUT_S = 30.0
 LIVE_REDIS_CONNECT_TIMEOUT_S = 5.0
 

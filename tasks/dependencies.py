@@ -232,9 +232,9 @@ def _why(edge: Dependency, on_state: str) -> str:
 def verdict(task: Task) -> Verdict:
     """Read in the dependency's final move, which holds its row (and on SQLite the one write
     lock), after the task's own row is held: the edges' own columns, each dependency's state and
-    whether the task has an open run, in one statement written once per process (the ORM built
-    the edges' read and the runs' look at every link); the edge that fails, when one does, is
-    read whole."""
+    whether the task has an open run, in one statement written once per process (the ORM would
+    build the edges' read and the runs' look again at every link); the edge that fails, when one
+    does, is read whole."""
     statement, columns = _edges_statement(connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(statement, [task.pk, RunState.QUEUED.value, RunState.RUNNING.value, task.pk])
@@ -293,7 +293,7 @@ def recovery_due(edge: Dependency) -> bool:
 def dependents_of(task_id: str, *, only_reading: bool = False) -> list[tuple[str, str]]:
     """(task id, edge condition) of each task that waits on ``task_id`` and has not started
     (``queued``); with ``only_reading``, only those whose edge checks its layer for an artifact.
-    Asked at every final move: written once per process, where the ORM built the join each time."""
+    Asked at every final move, so written once per process rather than built by the ORM each time."""
     params = [task_id, State.QUEUED.value, *([Condition.ARTIFACT.value] if only_reading else [])]
     with connection.cursor() as cursor:
         cursor.execute(_dependents_statement(connection.vendor, only_reading), params)

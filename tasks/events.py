@@ -38,9 +38,9 @@ PUBLISH_TIMEOUT_S = 5.0  # a notification Redis cannot take in this long is drop
 class _Publisher:
     """This process's one event loop for live notifications, run on its own daemon thread.
 
-    The channel layer keeps a Redis connection pool per event loop; ``async_to_sync`` made a fresh
-    loop (and so a fresh connection) per call. A caller hands its notification over and goes on
-    (a flow step's thread used to wait for six Redis round trips per event); the loop's thread
+    The channel layer keeps a Redis connection pool per event loop; ``async_to_sync`` makes a fresh
+    loop (and so a fresh connection) per call. A caller hands its notification over and goes on (a
+    flow step's thread does not wait for the Redis round trips of each event); the loop's thread
     sends what is queued in order. A notification is only a wake-up (consumers re-read from their
     cursor), so of those queued for one group while the previous batch went out only the last is
     sent: it goes out after every event it stands for has committed. A forked child (a django-q2
@@ -246,15 +246,15 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
     fields of the row are still so. None when the lease is gone (nothing written, the caller
     undoes the transaction); ``Task.DoesNotExist`` when the row did not match (nothing written).
 
-    On PostgreSQL one statement written once per process (the ORM built the update and the insert
-    at every step), which writes nothing unless the lease holds: it locks the task's row, then
+    On PostgreSQL one statement written once per process (rather than the ORM's update and insert
+    built at every step), which writes nothing unless the lease holds: it locks the task's row, then
     proves the lease on the run's (the one lock order, and each row read as last committed once
     held, so a lease taken over meanwhile fails), and only then updates the task and inserts the
     event. So it is atomic alone: ``alone``, sent outside a transaction (``StepRecorder.event``),
     it does not wait for the task's row (``RowHeld`` when another transaction holds it: nothing
     written), so it never waits for a lock with its commit already asked for; a worker that dies
-    while its write waits in a transaction has it undone, as before. Elsewhere the update, the
-    insert and the lease's proof, inside the caller's transaction."""
+    while its write waits in a transaction has it undone. Elsewhere the update, the insert and
+    the lease's proof, inside the caller's transaction."""
     connection = transaction.get_connection()
     if connection.vendor != "postgresql":
         written = {**values, "cost_cents": F("cost_cents") + cost_cents} if cost_cents else values

@@ -55,8 +55,8 @@ class Heartbeat:
 
 class Heartbeats:
     """The process's one heartbeat thread, kept for its life: it beats for every run it watches
-    (in a worker, the run in hand). A thread started for each run cost the run's start a wait for
-    the new thread to take the GIL (1-4 ms while the janitor's release computed). Started on
+    (in a worker, the run in hand). A thread started for each run would cost the run's start a
+    wait for the new thread to take the GIL (long while the janitor's release computes). Started on
     first use; a forked child (a django-q2 worker) starts its own. Its database connection is
     closed whenever it watches nothing, so an idle worker holds none for it."""
 

@@ -55,8 +55,8 @@ class TaskQuerySet(models.QuerySet["Task"]):
     def reachable_one(self, principal: Principal, pk: str) -> Task:
         """``reachable_by(principal).get(pk=pk)``. The owner's own callers (a token, a session,
         the box for them) reach every task of theirs: each view of a task asks for one, so that
-        statement is written once per process, where the ORM built it each time (about a quarter
-        of a task's view). Raises ``Task.DoesNotExist``."""
+        statement is written once per process rather than built by the ORM each time (a large
+        part of a task's view). Raises ``Task.DoesNotExist``."""
         if principal.via in (Via.DEVICE, Via.TASK):
             return self.reachable_by(principal).get(pk=pk)
         sql, rows = _owned_task_statement(connection.vendor)

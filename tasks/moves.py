@@ -1,8 +1,8 @@
 """A task's move (``services._try_write_task``) and the events that record it, in statements
-written once per process, where the ORM built the update and each event's insert at every move
-(2-3 ms of CPU a move, two moves per trivial run; issue 19).
+written once per process: the ORM would build the update and each event's insert again at every
+move, and a trivial run makes two moves.
 
-The statements do what the ORM's did: the update is conditional on the (state, version) the
+The statements do what the ORM's path does: the update is conditional on the (state, version) the
 caller saw, bumps ``version``, writes ``updated_at`` and the fields, and takes the events' numbers
 (``event_seq``) in the same statement (``events.numbered_update``); each event is inserted at its
 number, redacted, and published after commit (``events.record_event``). On PostgreSQL the update
@@ -43,7 +43,7 @@ def can_write(fields: dict[str, Any]) -> bool:
 def write(task: Task, now: datetime, fields: dict[str, Any], events: Sequence[Event], *, redactor: Redactor) -> bool:
     """Move ``task`` if it is still at the state and version it has in memory: write ``fields``,
     ``version`` + 1 and ``updated_at`` = ``now``, and append ``events`` at the next numbers. False
-    when it moved on (nothing was written). Updates ``task`` in memory as the ORM's path did.
+    when it moved on (nothing was written). Updates ``task`` in memory as the ORM's path does.
     Call inside the transaction of the change (``can_write(fields)`` first)."""
     if not connection.in_atomic_block:
         raise RuntimeError("a move must be written inside its transaction")

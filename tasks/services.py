@@ -242,7 +242,7 @@ def held_back() -> list[str]:
     """Queued tasks with no open run and a dependency that has ended: those whose edges may now
     let them start (or fail them). One whose every dependency is still active is waiting for
     sure, and is passed over without the decision's transaction (on SQLite, the one write lock:
-    a sweep during a long chain took it for every link still to come)."""
+    a sweep during a long chain would take it for every link still to come)."""
     return list(Task.objects.filter(state=State.QUEUED, dependency_edges__on__state__in=FINAL)
                 .exclude(runs__state__in=[RunState.QUEUED, RunState.RUNNING])
                 .values_list("pk", flat=True).distinct())
@@ -442,7 +442,7 @@ def _locked_settings() -> BoxSettings:
 def _refuse_at_capacity(limit: int) -> None:
     # A plain-language ask parked for a plan holds no worker and may wait for days (until a model
     # is configured): it is counted apart, so it never keeps real work from starting. Asked at
-    # every creation: written once per process, where the ORM built the count each time.
+    # every creation, so written once per process rather than built by the ORM each time.
     with connection.cursor() as cursor:
         cursor.execute(_active_count_statement(connection.vendor), [*(s.value for s in sorted(ACTIVE)), State.WAITING.value, "plan"])
         (active,) = cursor.fetchone()

@@ -1,4 +1,4 @@
-"""What one trivial run costs the database, counted in process (issue 19): a guard against the
+"""What one trivial run costs the database, counted in process: a guard against the
 statements creeping back, and the vault read it saves without missing a secret added mid-run."""
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_a_finish_that_starts_a_dependent_executes_no_more_statements_than_count
 # The same finish with the worker going on (``claim_next``): in the same transaction, a savepoint
 # around the dependent's claim and move to running (``begin_run``'s statements less its
 # transaction, its vault read (the finish's) and its lock of the task's row, which the decision
-# took), where the claim was a transaction of its own.
+# took), not a transaction of its own.
 FINISH_CLAIMING = {"sqlite": 25, "postgresql": 19}
 
 
@@ -174,7 +174,8 @@ def test_a_redactor_is_built_again_only_when_the_vault_changed(db: Any) -> None:
 
 
 def test_a_worker_keeps_its_database_connection_from_one_run_to_the_next(box: Box, settings: Any) -> None:
-    # A new connection costs about 2 ms of CPU on SQLite (a worker opened one several times per run).
+    # A new connection costs CPU on SQLite too: a worker that let go of it would pay that several
+    # times per run.
     run_counted(box, settings)
     kept = connection.connection
     task_id, _ = run_counted(box, settings)
@@ -184,7 +185,7 @@ def test_a_worker_keeps_its_database_connection_from_one_run_to_the_next(box: Bo
 
 def test_the_janitor_keeps_its_database_connection_from_one_release_to_the_next(box: Box, settings: Any) -> None:
     # In a chain of tasks a release comes every few tens of milliseconds: a connection made for
-    # each (and, on PostgreSQL, a server process started for it) cost more than its statements.
+    # each (and, on PostgreSQL, a server process started for it) costs more than its statements.
     made: list[Any] = []
 
     def count(sender: Any, connection: Any, **kwargs: Any) -> None:

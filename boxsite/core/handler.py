@@ -7,10 +7,11 @@ more time: about fifteen handoffs between the event loop and the thread per requ
 futures, a context copy and a thread wake-up. And each request gets a thread of its own, started
 for it and joined after, with a database connection opened and closed in it. Every view and
 middleware of the box is sync, so here the chain is built sync and runs in one handoff, on one of
-a few threads kept for the process's life (issue 19: the web process's CPU per request).
+a few threads kept for the process's life, which keeps the web process's CPU per request low.
 
 A request runs on the least busy thread; Django's request signals, its response streaming and the
-request's thread-sensitive calls all stay on that thread, as Django's per-request thread did.
+request's thread-sensitive calls all stay on that thread, as they stay on Django's per-request
+thread.
 """
 from __future__ import annotations
 

@@ -5,12 +5,11 @@ A consumer waits for its next message in channels_redis's receive, a loop of blo
 ends only with a message, an error or a cancellation; channels cancels it when the page goes away,
 and an event loop's close cancels every task left. redis-py sends each command inside
 ``asyncio.wait_for`` when it has a socket timeout, and Python 3.11's ``wait_for`` returns normally
-when the cancellation comes after the send finished but before the waiting task woke up (about
-one cancel in five that lands while a receive starts its pop, measured): the cancellation is
-gone, and the receive goes on popping. With redis-py's 5 s read timeout such a loop ended some
-seconds later on a cut read; with a read timeout above the pop, as the live streams need, it
-never ended, and an event loop's close waited for it for good. The connections here raise the
-swallowed cancellation again (docs/decisions.md, "Portal, phone and live streams").
+when the cancellation comes after the send finished but before the waiting task woke up (a
+cancel that lands while a receive starts its pop often does): the cancellation is gone, and the
+receive goes on popping. With a read timeout above the pop, as the live streams need, nothing
+else ends that loop, and an event loop's close waits for it for good. The connections here raise
+the swallowed cancellation again (docs/decisions.md, "Portal, phone and live streams").
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 On ``/api/`` and ``/hooks/`` paths a request whose path or query holds a NUL character (which
 PostgreSQL cannot compare or store) is ``400``, and one that declares a body over the limit is
 ``413`` before a byte of it is read. On the pages a NUL there is Django's 400 page. A cookie
-holding a NUL (no browser was sent one: the session's lookup of it failed on PostgreSQL) is
+holding a NUL (no browser is sent one, and the session's lookup of it fails on PostgreSQL) is
 dropped before the session, CSRF and device checks read it, on every path. Unknown paths and unexpected errors there are answered by
 ``boxsite.views.api_not_found`` / ``server_error`` (see ``boxsite.urls``). Every request is one
 ``boxsite.core.reads`` scope.

@@ -1,6 +1,7 @@
 """What the flow worker needs to know of the browser steps without loading Playwright: their
-kinds, the default timeout and the pause in front of a payment. Playwright (~20 MB in every
-process that imports it) is loaded by ``tasks.browser.steps`` only when a flow has a browser step.
+kinds, the default timeout and the pause in front of a payment. Playwright (a large part of the
+memory of every process that imports it) is loaded by ``tasks.browser.steps`` only when a flow
+has a browser step.
 """
 from __future__ import annotations
 

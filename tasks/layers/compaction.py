@@ -11,8 +11,8 @@ pile up on top. The layers beneath the split are cut into runs whose lengths are
 digits of their count in steps (oldest first, the longest first), each run one flat: as the
 split moves, only the newest runs change, and a run of ``2k`` steps is built from the two runs
 of ``k`` it replaces. A file is so copied about log2(layers / step) times over a workspace's
-life, not once per step as with one flat over everything (a start every step copied the whole
-history: 37 ms at 300 done tasks that each wrote a file, and growing). The other half of the
+life, not once per step as one flat over everything would need (each step's flat a copy of the
+whole history, growing with the workspace). The other half of the
 depth bounds the number of flats: past it, the newest runs are one flat. Files are shared by
 hard links (layers never change once sealed). Flats are keyed by the exact layer ids they hold:
 undoing a layer beneath a flat changes the keys of that flat and of every newer one, so the next
@@ -91,9 +91,9 @@ def split(newest_first: list[str], markers: str) -> tuple[list[str], list[Flat]]
 
 def mounted_keys(newest_first: list[str], markers: str) -> set[str]:
     """The flats a task that recorded this stack may have mounted, which a sweep keeps while it
-    is active: its runs, and the one flat over every layer below the split that the layout
-    before runs built (until 2026-12-04), for a worker of that version still running it beside
-    this one (a rolling upgrade of several machines)."""
+    is active: its runs, and the one flat over every layer below the split that a box version
+    without runs builds, for a worker of that version still running it beside this one (a
+    rolling upgrade of several machines)."""
     _, flats = split(newest_first, markers)
     keys = {flat.key for flat in flats}
     flattened = flattened_count(len(newest_first))

@@ -18,10 +18,10 @@ made larger than needed, and after mounting, everything free beyond the limit is
 mounted with ``discard``: space a task frees is given back to the host.
 
 At seal the layer's changes leave the image for ``layers/<task>/upper`` on the data filesystem,
-where every other layer is (``settle``): a finished layer is read, diffed, stacked, kept and
-undone exactly as before. The overlay upper is copied out before the seal rewrites it; the copy
-driver's seal moves each changed file out of the working copy. The copy costs what the task
-changed. The image itself is then emptied and kept, still mounted, for a later task
+where every other layer is (``settle``): a finished layer is read, diffed, stacked, kept and undone
+exactly as a layer written without an image. The overlay upper is copied out before the seal
+rewrites it; the copy driver's seal moves each changed file out of the working copy. The copy costs
+what the task changed. The image itself is then emptied and kept, still mounted, for a later task
 (``_recycle``), or deleted when it cannot be.
 
 Where the image cannot be made (not root, no loop devices, no ``mkfs.ext4``) ``unavailable()``
@@ -188,7 +188,7 @@ def _take_spare(limit_mb: int, image: Path, point: Path) -> bool:
 
 def _adopt(source: Path, point: Path) -> None:
     """Show the spare's filesystem, mounted at ``source``, at ``point`` too, then drop ``source``.
-    Checked after the bind: had the spare's mount gone first (``sweep``), the bind showed the
+    Checked after the bind: had the spare's mount gone first (``sweep``), the bind would show the
     empty directory under it, which is undone; the caller then mounts the image itself."""
     try:
         device = os.stat(source).st_dev
@@ -213,8 +213,8 @@ def _detach(source: Path) -> None:
 
 def _in_background(work: Callable[..., None], *args: object) -> None:
     """Run ``work`` in a thread of its own without waiting for it to be scheduled, as
-    ``threading.Thread.start`` does (2-3 ms on a loaded machine, on the task's path). Like a
-    daemon thread, it does not hold up the process's exit."""
+    ``threading.Thread.start`` does (a wait for the new thread to take the GIL, on the task's
+    path). Like a daemon thread, it does not hold up the process's exit."""
     _thread.start_new_thread(work, args)
 
 

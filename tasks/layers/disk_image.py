@@ -68,8 +68,8 @@ def make_image(image: Path, *, limit_mb: int, content_bytes: int, content_files:
         # -m 0: no blocks reserved for root (overlayfs writes as root); lazy init: nothing
         # written for the inode tables and journal, so making it costs milliseconds, not size.
         # ^resize_inode: the image never grows, so no blocks are set aside (and written) for it.
-        # ^has_journal: mounting and unmounting cost a third (the image lives as long as its task;
-        # after a crash it is checked with e2fsck before it is mounted again).
+        # ^has_journal: a journal makes mounting and unmounting dearer (the image lives as long as
+        # its task; after a crash it is checked with e2fsck before it is mounted again).
         subprocess.run([MKFS, "-q", "-F", "-b", str(BLOCK), "-m", "0", "-N", str(inodes), "-O", "^resize_inode,^has_journal",
                         "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", str(partial)],
                        check=True, capture_output=True, timeout=120)

@@ -2,21 +2,22 @@
 
 When a worker's run ends with its work done (``Done``, no completion criteria, no folders), its
 layer joins the workspace as soon as the finish commits, and a task chained after it stacks it at
-once: that task's start had to seal it first (its processes stopped, its view unmounted, its
-changes put in the layer format, its manifest and row written), a tenth of a chain's link. The
-worker hands the seal to this process's **sealer** thread instead, which seals the files while
-the finish's transaction runs (mostly waiting for the database) and writes the rows once it has
-committed; a start that stacks the layer meanwhile waits for the layer's lock, as it waited for
-any seal.
+once: that task's start must find it sealed, or seal it first (its processes stopped, its view
+unmounted, its changes put in the layer format, its manifest and row written), a large part of
+a chain's link. The worker hands the seal to this process's **sealer** thread instead, which
+seals the files while the finish's transaction runs (mostly waiting for the database) and writes
+the rows once it has committed; a start that stacks the layer meanwhile waits for the layer's
+lock, as it waits for any seal.
 
 Sealing before the task is final is safe because nothing else can write the layer: the worker's
 run has done its work and holds the lease, which nobody takes over before it expires (checked
 first: at least half of it must be left), and every other seal or opening of the layer takes its
 lock. If the finish does not end the task (its lease was lost, or a database fault handed the run
 back), the layer is left sealed on disk only: the task's next run reopens it, as a retried
-task's (``task_view._reopen``). A seal that fails, or does not happen, is done as before, by the
-dependent's start or the task's release. Overlay layers only: the copy driver's seal moves the
-working copy's changes out under a journal of its own, which is not split in two here.
+task's (``task_view._reopen``). A seal that fails, or does not happen, is done by the
+dependent's start or the task's release, as any seal not made here. Overlay layers only: the
+copy driver's seal moves the working copy's changes out under a journal of its own, which is
+not split in two here.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _seal(task_id: str, run_id: int, token: str, over: threading.Event) -> None:
     with layer_lock(task_id):
         meta = Meta.load(directory)
         if meta.sealed or not runs.lease_lasts(run_id, token, settings.BOX_LEASE_SECONDS / 2):
-            return  # sealed already, or the finish is over (or the lease nearly gone): left as before
+            return  # sealed already, or the finish is over (or the lease nearly gone): left to the start or release
         task, layer = task_view.rows_of(task_id)
         if task is None or layer is None or task.folders or layer.driver != "overlay":
             return

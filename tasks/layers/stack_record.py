@@ -2,7 +2,7 @@
 task's start records for good (``record_layer``).
 
 Both are read at every start and release, so their statements are written once per process
-(where the ORM built them each time), quoted through the connection, for both databases.
+(not built by the ORM each time), quoted through the connection, for both databases.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tasks.states import State
 
 def current_stack(workspace: Workspace | int) -> list[str]:
     """The done tasks whose layers make up the workspace now, newest first. Read at every start
-    and release: the statement is written once, where the ORM built it each time."""
+    and release, so the statement is written once, not built by the ORM each time."""
     pk = workspace if isinstance(workspace, int) else workspace.pk
     return layer_task_ids(pk, LayerState.APPLIED, newest_first=True)
 
@@ -61,7 +61,7 @@ def record_layer(task: Task) -> Layer:
     without (docs/decisions.md, "A start leaves out a layer that finished after its task was
     asked for"): a layer whose seal is not complete, of a task that finished after this task was
     created and that this task does not depend on. ``seal_stack`` then waits for (or does) the
-    seal of every layer kept, as before; a layer left out is neither waited for nor sealed, and
+    seal of every layer kept; a layer left out is neither waited for nor sealed, and
     never joins this task's view (a retry keeps the stack recorded here)."""
     driver, path = driver_name(), str(paths.layer_dir(task.pk))
     if connection.vendor == "postgresql" and not task.folders:
@@ -121,8 +121,8 @@ def _start_stack_params(task: Task) -> list[Any]:
 
 def _add_layer_with_stack(task: Task, layer: Layer) -> Layer | None:
     """PostgreSQL, under the workspace lock: the layer row inserted and the task's stack recorded
-    in one statement, which commits alone (the look-up, ``BEGIN``, three statements and
-    ``COMMIT`` were six round trips on a chained task's path). None when the task has its row
+    in one statement, which commits alone (one round trip on a chained task's path, where the
+    look-up, ``BEGIN``, three statements and ``COMMIT`` would be six). None when the task has its row
     already (a retry): nothing is written, and the caller reads the row and the stack recorded.
     ``layer`` names its task by key, so an unsaved row is never cached as ``task.layer``."""
     fields = [field for field in Layer._meta.local_concrete_fields if not field.primary_key]
@@ -171,9 +171,9 @@ def write_seal(task: Task, layer: Layer, manifest: dict[str, Any]) -> bool:
     layer's ``applied_at`` before it commits, so a task created and started meanwhile records
     its stack without it; the bound leaves room for that transaction. The database compares them
     with the stack the task recorded (its row's ``layers``), which never leaves it: fetching the
-    ids to compare here made a row for each task the workspace finished within the lease (a
-    burst, a chain posted at once), and naming the stack in the query grew with the workspace's
-    history."""
+    ids to compare here would make a row for each task the workspace finished within the lease (a
+    burst, a chain posted at once), and naming the stack in the query would grow with the
+    workspace's history."""
     field = Layer._meta.get_field("manifest")
     if task.folders or task.state != State.DONE or layer.applied_at is None:
         Layer.objects.filter(pk=layer.pk).update(manifest=manifest, note_due=False, sealed=True)

@@ -71,8 +71,8 @@ def open_view(task: Task) -> Path:
             disk.reserve(task.pk, disk_mb, used_bytes=held)
         # No meta is written here: the seal writes the first one (durably). Until then an absent
         # meta reads as an unsealed layer, the driver is the layer row's, and a later start tells
-        # an opened layer by its upper directory or image (``_open_disk``). An opening's meta,
-        # saved with its ``fsync``, was the start's largest wait on a quiet disk.
+        # an opened layer by its upper directory or image (``_open_disk``). A meta saved here,
+        # with its ``fsync``, would be the start's largest wait on a quiet disk.
     return paths.view_dir(task.pk)
 
 
@@ -311,7 +311,7 @@ def record_seal(task: Task, layer: Layer, meta: Meta, roots: list[Root], summary
     sealed. Call under the layer's lock, with ``task`` ended (as it is now)."""
     # ``sealed`` lets a start whose task was created before this one finished keep the layer in
     # its stack (``_start_stack_condition``). It is set a moment before the meta says sealed: such
-    # a start waits on this lock for that moment, as any start did.
+    # a start waits on this lock for that moment, as a start waits for any seal in progress.
     due = write_seal(task, layer, summary)
     if due and connection.in_atomic_block:
         # Sealed inside a caller's transaction (a dependency's check, say): the task's own
@@ -347,14 +347,14 @@ def record_lost_seal(task_id: str) -> None:
         write_seal(task, layer, summary)
 
 
-# What a release and a seal read of the task: making the model of the whole row (40 fields, JSON
-# decoded) was most of the CPU of reading it. Any other field is read when first used.
+# What a release and a seal read of the task: making the model of the whole row (every field,
+# JSON decoded) is most of the CPU of reading it. Any other field is read when first used.
 _SEALED_BY = ("id", "state", "workspace", "layers", "folders", "created_at")
 
 
 def _task_of(task_id: str) -> Task | None:
     """The task with its workspace, or None when it is gone: a ``get``, where ``first()`` would
-    order and slice the query too (a third more CPU for a row that is read at every release)."""
+    order and slice the query too (more CPU for a row that is read at every release)."""
     try:
         return Task.objects.select_related("workspace").only(*_SEALED_BY).get(pk=task_id)
     except Task.DoesNotExist:
@@ -382,8 +382,8 @@ def _applied_since_created(task: Task, layer: Layer) -> QuerySet[Layer]:
     was created. Those applied earlier were in the workspace when it recorded its stack, and a
     start leaves out only layers applied after its task's creation (``stack_record.record_layer``), so they
     are in it; ``_not_stacked`` leaves out the rest of the stack. The stack is never put in the query:
-    a query naming each id of it grew with the workspace's history (hundreds of ids, most of a
-    seal's CPU, once a workspace had seen a few hundred tasks)."""
+    a query naming each id of it would grow with the workspace's history (hundreds of ids in a
+    workspace that has seen a few hundred tasks, most of a seal's CPU)."""
     # A final move takes its layer's ``applied_at`` before it commits, and a task created and
     # started meanwhile on PostgreSQL records its stack without that layer (not committed yet):
     # the bound leaves room for a final move's transaction, one lease long.

@@ -176,7 +176,7 @@ def call_model(config: ModelConfig, messages: list[dict[str, Any]], *, tools: li
     """One chat-completions call. ``tools``: function tools the model may call; ``schema``: a
     JSON Schema its answer must follow (asked for as a JSON object; the caller validates it).
     Raises ``ModelError`` (never hangs past the timeout) or ``KeyMissing``."""
-    import openai  # noqa: PLC0415 - ~40 MB a process holds once imported: only where a model is called
+    import openai  # noqa: PLC0415 - large in every process that imports it: only where a model is called
 
     client = _client(config.base_url, key if key is not None else read_key(config))
     kwargs: dict[str, Any] = {"model": config.model, "messages": messages, "max_tokens": config.max_output_tokens,

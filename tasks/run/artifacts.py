@@ -1,4 +1,4 @@
-"""Files a step carries (its full output now, screenshots when browser steps land).
+"""Files a step carries (its full output, a browser step's screenshots and snapshots).
 
 Stored under ``BOX_DATA_DIR/artifacts/<task>/<name>``, readable by the box alone (a task's user
 must not read another task's output), listed on the event that produced them as

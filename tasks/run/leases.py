@@ -57,7 +57,7 @@ def lock_task(task_id: str) -> None:
 
 def read_locked(task: Task) -> None:
     """Read ``task`` again in full, its row locked for the rest of the transaction (``lock_task``),
-    by a statement written once, where the ORM built the read of every column at each run's finish.
+    by a statement written once, not a read of every column built by the ORM at each run's finish.
     As ``refresh_from_db`` with ``select_for_update``, except that a related row cached for the
     same key is kept (the run's workspace, read with its claim); reverse one-to-one rows (its
     layer) and prefetched rows are dropped, as there."""
@@ -92,8 +92,8 @@ def _locked_read_statement(vendor: str) -> tuple[str, Rows]:
 
 def lock_task_of_queued(run_id: int) -> str | None:
     """The task of run ``run_id`` while the run is queued (else None), its row locked for the rest
-    of the transaction (``lock_task``): one statement, written once, where the run's read (built
-    by the ORM) and the lock were two."""
+    of the transaction (``lock_task``): one statement, written once, that both reads the run and
+    takes the lock."""
     with connection.cursor() as cursor:
         cursor.execute(_task_of_queued_statement(connection.vendor), [run_id, RunState.QUEUED.value])
         row = cursor.fetchone()
@@ -234,8 +234,8 @@ def claim(run_id: int) -> tuple[Run, str] | None:
 
 @functools.cache
 def _take_statement(vendor: str) -> str:
-    """The claim's update, conditional on the run still being queued: written once, where the ORM
-    built it at every claim."""
+    """The claim's update, conditional on the run still being queued: written once, not built by
+    the ORM at every claim."""
     quote = connection.ops.quote_name
     sets = ", ".join(f"{quote(_column(Run, name))} = %s" for name in _TAKEN)
     return (f"UPDATE {quote(Run._meta.db_table)} SET {sets} "
@@ -268,9 +268,9 @@ def _taken_statement(vendor: str) -> tuple[str, Rows]:
 @functools.cache
 def _claimed_statement(vendor: str) -> tuple[str, Rows]:
     """The claimed run with its task and the task's workspace (the run's view opens on it), and
-    whether another run of the task is running: written once, where the ORM built the read of
-    both rows' columns at every claim (about a third of the claim's CPU) and the view read the
-    workspace's row in a round trip of its own. SQLite's; PostgreSQL reads them with the claim's
+    whether another run of the task is running: written once, not built by the ORM at every
+    claim (a large part of the claim's CPU), and the workspace read with it, not in a round trip
+    of its own. SQLite's; PostgreSQL reads them with the claim's
     update (``_taken_statement``)."""
     columns = Rows.of(Run, Task, Workspace)
     quote = connection.ops.quote_name
@@ -284,8 +284,8 @@ def _claimed_statement(vendor: str) -> tuple[str, Rows]:
 
 @functools.cache
 def _others_running_statement(vendor: str) -> str:
-    """Whether a run of the claimed run's task other than it is running: written once, where the
-    ORM built an ``Exists`` subquery at every claim (about 1.3 ms of CPU)."""
+    """Whether a run of the claimed run's task other than it is running: written once, not an
+    ``Exists`` subquery built by the ORM at every claim."""
     quote = connection.ops.quote_name
     table, other = quote(Run._meta.db_table), quote("other_run")
     task, state, pk = (quote(_column(Run, name)) for name in ("task", "state", "id"))
@@ -303,7 +303,7 @@ def heartbeat(run_id: int, token: str) -> bool:
     """Extend the lease. False means the lease is gone (taken over, cancelled, finished).
 
     Every guarded write of a run proves its lease with this (``holds_lease``): the statement is
-    written once, where the ORM built the update each time (about 0.5 ms of CPU)."""
+    written once, not built by the ORM each time."""
     with connection.cursor() as cursor:
         cursor.execute(*lease_statement(run_id, token))
         return cursor.rowcount == 1
@@ -343,8 +343,8 @@ def finish(run_id: int, token: str, outcome: str, error: str = "", *, charged: b
     """Close the run with its outcome; ``charged=False`` refunds the attempt (a wait for the owner).
     False when the run no longer holds its lease (nothing was written): the update is conditional
     on the run's state and token, as the lease's heartbeat is, so it proves the lease as well
-    (``finalize.finish_run``). Written once per process, where the ORM built the update at every
-    run's end."""
+    (``finalize.finish_run``). Written once per process, not built by the ORM at every run's
+    end."""
     adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
         cursor.execute(_finish_statement(connection.vendor), [
@@ -403,9 +403,9 @@ def stranded_runs(now: Any) -> list[int]:
     A queue message can die with a cluster (prefetched, or locked by a reader that is gone).
     Re-sending is safe because a second delivery of a claimed run does nothing; a run merely
     waiting its turn behind a busy queue is not sent again, nor while no worker is free: copies
-    would pile up in the queue (a burst sent 105 copies for 44 tasks when every run older than
-    ``BOX_RESEND_S`` was sent again). A dependent's run its dependency's worker took at once
-    (``hold_first``) overtakes the queue too: a run waiting then is sent again, as before."""
+    would pile up in the queue (under load a burst's runs wait longer than ``BOX_RESEND_S`` behind
+    each other). A dependent's run its dependency's worker took at once (``hold_first``) overtakes
+    the queue too: a run waiting then is sent again, one copy per ``BOX_RESEND_S``."""
     if free_workers() <= 0:
         return []
     before = now - timedelta(seconds=settings.BOX_RESEND_S)

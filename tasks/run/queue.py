@@ -1,6 +1,6 @@
 """The embedded queue (django-q2's ORM broker) with a wake-up instead of a poll's wait.
 
-django-q2's ORM broker finds new jobs by polling its table every ``poll`` seconds (0.2 s: 100 ms
+django-q2's ORM broker finds new jobs by polling its table every ``poll`` seconds (half a poll
 of waiting on average before a run even starts). Here each cluster's pusher, when the table is
 empty, waits on a datagram socket of its own instead of sleeping, and every enqueue sends one
 byte to each registered pusher after the job's row is written: the pusher reads the table at
@@ -84,8 +84,8 @@ class WakingORM(ORM):
         return job.pk
 
     def dequeue(self) -> list[tuple[Any, Any]] | None:
-        # The pusher reads the table once or twice per job: its statements are written once per
-        # process, where the ORM built them each time (about 4 ms of CPU per job in all).
+        # The pusher reads the table once or twice per job, so its statements are written once
+        # per process rather than built by the ORM each time.
         self.get_connection()  # django-q2's: a connection past its age is closed first
         connection = _connection()
         select, take, _ = _statements(connection.vendor)

@@ -1,11 +1,11 @@
 """A ``run`` step's receipt: how its process ended, kept before anything else is done with it.
 
-A worker killed after a step's process exited and before the step's result was recorded used to
-run the step again: nothing told that kill apart from one in the middle of the step. The worker
-now writes the receipt the moment the process's exit and output are in hand (before the output
-becomes artifacts, before the database): the exit code, the output's tails, and links to the
-spool files holding the whole output, with their sizes. It lives in the task's spool directory, which is the
-box's (mode 0700, root's): the task's user can neither write nor forge one.
+Without it, a worker killed after a step's process exited and before the step's result was recorded
+would run the step again: nothing would tell that kill apart from one in the middle of the step.
+The worker writes the receipt the moment the process's exit and output are in hand (before the
+output becomes artifacts, before the database): the exit code, the output's tails, and links to the
+spool files holding the whole output, with their sizes. It lives in the task's spool directory,
+which is the box's (mode 0700, root's): the task's user can neither write nor forge one.
 
 A retry that finds a complete receipt for the step it resumes at, written by an earlier run of
 the same task that was lost, records the step's result from it instead of running the step again.

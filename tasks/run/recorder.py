@@ -167,8 +167,8 @@ class StepRecorder:
 
         if connection.vendor == "postgresql" and not connection.in_atomic_block:
             # The statement writes nothing unless the lease holds: atomic alone, so sent without a
-            # transaction around it (its BEGIN and COMMIT were two round trips of three), as long
-            # as the task's row is free (else it waits for it in a transaction, as before).
+            # transaction around it (a BEGIN and a COMMIT would be two round trips more), as long
+            # as the task's row is free (else it waits for it in a transaction).
             try:
                 # True: written, the lease held; False: the lease is gone; None: the row changed
                 # since this run wrote it (``as_last_written``), nothing written.

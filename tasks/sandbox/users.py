@@ -1,6 +1,6 @@
 """One Linux user per task at a time, from a pool of users the box creates ahead.
 
-``useradd``/``userdel`` rewrite /etc/passwd under a machine-wide lock (tens of ms each, seconds
+``useradd``/``userdel`` rewrite /etc/passwd under a machine-wide lock (slow, and far slower
 under load), so a task does not make its own user: it *claims* a free user of the box's pool at
 its first start and gives it back at release, after the release has stopped every process of the
 user, emptied its keyrings, removed its control groups and handed back every file it owned
@@ -13,11 +13,11 @@ removed under a lock file there, so every process of the box (web, workers, sche
 claim, no give-back) for ``TRIM_IDLE_S`` does a janitor delete the free users beyond twice
 ``BOX_USER_POOL`` (``trim_pool``). So a steady stream of tasks pays no ``useradd`` or ``userdel``
 (the pool settles at the spares plus the tasks running or still releasing at once), and neither
-does a burst after the first: deleting the surplus at each give-back made every burst of 40
-create and delete about 20 users (tens of ms of CPU each, under a machine-wide lock), the
-janitors' releases lagging the starts. When the pool is empty a task makes one more user on its
-own path (the old cost, once). ``BOX_USER_POOL=0`` keeps no pool: each task's user is made at
-its start and deleted at its give-back.
+does a burst after the first: deleting the surplus at each give-back would make every burst
+create and delete many users (each under the machine-wide lock), as the janitors' releases lag
+the starts. When the pool is empty a task makes one more user on its own path.
+``BOX_USER_POOL=0`` keeps no pool: each task's user is made at its start and deleted at its
+give-back.
 
 Pool users are named ``box-<box digest>-<n>`` and carry a marker in their comment field naming the
 box that created them (a hash of its local data directory), so reconciling one box never touches the
@@ -247,9 +247,9 @@ def give_back(task_id: str, ident: Identity) -> None:
             _mark_active()
             return
         # Still claimed while it goes (nobody else can take it meanwhile), by this process: one
-        # killed inside userdel leaves a claim ``drop_stale_claims`` knows, where the task's
-        # claim named a user that was gone, which no release looked at again (and its group
-        # stayed for good).
+        # killed inside userdel leaves a claim ``drop_stale_claims`` knows. Left as the task's,
+        # the claim would name a user that is gone, which no release looks at again (and its
+        # group would stay for good).
         _point(ident.name, _this_maker())
     try:
         accounts.remove_user(ident.name)

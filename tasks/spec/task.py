@@ -434,8 +434,8 @@ class TaskSpecBody(Body):
 
 def _reachable_task(principal: Principal, task_id: str, field: str) -> Task:
     """A task the caller may reach, named in a spec; another's task is as unknown as none. Only
-    what a spec's checks and its edges use is read (the whole row, its JSON decoded, was a fifth
-    of a dependent's creation); any other field is read when first used."""
+    what a spec's checks and its edges use is read (the whole row, its JSON decoded, would be a
+    large part of a dependent's creation); any other field is read when first used."""
     try:
         return Task.objects.reachable_by(principal).only("id", "owner_id", "state").get(pk=task_id)
     except Task.DoesNotExist:

@@ -203,8 +203,8 @@ def _vault() -> tuple[tuple[Any, ...], dict[str, str]]:
 
 def _vault_now() -> tuple[tuple[Any, ...], dict[str, str]]:
     global _vault_cache
-    # Asked several times per run: written once, not built by the ORM each time (an aggregate
-    # cost about 0.4 ms of CPU). The stamp is only compared with the last one.
+    # Asked several times per run: written once, not built by the ORM each time (building an
+    # aggregate costs more than running it). The stamp is only compared with the last one.
     with connection.cursor() as cursor:
         cursor.execute(_vault_stamp_statement(connection.vendor))
         key = tuple(cursor.fetchone())

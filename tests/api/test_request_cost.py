@@ -1,6 +1,6 @@
 """What the requests a client makes for every task cost the database, in statements: creating a
 trivial task, then following it (its view, its events, the list of what is still going). A
-figure that grows is a statement added to every task's path (issue 19); lower it here when a
+figure that grows is a statement added to every task's path; lower it here when a
 change takes one away."""
 from __future__ import annotations
 

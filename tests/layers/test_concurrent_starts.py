@@ -1,7 +1,7 @@
-"""A start beside a seal still in progress (issue 19): a layer whose task finished after the
+"""A start beside a seal still in progress: a layer whose task finished after the
 starting task was created, and whose seal is not complete, is left out of its stack, unless the
 task depends on that task; the start neither waits for that seal nor does it. A layer done
-before the task was created, or a dependency's, is waited for and seen as before.
+before the task was created, or a dependency's, is waited for and seen.
 
 The janitor is kept from the layers (``layers.release`` does nothing until the test puts it
 back) and another thread holds the finished layer's lock, as a janitor in the middle of its seal

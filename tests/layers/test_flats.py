@@ -227,10 +227,10 @@ def test_the_one_flat_an_older_worker_mounted_stays_while_its_task_is_active(lbo
 
 @pytest.mark.parametrize("depth", [3, 4, 8, 16])
 def test_flats_are_runs_whose_rebuilds_copy_each_layer_a_logarithmic_number_of_times(settings, depth):
-    """Issue 19: one flat over every old layer was built again at each step of the split, so a
-    start at 300 done tasks copied 300 tasks' files. The runs (binary digits of the flattened
-    steps) keep the mounted depth within ``BOX_LAYER_MAX_DEPTH`` and, at the default depth, the
-    layers copied into new flats over a workspace's life near n log n (one flat: n² / step)."""
+    """One flat over every old layer would be built again at each step of the split, each time
+    a copy of every old task's files. The runs (binary digits of the flattened steps) keep the
+    mounted depth within ``BOX_LAYER_MAX_DEPTH`` and, at the default depth, the layers copied
+    into new flats over a workspace's life near n log n (one flat: n² / step)."""
     settings.BOX_LAYER_MAX_DEPTH = depth
     history = [f"t{n}" for n in range(2048)]
     built: set[str] = set()

@@ -98,7 +98,7 @@ def test_a_start_that_stacks_the_layer_does_not_wait_for_its_note(lbox, monkeypa
 
     def held(*args: Any, **kwargs: Any) -> None:
         writing.set()
-        go.wait(timeout=20)  # without the fix: under the layer's lock, so the next start waits this long
+        go.wait(timeout=20)  # written under the layer's lock, the note would make the next start wait this long
         original(*args, **kwargs)
         written.set()
 

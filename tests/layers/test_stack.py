@@ -138,7 +138,7 @@ def test_deep_stacks_are_compacted_without_losing_a_file_and_rebuilt_after_an_un
 
 
 def test_a_start_and_a_release_over_a_compacted_stack_leave_the_layers_inside_its_flat_alone(lbox, settings, monkeypatch):
-    """Issue 19: the layer work of a start and a release is bounded by the compaction depth. A
+    """The layer work of a start and a release is bounded by the compaction depth. A
     layer inside a cached flat is sealed for good: neither is it sealed again, nor its meta read."""
     settings.BOX_LAYER_MAX_DEPTH = 4
     for n in range(10):

@@ -134,8 +134,8 @@ async def test_a_move_committed_while_the_stream_reads_is_shown_with_its_new_sta
     def showed_cancelled(fs: list[dict[str, Any]]) -> bool:
         return any(f["type"] == "task" and f["task"]["state"] == "cancelled" for f in fs)
 
-    # Before the fix, the cancel's event went out beside the task read before it, and nothing
-    # was left to send: the stream showed "waiting" for good.
+    # Read the other way round, the cancel's event would go out beside the task read before it,
+    # and nothing would be left to send: the stream would show "waiting" for good.
     frames = await frames_until(client, showed_cancelled, timeout=SAFETY_POLL_S * 3 + 10)
     assert moved.is_set()
     assert any("cancelled by the owner" in f["event"]["summary"] for f in frames if f["type"] == "event")

@@ -105,7 +105,7 @@ def stop_cluster(cluster: Cluster, grace: float) -> None:
     Once no process of the cluster holds a run (each handed its own back), nothing in it is
     worth waiting for: a message it read and did not run is sent again at the next start, and a
     second delivery of a run does nothing. So it is killed then, instead of waiting for
-    django-q2's orderly stop (over a second even when idle: its pusher's poll, its monitor)."""
+    django-q2's orderly stop (slow even when idle: its pusher's poll, its monitor)."""
     hand_back_all()
     family = descendants(os.getpid())
     sentinel = cluster.sentinel
@@ -175,7 +175,7 @@ class Watchdog:
 class Command(BaseCommand):
     help = "Run the worker cluster; SIGTERM/SIGINT hand running runs back and stop it."
     # Django's checks import the URLconf, and with it every view, DRF and the schema generator:
-    # web-only modules the workers, forked from this process, would all carry (~8 MB each).
+    # web-only modules the workers, forked from this process, would all carry in their memory.
     requires_system_checks: list[str] = []
 
     def handle(self, *args: Any, **options: Any) -> None:

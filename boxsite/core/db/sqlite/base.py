@@ -1,17 +1,17 @@
 """Django's SQLite backend whose writers queue on a file lock instead of SQLite's busy handler.
 
 SQLite lets one writer in at a time; a writer that finds the lock taken sleeps in the busy
-handler's steps (1, 2, 5, 10, 15, 20, 25 ... ms) and retries, so a wait for a lock held 3 ms
-often costs 10-20 ms, and the box's writers (web, workers, janitors, scheduler) wait on each
+handler's growing steps and retries, so it often sleeps well past the moment the lock is free,
+and the box's writers (web, workers, janitors, scheduler) wait on each
 other all the time. Here every write transaction first takes an exclusive ``flock`` on a file
 beside the database (``<database>-gate``), from its ``BEGIN IMMEDIATE`` to its commit or
 rollback, and so does a write statement outside a transaction: a waiting writer is woken by the
 kernel the moment the gate is free, and then finds SQLite's lock free too.
 
 The wait is bounded by the database's busy timeout, as SQLite's own is: a writer that gives up
-raises "database is locked", exactly what it raised before. So a connection holding the gate
-while it waits for something a waiting writer holds (a layer's lock, a thread of its own
-process) is no deadlock: the waiter gives up, as it gave up on SQLite's lock before. Anything
+raises "database is locked", the error SQLite's own wait raises. So a connection holding the
+gate while it waits for something a waiting writer holds (a layer's lock, a thread of its own
+process) is no deadlock: the waiter gives up, as it gives up on SQLite's lock. Anything
 that writes without the gate (the sqlite3 shell, another program) still meets SQLite's lock
 and its busy handler.
 """
