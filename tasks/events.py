@@ -231,7 +231,7 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
                       data=redactor.redact(data or {}), cost_cents=cost_cents, artifacts=redactor.redact(artifacts or []),
                       created_at=now)
     try:
-        held, event_id, seq = sql.record_step(
+        held, event_id, step_seq = sql.record_step(
             task.pk, lease, (now, now + runs.lease_delta()), values, cost_cents, seen or {},
             {"task": task.pk, "kind": kind, "summary": event.summary, "data": event.data, "cost_cents": cost_cents,
              "artifacts": event.artifacts, "created_at": now}, alone=alone)
@@ -241,13 +241,14 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
         raise
     if not held:
         return None
-    if event_id is None:
+    if event_id is None or step_seq is None:
         raise Task.DoesNotExist(f"no task '{task.pk}' as this run last wrote it")
-    event.pk, event.seq = event_id, seq
+    number = int(step_seq)
+    event.pk, event.seq = event_id, number
     event._state.adding, event._state.db = False, connection.alias
     owner_id = task.owner_id
-    task.event_seq = seq
-    transaction.on_commit(lambda: publish_event(task.pk, owner_id, event_id, seq, kind))
+    task.event_seq = number
+    transaction.on_commit(lambda: publish_event(task.pk, owner_id, event_id, number, kind))
     return event
 
 
