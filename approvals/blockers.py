@@ -13,20 +13,15 @@ is ``tasks.services``. See "A pause's life" in docs/architecture.md.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection, models
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from approvals import actions
+from approvals import actions, sql
 from approvals.models import (
-    NOT_STARTED,
-    Action,
-    ActionState,
     Approval,
     ApprovalKind,
     ApprovalState,
@@ -202,39 +197,8 @@ def close_for_final_move(task: Task) -> None:
 
 
 def _has_open(task: Task) -> bool:
-    """``task`` has a row ``close_for_final_move`` would change. Every task's final move asks, so
-    the statement is written once per process instead of built by the ORM each time (three
-    subqueries)."""
-    statement, states = _has_open_statement(connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [value for group in states for value in (task.pk, *group)])
-        return bool(cursor.fetchone()[0])
-
-
-_OPEN_STATES: tuple[tuple[type[models.Model], tuple[str, ...]], ...] = (
-    (Approval, (ApprovalState.PENDING,)),
-    (Question, (QuestionState.STAGED, QuestionState.OPEN)),
-    (Action, (*NOT_STARTED, ActionState.EXECUTING)),
-)
-
-
-@functools.cache
-def _has_open_statement(vendor: str) -> tuple[str, tuple[tuple[str, ...], ...]]:
-    """``SELECT EXISTS (...) OR EXISTS (...) OR EXISTS (...)`` over the blocker tables, and the
-    states each counts as open (its parameters follow the task's id)."""
-    quote = connection.ops.quote_name
-    tests = []
-    for model, states in _OPEN_STATES:
-        table = quote(model._meta.db_table)
-        task, state = (quote(_column(model, name)) for name in ("task", "state"))
-        tests.append(f"EXISTS (SELECT 1 FROM {table} WHERE {task} = %s AND {state} IN ({', '.join(['%s'] * len(states))}))")
-    return "SELECT " + " OR ".join(tests), tuple(tuple(str(s) for s in states) for _, states in _OPEN_STATES)
-
-
-def _column(model: type[models.Model], name: str) -> str:
-    field = model._meta.get_field(name)
-    assert isinstance(field, models.Field) and field.column is not None
-    return field.column
+    """``task`` has a row ``close_for_final_move`` would change: every task's final move asks."""
+    return sql.has_open_blockers(task.pk)
 
 
 # --- resuming ---------------------------------------------------------------------------------

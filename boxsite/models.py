@@ -1,14 +1,12 @@
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models
+from django.db import models
 
-from boxsite.core import reads
-from boxsite.core.db.rows import Rows, column
+from boxsite.core import reads, sql
 
 
 def hash_key(raw: str) -> str:
@@ -92,17 +90,11 @@ class BoxSettings(models.Model):
     @classmethod
     def locked(cls) -> BoxSettings:
         """The row, locked until the transaction ends (PostgreSQL; SQLite's write transaction
-        holds the whole database). Every task creation asks, so the statement is written once
-        per process rather than built by the ORM each time; the row is made by the ORM only the
-        first time."""
-        sql, rows = _locked_settings_statement(connection.vendor)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [1])
-            found = cursor.fetchone()
-        if found is None:
+        holds the whole database). Every task creation asks (``sql.locked_row``); the row is
+        made by the ORM only the first time."""
+        row = sql.locked_row(cls, 1)
+        if row is None:
             return cls.objects.select_for_update().get_or_create(pk=1)[0]
-        (row,) = rows.instances(found)
-        assert isinstance(row, cls)
         return row
 
     def save(self, *args: Any, **kwargs: Any) -> None:
@@ -130,12 +122,3 @@ class BoxSettings(models.Model):
         if name == "disk_mb":  # 0: no default (BOX_TASK_DISK_MB=0 and not set here)
             return self.task_disk_mb or int(settings.BOX_TASK_DISK_MB)
         raise ValueError(f"not a resource limit: {name}")
-
-
-@functools.cache
-def _locked_settings_statement(vendor: str) -> tuple[str, Rows]:
-    rows = Rows.of(BoxSettings)
-    quote = connection.ops.quote_name
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    return (f"SELECT {rows.columns()} FROM {quote(BoxSettings._meta.db_table)} "
-            f"WHERE {quote(column(BoxSettings, 'id'))} = %s{lock}"), rows

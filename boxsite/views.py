@@ -7,7 +7,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
-from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from drf_spectacular.utils import extend_schema
@@ -16,7 +15,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite.core import schema
+from boxsite.core import schema, sql
 from boxsite.core.middleware import is_api_path
 from tasks.sandbox.isolation import describe_isolation
 
@@ -29,8 +28,7 @@ log = logging.getLogger("boxsite.core.errors")
 def health(request: Request) -> Response:
     """Liveness and what isolation is in force (never pretends)."""
 
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+    sql.ping()
 
     return Response({
         "ok": True,

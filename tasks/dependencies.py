@@ -9,20 +9,19 @@ wait, or can never start. Acting on a verdict (queueing the first run, failing t
 """
 from __future__ import annotations
 
-import functools
 import posixpath
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import transaction
 
-from boxsite.core.db.rows import Rows, column
 from boxsite.core.errors import Conflict, InvalidSpec
+from tasks import sql
 from tasks.layers import paths
 from tasks.layers.task_view import record_lost_seal, seal_layer
 from tasks.layers.tree import FILE, LayerTree
-from tasks.models import Condition, Dependency, Run, RunState, Task
+from tasks.models import Condition, Dependency, Task
 from tasks.states import ACTIVE, State
 
 MAX_EDGES = 100  # dependencies of one task
@@ -105,33 +104,9 @@ def lock_owner(owner_id: int, *, skip_locked: bool = False) -> bool:
 def held_queued(task_id: str, *, skip_locked: bool) -> Task | None:
     """The task if it is queued, with its owner's row and its own locked for the rest of the
     transaction (PostgreSQL: ``skip_locked``, None when either is held elsewhere), in one
-    statement written once per process; only the columns a release reads (its note's redactor:
-    the facts) are loaded, the others when first used. On SQLite, a read."""
-    statement, columns = _held_queued_statement(connection.vendor, skip_locked)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [task_id, State.QUEUED.value])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    (task,) = columns.instances(row)
-    assert isinstance(task, Task)
-    return task
-
-
-@functools.cache
-def _held_queued_statement(vendor: str, skip_locked: bool) -> tuple[str, Rows]:
-    columns = Rows.only(Task, ("id", "owner", "facts", "secret_facts"))
-    quote = connection.ops.quote_name
-    task = quote(Task._meta.db_table)
-    where = f"WHERE {task}.{quote(column(Task, 'id'))} = %s AND {task}.{quote(column(Task, 'state'))} = %s"
-    if not connection.features.has_select_for_update:
-        return f"SELECT {columns.columns()} FROM {task} {where}", columns
-    assert skip_locked, "a wait for both locks is two statements, in the lock order (services._held_if_queued)"
-    owner_model = get_user_model()
-    owner = quote(owner_model._meta.db_table)
-    return (f"SELECT {columns.columns()} FROM {task} INNER JOIN {owner} ON "
-            f"{owner}.{quote(column(owner_model, owner_model._meta.pk.name))} = {task}.{quote(column(Task, 'owner'))} "
-            f"{where} FOR UPDATE OF {owner}, {task} SKIP LOCKED"), columns
+    statement (``sql.held_queued``); only the columns a release reads (its note's redactor: the
+    facts) are loaded, the others when first used. On SQLite, a read."""
+    return sql.held_queued(task_id, skip_locked=skip_locked)
 
 
 def _reaches(start: str, target: str) -> bool:
@@ -232,22 +207,13 @@ def _why(edge: Dependency, on_state: str) -> str:
 def verdict(task: Task) -> Verdict:
     """Read in the dependency's final move, which holds its row (and on SQLite the one write
     lock), after the task's own row is held: the edges' own columns, each dependency's state and
-    whether the task has an open run, in one statement written once per process (the ORM would
-    build the edges' read and the runs' look again at every link); the edge that fails, when one
-    does, is read whole."""
-    statement, columns = _edges_statement(connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [task.pk, RunState.QUEUED.value, RunState.RUNNING.value, task.pk])
-        found = cursor.fetchall()
-    if found[0][0]:
+    whether the task has an open run, in one statement (``sql.edges_of``); the edge that fails,
+    when one does, is read whole."""
+    found = sql.edges_of(task.pk)
+    if found.started:
         return Verdict(started=True)
     waiting: list[str] = []
-    for row in found:
-        if row[1] is None:
-            break  # no edge: the one row says only whether a run is open
-        (edge,) = columns.instances(row[1:-1])
-        assert isinstance(edge, Dependency)
-        on_state = row[-1]
+    for edge, on_state in found.edges:
         state = edge_state(edge, on_state)
         if state == "waiting":
             waiting.append(edge.on_id)
@@ -255,21 +221,6 @@ def verdict(task: Task) -> Verdict:
             failed = Dependency.objects.select_related("on").get(pk=edge.pk)
             return Verdict(failure=_why(failed, on_state), edge=failed)
     return Verdict(ready=not waiting, waiting_on=tuple(waiting))
-
-
-@functools.cache
-def _edges_statement(vendor: str) -> tuple[str, Rows]:
-    """Whether the task has a queued or running run, then each of its edges (in the order they
-    were made) with its dependency's state: one row with no edge when it has none."""
-    columns = Rows.only(Dependency, ("id", "task", "on", "condition", "artifact", "required"))
-    quote = connection.ops.quote_name
-    edge, task, run = quote(Dependency._meta.db_table), quote(Task._meta.db_table), quote(Run._meta.db_table)
-    open_run = (f"EXISTS (SELECT 1 FROM {run} WHERE {quote(column(Run, 'task'))} = %s "
-                f"AND {quote(column(Run, 'state'))} IN (%s, %s))")
-    return (f"SELECT {open_run}, {columns.columns()}, {task}.{quote(column(Task, 'state'))} "
-            f"FROM (SELECT 1) AS asked LEFT JOIN {edge} ON {edge}.{quote(column(Dependency, 'task'))} = %s "
-            f"LEFT JOIN {task} ON {task}.{quote(column(Task, 'id'))} = {edge}.{quote(column(Dependency, 'on'))} "
-            f"ORDER BY {edge}.{quote(column(Dependency, 'id'))}"), columns
 
 
 def root_of(task_id: str) -> str:
@@ -293,21 +244,8 @@ def recovery_due(edge: Dependency) -> bool:
 def dependents_of(task_id: str, *, only_reading: bool = False) -> list[tuple[str, str]]:
     """(task id, edge condition) of each task that waits on ``task_id`` and has not started
     (``queued``); with ``only_reading``, only those whose edge checks its layer for an artifact.
-    Asked at every final move, so written once per process rather than built by the ORM each time."""
-    params = [task_id, State.QUEUED.value, *([Condition.ARTIFACT.value] if only_reading else [])]
-    with connection.cursor() as cursor:
-        cursor.execute(_dependents_statement(connection.vendor, only_reading), params)
-        return [(str(dependent), str(condition)) for dependent, condition in cursor.fetchall()]
-
-
-@functools.cache
-def _dependents_statement(vendor: str, only_reading: bool) -> str:
-    quote = connection.ops.quote_name
-    edge, task = quote(Dependency._meta.db_table), quote(Task._meta.db_table)
-    waiting, condition = f"{edge}.{quote(column(Dependency, 'task'))}", f"{edge}.{quote(column(Dependency, 'condition'))}"
-    statement = (f"SELECT DISTINCT {waiting}, {condition} FROM {edge} INNER JOIN {task} ON {task}.{quote(column(Task, 'id'))} = {waiting} "
-                 f"WHERE {edge}.{quote(column(Dependency, 'on'))} = %s AND {task}.{quote(column(Task, 'state'))} = %s")
-    return statement + (f" AND {condition} = %s" if only_reading else "")
+    Asked at every final move (``sql.dependents_of``)."""
+    return sql.dependents_of(task_id, only_condition=Condition.ARTIFACT.value if only_reading else None)
 
 
 def has_edges(task: Task) -> bool:

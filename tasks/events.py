@@ -1,8 +1,8 @@
 """The action log's write path and the one publisher.
 
 ``record_event`` creates ``TaskEvent`` rows and calls the redaction function on the write path;
-``record_numbered_event`` (a worker's step) and ``tasks.moves.write`` (a task's move) do the same
-in statements built once, for the hottest paths. ``publish_*`` run after commit and only notify: the
+``record_numbered_event`` (a worker's step) and ``tasks.services``' move do the same through the
+statements of ``tasks.sql``, for the hottest paths. ``publish_*`` run after commit and only notify: the
 database stays the source of truth, and consumers re-read from it. Notifications go out through
 one long-lived event loop per process (``_Publisher``), so the channel layer's Redis connection
 is made once, not once per event.
@@ -10,7 +10,6 @@ is made once, not once per event.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import threading
@@ -19,12 +18,11 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
-from django.db import OperationalError, connection, transaction
-from django.db.models import F, Field, QuerySet
-from django.db.models.sql import UpdateQuery
+from django.db import OperationalError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from boxsite.core.db.rows import column
+from tasks import sql
 from tasks.models import Task, TaskEvent
 from tasks.run import leases as runs
 from tasks.vault.facts import Redactor, redactor_for
@@ -156,7 +154,7 @@ def record_event(
     seq: int | None = None,
 ) -> TaskEvent:
     """Append one event to ``task``'s log. Call inside the transaction that made the change.
-    ``seq``: the number the change's own update already took (``numbered_update``)."""
+    ``seq``: the number the change's own update already took (``sql.numbered_update``)."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_event must run inside the transaction that made the change")
     redact = redactor or redactor_for(task)
@@ -178,47 +176,12 @@ def record_event(
 
 
 def _next_seq(task_id: str) -> int:
-    """The task's next event number. The UPDATE takes the task row's lock until commit, so
-    concurrent writers get consecutive numbers and a rolled-back writer leaves no gap; RETURNING
-    (PostgreSQL, SQLite 3.35+) reads the number in the same statement."""
-    connection = transaction.get_connection()
-    if not connection.features.can_return_rows_from_bulk_insert:  # pragma: no cover - a database without RETURNING
-        Task.objects.filter(pk=task_id).update(event_seq=F("event_seq") + 1)
-        return Task.objects.filter(pk=task_id).values_list("event_seq", flat=True).get()
-    quote = connection.ops.quote_name
-    table, key, column = quote(Task._meta.db_table), quote(Task._meta.pk.column), quote(Task._meta.get_field("event_seq").column)
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET {column} = {column} + 1 WHERE {key} = %s RETURNING {column}", [task_id])
-        row = cursor.fetchone()
-    if row is None:
+    """The task's next event number (``sql.next_event_number``: consecutive, no gap after a
+    rollback)."""
+    seq = sql.next_event_number(task_id)
+    if seq is None:
         raise Task.DoesNotExist(f"no task '{task_id}'")
-    return int(row[0])
-
-
-def numbered_update(rows: QuerySet[Task], events: int = 1, /, **values: Any) -> int | None:
-    """``rows.update(**values)`` that also takes the task's next event number, in one statement:
-    the number of the event that records the change, or None when no row matched (nothing was
-    written). ``rows`` selects one task. ``events`` > 1: that many numbers are taken, the first
-    returned (the change's event, then those recorded with it)."""
-    connection = transaction.get_connection()
-    if not connection.features.can_return_rows_from_bulk_insert:  # pragma: no cover - a database without RETURNING
-        if rows.update(**values) != 1:
-            return None
-        task_id = rows.values_list("pk", flat=True).get()
-        first = _next_seq(task_id)
-        for _ in range(events - 1):
-            _next_seq(task_id)
-        return first
-    query: UpdateQuery = rows.query.chain(UpdateQuery)  # type: ignore[assignment]  # as QuerySet.update builds it
-    query.add_update_values({**values, "event_seq": F("event_seq") + events})
-    statement, params = query.get_compiler(rows.db).as_sql()
-    column = connection.ops.quote_name(Task._meta.get_field("event_seq").column)
-    with connection.cursor() as cursor:
-        cursor.execute(f"{statement} RETURNING {column}", params)
-        found = cursor.fetchall()
-    if len(found) != 1:
-        return None
-    return int(found[0][0]) - events + 1
+    return seq
 
 
 def publish_event(task_id: str, owner_id: int, event_id: int, seq: int, kind: str) -> None:
@@ -258,7 +221,7 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
     connection = transaction.get_connection()
     if connection.vendor != "postgresql":
         written = {**values, "cost_cents": F("cost_cents") + cost_cents} if cost_cents else values
-        seq = numbered_update(Task.objects.filter(pk=task.pk, **(seen or {})), **written)
+        seq = sql.numbered_update(Task.objects.filter(pk=task.pk, **(seen or {})), **written)
         if seq is None:
             raise Task.DoesNotExist(f"no task '{task.pk}'")
         recorded = record_event(task, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts, redactor=redactor, seq=seq)
@@ -267,30 +230,25 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
     event = TaskEvent(task_id=task.pk, seq=0, kind=kind, summary=redactor.text(summary)[:MAX_SUMMARY],
                       data=redactor.redact(data or {}), cost_cents=cost_cents, artifacts=redactor.redact(artifacts or []),
                       created_at=now)
-    seen = seen or {}
-    params: list[Any] = [task.pk, *runs.lease_statement(*lease)[1]]
-    params += [_field(Task, name).get_db_prep_save(value, connection=connection) for name, value in values.items()]
-    params += [cost_cents] if cost_cents else []
-    params += [task.pk, *(_field(Task, name).get_db_prep_save(value, connection=connection) for name, value in seen.items())]
-    params += [_field(TaskEvent, name).get_db_prep_save(getattr(event, _field(TaskEvent, name).attname), connection=connection)
-               for name in _EVENT_FIELDS]
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(_step_statement(connection.vendor, tuple(values), bool(cost_cents), tuple(seen), alone), params)
-            held, event_id, seq = cursor.fetchone()
+        held, event_id, step_seq = sql.record_step(
+            task.pk, lease, (now, now + runs.lease_delta()), values, cost_cents, seen or {},
+            {"task": task.pk, "kind": kind, "summary": event.summary, "data": event.data, "cost_cents": cost_cents,
+             "artifacts": event.artifacts, "created_at": now}, alone=alone)
     except OperationalError as exc:
         if alone and getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise RowHeld(f"task '{task.pk}' is held by another transaction") from exc
         raise
     if not held:
         return None
-    if event_id is None:
+    if event_id is None or step_seq is None:
         raise Task.DoesNotExist(f"no task '{task.pk}' as this run last wrote it")
-    event.pk, event.seq = event_id, seq
+    number = int(step_seq)
+    event.pk, event.seq = event_id, number
     event._state.adding, event._state.db = False, connection.alias
     owner_id = task.owner_id
-    task.event_seq = seq
-    transaction.on_commit(lambda: publish_event(task.pk, owner_id, event_id, seq, kind))
+    task.event_seq = number
+    transaction.on_commit(lambda: publish_event(task.pk, owner_id, event_id, number, kind))
     return event
 
 
@@ -299,40 +257,6 @@ class RowHeld(Exception):
 
 
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's answer to NOWAIT when the row is locked
-_EVENT_FIELDS = ("task", "kind", "summary", "data", "cost_cents", "artifacts", "created_at")  # its number is the update's
 
 
-def _field(model: type[Task] | type[TaskEvent], name: str) -> Field[Any, Any]:
-    field = model._meta.get_field(name)
-    assert isinstance(field, Field) and field.concrete
-    return field
-
-
-@functools.cache
-def _step_statement(vendor: str, names: tuple[str, ...], adds_cost: bool, seen: tuple[str, ...], alone: bool) -> str:
-    """``record_numbered_event``'s statement (PostgreSQL): the task's row locked, the lease proven
-    on the run's row once the task's is held, the task's update only if the lease held (and the
-    row is as ``seen``), the event's insert at the number it took. Every part reads the one
-    before it, which orders them (PostgreSQL runs a ``WITH``'s parts as their readers need them).
-    The row: whether the lease held, then the event's id and number (none when nothing matched).
-    ``alone``: the task's row is not waited for (``NOWAIT``)."""
-    quote = connection.ops.quote_name
-    table, pk, number = quote(Task._meta.db_table), quote(column(Task, "id")), quote(column(Task, "event_seq"))
-    sets = [f"{quote(column(Task, name))} = %s" for name in names]
-    if adds_cost:
-        cost = quote(column(Task, "cost_cents"))
-        sets.append(f"{cost} = {cost} + %s")
-    sets.append(f"{number} = {number} + 1")
-    conditions = "".join(f" AND {quote(column(Task, name))} = %s" for name in seen)
-    events, event_pk, event_seq = quote(TaskEvent._meta.db_table), quote(column(TaskEvent, "id")), quote(column(TaskEvent, "seq"))
-    columns = ", ".join(quote(column(TaskEvent, name)) for name in (_EVENT_FIELDS[0], "seq", *_EVENT_FIELDS[1:]))
-    rest = ", ".join(["%s"] * (len(_EVENT_FIELDS) - 1))
-    return (f"WITH locked AS (SELECT 1 FROM {table} WHERE {pk} = %s FOR UPDATE{' NOWAIT' if alone else ''}), "
-            f"leased AS ({runs.heartbeat_statement(vendor)} AND EXISTS (SELECT 1 FROM locked) RETURNING 1), "
-            f"moved AS (UPDATE {table} SET {', '.join(sets)} WHERE {pk} = %s{conditions} "
-            f"AND EXISTS (SELECT 1 FROM leased) RETURNING {number}), "
-            f"added AS (INSERT INTO {events} ({columns}) SELECT %s, moved.{number}, {rest} FROM moved "
-            f"RETURNING {event_pk}, {event_seq}) "
-            f"SELECT EXISTS (SELECT 1 FROM leased), added.{event_pk}, added.{event_seq} FROM (SELECT 1) AS asked "
-            f"LEFT JOIN added ON TRUE")
 

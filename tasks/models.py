@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models
+from django.db import models
 
-from boxsite.core.db.rows import Rows, column
 from boxsite.core.principal import Principal, Via
 from tasks.ids import new_task_id
 from tasks.spec.limits import default_limit
@@ -51,23 +49,6 @@ class TaskQuerySet(models.QuerySet["Task"]):
         if principal.via == Via.TASK:
             return mine.filter(models.Q(pk=principal.task.pk) | models.Q(created_by_task=principal.task))
         return mine
-
-    def reachable_one(self, principal: Principal, pk: str) -> Task:
-        """``reachable_by(principal).get(pk=pk)``. The owner's own callers (a token, a session,
-        the box for them) reach every task of theirs: each view of a task asks for one, so that
-        statement is written once per process rather than built by the ORM each time (a large
-        part of a task's view). Raises ``Task.DoesNotExist``."""
-        if principal.via in (Via.DEVICE, Via.TASK):
-            return self.reachable_by(principal).get(pk=pk)
-        sql, rows = _owned_task_statement(connection.vendor)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [pk, principal.user.pk])
-            row = cursor.fetchone()
-        if row is None:
-            raise Task.DoesNotExist(f"no task '{pk}' of this owner")
-        (task,) = rows.instances(row)
-        assert isinstance(task, Task)
-        return task
 
     def listed_for(self, principal: Principal) -> TaskQuerySet:
         """The tasks in ``principal``'s lists (the list API, the list stream, the pages): exactly
@@ -320,11 +301,3 @@ class VaultSecret(models.Model):
 
     class Meta:
         db_table = "boxsite_vaultsecret"  # the table it had in the boxsite app; moved without a copy
-
-
-@functools.cache
-def _owned_task_statement(vendor: str) -> tuple[str, Rows]:
-    rows = Rows.of(Task)
-    quote = connection.ops.quote_name
-    return (f"SELECT {rows.columns()} FROM {quote(Task._meta.db_table)} "
-            f"WHERE {quote(column(Task, 'id'))} = %s AND {quote(column(Task, 'owner'))} = %s"), rows

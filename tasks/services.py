@@ -7,29 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from approvals import blockers
 from boxsite.core import reads
-from boxsite.core.db.rows import column
-from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
-from boxsite.core.principal import Principal
+from boxsite.core.errors import Conflict, NotFound, TooManyTasks
+from boxsite.core.principal import Principal, Via
 from boxsite.models import BoxSettings
-from tasks import dependencies, layers, moves
-from tasks.api.presenters import is_final_view
-from tasks.events import numbered_update, record_event
-from tasks.layers import review
-from tasks.layers.locks import layer_lock
-from tasks.layers.paths import show
-from tasks.layers.roots import changes_of
-from tasks.layers.task_view import seal_layer
-from tasks.models import Condition, Dependency, EventKind, Layer, LayerState, Run, RunKind, RunState, Task
+from tasks import dependencies, layers, sql
+from tasks.events import MAX_SUMMARY, publish_event, record_event
+from tasks.models import Condition, Dependency, EventKind, Run, RunKind, RunState, Task
 from tasks.run import leases as runs
 from tasks.run import lifecycle
-from tasks.spec.task import RetryBody, TaskSpec, parse_spec
-from tasks.states import ACTIVE, FINAL, Review, State, can_move, can_move_review
-from tasks.vault.facts import Facts, Redactor, redactor_for, seal_facts
+from tasks.spec.task import TaskSpec, parse_spec
+from tasks.states import ACTIVE, FINAL, State, can_move, can_move_review
+from tasks.vault.facts import Redactor, redactor_for, seal_facts
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +31,14 @@ def get_task_for(principal: Principal, task_id: str, *, for_update: bool = False
     try:  # by its key: get() asks for no ordering (first() would sort by id)
         if for_update:
             return Task.objects.reachable_by(principal).select_for_update().get(pk=task_id)
-        return Task.objects.reachable_one(principal, task_id)
+        if principal.via in (Via.DEVICE, Via.TASK):
+            return Task.objects.reachable_by(principal).get(pk=task_id)
     except Task.DoesNotExist:
         raise NotFound(f"no task '{task_id}'") from None
+    task = sql.owned_task(task_id, principal.user.pk)  # the owner's own callers reach every task of theirs
+    if task is None:
+        raise NotFound(f"no task '{task_id}'")
+    return task
 
 
 def _write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None,
@@ -70,28 +67,31 @@ Note = tuple[str, dict[str, Any]]  # a note recorded right after a move's own ev
 def _try_write_task(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None,
                     notes: Sequence[Note] = (), **fields: Any) -> bool:
     """``_write_task`` without the raise: False when the task moved on, and nothing was written.
-    ``notes`` are logged right after the change's event, numbered by the same update.
+    ``notes`` are logged right after the change's event, numbered by the same update
+    (``sql.move_task``); the events are redacted, and published after commit in the order of
+    their numbers. ``fields``: plain values of the task's own columns.
 
     No savepoint of its own: a refused move writes nothing, so it never has to be undone apart
     from its caller's transaction; any other error undoes the caller's transaction with it."""
     now = timezone.now()
+    redact = redactor or redactor_for(task)
+    recorded = [(kind, summary, {**data, "version": task.version + 1}),
+                *((EventKind.NOTE, note, note_data) for note, note_data in notes)]
+    rows = [{"task": task.pk, "kind": event_kind, "summary": redact.text(text)[:MAX_SUMMARY], "data": redact.redact(event_data),
+             "cost_cents": 0, "artifacts": [], "created_at": now} for event_kind, text, event_data in recorded]
     with transaction.atomic(savepoint=False):
-        if moves.can_write(fields):  # statements written once per process (``tasks.moves``)
-            recorded = [(kind, summary, {**data, "version": task.version + 1}),
-                        *((EventKind.NOTE, note, note_data) for note, note_data in notes)]
-            return moves.write(task, now, fields, recorded, redactor=redactor or redactor_for(task))
-        # The events' numbers are taken in the same statement (``tasks.events.numbered_update``).
-        seq = numbered_update(Task.objects.filter(pk=task.pk, state=task.state, version=task.version),
-                              1 + len(notes), version=F("version") + 1, updated_at=now, **fields)
-        if seq is None:
-            return False
-        task.version += 1
-        task.updated_at = now
-        for key, value in fields.items():
-            setattr(task, key, value)
-        record_event(task, kind, summary, {**data, "version": task.version}, redactor=redactor, seq=seq)
-        for number, (note, note_data) in enumerate(notes, start=seq + 1):
-            record_event(task, EventKind.NOTE, note, note_data, redactor=redactor, seq=number)
+        moved = sql.move_task(task.pk, task.state, task.version, fields, now, rows)
+    if moved is None:
+        return False
+    task.version += 1
+    task.updated_at = now
+    for key, value in fields.items():
+        setattr(task, key, value)
+    task.event_seq = moved.last
+    owner_id = task.owner_id
+    numbers = range(moved.last - len(rows) + 1, moved.last + 1)
+    for number, event_id, (event_kind, _, _) in zip(numbers, moved.ids, recorded, strict=True):
+        transaction.on_commit(functools.partial(publish_event, task.pk, owner_id, event_id, number, event_kind))
     return True
 
 
@@ -117,7 +117,7 @@ def transition(
 
     The move must be in the table (``tasks.states.ALLOWED``). Appends a ``status`` event and runs
     the final-state cleanup when the task ends, which starts or fails the tasks waiting on it
-    (``wake=False``: the caller wakes them later in its transaction, ``cancel_task``).
+    (``wake=False``: the caller wakes them later in its transaction, ``verbs.cancel_task``).
 
     Lock order, everywhere: the task row first, then its run rows. This update takes the task
     row before the final-state cleanup closes the runs; a worker's lease-guarded writes, the
@@ -242,7 +242,7 @@ def held_back() -> list[str]:
     """Queued tasks with no open run and a dependency that has ended: those whose edges may now
     let them start (or fail them). One whose every dependency is still active is waiting for
     sure, and is passed over without the decision's transaction (on SQLite, the one write lock:
-    a sweep during a long chain would take it for every link still to come)."""
+    a sweep during a long chain took it for every link still to come)."""
     return list(Task.objects.filter(state=State.QUEUED, dependency_edges__on__state__in=FINAL)
                 .exclude(runs__state__in=[RunState.QUEUED, RunState.RUNNING])
                 .values_list("pk", flat=True).distinct())
@@ -306,9 +306,22 @@ def _release_if_ready(task_id: str, *, creating: bool, if_free: bool) -> bool:
             return True
         if not found.ready:
             return False
-        moves.release(task, timezone.now(), "its dependencies allow it to start", {"dependencies": "satisfied"},
-                      redactor=redactor_for(task))
+        _release(task)
         return True
+
+
+def _release(task: Task) -> None:
+    """A held-back task may start: its note and its first run, a ``start`` due now and written
+    as sent (``sql.release_held``); the run is sent and the note published after commit. Call
+    inside the transaction that holds the task's row and decided it."""
+    now, redact = timezone.now(), redactor_for(task)
+    note = {"task": task.pk, "kind": EventKind.NOTE, "summary": redact.text("its dependencies allow it to start")[:MAX_SUMMARY],
+            "data": redact.redact({"dependencies": "satisfied"}), "cost_cents": 0, "artifacts": [], "created_at": now}
+    run = Run(task_id=task.pk, number=0, kind=RunKind.START, resume={}, available_at=now, enqueued_at=now)
+    released = sql.release_held(task.pk, note, run)
+    task.event_seq = released.seq
+    transaction.on_commit(functools.partial(publish_event, task.pk, task.owner_id, released.event_id, released.seq, EventKind.NOTE))
+    runs.send_after_commit(released.run_id)
 
 
 def _held_if_queued(task_id: str, *, skip: bool) -> Task | None:
@@ -369,35 +382,6 @@ def open_recovery_review(task: Task, edge: Dependency) -> bool:
     return True
 
 
-@transaction.atomic
-def add_dependency(principal: Principal, task_id: str, body: Any) -> Task:
-    """An edge added after creation: only to a task that has not started (its queued first run
-    is held back until the edges allow it)."""
-    edges = dependencies.parse_edges([body])
-    # The owner's lock before any task row: two requests adding x->y and y->x would otherwise
-    # each hold one task row and wait for the other's (the edge's foreign keys lock both).
-    dependencies.lock_owner(principal.user.pk)
-    task = get_task_for(principal, task_id, for_update=True)
-    on = Task.objects.reachable_by(principal).filter(pk=edges[0].on).first()
-    if on is None:
-        raise InvalidRequest(f"no task '{edges[0].on}'", field="task")
-    if task.state != State.QUEUED or task.started_at is not None:
-        raise Conflict(f"a {task.state} task has already started; only a queued task can wait for another",
-                       field="state", state=task.state)
-    dependencies.add_edge(task, on, edges[0])
-    Task.objects.filter(pk=task.pk).update(depends_on=[*task.depends_on, edges[0].as_json()])
-    task.depends_on = [*task.depends_on, edges[0].as_json()]
-    # Hold back its first run unless a worker already took it (then the task is starting: refused).
-    held = Run.objects.filter(task=task, state=RunState.QUEUED).update(
-        state=RunState.CANCELLED, finished_at=timezone.now(), outcome="held for dependencies")
-    if Run.objects.filter(task=task, state=RunState.RUNNING).exists():
-        raise Conflict("the task is starting; only a queued task can wait for another", field="state", state=task.state)
-    record_event(task, EventKind.NOTE, f"waits for task {on.pk} ({edges[0].condition})",
-                 {"dependency": edges[0].as_json(), "held": held})
-    transaction.on_commit(lambda: release_if_ready(task.pk))
-    return task
-
-
 # PostgreSQL's answers to a transaction it chose to abort so others could go on (a deadlock, a
 # serialisation failure): nothing of it was written, so it may run again.
 RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
@@ -426,12 +410,12 @@ def create_task(body: Any, principal: Principal, *, source: str | None = None) -
 def _create_task(body: Any, principal: Principal, *, source: str | None) -> Task:
     # The settings row is read once, locked (so two creations at the limit cannot both pass), and
     # the spec's defaults come from it; at capacity the answer is 429 before the spec is even read.
-    _refuse_at_capacity(_locked_settings().max_active_tasks)
+    refuse_at_capacity(locked_settings().max_active_tasks)
     spec = parse_spec(body, principal, source=source)
     return _insert_task(spec, principal)
 
 
-def _locked_settings() -> BoxSettings:
+def locked_settings() -> BoxSettings:
     """The settings row, locked until the transaction ends (PostgreSQL; SQLite's write
     transaction holds the whole database), and kept as the operation's read (``boxsite.core.reads``)."""
     row = BoxSettings.locked()
@@ -439,23 +423,12 @@ def _locked_settings() -> BoxSettings:
     return row
 
 
-def _refuse_at_capacity(limit: int) -> None:
-    # A plain-language ask parked for a plan holds no worker and may wait for days (until a model
-    # is configured): it is counted apart, so it never keeps real work from starting. Asked at
-    # every creation, so written once per process rather than built by the ORM each time.
-    with connection.cursor() as cursor:
-        cursor.execute(_active_count_statement(connection.vendor), [*(s.value for s in sorted(ACTIVE)), State.WAITING.value, "plan"])
-        (active,) = cursor.fetchone()
-    if active >= limit:
+def refuse_at_capacity(limit: int) -> None:
+    """``TooManyTasks`` when ``limit`` tasks are active. A plain-language ask parked for a plan
+    holds no worker and may wait for days (until a model is configured): it is counted apart, so
+    it never keeps real work from starting."""
+    if sql.active_task_count() >= limit:
         raise TooManyTasks(f"{limit} tasks are already queued, running or waiting; finish or cancel one first")
-
-
-@functools.cache
-def _active_count_statement(vendor: str) -> str:
-    quote = connection.ops.quote_name
-    state, waiting_for = quote(column(Task, "state")), quote(column(Task, "waiting_for"))
-    return (f"SELECT COUNT(*) FROM {quote(Task._meta.db_table)} WHERE {state} IN ({', '.join(['%s'] * len(ACTIVE))}) "
-            f"AND NOT ({state} = %s AND {waiting_for} = %s)")
 
 
 def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
@@ -488,196 +461,6 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
         waiting = list(found.waiting_on)
         record_event(task, EventKind.NOTE, f"waits for {', '.join(waiting)} before it starts", {"waiting_for_tasks": waiting})
     return task
-
-
-def spec_of(task: Task) -> dict[str, Any]:
-    """The spec ``task`` was made from, as ``POST /api/tasks`` takes it (secret facts included,
-    in clear: for the box's own use only, never shown)."""
-    facts = Facts.of(task)
-    spec: dict[str, Any] = {
-        "title": task.title, "prompt": task.prompt, "worker": task.worker, "tools": task.tools, "hosts": task.hosts,
-        "budgetCents": task.budget_cents, "constraints": task.constraints, "limits": task.limits,
-    }
-    if task.folders:
-        spec["folders"] = task.folders
-    else:
-        spec["workspace"] = task.workspace.name
-    if task.command is not None:
-        spec["command"] = task.command
-    if task.flow is not None:
-        spec["flow"] = task.flow
-    if task.criteria is not None:
-        spec["criteria"] = task.criteria
-    if task.output is not None:
-        spec["output"] = task.output
-    if facts.values:
-        spec["facts"] = facts.values
-        spec["secretFacts"] = sorted(facts.secret_names)
-    return spec
-
-
-def rerun_task(principal: Principal, task_id: str, body: Any, *, source: str | None = None) -> Task:
-    """A new task from an ended task's spec; ``body`` replaces any of its fields (the portal's
-    form, edited). Checked whole, like any new task."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("a rerun takes a JSON object: the fields to change, or {}")
-    task = get_task_for(principal, task_id)
-    if not is_final_view(task):
-        raise Conflict(f"task '{task.pk}' is {task.state}; only an ended task can run again (cancel it first)")
-    return create_task({**spec_of(task), **body}, principal, source=source)
-
-
-def retry_task(principal: Principal, task_id: str, body: Any) -> Task:
-    """Send a recoverably failed task back to the queue, in place: the limits and budget the body
-    names raised first (never lowered), its layer reopened, a ``retry`` run resuming from the step
-    that failed with what earlier runs saved (``task.resume``, ``task.records``).
-
-    Two retries at once: the conditional update (``_write_task``) lets exactly one through."""
-    fields = RetryBody.parse({} if body is None else body)
-    task = get_task_for(principal, task_id)
-    _refuse_retry(task, fields.get("version"))
-    raised = _raised(task, fields)
-    # The failure's release (processes, user, mounts, the layer sealed) may still be in the
-    # janitor's hands: finish it here, so the retry's run starts from a settled layer. Idempotent.
-    lifecycle.release(task.pk)
-    with transaction.atomic():
-        _refuse_at_capacity(_locked_settings().max_active_tasks)
-        updates: dict[str, Any] = {}
-        if "limits" in raised:
-            updates["limits"] = {**task.limits, **raised["limits"]}
-        if "budgetCents" in raised:
-            updates["budget_cents"] = raised["budgetCents"]
-        shown = [f"limits.{name} to {value}" for name, value in raised.get("limits", {}).items()]
-        shown += [f"budgetCents to {raised['budgetCents']}"] if "budgetCents" in raised else []
-        summary = f"queued again: retried by the owner ({principal.via})" + (f"; raised {', '.join(shown)}" if shown else "")
-        step = int((task.resume or {}).get("step", 0))
-        transition(task, State.QUEUED, summary=summary,
-                   data={"by": principal.via, "retry": True, "raised": raised, "from_step": step + 1}, **updates)
-        runs.create_run(task, RunKind.RETRY, resume=task.resume)
-    return task
-
-
-def _refuse_retry(task: Task, version: int | None) -> None:
-    if task.state != State.FAILED:
-        raise Conflict(f"a {task.state} task cannot be retried; only a failed task whose failure is recoverable can",
-                       field="state", state=task.state)
-    if task.recoverable is not True:
-        raise Conflict("this failure is not recoverable: retrying would fail the same way; fix the spec and rerun it "
-                       "as a new task", field="recoverable", state=task.state)
-    if version is not None and version != task.version:
-        raise Conflict(f"the task is at version {task.version}, not {version}; reload it and try again",
-                       field="version", state=task.state)
-
-
-def _raised(task: Task, fields: dict[str, Any]) -> dict[str, Any]:
-    """The limits and budget the retry raises, each checked against the one in force: lowering
-    (or bounding an unbounded limit) is a 400 naming the field."""
-    raised: dict[str, Any] = {}
-    for name, value in (fields.get("limits") or {}).items():
-        now = task.limit(name)
-        if now is None:
-            raise InvalidRequest(f"'limits.{name}' is unbounded for this task; a retry only raises limits",
-                                 field=f"limits.{name}")
-        if value < now:
-            raise InvalidRequest(f"'limits.{name}' is {now} for this task; a retry only raises limits (at least {now})",
-                                 field=f"limits.{name}")
-        if value > now:
-            raised.setdefault("limits", {})[name] = value
-    budget = fields.get("budgetCents")
-    if budget is not None and budget < task.budget_cents:
-        raise InvalidRequest(f"'budgetCents' is {task.budget_cents} for this task; a retry only raises it "
-                             f"(at least {task.budget_cents})", field="budgetCents")
-    if budget is not None and budget > task.budget_cents:
-        raised["budgetCents"] = budget
-    return raised
-
-
-@transaction.atomic
-def cancel_task(principal: Principal, task_id: str) -> Task:
-    """Cancel the task and, in the same transaction, every active descendant (its children
-    through ``parent``, theirs, ...). Each final move closes that task's runs, approvals and
-    questions; after commit each release kills its processes, which aborts a running step.
-    Descendants that already ended are left as they are."""
-    # Locked, so a worker moving the task at this moment (queued -> running) is waited for, and
-    # the cancel applies to the state it left instead of failing on a stale version.
-    task = get_task_for(principal, task_id, for_update=True)
-    if task.state not in ACTIVE:
-        raise Conflict(f"a {task.state} task cannot be cancelled", field="state", state=task.state)
-    by = {"by": principal.via}
-    # Dependents are woken once every descendant has moved: a descendant that also waits on
-    # the task is cancelled with it, not failed for its dependency.
-    transition(task, State.CANCELLED, summary=f"cancelled by the owner ({principal.via})", data=by, wake=False)
-    ended = [task.pk]
-    for descendant in _descendants(task):
-        # Top-down, each row locked before it moves (the lock order is always parent first).
-        child = Task.objects.select_for_update().get(pk=descendant)
-        if child.state in ACTIVE:
-            transition(child, State.CANCELLED, summary=f"cancelled with task {task.pk}",
-                       data={**by, "with": task.pk}, wake=False)
-            ended.append(child.pk)
-    for task_id in ended:
-        wake_dependents(task_id)
-    return task
-
-
-def _descendants(task: Task) -> list[str]:
-    """Every task below ``task`` through ``parent``, parents before their children."""
-    found: list[str] = []
-    frontier = [task.pk]
-    while frontier:
-        children = list(Task.objects.filter(parent_id__in=frontier).order_by("created_at", "pk").values_list("pk", flat=True))
-        children = [c for c in children if c not in found and c != task.pk]
-        found += children
-        frontier = children
-    return found
-
-
-def undo_task(principal: Principal, task_id: str) -> Task:
-    task = get_task_for(principal, task_id)
-    extra: dict[str, Any] = {}
-    if task.folders:
-        if task.review == Review.KEPT:
-            raise Conflict("its changes were kept in your folder; the box does not take them back", field="review")
-        extra["review"] = Review.UNDONE  # the layer is discarded; the real folder was never touched
-    return transition(task, State.UNDONE, summary=f"undone by the owner ({principal.via})", data={"by": principal.via}, **extra)
-
-
-def _move_review(task: Task, review: Review, summary: str, data: dict[str, Any]) -> Task:
-    with transaction.atomic():
-        _write_task(task, EventKind.NOTE, summary, {"review": review, **data}, review=review)
-        if review == Review.KEPT:
-            Layer.objects.filter(task=task).update(state=LayerState.APPLIED, applied_at=timezone.now())
-    return task
-
-
-def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
-    """Apply a finished folder task's changes to the real folders, or report the conflicts."""
-    task = get_task_for(principal, task_id)
-    if not task.folders:
-        raise Conflict("only folder tasks wait for Keep; a workspace task joined its workspace when it finished",
-                       field="review")
-    if not principal.can_use_folders:
-        raise Forbidden("only the owner can keep changes to folders", field="review")
-    if task.state != State.DONE or task.review not in (Review.PENDING, Review.CONFLICT):
-        raise Conflict(f"a {task.state} task with review '{task.review or 'none'}' cannot be kept",
-                       field="review", state=task.state)
-    seal_layer(task.pk)
-    with layer_lock(task.pk):
-        layer = Layer.objects.get(task=task)
-        changes = changes_of(task, layer)
-        make, remove = review.directory_moves(task)
-        found = review.find_conflicts(task, changes, make)
-        if found:
-            conflicts = [show(p) for p in sorted(found)]
-            reasons = [found[p] for p in sorted(found)]
-            shown = "; ".join(reasons[:5]) + (" …" if len(reasons) > 5 else "")
-            task = _move_review(task, Review.CONFLICT, f"not kept: {shown}; nothing was applied",
-                               {"conflicts": conflicts, "reasons": reasons})
-            return task, conflicts
-        review.apply_changes(task, changes, make, remove)
-        task = _move_review(task, Review.KEPT, f"kept: {len(changes)} change(s) applied to your folder",
-                           {"applied": [show(c.path) for c in changes[:500]]})
-    return task, []
 
 
 def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "",

@@ -40,7 +40,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     State.RUNNING: frozenset({State.WAITING, State.DONE, State.FAILED, State.CANCELLED, State.UNDONE}),
     State.WAITING: frozenset({State.RUNNING, State.DONE, State.FAILED, State.CANCELLED, State.UNDONE}),
     State.DONE: frozenset({State.UNDONE}),
-    # A recoverable failure can be retried in place (``tasks.services.retry_task``): back to the
+    # A recoverable failure can be retried in place (``tasks.verbs.retry_task``): back to the
     # queue, its layer reopened, resuming from the step that failed.
     State.FAILED: frozenset({State.QUEUED, State.UNDONE}),
     State.CANCELLED: frozenset({State.UNDONE}),

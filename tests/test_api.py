@@ -7,8 +7,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from boxsite.core.auth import device_for, token_for
+from boxsite.core.errors import NotFound
 from boxsite.core.principal import Principal, Via
 from boxsite.models import ApiToken, Device, hash_key
+from tasks import services
 from tasks.events import record_event
 from tasks.models import Task
 from tests.factories import flow, make_owner
@@ -77,14 +79,14 @@ def test_the_owner_reads_a_task_as_the_orm_reads_it(box):
     task_id = box.create(title="read", flow=WRITE, facts={"city": "Lyon"})["id"]
     Task.objects.filter(pk=task_id).update(error="e", recoverable=True, spent={"actions": 3})
     principal = Principal(box.owner, Via.TOKEN, token=ApiToken.objects.get(key_hash=hash_key(box.token)))
-    read = Task.objects.reachable_one(principal, task_id)
+    read = services.get_task_for(principal, task_id)
     expected = Task.objects.get(pk=task_id)
     fields = Task._meta.concrete_fields
     assert [getattr(read, f.attname) for f in fields] == [getattr(expected, f.attname) for f in fields]
     assert not read._state.adding
     other = Principal.session(make_owner("someone-else"))
-    with pytest.raises(Task.DoesNotExist):
-        Task.objects.reachable_one(other, task_id)
+    with pytest.raises(NotFound):
+        services.get_task_for(other, task_id)
 
 
 def test_the_id_has_the_documented_format(box):

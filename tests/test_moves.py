@@ -1,6 +1,7 @@
-"""A task's move written by the statements of ``tasks.moves`` leaves the rows the ORM's path left:
-the same task row, the same events at the same numbers, redacted alike, published after commit;
-and the finish's read of its task (``runs.read_locked``) sees what the ORM's refresh sees."""
+"""A task's move (``services.transition``, through ``sql.move_task``) leaves its row and its events
+as the moves said: the fields written, the version and the events' numbers counted, the events
+redacted and published after commit in the order of their numbers; and the finish's read of its
+task (``runs.read_locked``) sees what the ORM's refresh sees."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ from django.db import transaction
 from django.forms.models import model_to_dict
 
 from boxsite.core.errors import Conflict
-from tasks import events, moves, services
+from tasks import events, services
 from tasks.models import Task, TaskEvent
 from tasks.run import leases as runs
 from tasks.states import State
@@ -46,34 +47,33 @@ def _state_of(task_id: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
     return row, logged
 
 
-def test_a_move_written_by_its_statement_leaves_the_rows_the_orms_path_left(box: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tasks_moves_leave_its_row_and_its_log_as_the_moves_said(box: Any, settings: Any) -> None:
     queue_through_the_cluster(settings)
     set_secret("KEY", SECRET)
-    by_orm, by_statement = _queued(box, "by the ORM"), _queued(box, "by the statement")
-    written = moves.write
-    monkeypatch.setattr(moves, "can_write", lambda fields: False)
-    monkeypatch.setattr(moves, "write", lambda *a, **k: pytest.fail("the ORM's path was to be taken"))
-    _moves(by_orm)
-    monkeypatch.undo()
-    calls: list[str] = []
-    monkeypatch.setattr(moves, "write", lambda *a, **k: calls.append("write") or written(*a, **k))
-    _moves(by_statement)
-    assert len(calls) == 4
-    orm_row, orm_log = _state_of(by_orm.pk)
-    row, logged = _state_of(by_statement.pk)
-    assert row == orm_row and logged == orm_log
+    task = _queued(box, "moved")
+    version, seq = task.version, task.event_seq
+    _moves(task)
+    row, logged = _state_of(task.pk)
+    assert row["state"] == State.RUNNING and row["version"] == version + 4 and row["event_seq"] == seq + 5
+    assert (row["waiting_for"], row["pause"], row["step"], row["progress"]) == ("", {}, "asking", 0.5)
+    assert (row["recoverable"], row["hint"]) == (True, "a hint")
+    moved = logged[-5:]
+    assert [number for number, *_ in moved] == list(range(seq + 1, seq + 6))
+    assert [kind for _, kind, *_ in moved] == ["status", "note", "status", "status", "note"]
+    assert [data.get("version") for *_, data, _, _ in moved] == [version + 1, None, version + 2, version + 3, version + 4]
+    assert moved[1][2] == "isolated" and moved[4][2] == "kept" and moved[3][3]["run"] == 2
     assert SECRET not in str(logged)
     # the task in memory is the row as written
-    stored = Task.objects.get(pk=by_statement.pk)
+    stored = Task.objects.get(pk=task.pk)
     for field in Task._meta.concrete_fields:
-        assert getattr(by_statement, field.attname) == getattr(stored, field.attname), field.name
+        assert getattr(task, field.attname) == getattr(stored, field.attname), field.name
 
 
 def test_a_moves_events_are_published_after_commit_in_the_order_of_their_numbers(box: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     queue_through_the_cluster(settings)
     task = _queued(box, "published")
     published: list[tuple[int, int, str]] = []
-    monkeypatch.setattr(moves, "publish_event", lambda task_id, owner_id, event_id, seq, kind: published.append((event_id, seq, kind)))
+    monkeypatch.setattr(services, "publish_event", lambda task_id, owner_id, event_id, seq, kind: published.append((event_id, seq, kind)))
     with transaction.atomic():
         services.transition(task, State.RUNNING, notes=[("first note", {}), ("second note", {})])
         assert published == [], "nothing is published before the move commits"
@@ -81,7 +81,7 @@ def test_a_moves_events_are_published_after_commit_in_the_order_of_their_numbers
     assert published == logged and [kind for _, _, kind in logged] == ["status", "note", "note"]
     assert [pk for pk, _, _ in logged] == sorted(pk for pk, _, _ in logged)  # ids follow the numbers
     assert task.event_seq == logged[-1][1]
-    assert events.publish_event is not moves.publish_event  # the patch reached only the moves' publisher
+    assert events.publish_event is not services.publish_event  # the patch reached only the move's publisher
 
 
 def test_a_move_after_another_writer_moved_the_task_writes_nothing(box: Any, settings: Any) -> None:

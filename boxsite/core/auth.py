@@ -2,17 +2,13 @@
 and Django sessions (the owner's browser, with CSRF)."""
 from __future__ import annotations
 
-import functools
 import secrets
 from typing import Any, TypeVar
 
-from django.contrib.auth import get_user_model
-from django.db import connection
-from django.db.models import Model
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from boxsite.core.db.rows import Rows, column
+from boxsite.core import sql
 from boxsite.models import ApiToken, Device, hash_key
 
 DEVICE_COOKIE = "box_device"
@@ -43,32 +39,8 @@ def device_for(raw: str) -> Device | None:
 
 def _credential_with_user(model: type[C], raw: str) -> C | None:
     """The unrevoked ``model`` row (a token, a device) whose key hashes as ``raw`` does, its user
-    read with it. Every request asks once, so the statement is written once per process: the ORM
-    would build the join of both tables' columns again each time, a large part of a light
-    request's CPU."""
-    sql, rows = _credential_statement(model, connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [hash_key(raw)])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    credential, user = rows.instances(row)
-    assert isinstance(credential, model) and isinstance(user, get_user_model())
-    credential.user = user
-    return credential
-
-
-@functools.cache
-def _credential_statement(model: type[Model], vendor: str) -> tuple[str, Rows]:
-    """The join of ``model``'s row and its user's, by the key's hash (unique)."""
-    quote = connection.ops.quote_name
-    user_model = get_user_model()
-    rows = Rows.of(model, user_model)
-    own, users = quote(model._meta.db_table), quote(user_model._meta.db_table)
-    user_id, key_hash, revoked_at = (quote(column(model, name)) for name in ("user", "key_hash", "revoked_at"))
-    user_pk = quote(column(user_model, user_model._meta.pk.name))
-    return (f"SELECT {rows.columns()} FROM {own} INNER JOIN {users} ON {own}.{user_id} = {users}.{user_pk} "
-            f"WHERE {own}.{key_hash} = %s AND {own}.{revoked_at} IS NULL"), rows
+    read with it (``sql.credential_with_user``)."""
+    return sql.credential_with_user(model, hash_key(raw))
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

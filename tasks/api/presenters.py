@@ -33,7 +33,7 @@ def next_calls(task: Task) -> list[str]:
         calls.append("undo")
     calls += ["diff", "report"]
     if task.state == State.FAILED and task.recoverable is True:
-        calls.append("retry")  # in place, from the step that failed (tasks.services.retry_task)
+        calls.append("retry")  # in place, from the step that failed (tasks.verbs.retry_task)
     if is_final_view(task):
         calls.append("rerun")
     return calls

@@ -16,7 +16,7 @@ from boxsite.core import schema
 from boxsite.core.errors import InvalidRequest
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal, Via
-from tasks import dependencies, services
+from tasks import dependencies, services, verbs
 from tasks.api.presenters import present_event, present_run, present_task
 from tasks.api.report import build_report
 from tasks.models import Run, Task, TaskEvent
@@ -143,13 +143,13 @@ def task_events(request: Request, task_id: str) -> Response:
 @extend_schema(request=None, responses={200: schema.TaskView})
 @api_view(["POST"])
 def task_cancel(request: Request, task_id: str) -> Response:
-    return Response(present_task(services.cancel_task(Principal.of(request), task_id)))
+    return Response(present_task(verbs.cancel_task(Principal.of(request), task_id)))
 
 
 @extend_schema(request=None, responses={200: schema.TaskView})
 @api_view(["POST"])
 def task_undo(request: Request, task_id: str) -> Response:
-    return Response(present_task(services.undo_task(Principal.of(request), task_id)))
+    return Response(present_task(verbs.undo_task(Principal.of(request), task_id)))
 
 
 @extend_schema(request=RerunBody, responses={201: schema.TaskView})
@@ -157,7 +157,7 @@ def task_undo(request: Request, task_id: str) -> Response:
 def task_rerun(request: Request, task_id: str) -> Response:
     """A new task from this ended task's spec; the body's fields replace the spec's."""
     principal = Principal.of(request)
-    task = services.rerun_task(principal, task_id, request.data, source=channel_source(principal, request.data))
+    task = verbs.rerun_task(principal, task_id, request.data, source=channel_source(principal, request.data))
     return Response(present_task(task), status=201)
 
 
@@ -166,7 +166,7 @@ def task_rerun(request: Request, task_id: str) -> Response:
 def task_retry(request: Request, task_id: str) -> Response:
     """Retry a recoverably failed task in place, from the step that failed; the body may raise
     its limits and budget first (never lower them)."""
-    return Response(present_task(services.retry_task(Principal.of(request), task_id, request.data)))
+    return Response(present_task(verbs.retry_task(Principal.of(request), task_id, request.data)))
 
 
 @extend_schema(request=ContinueBody, responses={200: schema.TaskView})
@@ -206,7 +206,7 @@ def task_dependencies(request: Request, task_id: str) -> Response:
     """The task's dependencies and dependents; POST adds an edge to a task that has not started."""
     principal = Principal.of(request)
     if request.method == "POST":
-        task = services.add_dependency(principal, task_id, request.data)
+        task = verbs.add_dependency(principal, task_id, request.data)
         return Response(dependencies.graph(task), status=201)
     return Response(dependencies.graph(services.get_task_for(principal, task_id)))
 

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from boxsite.core import schema
 from boxsite.core.principal import Principal
-from tasks import services
+from tasks import services, verbs
 from tasks.api.presenters import present_task
 from tasks.layers import diff, workspaces
 from tasks.layers.roots import diff_body
@@ -59,5 +59,5 @@ def task_diff(request: Request, task_id: str) -> Response:
 @extend_schema(request=None, responses={200: schema.TaskKept})
 @api_view(["POST"])
 def task_keep(request: Request, task_id: str) -> Response:
-    task, conflicts = services.keep_review(Principal.of(request), task_id)
+    task, conflicts = verbs.keep_review(Principal.of(request), task_id)
     return Response({**present_task(task), "conflicts": conflicts})

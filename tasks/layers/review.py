@@ -22,7 +22,7 @@ out of the folder. Special files (FIFO, socket, device) are never kept, opened o
 task's special file, or one in the owner's folder where the task wrote, is a conflict.
 
 This module is the files' side of Keep; the review moves themselves are task actions
-(``tasks.services.keep_review``).
+(``tasks.verbs.keep_review``).
 """
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def _claim_and_begin(run_id: int, *, task_locked: bool = False) -> Begun | None:
         line, described = isolation_of(task)
         services.transition(task, State.RUNNING, summary="running", data={"run": run.number},
                             redactor=redactor, isolation=line, notes=[isolation_note(described)])
-    elif task.state in (State.QUEUED, State.WAITING):  # retried after a failure (services.retry_task), or resumed
+    elif task.state in (State.QUEUED, State.WAITING):  # retried after a failure (verbs.retry_task), or resumed
         services.transition(task, State.RUNNING, summary="running again", data={"run": run.number}, redactor=redactor)
     return run, token, True, redactor
 

@@ -19,14 +19,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Field, ForeignKey, Max, Model
+from django.db.models import ForeignKey, Max
 from django.utils import timezone
 from django_q.brokers import Broker, get_broker
 from django_q.conf import Conf
 from django_q.tasks import async_task
 
-from boxsite.core.db.rows import Rows
-from tasks.models import Run, RunState, Task, Workspace
+from tasks import sql
+from tasks.models import Run, RunState, Task
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,13 @@ def lock_task(task_id: str) -> None:
 
 def read_locked(task: Task) -> None:
     """Read ``task`` again in full, its row locked for the rest of the transaction (``lock_task``),
-    by a statement written once, not a read of every column built by the ORM at each run's finish.
+    by a statement written once (``sql.locked_task``).
     As ``refresh_from_db`` with ``select_for_update``, except that a related row cached for the
     same key is kept (the run's workspace, read with its claim); reverse one-to-one rows (its
     layer) and prefetched rows are dropped, as there."""
-    statement, columns = _locked_read_statement(connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [task.pk])
-        row = cursor.fetchone()
-    if row is None:
+    stored = sql.locked_task(task.pk)
+    if stored is None:
         raise Task.DoesNotExist(f"no task '{task.pk}'")
-    (stored,) = columns.instances(row)
     for field in Task._meta.concrete_fields:
         value = getattr(stored, field.attname)
         if isinstance(field, ForeignKey) and field.is_cached(task) and getattr(task, field.attname) != value:
@@ -80,35 +76,10 @@ def read_locked(task: Task) -> None:
     task._state.adding, task._state.db = False, stored._state.db
 
 
-@functools.cache
-def _locked_read_statement(vendor: str) -> tuple[str, Rows]:
-    columns = Rows.of(Task)
-    quote = connection.ops.quote_name
-    statement = f"SELECT {columns.columns()} FROM {quote(Task._meta.db_table)} WHERE {quote(_column(Task, 'id'))} = %s"
-    if connection.features.has_select_for_update:
-        statement += " FOR UPDATE"
-    return statement, columns
-
-
 def lock_task_of_queued(run_id: int) -> str | None:
     """The task of run ``run_id`` while the run is queued (else None), its row locked for the rest
-    of the transaction (``lock_task``): one statement, written once, that both reads the run and
-    takes the lock."""
-    with connection.cursor() as cursor:
-        cursor.execute(_task_of_queued_statement(connection.vendor), [run_id, RunState.QUEUED.value])
-        row = cursor.fetchone()
-    return None if row is None else str(row[0])
-
-
-@functools.cache
-def _task_of_queued_statement(vendor: str) -> str:
-    quote = connection.ops.quote_name
-    run_task, run_pk, run_state = (quote(_column(Run, name)) for name in ("task", "id", "state"))
-    of_run = f"SELECT {run_task} FROM {quote(Run._meta.db_table)} WHERE {run_pk} = %s AND {run_state} = %s"
-    if not connection.features.has_select_for_update:
-        return of_run  # SQLite: BEGIN IMMEDIATE holds the one write lock already
-    task_pk = quote(_column(Task, "id"))
-    return f"SELECT {task_pk} FROM {quote(Task._meta.db_table)} WHERE {task_pk} = ({of_run}) FOR UPDATE"
+    of the transaction (``lock_task``), in one statement."""
+    return sql.task_of_queued_run(run_id)
 
 
 def lease_delta() -> timedelta:
@@ -209,122 +180,20 @@ def claim(run_id: int) -> tuple[Run, str] | None:
     row (``lock_task_of_queued``): other runs of the task change only under it."""
     token = secrets.token_hex(16)
     now = timezone.now()
-    adapt = connection.ops.adapt_datetimefield_value
-    taking = [RunState.RUNNING.value, token, adapt(now + lease_delta()), adapt(now), adapt(now),
-              socket.gethostname()[:255], os.getpid(), run_id, RunState.QUEUED.value]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            statement, columns = _taken_statement(connection.vendor)
-            cursor.execute(statement, [*taking, RunState.RUNNING.value])
-        else:
-            cursor.execute(_take_statement(connection.vendor), taking)
-            if cursor.rowcount != 1:
-                return None
-            statement, columns = _claimed_statement(connection.vendor)
-            cursor.execute(statement, [RunState.RUNNING.value, run_id])
-        row = cursor.fetchone()
-    if row is None:
+    claimed = sql.claim_run(run_id, token, now, now + lease_delta(), socket.gethostname()[:255], os.getpid())
+    if claimed is None:
         return None
-    run, task, workspace = columns.instances(row[:-1])
-    assert isinstance(run, Run) and isinstance(task, Task) and isinstance(workspace, Workspace)
-    run.task, task.workspace = task, workspace
-    run.others_running = bool(row[-1])  # type: ignore[attr-defined]
+    run = claimed.run
+    run.others_running = claimed.others_running  # type: ignore[attr-defined]
     return run, token
-
-
-@functools.cache
-def _take_statement(vendor: str) -> str:
-    """The claim's update, conditional on the run still being queued: written once, not built by
-    the ORM at every claim."""
-    quote = connection.ops.quote_name
-    sets = ", ".join(f"{quote(_column(Run, name))} = %s" for name in _TAKEN)
-    return (f"UPDATE {quote(Run._meta.db_table)} SET {sets} "
-            f"WHERE {quote(_column(Run, 'id'))} = %s AND {quote(_column(Run, 'state'))} = %s")
-
-
-_TAKEN = ("state", "lease_token", "lease_expires_at", "heartbeat_at", "started_at", "worker_host", "worker_pid")
-
-
-@functools.cache
-def _taken_statement(vendor: str) -> tuple[str, Rows]:
-    """The claim's update and ``_claimed_statement``'s read in one statement (PostgreSQL): the run
-    as the update left it (``RETURNING``), its task and workspace, whether another run of the
-    task is running (read as before the update, which only moves this run)."""
-    columns = Rows.of(Run, Task, Workspace)
-    quote = connection.ops.quote_name
-    run, task, workspace, taken = (quote(Run._meta.db_table), quote(Task._meta.db_table), quote(Workspace._meta.db_table),
-                                   quote("taken"))
-    run_columns = [quote(_column(Run, field.name)) for field in Run._meta.concrete_fields]
-    other, task_of, state, pk = quote("other_run"), quote(_column(Run, "task")), quote(_column(Run, "state")), quote(_column(Run, "id"))
-    statement = (f"WITH {taken} AS ({_take_statement(vendor)} RETURNING {', '.join(run_columns)}) "
-                 f"SELECT {', '.join(f'{taken}.{name}' for name in run_columns)}, {Rows.of(Task, Workspace).columns()}, "
-                 f"EXISTS (SELECT 1 FROM {run} {other} WHERE {other}.{task_of} = {taken}.{task_of} "
-                 f"AND {other}.{state} = %s AND {other}.{pk} <> {taken}.{pk}) FROM {taken} "
-                 f"INNER JOIN {task} ON {taken}.{task_of} = {task}.{quote(_column(Task, 'id'))} "
-                 f"INNER JOIN {workspace} ON {task}.{quote(_column(Task, 'workspace'))} = {workspace}.{quote(_column(Workspace, 'id'))}")
-    return statement, columns
-
-
-@functools.cache
-def _claimed_statement(vendor: str) -> tuple[str, Rows]:
-    """The claimed run with its task and the task's workspace (the run's view opens on it), and
-    whether another run of the task is running: written once, not built by the ORM at every
-    claim (a large part of the claim's CPU), and the workspace read with it, not in a round trip
-    of its own. SQLite's; PostgreSQL reads them with the claim's
-    update (``_taken_statement``)."""
-    columns = Rows.of(Run, Task, Workspace)
-    quote = connection.ops.quote_name
-    run, task, workspace = quote(Run._meta.db_table), quote(Task._meta.db_table), quote(Workspace._meta.db_table)
-    statement = (f"SELECT {columns.columns()}, {_others_running_statement(vendor)} FROM {run} "
-                 f"INNER JOIN {task} ON {run}.{quote(_column(Run, 'task'))} = {task}.{quote(_column(Task, 'id'))} "
-                 f"INNER JOIN {workspace} ON {task}.{quote(_column(Task, 'workspace'))} = {workspace}.{quote(_column(Workspace, 'id'))} "
-                 f"WHERE {run}.{quote(_column(Run, 'id'))} = %s")
-    return statement, columns
-
-
-@functools.cache
-def _others_running_statement(vendor: str) -> str:
-    """Whether a run of the claimed run's task other than it is running: written once, not an
-    ``Exists`` subquery built by the ORM at every claim."""
-    quote = connection.ops.quote_name
-    table, other = quote(Run._meta.db_table), quote("other_run")
-    task, state, pk = (quote(_column(Run, name)) for name in ("task", "state", "id"))
-    return (f"EXISTS (SELECT 1 FROM {table} {other} WHERE {other}.{task} = {table}.{task} "
-            f"AND {other}.{state} = %s AND {other}.{pk} <> {table}.{pk})")
-
-
-def _column(model: type[Model], name: str) -> str:
-    field = model._meta.get_field(name)
-    assert isinstance(field, Field) and field.column is not None
-    return field.column
 
 
 def heartbeat(run_id: int, token: str) -> bool:
     """Extend the lease. False means the lease is gone (taken over, cancelled, finished).
 
-    Every guarded write of a run proves its lease with this (``holds_lease``): the statement is
-    written once, not built by the ORM each time."""
-    with connection.cursor() as cursor:
-        cursor.execute(*lease_statement(run_id, token))
-        return cursor.rowcount == 1
-
-
-@functools.cache
-def heartbeat_statement(vendor: str) -> str:
-    """The lease's update (``lease_statement``'s), for a statement that embeds it."""
-    quote = connection.ops.quote_name
-    beat, expires, pk, state, token = (quote(_column(Run, name)) for name in
-                                       ("heartbeat_at", "lease_expires_at", "id", "state", "lease_token"))
-    return (f"UPDATE {quote(Run._meta.db_table)} SET {beat} = %s, {expires} = %s "
-            f"WHERE {pk} = %s AND {state} = %s AND {token} = %s")
-
-
-def lease_statement(run_id: int, token: str) -> tuple[str, list[Any]]:
-    """``holds_lease``'s update and its parameters, for a statement that proves the lease as part
-    of its own work (``events.record_numbered_event``); it matches one row while the lease holds."""
+    Every guarded write of a run proves its lease with this (``holds_lease``)."""
     now = timezone.now()
-    adapt = connection.ops.adapt_datetimefield_value
-    return heartbeat_statement(connection.vendor), [adapt(now), adapt(now + lease_delta()), run_id, RunState.RUNNING.value, token]
+    return sql.extend_lease(run_id, token, now, now + lease_delta())
 
 
 def holds_lease(run_id: int, token: str) -> bool:
@@ -343,41 +212,13 @@ def finish(run_id: int, token: str, outcome: str, error: str = "", *, charged: b
     """Close the run with its outcome; ``charged=False`` refunds the attempt (a wait for the owner).
     False when the run no longer holds its lease (nothing was written): the update is conditional
     on the run's state and token, as the lease's heartbeat is, so it proves the lease as well
-    (``finalize.finish_run``). Written once per process, not built by the ORM at every run's
-    end."""
-    adapt = connection.ops.adapt_datetimefield_value
-    with connection.cursor() as cursor:
-        cursor.execute(_finish_statement(connection.vendor), [
-            RunState.FINISHED.value, outcome, error[:5000], adapt(timezone.now()), charged,
-            run_id, RunState.RUNNING.value, token])
-        return cursor.rowcount == 1
-
-
-@functools.cache
-def _finish_statement(vendor: str) -> str:
-    quote = connection.ops.quote_name
-    state, outcome, error, finished, charged, pk, token = (quote(_column(Run, name)) for name in (
-        "state", "outcome", "error", "finished_at", "charged", "id", "lease_token"))
-    return (f"UPDATE {quote(Run._meta.db_table)} SET {state} = %s, {outcome} = %s, {error} = %s, {finished} = %s, "
-            f"{charged} = %s WHERE {pk} = %s AND {state} = %s AND {token} = %s")
+    (``finalize.finish_run``)."""
+    return sql.finish_run(run_id, token, outcome, error[:5000], timezone.now(), charged)
 
 
 def cancel_open_runs(task: Task) -> None:
-    """Close every queued or running run of a task that reached a final state (same transaction).
-    Written once per process: every final move asks it."""
-    adapt = connection.ops.adapt_datetimefield_value
-    with connection.cursor() as cursor:
-        cursor.execute(_cancel_statement(connection.vendor), [
-            RunState.CANCELLED.value, adapt(timezone.now()), "cancelled", task.pk, RunState.QUEUED.value, RunState.RUNNING.value])
-
-
-@functools.cache
-def _cancel_statement(vendor: str) -> str:
-    quote = connection.ops.quote_name
-    state, token, finished, outcome, of_task = (quote(_column(Run, name)) for name in (
-        "state", "lease_token", "finished_at", "outcome", "task"))
-    return (f"UPDATE {quote(Run._meta.db_table)} SET {state} = %s, {token} = '', {finished} = %s, {outcome} = %s "
-            f"WHERE {of_task} = %s AND {state} IN (%s, %s)")
+    """Close every queued or running run of a task that reached a final state (same transaction)."""
+    sql.cancel_open_runs(task.pk, timezone.now())
 
 
 def dispatch_due(now: Any = None) -> int:
@@ -403,9 +244,9 @@ def stranded_runs(now: Any) -> list[int]:
     A queue message can die with a cluster (prefetched, or locked by a reader that is gone).
     Re-sending is safe because a second delivery of a claimed run does nothing; a run merely
     waiting its turn behind a busy queue is not sent again, nor while no worker is free: copies
-    would pile up in the queue (under load a burst's runs wait longer than ``BOX_RESEND_S`` behind
-    each other). A dependent's run its dependency's worker took at once (``hold_first``) overtakes
-    the queue too: a run waiting then is sent again, one copy per ``BOX_RESEND_S``."""
+    would pile up in the queue (a burst sent 105 copies for 44 tasks when every run older than
+    ``BOX_RESEND_S`` was sent again). A dependent's run its dependency's worker took at once
+    (``hold_first``) overtakes the queue too: a run waiting then is sent again, as before."""
     if free_workers() <= 0:
         return []
     before = now - timedelta(seconds=settings.BOX_RESEND_S)

@@ -15,7 +15,6 @@ them in clear; ``Facts.of(task)`` is the one reader that opens them (docs/decisi
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import logging
 import re
@@ -25,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from django.db import connection
-from django.db.models import DateTimeField
-
 from boxsite.core import reads
 from boxsite.core.cards import looks_like_card, mask_cards
+from tasks import sql
 from tasks.models import VaultSecret
 from tasks.vault import crypto
 from tasks.vault.crypto import decrypt, encrypt, encrypted_with_first_key, reencrypt
@@ -203,26 +200,12 @@ def _vault() -> tuple[tuple[Any, ...], dict[str, str]]:
 
 def _vault_now() -> tuple[tuple[Any, ...], dict[str, str]]:
     global _vault_cache
-    # Asked several times per run: written once, not built by the ORM each time (building an
-    # aggregate costs more than running it). The stamp is only compared with the last one.
-    with connection.cursor() as cursor:
-        cursor.execute(_vault_stamp_statement(connection.vendor))
-        key = tuple(cursor.fetchone())
+    key = sql.vault_stamp()  # only compared with the last one
     cached_key, values = _vault_cache
     if cached_key != key:
         values = {row.name: crypto.decrypt(bytes(row.ciphertext)) for row in VaultSecret.objects.all()}
         _vault_cache = (key, values)
     return key, values
-
-
-@functools.cache
-def _vault_stamp_statement(vendor: str) -> str:
-    """How many secrets, the last change, the highest id: any write to the vault changes one."""
-    quote = connection.ops.quote_name
-    updated = VaultSecret._meta.get_field("updated_at")
-    assert isinstance(updated, DateTimeField) and updated.column and VaultSecret._meta.pk.column
-    return (f"SELECT COUNT(*), MAX({quote(updated.column)}), MAX({quote(VaultSecret._meta.pk.column)}) "
-            f"FROM {quote(VaultSecret._meta.db_table)}")
 
 
 def redactor_of(own: Mapping[str, str]) -> Redactor:
