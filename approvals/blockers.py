@@ -159,6 +159,21 @@ def has_blockers(task: Task) -> bool:
     return pending_approvals(task).exists() or open_questions(task).exists()
 
 
+def approval_state(approval_id: int) -> str | None:
+    """An approval's state as stored now (a held broker call polls it)."""
+    return Approval.objects.filter(pk=approval_id).values_list("state", flat=True).first()
+
+
+def question_state(question_id: int) -> str | None:
+    return Question.objects.filter(pk=question_id).values_list("state", flat=True).first()
+
+
+def question_outcome(question_id: int) -> tuple[str, Any]:
+    """A closed question's state and (redacted) answer, for the held call that asked it."""
+    question = Question.objects.get(pk=question_id)
+    return question.state, question.answer
+
+
 # --- closing ----------------------------------------------------------------------------------
 
 def record_decision(approval: Approval, decision: ApprovalState, user: AbstractBaseUser, via: str) -> bool:

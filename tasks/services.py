@@ -10,13 +10,12 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals import blockers
 from boxsite.core import reads
 from boxsite.core.db.rows import column
 from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, TooManyTasks
 from boxsite.core.principal import Principal
 from boxsite.models import BoxSettings
-from tasks import dependencies, layers, moves
+from tasks import dependencies, layers, moves, pauses
 from tasks.api.presenters import is_final_view
 from tasks.events import numbered_update, record_event
 from tasks.layers import review
@@ -196,7 +195,7 @@ def _status_summary(state: str, waiting_for: str, error: str) -> str:
 
 def _close_blockers(task: Task) -> None:
     """A task that ends closes its blockers (``approvals.blockers``) and its open runs."""
-    blockers.close_for_final_move(task)
+    pauses.blockers().close_for_final_move(task)
     runs.cancel_open_runs(task)
 
 
