@@ -107,6 +107,4 @@ class Calls:
         return {"task": child.pk, "state": child.state, "parent": self.ctx.task.pk}
 
     def op_schedule(self, message: dict[str, Any]) -> Any:
-        schedule = delegation.create_schedule(self.ctx, message.get("schedule"))
-        return {"schedule": schedule.pk, "name": schedule.name,
-                "nextRunAt": schedule.next_run_at.isoformat() if schedule.next_run_at else None}
+        return delegation.create("schedule", self.ctx, message.get("schedule"))
