@@ -16,7 +16,8 @@ A call that acts for good (a tool marked irreversible, a flow's ``http`` step wi
    called again), it did not (``approved``: the next run calls it), or fail the task.
 
 Every write here runs inside a transaction that holds the task's row: the worker's lease-checked
-writes (``StepRecorder.guarded``), the final-move cleanup, or an answer.
+writes (``StepRecorder.guarded``), the final-move cleanup, or an answer. The workers and the tool
+registry, in ``tasks`` below this app, call it through ``tasks.pauses.actions()``.
 """
 from __future__ import annotations
 

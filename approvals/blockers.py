@@ -9,7 +9,8 @@ one of them when the task ends (``close_for_final_move``), and queues the run th
 none remains (``resume_if_clear``).
 
 What the owner may decide, and how a body is checked, is ``approvals.services``; moving the task
-is ``tasks.services``. See "A pause's life" in docs/architecture.md.
+is ``tasks.services``. ``tasks``, below this app, reaches it through ``tasks.pauses.blockers()``.
+See "A pause's life" in docs/architecture.md.
 """
 from __future__ import annotations
 

@@ -273,7 +273,7 @@ def record_numbered_event(task: Task, values: dict[str, Any], kind: str, summary
     params += [cost_cents] if cost_cents else []
     params += [task.pk, *(_field(Task, name).get_db_prep_save(value, connection=connection) for name, value in seen.items())]
     params += [_field(TaskEvent, name).get_db_prep_save(getattr(event, _field(TaskEvent, name).attname), connection=connection)
-               for name in _EVENT_FIELDS]
+               for name in EVENT_FIELDS]
     try:
         with connection.cursor() as cursor:
             cursor.execute(_step_statement(connection.vendor, tuple(values), bool(cost_cents), tuple(seen), alone), params)
@@ -299,7 +299,9 @@ class RowHeld(Exception):
 
 
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's answer to NOWAIT when the row is locked
-_EVENT_FIELDS = ("task", "kind", "summary", "data", "cost_cents", "artifacts", "created_at")  # its number is the update's
+# The columns a hand-written event insert fills, in the statements' order (here and in tasks.moves);
+# its number, ``seq``, is the update's, not a parameter.
+EVENT_FIELDS = ("task", "kind", "summary", "data", "cost_cents", "artifacts", "created_at")
 
 
 def _field(model: type[Task] | type[TaskEvent], name: str) -> Field[Any, Any]:
@@ -325,8 +327,8 @@ def _step_statement(vendor: str, names: tuple[str, ...], adds_cost: bool, seen: 
     sets.append(f"{number} = {number} + 1")
     conditions = "".join(f" AND {quote(column(Task, name))} = %s" for name in seen)
     events, event_pk, event_seq = quote(TaskEvent._meta.db_table), quote(column(TaskEvent, "id")), quote(column(TaskEvent, "seq"))
-    columns = ", ".join(quote(column(TaskEvent, name)) for name in (_EVENT_FIELDS[0], "seq", *_EVENT_FIELDS[1:]))
-    rest = ", ".join(["%s"] * (len(_EVENT_FIELDS) - 1))
+    columns = ", ".join(quote(column(TaskEvent, name)) for name in (EVENT_FIELDS[0], "seq", *EVENT_FIELDS[1:]))
+    rest = ", ".join(["%s"] * (len(EVENT_FIELDS) - 1))
     return (f"WITH locked AS (SELECT 1 FROM {table} WHERE {pk} = %s FOR UPDATE{' NOWAIT' if alone else ''}), "
             f"leased AS ({runs.heartbeat_statement(vendor)} AND EXISTS (SELECT 1 FROM locked) RETURNING 1), "
             f"moved AS (UPDATE {table} SET {', '.join(sets)} WHERE {pk} = %s{conditions} "

@@ -23,14 +23,12 @@ from django.db import connection, transaction
 from django.db.models import Field
 
 from boxsite.core.db.rows import column
-from tasks.events import MAX_SUMMARY, publish_event
+from tasks.events import EVENT_FIELDS, MAX_SUMMARY, publish_event
 from tasks.models import EventKind, Run, RunKind, Task, TaskEvent
 from tasks.run import leases as runs
 from tasks.vault.facts import Redactor
 
 Event = tuple[str, str, dict[str, Any]]  # kind, summary, data: as ``record_event`` takes them
-# The event's columns in the statements' order; its number is the update's (``seq``), not a parameter.
-_EVENT_FIELDS = ("task", "kind", "summary", "data", "cost_cents", "artifacts", "created_at")
 
 
 def can_write(fields: dict[str, Any]) -> bool:
@@ -55,7 +53,7 @@ def write(task: Task, now: datetime, fields: dict[str, Any], events: Sequence[Ev
     for kind, summary, data in events:
         values = {"task": task.pk, "kind": kind, "summary": redactor.text(summary)[:MAX_SUMMARY],
                   "data": redactor.redact(data), "cost_cents": 0, "artifacts": [], "created_at": now}
-        rows.append([_event_field(name).get_db_prep_save(values[name], connection=connection) for name in _EVENT_FIELDS])
+        rows.append([_event_field(name).get_db_prep_save(values[name], connection=connection) for name in EVENT_FIELDS])
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(_moved_and_recorded(connection.vendor, names, len(events)),
@@ -108,9 +106,9 @@ def _update(names: tuple[str, ...], events: int) -> str:
 
 
 def _event_columns() -> tuple[str, str]:
-    """The event table and its columns: the task's, the number's, then the rest of ``_EVENT_FIELDS``."""
+    """The event table and its columns: the task's, the number's, then the rest of ``EVENT_FIELDS``."""
     quote = connection.ops.quote_name
-    names = [_EVENT_FIELDS[0], "seq", *_EVENT_FIELDS[1:]]
+    names = [EVENT_FIELDS[0], "seq", *EVENT_FIELDS[1:]]
     return quote(TaskEvent._meta.db_table), ", ".join(quote(column(TaskEvent, name)) for name in names)
 
 
@@ -118,7 +116,7 @@ def _event_columns() -> tuple[str, str]:
 def _moved(vendor: str, names: tuple[str, ...], events: int) -> tuple[str, str]:
     """The update, and the insert of one event at its number (SQLite)."""
     table, columns = _event_columns()
-    insert = (f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * (len(_EVENT_FIELDS) + 1))}) "
+    insert = (f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * (len(EVENT_FIELDS) + 1))}) "
               f"RETURNING {connection.ops.quote_name(column(TaskEvent, 'id'))}")
     return _update(names, events), insert
 
@@ -130,7 +128,7 @@ def _moved_and_recorded(vendor: str, names: tuple[str, ...], events: int) -> str
     quote = connection.ops.quote_name
     table, columns = _event_columns()
     number, pk = quote(column(Task, "event_seq")), quote(column(TaskEvent, "id"))
-    rest = ", ".join(["%s"] * (len(_EVENT_FIELDS) - 1))
+    rest = ", ".join(["%s"] * (len(EVENT_FIELDS) - 1))
     parts = [f"moved AS ({_update(names, events)})"]
     for index in range(events):
         after = f", recorded_{index - 1}" if index else ""
@@ -201,7 +199,7 @@ def _released(vendor: str) -> str:
     quote = connection.ops.quote_name
     table, columns = _event_columns()
     number, pk, event_pk = quote(column(Task, "event_seq")), quote(column(Task, "id")), quote(column(TaskEvent, "id"))
-    rest = ", ".join(["%s"] * (len(_EVENT_FIELDS) - 1))
+    rest = ", ".join(["%s"] * (len(EVENT_FIELDS) - 1))
     return (f"WITH numbered AS (UPDATE {quote(Task._meta.db_table)} SET {number} = {number} + 1 WHERE {pk} = %s "
             f"RETURNING {number}), "
             f"noted AS (INSERT INTO {table} ({columns}) SELECT %s, numbered.{number}, {rest} FROM numbered RETURNING {event_pk}), "
