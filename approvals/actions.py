@@ -16,7 +16,8 @@ A call that acts for good (a tool marked irreversible, a flow's ``http`` step wi
    called again), it did not (``approved``: the next run calls it), or fail the task.
 
 Every write here runs inside a transaction that holds the task's row: the worker's lease-checked
-writes (``StepRecorder.guarded``), the final-move cleanup, or an answer.
+writes (``StepRecorder.guarded``), the final-move cleanup, or an answer. The workers and the tool
+registry, in ``tasks`` below this app, call it through ``tasks.pauses.actions()``.
 """
 from __future__ import annotations
 
@@ -44,29 +45,12 @@ from approvals.models import (
 from boxsite.models import BoxSettings
 from tasks.events import record_event
 from tasks.models import EventKind, Task
+from tasks.pauses import ActionFailedBefore, ActionUnknown
 from tasks.run.recorder import LeaseLost, StepRecorder
 from tasks.vault.facts import Redactor
 
-RECEIPT_EXCERPT = 300  # characters of a response or result kept in a receipt
 RECONCILE_FIELD = "outcome"
 RECONCILE_OPTIONS = [choice.value for choice in Reconciliation]
-
-
-class ActionUnknown(Exception):
-    """The action's outcome is unknown: only the owner can say what happened."""
-
-    def __init__(self, action: Action) -> None:
-        why = action.error or "the worker stopped between attempting it and recording its receipt"
-        super().__init__(f"the outcome of action {action.pk} ({action.tool}) is unknown: {why}")
-        self.action = action
-
-
-class ActionFailedBefore(Exception):
-    """An earlier run attempted the action and it failed; it is not attempted again."""
-
-    def __init__(self, action: Action) -> None:
-        super().__init__(f"action {action.pk} ({action.tool}) failed before: {action.error or 'failed'}")
-        self.action = action
 
 
 def idempotency_key(task_id: str, position: str, args: Any) -> str:
@@ -81,11 +65,6 @@ def policy_of(task: Task, **extra: Any) -> dict[str, Any]:
     allowed = bool((task.constraints or {}).get("allow_destructive"))
     return {"approval": "not needed: the task allows destructive steps" if allowed else "the owner's",
             "allowDestructive": allowed, "hosts": list(task.hosts or []), "budgetCents": task.budget_cents, **extra}
-
-
-def receipt_digest(value: Any) -> str:
-    raw = value if isinstance(value, bytes) else (value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)).encode()
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 # --- the worker's side (inside StepRecorder.guarded) ------------------------------------------

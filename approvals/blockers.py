@@ -9,7 +9,8 @@ one of them when the task ends (``close_for_final_move``), and queues the run th
 none remains (``resume_if_clear``).
 
 What the owner may decide, and how a body is checked, is ``approvals.services``; moving the task
-is ``tasks.services``. See "A pause's life" in docs/architecture.md.
+is ``tasks.services``. ``tasks``, below this app, reaches it through ``tasks.pauses.blockers()``.
+See "A pause's life" in docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -152,6 +153,21 @@ def open_questions(task: Task) -> QuerySet[Question]:
 
 def has_blockers(task: Task) -> bool:
     return pending_approvals(task).exists() or open_questions(task).exists()
+
+
+def approval_state(approval_id: int) -> str | None:
+    """An approval's state as stored now (a held broker call polls it)."""
+    return Approval.objects.filter(pk=approval_id).values_list("state", flat=True).first()
+
+
+def question_state(question_id: int) -> str | None:
+    return Question.objects.filter(pk=question_id).values_list("state", flat=True).first()
+
+
+def question_outcome(question_id: int) -> tuple[str, Any]:
+    """A closed question's state and (redacted) answer, for the held call that asked it."""
+    question = Question.objects.get(pk=question_id)
+    return question.state, question.answer
 
 
 # --- closing ----------------------------------------------------------------------------------

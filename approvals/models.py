@@ -3,21 +3,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-
-class ApprovalKind(models.TextChoices):
-    IRREVERSIBLE = "irreversible"
-    SPENDING = "spending"
-    ACTION = "action"
-    PAYMENT = "payment"
-    CHECKPOINT = "checkpoint"
-
-
-class ApprovalState(models.TextChoices):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DENIED = "denied"
-    STALE = "stale"
-    EXPIRED = "expired"
+# The kinds and states are the words tasks and approvals share: they live with the interface
+# tasks declares (tasks.pauses), and are the choices of the fields here.
+from tasks.pauses import ActionKind, ActionState, ApprovalKind, ApprovalState, QuestionKind, QuestionState
 
 
 class Approval(models.Model):
@@ -40,22 +28,6 @@ class Approval(models.Model):
         indexes = [models.Index(fields=["state", "created_at"], name="approval_state_created")]
 
 
-class QuestionKind(models.TextChoices):
-    INPUT = "input"
-    HUMAN = "human"
-    REPAIR = "repair"
-    REPLAN = "replan"
-    TEXT = "text"
-    ACTION = "action"  # what happened to an action whose outcome is unknown
-
-
-class QuestionState(models.TextChoices):
-    STAGED = "staged"
-    OPEN = "open"
-    ANSWERED = "answered"
-    CANCELLED = "cancelled"
-
-
 class Question(models.Model):
     """A blocker in the human inbox: staged during a run, opened when the run ends waiting."""
 
@@ -76,23 +48,8 @@ class Question(models.Model):
         indexes = [models.Index(fields=["state", "created_at"], name="question_state_created")]
 
 
-class ActionState(models.TextChoices):
-    PROPOSED = "proposed"
-    APPROVED = "approved"
-    EXECUTING = "executing"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    UNKNOWN = "unknown"
-    CANCELLED = "cancelled"
-
-
 # An action in these states has not reached its provider: cancelling the task cancels it.
 NOT_STARTED = (ActionState.PROPOSED, ActionState.APPROVED)
-
-
-class ActionKind(models.TextChoices):
-    TOOL = "tool"  # a call of a tool marked irreversible
-    HTTP = "http"  # a flow's http step with stop_before
 
 
 class Reconciliation(models.TextChoices):

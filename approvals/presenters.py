@@ -8,8 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db.models import QuerySet
+
 from approvals.models import Action, Approval, ApprovalState, Question, QuestionState
-from tasks.models import EventKind, TaskEvent
+from tasks.api.presenters import Section, add_section
+from tasks.models import EventKind, Task, TaskEvent
 from tasks.vault.facts import Redactor, redactor_for
 
 SCREENSHOT_LOOKBACK = 20  # step results searched for the page a blocker is about
@@ -105,3 +108,22 @@ def present_action(action: Action, redact: Redactor) -> dict[str, Any]:
         "reconciliation": reconciliation,
         "createdAt": action.created_at.isoformat(),
     })
+
+
+# --- a task's approvals and questions, in its view and its report (tasks.api.presenters) ----------
+
+def add_task_sections() -> None:
+    """Called once by ``ApprovalsConfig.ready``: tasks shows what this app presents, unimported."""
+    add_section("approvals", Section(
+        detail=lambda task: [present_approval(a) for a in task.approvals.order_by("created_at")],
+        report=lambda task, redact: [present_approval(a, redact) for a in task.approvals.order_by("pk")],
+    ))
+    add_section("questions", Section(
+        detail=lambda task: [present_question(q) for q in _shown_questions(task).order_by("created_at")],
+        report=lambda task, redact: [present_question(q, redact) for q in _shown_questions(task).order_by("pk")],
+    ))
+
+
+def _shown_questions(task: Task) -> QuerySet[Question]:
+    """A staged question is not shown until its run ends waiting."""
+    return task.questions.exclude(state=QuestionState.STAGED)

@@ -11,10 +11,11 @@ from rest_framework.response import Response
 from approvals import services
 from approvals.models import Action
 from approvals.presenters import present_action, present_approval, present_question
-from approvals.services import AnswerBody, DecideBody
+from approvals.services import AnswerBody, ContinueBody, DecideBody, continue_task
 from boxsite.core import schema
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal
+from tasks.api.presenters import present_task
 from tasks.services import get_task_for
 from tasks.vault.facts import Redactor, redactor_for
 
@@ -98,3 +99,11 @@ def task_actions(request: Request, task_id: str) -> Response:
                              limit_param(request.query_params.get("limit")))
     redact = redactor_for(task)
     return Response({"results": [present_action(a, redact) for a in rows], "next": next_cursor})
+
+
+@extend_schema(request=ContinueBody, responses={200: schema.TaskView})
+@api_view(["POST"])
+def task_continue(request: Request, task_id: str) -> Response:
+    """Answer what a waiting task asked for: inputs, an approval decision, or a person's OK."""
+
+    return Response(present_task(continue_task(Principal.of(request), task_id, request.data)))

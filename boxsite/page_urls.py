@@ -2,8 +2,7 @@
 from django.contrib.auth.views import LogoutView
 from django.urls import path
 
-from boxsite import pages
-from schedules import pages as schedule_pages
+from boxsite import pages, schedule_pages
 
 urlpatterns = [
     path("", pages.home, name="home"),

@@ -6,7 +6,7 @@ principal asking; a task that manages schedules (through the broker) passes ``by
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -16,7 +16,7 @@ from boxsite.core.errors import Conflict, Forbidden, NotFound
 from boxsite.core.principal import Principal, Via
 from boxsite.core.validation import AnyText, AnyWhole, Body, Flag, Obj, Text, Whole
 from schedules.cadence import Cadence
-from schedules.models import Firing, Origin, Schedule
+from schedules.models import Firing, Origin, Schedule, Trigger
 from schedules.specs import check_template, fill, firing_principal
 from tasks import services as task_services
 
@@ -62,16 +62,25 @@ def origin_of(principal: Principal, by_task: Any = None) -> str:
 
 
 def get_schedule_for(principal: Principal, schedule_id: Any, *, for_update: bool = False) -> Schedule:
-    qs = Schedule.objects.filter(owner=principal.user)
+    return get_owned_for(principal, Schedule, schedule_id, for_update=for_update)
+
+
+Owned = TypeVar("Owned", Schedule, Trigger)
+
+
+def get_owned_for(principal: Principal, model: type[Owned], object_id: Any, *, for_update: bool = False) -> Owned:
+    """The schedule or trigger ``object_id`` of ``principal``'s user (locked with ``for_update``:
+    the caller changes it); ``NotFound`` for any other id, another owner's included."""
+    qs = model.objects.filter(owner=principal.user)
     if for_update:
         qs = qs.select_for_update()
     try:
-        schedule = qs.filter(pk=int(schedule_id)).first()
+        found = qs.filter(pk=int(object_id)).first()
     except (TypeError, ValueError):
-        schedule = None
-    if schedule is None:
-        raise NotFound(f"no schedule '{schedule_id}'", field="id")
-    return schedule
+        found = None
+    if found is None:
+        raise NotFound(f"no {model._meta.model_name} '{object_id}'", field="id")
+    return found
 
 
 def _may_change(principal: Principal, schedule: Schedule, by_task: Any) -> None:

@@ -14,11 +14,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from boxsite.core.errors import Conflict, Forbidden, InvalidRequest
 from boxsite.core.principal import Principal, Via
 from boxsite.core.validation import Body, Choice, Flag, Number, Obj, Text, Whole, existing_dir
 from schedules.models import Origin, Trigger, TriggerKind
-from schedules.services import name_field, origin_of
+from schedules.services import get_owned_for, name_field, origin_of
 from schedules.specs import check_template
 from tasks.vault.crypto import decrypt, encrypt
 
@@ -88,16 +88,7 @@ def _folder(principal: Principal, value: Any) -> str:
 
 
 def get_trigger_for(principal: Principal, trigger_id: Any, *, for_update: bool = False) -> Trigger:
-    qs = Trigger.objects.filter(owner=principal.user)
-    if for_update:
-        qs = qs.select_for_update()
-    try:
-        trigger = qs.filter(pk=int(trigger_id)).first()
-    except (TypeError, ValueError):
-        trigger = None
-    if trigger is None:
-        raise NotFound(f"no trigger '{trigger_id}'", field="id")
-    return trigger
+    return get_owned_for(principal, Trigger, trigger_id, for_update=for_update)
 
 
 def _may_change(principal: Principal, trigger: Trigger) -> None:

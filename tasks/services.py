@@ -9,12 +9,11 @@ from typing import Any
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from approvals import blockers
 from boxsite.core import reads
 from boxsite.core.errors import Conflict, NotFound, TooManyTasks
 from boxsite.core.principal import Principal, Via
 from boxsite.models import BoxSettings
-from tasks import dependencies, layers, sql
+from tasks import dependencies, layers, pauses, sql
 from tasks.events import MAX_SUMMARY, publish_event, record_event
 from tasks.models import Condition, Dependency, EventKind, Run, RunKind, RunState, Task
 from tasks.run import leases as runs
@@ -196,7 +195,7 @@ def _status_summary(state: str, waiting_for: str, error: str) -> str:
 
 def _close_blockers(task: Task) -> None:
     """A task that ends closes its blockers (``approvals.blockers``) and its open runs."""
-    blockers.close_for_final_move(task)
+    pauses.blockers().close_for_final_move(task)
     runs.cancel_open_runs(task)
 
 

@@ -10,6 +10,7 @@ import pytest
 from channels.db import database_sync_to_async
 from rest_framework.test import APIClient
 
+from approvals import urls as approval_urls
 from approvals.models import Approval, ApprovalState
 from boxsite.core.auth import DEVICE_COOKIE
 from tasks.api import urls as task_urls
@@ -75,7 +76,7 @@ def _call(client: APIClient, route: str, task_id: str) -> Any:
 
 
 def test_the_table_names_every_route_of_a_task() -> None:
-    routes = {p.name for p in task_urls.urlpatterns if "<str:task_id>" in str(p.pattern)}
+    routes = {p.name for p in [*task_urls.urlpatterns, *approval_urls.urlpatterns] if "<str:task_id>" in str(p.pattern)}
     assert routes == set(TASK_ROUTES)
 
 

@@ -1,4 +1,5 @@
-"""Imports point one way: no cycle between the project's modules.
+"""Imports point one way: no cycle between the project's modules, and no app importing an app
+above it (the floors, ``MAY_IMPORT``).
 
 The graph holds every import the code runs (module level and inside functions); imports under
 ``if TYPE_CHECKING:`` are for the type checker only and are left out. A package's ``__init__``
@@ -15,6 +16,20 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("approvals", "boxsite", "schedules", "tasks")
 # (importer, imported) edges allowed to close a cycle, each with why it must resolve late.
 ALLOWED_LATE: dict[tuple[str, str], str] = {}
+
+# The floors, bottom to top, and the floors each may import besides its own. ``core`` is boxsite's
+# ground floor (errors, the principal, settings, the settings model); the ``roof`` is the rest of
+# boxsite (URLs, pages, the scheduler, commands). An app reaches one above it only through what
+# it declares and the upper one fills in at ``ready()`` (``tasks.pauses``, the task view's
+# sections, ``tasks.tools.delegation.MAKERS``).
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": set(),
+    "tasks": {"core"},
+    "approvals": {"core", "tasks"},
+    "schedules": {"core", "tasks", "approvals"},
+    "roof": {"core", "tasks", "approvals", "schedules"},
+}
+BOXSITE_CORE = {"", "core", "models", "settings", "apps"}  # boxsite.<these> are the ground floor
 
 
 def project_modules() -> dict[str, Path]:
@@ -75,6 +90,19 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     return graph
 
 
+def floor(module: str) -> str:
+    app, _, rest = module.partition(".")
+    if app == "boxsite":
+        return "core" if rest.partition(".")[0] in BOXSITE_CORE else "roof"
+    return app
+
+
+def arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module on a floor its importer may not import."""
+    return sorted(f"{importer} -> {imported}" for importer, targets in graph.items() for imported in targets
+                  if floor(imported) != floor(importer) and floor(imported) not in MAY_IMPORT[floor(importer)])
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -124,6 +152,16 @@ def test_the_projects_imports_have_no_cycle() -> None:
 def test_the_check_finds_a_cycle_when_there_is_one() -> None:
     graph = {"tasks.models": {"tasks.spec"}, "tasks.spec": {"tasks.models"}, "tasks.states": set()}
     assert cycles(graph) == [["tasks.models", "tasks.spec"]]
+
+
+def test_each_app_imports_only_the_floors_below_it() -> None:
+    assert arrows_up(import_graph(project_modules())) == []
+
+
+def test_the_check_finds_an_import_up_the_floors() -> None:
+    graph = {"tasks.services": {"approvals.blockers", "boxsite.core.errors"}, "approvals.blockers": {"tasks.models"},
+             "boxsite.core.errors": {"boxsite.urls"}, "tasks.models": set(), "boxsite.urls": {"schedules.urls"}}
+    assert arrows_up(graph) == ["boxsite.core.errors -> boxsite.urls", "tasks.services -> approvals.blockers"]
 
 
 def test_the_lowest_modules_import_nothing_above_them() -> None:

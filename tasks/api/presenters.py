@@ -1,12 +1,40 @@
 """How a task, its events and its runs look to callers. All values pass the redaction function."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.models import Run, Task, TaskEvent
 from tasks.spec.limits import DEFAULT_LIMITS
 from tasks.states import Review, State, WaitingFor
 from tasks.vault.facts import Facts, Redactor
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of a task's view that an app above tasks presents (``approvals`` adds the task's
+    approvals and questions): ``detail`` for ``GET /api/tasks/<id>``, ``report`` for its report,
+    which passes the report's redaction function."""
+
+    detail: Callable[[Task], list[dict[str, Any]]]
+    report: Callable[[Task, Redactor], list[dict[str, Any]]]
+
+
+# Filled by the apps' ``ready()``, by name, in the order the view shows them.
+SECTIONS: dict[str, Section] = {}
+
+
+def add_section(name: str, section: Section) -> None:
+    SECTIONS[name] = section
+
+
+def detail_sections(task: Task) -> dict[str, list[dict[str, Any]]]:
+    return {name: section.detail(task) for name, section in SECTIONS.items()}
+
+
+def report_sections(task: Task, redact: Redactor) -> dict[str, list[dict[str, Any]]]:
+    return {name: section.report(task, redact) for name, section in SECTIONS.items()}
 
 
 def is_final_view(task: Task) -> bool:

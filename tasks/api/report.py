@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from approvals.presenters import present_approval, present_question
-from tasks.api.presenters import present_task
+from tasks.api.presenters import present_task, report_sections
 from tasks.models import EventKind, Run, Task, TaskEvent
 from tasks.spec.flows import step_kind
 from tasks.states import State
@@ -33,8 +32,7 @@ def build_report(task: Task) -> dict[str, Any]:
         "output": task.output,
         "result": (task.records or {}).get("result") if task.output else None,
         "runs": [_run(r) for r in Run.objects.filter(task=task).order_by("number")],
-        "approvals": [present_approval(a, redact) for a in task.approvals.order_by("pk")],
-        "questions": [present_question(q, redact) for q in task.questions.exclude(state="staged").order_by("pk")],
+        **report_sections(task, redact),  # the approvals and questions (approvals.presenters)
         "rescues": [{"seq": e.seq, "summary": e.summary, "data": e.data, "at": e.created_at.isoformat()} for e in rescue_events],
         "memory": _learned(step_events),
     }

@@ -1,6 +1,5 @@
 from django.urls import path
 
-from approvals import views as approval_views
 from tasks.api import views
 from tasks.api import workspaces as workspace_views
 
@@ -15,12 +14,10 @@ urlpatterns = [
     path("workspaces", workspace_views.workspace_list, name="workspace-list"),
     path("workspaces/<str:name>", workspace_views.workspace_detail, name="workspace-detail"),
     path("workspaces/<str:name>/files", workspace_views.workspace_files, name="workspace-files"),
-    path("tasks/<str:task_id>/continue", views.task_continue, name="task-continue"),
     path("tasks/<str:task_id>/report", views.task_report, name="task-report"),
     path("tasks/<str:task_id>/rerun", views.task_rerun, name="task-rerun"),
     path("tasks/<str:task_id>/retry", views.task_retry, name="task-retry"),
     path("tasks/<str:task_id>/runs", views.task_runs, name="task-runs"),
-    path("tasks/<str:task_id>/actions", approval_views.task_actions, name="task-actions"),
     path("tasks/<str:task_id>/dependencies", views.task_dependencies, name="task-dependencies"),
     path("tasks/<str:task_id>/artifacts/<path:name>", views.task_artifact, name="task-artifact"),
 ]

@@ -10,14 +10,12 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from approvals.presenters import present_approval, present_question
-from approvals.services import ContinueBody, continue_task
 from boxsite.core import schema
 from boxsite.core.errors import InvalidRequest
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal, Via
 from tasks import dependencies, services, verbs
-from tasks.api.presenters import present_event, present_run, present_task
+from tasks.api.presenters import detail_sections, present_event, present_run, present_task
 from tasks.api.report import build_report
 from tasks.models import Run, Task, TaskEvent
 from tasks.run import artifacts
@@ -123,9 +121,7 @@ def _after_param(request: Request) -> int:
 def task_detail(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
     body = present_task(task)
-    body["approvals"] = [present_approval(a) for a in task.approvals.order_by("created_at")]
-
-    body["questions"] = [present_question(q) for q in task.questions.exclude(state="staged").order_by("created_at")]
+    body.update(detail_sections(task))  # the approvals and questions (approvals.presenters)
     # The log page stops at the task's own lastSeq: the view and its log are one snapshot, so a
     # client that follows live from lastSeq gets every later event together with a fresh view
     # (events written between the two reads would otherwise arrive without the state they set).
@@ -167,14 +163,6 @@ def task_retry(request: Request, task_id: str) -> Response:
     """Retry a recoverably failed task in place, from the step that failed; the body may raise
     its limits and budget first (never lower them)."""
     return Response(present_task(verbs.retry_task(Principal.of(request), task_id, request.data)))
-
-
-@extend_schema(request=ContinueBody, responses={200: schema.TaskView})
-@api_view(["POST"])
-def task_continue(request: Request, task_id: str) -> Response:
-    """Answer what a waiting task asked for: inputs, an approval decision, or a person's OK."""
-
-    return Response(present_task(continue_task(Principal.of(request), task_id, request.data)))
 
 
 @extend_schema(responses={200: schema.Report})

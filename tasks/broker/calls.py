@@ -4,12 +4,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from approvals import actions
-from approvals.models import ApprovalKind, QuestionKind
-from tasks import budget
+from tasks import budget, pauses
 from tasks.broker.holds import Holds
 from tasks.broker.protocol import CallError, text_arg
 from tasks.models import EventKind
+from tasks.pauses import ApprovalKind, QuestionKind
 from tasks.run.context import RunContext
 from tasks.states import WaitingFor
 from tasks.tools import delegation
@@ -53,12 +52,13 @@ class Calls:
                 self.holds.approval(need.kind, need.summary, guard=need.guard, detail=need.detail,
                                     amount_cents=need.amount_cents)
                 approved.add(need.kind)
-            except actions.ActionUnknown as unknown:
+            except pauses.ActionUnknown as unknown:
                 # The process waits for the owner's word; then the call answers from it (the
                 # receipt, a second attempt, or the task ends).
                 action_id = unknown.action.pk
                 self.holds.question(WaitingFor.HUMAN, QuestionKind.ACTION, f"{unknown}; did it happen?",
-                                    actions.reconcile_fields(), opened=lambda q: actions.link_question(action_id, q))
+                                    pauses.actions().reconcile_fields(),
+                                    opened=lambda q: pauses.actions().link_question(action_id, q))
 
     def op_spend(self, message: dict[str, Any]) -> Any:
         cents = message.get("cents")
@@ -107,6 +107,4 @@ class Calls:
         return {"task": child.pk, "state": child.state, "parent": self.ctx.task.pk}
 
     def op_schedule(self, message: dict[str, Any]) -> Any:
-        schedule = delegation.create_schedule(self.ctx, message.get("schedule"))
-        return {"schedule": schedule.pk, "name": schedule.name,
-                "nextRunAt": schedule.next_run_at.isoformat() if schedule.next_run_at else None}
+        return delegation.create("schedule", self.ctx, message.get("schedule"))

@@ -16,11 +16,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from approvals.blockers import open_question, request_approval
-from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState
-from tasks import budget, services
+from tasks import budget, pauses, services
 from tasks.broker.protocol import Denied, TaskEnded
 from tasks.models import Task
+from tasks.pauses import ApprovalKind, ApprovalState, QuestionKind, QuestionState
 from tasks.run.context import RunContext
 from tasks.states import FINAL, State, WaitingFor
 from tasks.vault.facts import Facts
@@ -47,13 +46,12 @@ class Holds:
                            pause={"message": summary, "held": True, "amount_cents": amount_cents})
                 # budget_cents: the budget when asked, so approving raises it exactly once by the amount.
                 held = {**guard, "held_run": self.ctx.run.pk, "budget_cents": task.budget_cents}
-                approval = request_approval(task, kind, summary, detail, held, amount_cents)
+                approval = pauses.blockers().request_approval(task, kind, summary, detail, held, amount_cents)
                 return approval.pk, task.budget_cents
 
             approval_id, budget_before = self._write(pause)
-            decided = self._wait(lambda: Approval.objects.filter(pk=approval_id).values_list("state", flat=True).first()
-                                 != ApprovalState.PENDING)
-            state = Approval.objects.filter(pk=approval_id).values_list("state", flat=True).first()
+            decided = self._wait(lambda: pauses.blockers().approval_state(approval_id) != ApprovalState.PENDING)
+            state = pauses.blockers().approval_state(approval_id)
             if not decided or state != ApprovalState.APPROVED:
                 raise Denied(f"the owner did not approve: {summary}" if state == ApprovalState.DENIED
                              else "the task ended while waiting for approval")
@@ -66,7 +64,7 @@ class Holds:
             self._write(resume)
 
     def question(self, waiting_for: WaitingFor, question_kind: QuestionKind, prompt: str, fields: list[dict[str, Any]],
-                 *, name: str | None = None, opened: Callable[[Question], None] | None = None) -> dict[str, Any]:
+                 *, name: str | None = None, opened: Callable[[Any], None] | None = None) -> dict[str, Any]:
         """Open a question and wait for its answer; ``name``: the fact whose value to return;
         ``opened`` is called with the question in the transaction that opens it."""
 
@@ -74,7 +72,7 @@ class Holds:
             def pause(task: Task) -> int:
                 self._move(task, State.WAITING, f"waiting for {waiting_for}: {prompt}", waiting_for=waiting_for,
                            pause={"message": prompt, "fields": fields, "held": True})
-                question = open_question(task, self.ctx.run, question_kind, prompt, fields)
+                question = pauses.blockers().open_question(task, self.ctx.run, question_kind, prompt, fields)
                 if opened is not None:
                     opened(question)
                 return question.pk
@@ -83,14 +81,14 @@ class Holds:
 
             def answered() -> bool:
                 # The answering side merges values into the task's facts and marks the question.
-                return Question.objects.filter(pk=question_id).values_list("state", flat=True).first() != QuestionState.OPEN
+                return pauses.blockers().question_state(question_id) != QuestionState.OPEN
 
             if not self._wait(answered):
                 raise TaskEnded("the task ended while waiting for an answer")
 
             def resume(task: Task) -> dict[str, Any]:
-                question = Question.objects.get(pk=question_id)
-                if question.state == QuestionState.CANCELLED:
+                state, answer = pauses.blockers().question_outcome(question_id)
+                if state == QuestionState.CANCELLED:
                     raise TaskEnded("the question was withdrawn")
                 self._move(task, State.RUNNING, f"answered: {prompt}", data={"question": question_id})
                 # A new value may be secret: from now on the log must mask it too.
@@ -98,7 +96,7 @@ class Holds:
                 self.ctx.refresh_redactor()
                 if name is not None:
                     return {"value": self.ctx.facts.values.get(name, "")}
-                return {"answer": question.answer}
+                return {"answer": answer}
 
             return self._write(resume)
 

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page
 
-from approvals.models import ApprovalKind
 from boxsite.core.cards import looks_like_card
 from tasks.browser import origins
 from tasks.browser.kinds import ACTING, DEFAULT_TIMEOUT_S, KINDS, PaymentStop
 from tasks.browser.session import BrowserSession
 from tasks.models import EventKind
+from tasks.pauses import ApprovalKind
 from tasks.run import artifacts
 from tasks.run.evidence import Evidence, StepFailed, bounded
 from tasks.spec.flows import TARGET_KEYS

@@ -8,9 +8,8 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import connection, transaction
 
-from approvals.blockers import open_blockers_for_pause
 from boxsite.core import reads
-from tasks import services
+from tasks import pauses, services
 from tasks.models import EventKind, Run, RunKind, Task
 from tasks.run import completion
 from tasks.run import leases as runs
@@ -223,6 +222,6 @@ def _pause(task: Task, run: Run, token: str, outcome: Paused, redact: Redactor, 
         task, State.WAITING, summary=f"waiting for {outcome.waiting_for}: {message}",
         waiting_for=outcome.waiting_for, pause=pause, resume=outcome.resume, continuable=outcome.continuable,
     )
-    open_blockers_for_pause(task, run, outcome)
+    pauses.blockers().open_blockers_for_pause(task, run, outcome)
     # A wait for the owner is refunded; a repair question after a completed run is not.
     runs.finish(run.pk, token, f"waiting:{outcome.waiting_for}", charged=charged)

@@ -19,9 +19,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import actions
 from boxsite.core import procs
-from tasks import services
+from tasks import pauses, services
 from tasks.models import EventKind, Run, RunKind, RunState, Task, TaskEvent
 from tasks.run import leases as runs
 from tasks.run import receipts
@@ -69,7 +68,7 @@ def _lose(run_id: int, token: str, *, outcome: str, error: str, plan: Callable[[
             return Lost(False)
         run = Run.objects.select_related("task").get(pk=run_id)
         task = run.task
-        actions.close_in_flight(task, f"its run was lost: {error}", run_id=run.pk)
+        pauses.actions().close_in_flight(task, f"its run was lost: {error}", run_id=run.pk)
         if task.state not in ACTIVE:
             return Lost(True)
         retry = plan(run)

@@ -2,7 +2,8 @@
 (docs/architecture.md#tasks-that-create-work).
 
 A task reaches these through its broker (``box task``, ``box schedule``) or as the built-in tools
-``task.create`` and ``schedule.create`` (the agent's and a flow's way). The owner's settings
+``task.create`` and ``schedule.create`` (the agent's and a flow's way). Schedules are the
+``schedules`` app's: it adds them (``schedules.delegation``) as a ``Maker``. The owner's settings
 decide: ``tasks_may_create_work`` (off by default) and ``max_created_per_task`` (tasks and
 schedules together, per creating task). A created task is the creator's child (``parent``), so
 cancelling the creator cancels it; it and a created schedule record the task and run that asked.
@@ -15,14 +16,14 @@ creator's log.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from boxsite.core.errors import BoxError
 from boxsite.core.principal import Principal
 from boxsite.models import BoxSettings
-from schedules import services as schedule_services
-from schedules.models import Schedule
 from tasks import services
 from tasks.broker.protocol import InvalidArgs, NotAllowed
 from tasks.events import record_event
@@ -35,41 +36,50 @@ POLICY_OFF = ("the owner's settings do not let a task create {what} "
               "(Settings → Tasks that create work; it is off by default)")
 
 
+@dataclass(frozen=True)
+class Maker:
+    """Something besides a task that a running task may create, kept by an app above tasks
+    (``schedules`` adds "schedule"). ``create`` makes it from the body the broker or the tool was
+    given, under the creator's lease (``guarded``, ``check_policy``, ``bounded``), and returns the
+    answer both give; ``count`` is how many of them a task has created."""
+
+    create: Callable[[RunContext, Any], dict[str, Any]]
+    count: Callable[[Task], int]
+
+
+# Filled by the apps' ``ready()``, by kind.
+MAKERS: dict[str, Maker] = {}
+
+
+def add_maker(kind: str, maker: Maker) -> None:
+    MAKERS[kind] = maker
+
+
+def create(kind: str, ctx: RunContext, body: Any) -> dict[str, Any]:
+    """Create a ``kind`` (a schedule) for ``ctx.task``: the broker's ``box schedule``."""
+    maker = MAKERS.get(kind)
+    if maker is None:
+        raise NotAllowed(f"this box has no {kind}s for a task to create")
+    return maker.create(ctx, body)
+
+
 def create_child(ctx: RunContext, spec: Any) -> Task:
     """A child task of ``ctx.task`` from ``spec`` (as ``POST /api/tasks`` takes it, bounded)."""
     task = ctx.task
 
     def write() -> Task:
-        _check_policy(task, "tasks")
-        body = _bounded(task, spec, "spec")
+        check_policy(task, "tasks")
+        body = bounded(task, spec, "spec")
         body["parent"] = task.pk
         child = services.create_task(body, Principal.of_task(task, ctx.run.number), source=f"task:{task.pk}")
         record_event(task, EventKind.NOTE, f"created task {child.pk}: {child.title}",
                      {"created": {"task": child.pk}, "run": ctx.run.number})
         return child
 
-    return _guarded(ctx, "a task", write)
+    return guarded(ctx, "a task", write)
 
 
-def create_schedule(ctx: RunContext, body: Any) -> Schedule:
-    """A schedule made by ``ctx.task`` (as ``POST /api/schedules`` takes it; the template bounded)."""
-    task = ctx.task
-
-    def write() -> Schedule:
-        _check_policy(task, "schedules")
-        if not isinstance(body, dict):
-            raise InvalidArgs("a schedule is a JSON object: {name, cron | intervalSeconds, template}", field="schedule")
-        bounded = {**body, "template": _bounded(task, body.get("template"), "template")}
-        schedule = schedule_services.create_schedule(Principal.of_task(task, ctx.run.number), bounded,
-                                                     by_task=task, by_run=ctx.run.number)
-        record_event(task, EventKind.NOTE, f"created schedule {schedule.name}",
-                     {"created": {"schedule": schedule.pk}, "run": ctx.run.number})
-        return schedule
-
-    return _guarded(ctx, "a schedule", write)
-
-
-def _guarded(ctx: RunContext, what: str, write: Any) -> Any:
+def guarded(ctx: RunContext, what: str, write: Any) -> Any:
     """``write`` under the run's lease (the creator's row locked: its count cannot race); a refusal
     rolls it back and is then written to the creator's log."""
     try:
@@ -80,17 +90,17 @@ def _guarded(ctx: RunContext, what: str, write: Any) -> Any:
         raise
 
 
-def _check_policy(task: Task, what: str) -> None:
+def check_policy(task: Task, what: str) -> None:
     policy = BoxSettings.current()
     if not policy.tasks_may_create_work:
         raise NotAllowed(POLICY_OFF.format(what=what))
-    made = Task.objects.filter(created_by_task=task).count() + Schedule.objects.filter(created_by_task=task).count()
+    made = Task.objects.filter(created_by_task=task).count() + sum(maker.count(task) for maker in MAKERS.values())
     if made >= policy.max_created_per_task:
         raise NotAllowed(f"this task already created {made} tasks and schedules, the most one task may "
                          f"(Settings → Most tasks and schedules one task may create)")
 
 
-def _bounded(task: Task, spec: Any, field: str) -> dict[str, Any]:
+def bounded(task: Task, spec: Any, field: str) -> dict[str, Any]:
     """``spec`` with nothing wider than ``task`` may have: refused where it asks for more,
     filled from the creator where it names nothing."""
     if not isinstance(spec, dict):
@@ -166,12 +176,6 @@ def _task_tool(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return {"task": child.pk, "state": child.state}
 
 
-def _schedule_tool(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    schedule = create_schedule(ctx, args)
-    return {"schedule": schedule.pk, "name": schedule.name,
-            "nextRunAt": schedule.next_run_at.isoformat() if schedule.next_run_at else None}
-
-
 TOOLS = (
     Tool(
         name="task.create",
@@ -180,15 +184,5 @@ TOOLS = (
         schema={"type": "object", "properties": {"spec": {"type": "object"}}, "required": ["spec"],
                 "additionalProperties": False},
         impl=_task_tool,
-    ),
-    Tool(
-        name="schedule.create",
-        description="Create a schedule {name, cron (with timezone) or intervalSeconds, template: a task spec}. Only "
-                    "when the owner allows tasks to create work; its tasks get no more than this task.",
-        schema={"type": "object", "properties": {
-            "name": {"type": "string"}, "cron": {"type": "string"}, "timezone": {"type": "string"},
-            "intervalSeconds": {"type": "integer"}, "template": {"type": "object"}, "paused": {"type": "boolean"}},
-            "required": ["name", "template"], "additionalProperties": False},
-        impl=_schedule_tool,
     ),
 )

@@ -21,11 +21,10 @@ import jsonschema
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from approvals import actions
-from approvals.models import ActionKind, ActionState, ApprovalKind
-from tasks import budget
+from tasks import budget, pauses
 from tasks.broker.protocol import InvalidArgs, ToolFailed, ToolRefused
 from tasks.models import EventKind
+from tasks.pauses import ActionKind, ActionState, ApprovalKind
 from tasks.run.evidence import bounded
 from tasks.run.recorder import LeaseLost, LimitReached
 from tasks.tools.builtin import BUILTIN_TOOLS, command_tool
@@ -147,11 +146,11 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalK
     action = None
     if tool.irreversible:
         allowed = bool(ctx.task.constraints.get("allow_destructive"))
-        action = actions.propose(recorder, ctx.run.pk, kind=ActionKind.TOOL, target=name, position=position, args=args,
-                                 policy=actions.policy_of(ctx.task, tool=name, costCents=tool.cost_cents))
+        action = pauses.actions().propose(recorder, ctx.run.pk, kind=ActionKind.TOOL, target=name, position=position, args=args,
+                                          policy=pauses.actions().policy_of(ctx.task, tool=name, costCents=tool.cost_cents))
         try:
-            receipt = actions.replayed_receipt(action)
-        except actions.ActionFailedBefore as before:
+            receipt = pauses.actions().replayed_receipt(action)
+        except pauses.ActionFailedBefore as before:
             raise ToolFailed(f"tool '{name}' failed before and is not called again: {before.action.error}",
                              field="tool") from before
         if receipt is not None:
@@ -177,7 +176,7 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalK
                             detail={"tool": name, "cost_cents": exc.cents, "spent_cents": exc.spent_cents,
                                     "budget_cents": exc.budget_cents}) from exc
     if action is not None:
-        actions.begin(recorder, ctx.run.pk, action)
+        pauses.actions().begin(recorder, ctx.run.pk, action)
     try:
         result = tool.impl(ctx, args)
     except (LeaseLost, LimitReached):
@@ -185,12 +184,12 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalK
     except Exception as exc:  # noqa: BLE001 - any failure of a tool is reported to the caller, with its reason
         message = str(exc) or type(exc).__name__
         if action is not None:
-            actions.fail(recorder, action, {"ok": False, "error": message[:actions.RECEIPT_EXCERPT]}, message)
+            pauses.actions().fail(recorder, action, {"ok": False, "error": message[:pauses.RECEIPT_EXCERPT]}, message)
         recorder.event(EventKind.TOOL_RESULT, f"{name} failed: {message}", {"tool": name, "ok": False, "error": message})
         raise ToolFailed(f"tool '{name}' failed: {message}", field="tool") from exc
     if action is not None:
-        actions.succeed(recorder, action, {"ok": True, "digest": actions.receipt_digest(result),
-                                           "result": bounded(result, chars=actions.RECEIPT_EXCERPT)})
+        pauses.actions().succeed(recorder, action, {"ok": True, "digest": pauses.receipt_digest(result),
+                                                    "result": bounded(result, chars=pauses.RECEIPT_EXCERPT)})
     recorder.event(EventKind.TOOL_RESULT, f"{name} ok", {"tool": name, "ok": True, "result": result,
                                                           **({"action": action.pk} if action else {})})
     return result

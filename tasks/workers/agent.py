@@ -25,9 +25,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from approvals import actions
-from approvals.models import ApprovalKind
-from tasks import budget
+from tasks import budget, pauses
 from tasks.llm.client import (
     Decision,
     KeyMissing,
@@ -40,6 +38,7 @@ from tasks.llm.client import (
     read_key,
 )
 from tasks.models import EventKind
+from tasks.pauses import ApprovalKind
 from tasks.run.context import RunContext
 from tasks.run.evidence import Evidence, bounded
 from tasks.states import WaitingFor
@@ -253,7 +252,7 @@ class AgentLoop:
             return Turn(outcome=Paused(
                 WaitingFor.APPROVAL, need.summary, approval=ApprovalRequest(
                     need.kind, need.summary, {**need.detail, "call": call.id}, {**need.guard, "tool_call": call.id}, need.amount_cents)))
-        except actions.ActionUnknown as unknown:
+        except pauses.ActionUnknown as unknown:
             # Never called again by itself: the owner says what happened; the next run comes
             # back to this call and answers from what they said.
             return Turn(outcome=Paused(WaitingFor.HUMAN, f"{unknown}; did it happen?", reconcile=unknown.action.pk))

@@ -13,9 +13,9 @@ from typing import Any
 
 import jsonschema
 
-from approvals.models import ApprovalKind
 from tasks import budget
 from tasks.llm.client import Decision, ModelConfig, ModelError, call_model, current_config, read_key
+from tasks.pauses import ApprovalKind
 from tasks.run.context import RunContext
 from tasks.tools.registry import NeedsApproval
 

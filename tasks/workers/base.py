@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from approvals.models import ApprovalKind
+from tasks.pauses import ApprovalKind
 from tasks.states import WaitingFor
 from tasks.vault.store import VAULT_FIELD
 

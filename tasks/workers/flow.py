@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from approvals import actions
-from approvals.models import ActionKind, ApprovalKind
+from tasks import pauses
 from tasks.broker.protocol import CallError
 from tasks.browser import kinds as browser_kinds
 from tasks.browser.walls import looks_like_human_wall
 from tasks.llm.client import KeyMissing, ModelError, NoModel
 from tasks.models import EventKind, TaskEvent
+from tasks.pauses import ActionKind, ApprovalKind
 from tasks.run import receipts
 from tasks.run.context import RunContext
 from tasks.run.evidence import Evidence, StepFailed, bounded
@@ -280,7 +280,7 @@ class FlowWorker:
                 else:
                     result, evidence = self._execute(ctx, kind, resolved, step, known=known, approved=is_approved, index=index,
                                                      position=step_position(index))
-            except actions.ActionUnknown as unknown:
+            except pauses.ActionUnknown as unknown:
                 # Never called again by itself: the owner says what happened, and the run that
                 # follows the answer comes back to this step (an OK given for it still holds).
                 again: dict[str, Any] = {"step": index}
@@ -644,13 +644,13 @@ def step_position(index: int) -> str:
     return f"step:{index + 1}"
 
 
-def http_action(ctx: RunContext, index: int, value: Any) -> actions.Action:
+def http_action(ctx: RunContext, index: int, value: Any) -> Any:
     """The action of an ``http`` step with ``stop_before``: its real request is its arguments."""
     spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
     method = str(spec.get("method", "GET")).upper()
     args = {"method": method, "url": spec["url"], "headers": spec.get("headers", {}), "body": spec.get("body")}
-    return actions.propose(ctx.recorder, ctx.run.pk, kind=ActionKind.HTTP, target=f"{method} {spec['url']}",
-                           position=step_position(index), args=args, policy=actions.policy_of(ctx.task))
+    return pauses.actions().propose(ctx.recorder, ctx.run.pk, kind=ActionKind.HTTP, target=f"{method} {spec['url']}",
+                                    position=step_position(index), args=args, policy=pauses.actions().policy_of(ctx.task))
 
 
 def consequential_http(ctx: RunContext, index: int, spec: dict[str, Any], asked: dict[str, Any]) -> tuple[Any, Evidence]:
@@ -660,31 +660,31 @@ def consequential_http(ctx: RunContext, index: int, spec: dict[str, Any], asked:
     else (a reset, a timeout, a worker killed mid-call) leaves the outcome unknown."""
     action = http_action(ctx, index, spec)
     try:
-        receipt = actions.replayed_receipt(action)
-    except actions.ActionFailedBefore as before:
+        receipt = pauses.actions().replayed_receipt(action)
+    except pauses.ActionFailedBefore as before:
         raise StepFailed(f"the request failed before and is not sent again: {before.action.error}",
                          evidence=Evidence({**asked, "action": action.pk})) from before
     if receipt is not None:
         # Sent before (its receipt says so, or the owner did): answered from the receipt, not sent again.
         return receipt.get("excerpt"), Evidence({**asked, "action": action.pk, "replayed": True,
                                                  "status": receipt.get("status", "done before"), "receipt": receipt})
-    actions.begin(ctx.recorder, ctx.run.pk, action)
+    pauses.actions().begin(ctx.recorder, ctx.run.pk, action)
     try:
         response = ctx.http(asked["method"], spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
     except (Blocked, ConnectionRefusedError) as exc:
-        actions.fail(ctx.recorder, action, {"sent": False, "error": str(exc)[:actions.RECEIPT_EXCERPT]}, str(exc))
+        pauses.actions().fail(ctx.recorder, action, {"sent": False, "error": str(exc)[:pauses.RECEIPT_EXCERPT]}, str(exc))
         raise StepFailed(f"request failed: {exc}", evidence=Evidence({**asked, "action": action.pk, "error": str(exc)})) from exc
     except OSError as exc:
         # Sent or not, nobody knows (a reset, a timeout): the owner says what happened.
-        actions.uncertain(ctx.recorder, action, f"request failed: {exc}")
-        raise actions.ActionUnknown(action) from exc
+        pauses.actions().uncertain(ctx.recorder, action, f"request failed: {exc}")
+        raise pauses.ActionUnknown(action) from exc
     body = response["body"]
-    receipt = {"status": response["status"], "bytes": len(body), "digest": actions.receipt_digest(body),
-               "excerpt": bounded(body, chars=actions.RECEIPT_EXCERPT)}
+    receipt = {"status": response["status"], "bytes": len(body), "digest": pauses.receipt_digest(body),
+               "excerpt": bounded(body, chars=pauses.RECEIPT_EXCERPT)}
     if response["status"] >= 400:
-        actions.fail(ctx.recorder, action, receipt, f"HTTP {response['status']}")
+        pauses.actions().fail(ctx.recorder, action, receipt, f"HTTP {response['status']}")
     else:
-        actions.succeed(ctx.recorder, action, receipt)
+        pauses.actions().succeed(ctx.recorder, action, receipt)
     return http_answer(response, {**asked, "action": action.pk})
 
 
