@@ -33,6 +33,29 @@ TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 RETRY_PAUSE_S = 0.2
 
 
+def retried_within_lease(attempt: Callable[[], T], *, run_id: int | None = None) -> T:
+    """``attempt()``, tried again on a fresh connection after a transient database fault, for up
+    to a lease (``BOX_LEASE_SECONDS``): a short fault costs a moment, not the run. Past a lease
+    the run's lease is gone anyway, and the fault goes up; at once when an enclosing transaction
+    was lost with it. ``run_id``: the run the attempt writes for, named in the log."""
+    deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
+    while True:
+        try:
+            return attempt()
+        except TRANSIENT_DB_ERRORS as exc:
+            if connection.in_atomic_block or time.monotonic() > deadline:
+                raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
+            if run_id is not None:
+                log.warning("run %s: a database fault (%s); trying again", run_id, first_line(exc))
+            connection.close()
+            time.sleep(RETRY_PAUSE_S)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, for a log line."""
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
 class LeaseLost(Exception):
     """The run's lease is gone: the task was cancelled, or the run was presumed dead."""
 
@@ -94,19 +117,8 @@ class StepRecorder:
         return self._retried(attempt)
 
     def _retried(self, attempt: Callable[[], T]) -> T:
-        """``attempt()``, tried again on a fresh connection after a transient database fault
-        (``guarded``), unless an enclosing transaction was lost with it."""
-        deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
-        while True:
-            try:
-                return attempt()
-            except TRANSIENT_DB_ERRORS as exc:
-                if connection.in_atomic_block or time.monotonic() > deadline:
-                    raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
-                log.warning("run %s: a database fault while recording (%s); trying again", self.run_id,
-                            (str(exc).strip().splitlines() or [""])[0][:200])
-                connection.close()
-                time.sleep(RETRY_PAUSE_S)
+        """``attempt()``, tried again after a transient database fault (``guarded``)."""
+        return retried_within_lease(attempt, run_id=self.run_id)
 
     def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
               artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None,
