@@ -20,7 +20,7 @@ from tasks import dependencies, jobs, services
 from tasks.models import Dependency, EventKind, Layer, Run, RunKind, Task, TaskEvent
 from tasks.run import finish as finalize
 from tasks.run import leases as runs
-from tasks.run import lifecycle
+from tasks.run import lifecycle, worker
 from tests.conftest import Box, wait_for
 from tests.factories import flow, make_owner
 
@@ -479,7 +479,7 @@ def test_a_held_dependent_whose_worker_died_is_sent_again_by_the_scheduler(box: 
     first = box.create(title="first", flow=flow(WRITE))
     second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
     get_broker().purge_queue()
-    monkeypatch.setattr(jobs, "_send", lambda run_id: None)  # the process died holding it
+    monkeypatch.setattr(worker, "_send", lambda run_id: None)  # the process died holding it
     jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
     run = Run.objects.get(task_id=second["id"])
     assert run.state == "queued" and run.enqueued_at is not None and get_broker().queue_size() == 0
@@ -496,7 +496,7 @@ def test_a_held_dependent_whose_run_crashed_the_job_resumes_at_once(box: Box, se
     first = box.create(title="first", flow=flow(WRITE))
     second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
     get_broker().purge_queue()
-    execute = jobs._execute
+    execute = worker._execute
     calls: list[int] = []
 
     def breaks_on_the_second(run_id: int, *args: Any) -> Any:
@@ -505,7 +505,7 @@ def test_a_held_dependent_whose_run_crashed_the_job_resumes_at_once(box: Box, se
             raise RuntimeError("the job broke")
         return execute(run_id, *args)
 
-    monkeypatch.setattr(jobs, "_execute", breaks_on_the_second)
+    monkeypatch.setattr(worker, "_execute", breaks_on_the_second)
     with pytest.raises(RuntimeError):
         jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
     handed, again = Run.objects.filter(task_id=second["id"]).order_by("number")
@@ -525,10 +525,10 @@ def test_the_finish_that_starts_a_dependent_claims_it_in_its_own_transaction(box
     third = box.create(title="third", flow=flow({"write": {"path": "c.txt", "content": "c"}}), dependsOn=[second["id"]])
     get_broker().purge_queue()
     claims: list[int] = []
-    begin = jobs.begin_run
-    monkeypatch.setattr(jobs, "begin_run", lambda run_id: claims.append(run_id) or begin(run_id))
+    begin = worker.begin_run
+    monkeypatch.setattr(worker, "begin_run", lambda run_id: claims.append(run_id) or begin(run_id))
     finished_at: dict[str, Any] = {}
-    finish = jobs.finish_run
+    finish = worker.finish_run
 
     def seen_at_the_finish(task: Task, *args: Any, **kwargs: Any) -> Any:
         done = finish(task, *args, **kwargs)
@@ -537,7 +537,7 @@ def test_the_finish_that_starts_a_dependent_claims_it_in_its_own_transaction(box
             finished_at[task.pk] = (Task.objects.get(pk=claimed.task_id).state, Run.objects.get(pk=claimed.pk).state)
         return done
 
-    monkeypatch.setattr(jobs, "finish_run", seen_at_the_finish)
+    monkeypatch.setattr(worker, "finish_run", seen_at_the_finish)
     jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
     assert claims == [Run.objects.get(task_id=first["id"]).pk]  # only the job's own run went through ``begin_run``
     assert finished_at == {first["id"]: ("running", "running"), second["id"]: ("running", "running")}
@@ -585,21 +585,21 @@ def test_a_stop_after_the_finish_claimed_a_dependent_takes_no_further_run(box: B
     second = box.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}), dependsOn=[first["id"]])
     third = box.create(title="third", flow=flow({"write": {"path": "c.txt", "content": "c"}}), dependsOn=[second["id"]])
     get_broker().purge_queue()
-    finish = jobs.finish_run
+    finish = worker.finish_run
     claimed: dict[str, bool] = {}
 
     def stop_after_the_first(task: Task, *args: Any, **kwargs: Any) -> Any:
         done = finish(task, *args, **kwargs)
         claimed[task.title] = done.claimed is not None
         if task.pk == first["id"]:
-            jobs.handing_back.set()  # the cluster's SIGUSR1 (``hand_back_on_signal``)
+            worker.handing_back.set()  # the cluster's SIGUSR1 (``hand_back_on_signal``)
         return done
 
-    monkeypatch.setattr(jobs, "finish_run", stop_after_the_first)
+    monkeypatch.setattr(worker, "finish_run", stop_after_the_first)
     try:
         jobs.execute_run(Run.objects.get(task_id=first["id"]).pk)
     finally:
-        jobs.handing_back.clear()
+        worker.handing_back.clear()
     assert claimed == {"first": True, "second": False}
     assert box.task(first["id"])["state"] == box.task(second["id"])["state"] == "done"
     waiting = Run.objects.get(task_id=third["id"])

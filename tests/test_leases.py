@@ -9,8 +9,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from tasks import jobs
 from tasks.models import Run, RunKind, RunState, Task
+from tasks.run import heartbeats as beats
 from tasks.run import leases as runs
 from tests.conftest import Box, queue_through_the_cluster, wait_for
 from tests.factories import flow
@@ -51,12 +51,12 @@ def test_the_processs_heartbeat_thread_beats_for_a_run_until_it_is_forgotten(box
     settings.BOX_HEARTBEAT_SECONDS = 0.05
     first, first_token = _claimed(box, settings)
     claimed_at = _beaten(first)
-    beat = jobs.heartbeats.watch(first.pk, first_token, threading.Event())
+    beat = beats.heartbeats.watch(first.pk, first_token, threading.Event())
     wait_for(lambda: _beaten(first) > claimed_at, what="the first run's lease to be extended")
-    jobs.heartbeats.forget(beat)
+    beats.heartbeats.forget(beat)
     second, second_token = _claimed(box, settings)
     second_claimed_at = _beaten(second)
-    later = jobs.heartbeats.watch(second.pk, second_token, threading.Event())
+    later = beats.heartbeats.watch(second.pk, second_token, threading.Event())
     try:
         # The thread beats one run after another: once the second is beaten, no beat for the first is under way.
         wait_for(lambda: _beaten(second) > second_claimed_at, what="the second run's lease to be extended")
@@ -64,7 +64,7 @@ def test_the_processs_heartbeat_thread_beats_for_a_run_until_it_is_forgotten(box
         wait_for(lambda: _beaten(second) > once, what="another beat of the second run")
         assert _beaten(first) == forgotten_at
     finally:
-        jobs.heartbeats.forget(later)
+        beats.heartbeats.forget(later)
     names = [thread.name for thread in threading.enumerate()]
     assert names.count("box-heartbeats") == 1 and not [name for name in names if name.startswith("heartbeat-run-")], names
 
@@ -73,7 +73,7 @@ def test_a_run_whose_lease_is_gone_is_told_to_stop_and_is_not_beaten_again(box: 
     settings.BOX_HEARTBEAT_SECONDS = 0.05
     run, token = _claimed(box, settings)
     stop = threading.Event()
-    beat = jobs.heartbeats.watch(run.pk, token, stop)
+    beat = beats.heartbeats.watch(run.pk, token, stop)
     try:
         Run.objects.filter(pk=run.pk).update(lease_token="taken-over")
         assert stop.wait(20)
@@ -81,14 +81,14 @@ def test_a_run_whose_lease_is_gone_is_told_to_stop_and_is_not_beaten_again(box: 
         stopped_at = _beaten(run)
         other, other_token = _claimed(box, settings)
         other_at = _beaten(other)
-        watched = jobs.heartbeats.watch(other.pk, other_token, threading.Event())
+        watched = beats.heartbeats.watch(other.pk, other_token, threading.Event())
         wait_for(lambda: _beaten(other) > other_at, what="the other run's lease to be extended")
         once = _beaten(other)
         wait_for(lambda: _beaten(other) > once, what="another beat of the other run")
-        jobs.heartbeats.forget(watched)
+        beats.heartbeats.forget(watched)
         assert _beaten(run) == stopped_at
     finally:
-        jobs.heartbeats.forget(beat)
+        beats.heartbeats.forget(beat)
 
 
 def test_a_runs_close_writes_its_outcome_only_while_it_holds_its_lease(box: Box, settings: Any) -> None:
@@ -156,7 +156,7 @@ def test_the_heartbeat_thread_goes_on_past_a_fault_of_its_own(box: Box, settings
     (closing a broken connection, say) must not end it, or every later run of the worker would
     go unbeaten and be reaped as lost."""
     settings.BOX_HEARTBEAT_SECONDS = 0.05
-    due = jobs.Heartbeats._due
+    due = beats.Heartbeats._due
     faults = []
 
     def faulty(self: Any) -> Any:
@@ -165,12 +165,12 @@ def test_the_heartbeat_thread_goes_on_past_a_fault_of_its_own(box: Box, settings
             raise OSError("the connection's close failed")
         return due(self)
 
-    monkeypatch.setattr(jobs.Heartbeats, "_due", faulty)
+    monkeypatch.setattr(beats.Heartbeats, "_due", faulty)
     run, token = _claimed(box, settings)
-    beat = jobs.heartbeats.watch(run.pk, token, threading.Event())
+    beat = beats.heartbeats.watch(run.pk, token, threading.Event())
     try:
         wait_for(lambda: bool(faults), what="the fault")
         after = _beaten(run)
         wait_for(lambda: _beaten(run) > after, what="a beat after the fault")
     finally:
-        jobs.heartbeats.forget(beat)
+        beats.heartbeats.forget(beat)

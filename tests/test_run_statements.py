@@ -95,10 +95,11 @@ def test_a_finish_that_starts_a_dependent_executes_no_more_statements_than_count
     task, run, token = _claimed(box, settings, "dependency")
     dependent = box.create(title="dependent", flow=TRIVIAL, dependsOn=[task.pk])
     recorder = StepRecorder(task, run.pk, token, Facts.of(task).redactor())
-    with runs.hold_first() as held, CaptureQueriesContext(connection) as queries:
-        finish_run(task, run, token, recorder, Done("done"), 5)
+    with CaptureQueriesContext(connection) as queries:
+        finished = finish_run(task, run, token, recorder, Done("done"), 5, hand_over=True)
+    lifecycle.submit_held(finished.releases)
     statements = [q["sql"] for q in queries.captured_queries]
-    assert held == [Run.objects.get(task_id=dependent["id"], state="queued").pk]
+    assert finished.held == Run.objects.get(task_id=dependent["id"], state="queued").pk
     assert len(statements) <= FINISH_STARTING[connection.vendor], "\n".join(statements)
 
 
@@ -113,11 +114,12 @@ def test_a_finish_that_claims_its_dependent_executes_no_more_statements_than_cou
     task, run, token = _claimed(box, settings, "dependency")
     dependent = box.create(title="dependent", flow=TRIVIAL, dependsOn=[task.pk])
     recorder = StepRecorder(task, run.pk, token, Facts.of(task).redactor())
-    with runs.hold_first() as held, CaptureQueriesContext(connection) as queries:
-        finished = finish_run(task, run, token, recorder, Done("done"), 5, claim_next=True)
+    with CaptureQueriesContext(connection) as queries:
+        finished = finish_run(task, run, token, recorder, Done("done"), 5, hand_over=True, claim_next=True)
+    lifecycle.submit_held(finished.releases)
     statements = [q["sql"] for q in queries.captured_queries]
-    assert finished.claimed is not None and held == [finished.claimed[0].pk]
-    assert Run.objects.get(pk=held[0]).state == "running" and box.task(dependent["id"])["state"] == "running"
+    assert finished.claimed is not None and finished.held == finished.claimed.run.pk
+    assert Run.objects.get(pk=finished.held).state == "running" and box.task(dependent["id"])["state"] == "running"
     assert len(statements) <= FINISH_CLAIMING[connection.vendor], "\n".join(statements)
 
 

@@ -2,18 +2,17 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from boxsite.core import reads
 from tasks import pauses, services
 from tasks.models import EventKind, Run, RunKind, Task
-from tasks.run import completion
+from tasks.run import completion, lifecycle
 from tasks.run import leases as runs
-from tasks.run.recorder import RETRY_PAUSE_S, TRANSIENT_DB_ERRORS, LeaseLost, StepRecorder
+from tasks.run.recorder import TRANSIENT_DB_ERRORS, LeaseLost, StepRecorder, retried_within_lease
 from tasks.sandbox.isolation import isolation_note, isolation_of
 from tasks.states import Review, State, WaitingFor
 from tasks.vault.facts import Redactor, redactor_for, refreshed
@@ -21,16 +20,27 @@ from tasks.workers.base import Continue, Done, Failed, Outcome, Paused
 
 log = logging.getLogger(__name__)
 
-# A claimed run: the run, its lease token, whether to go on, and its redactor (``begin_run``).
-Begun = tuple[Run, str, bool, Redactor | None]
+
+class Begun(NamedTuple):
+    """A claimed run (``begin_run``): the run, its lease token, whether to go on, and its
+    redactor (None when the run was closed at its claim)."""
+
+    run: Run
+    token: str
+    go: bool
+    redactor: Redactor | None
 
 
 class Finished(NamedTuple):
-    """What ``finish_run`` did: whether the task had ended meanwhile, and the run it claimed for
-    this worker in the same transaction (``claim_next``), if any."""
+    """What ``finish_run`` did: whether the task had ended meanwhile; with ``hand_over``, the run
+    it made due and held back from the queue for the caller (``held``), that run's claim when it
+    made it in the same transaction (``claim_next``), and the releases it asked for, kept for the
+    caller to hand to the janitor (``lifecycle.submit_held``)."""
 
     ended_meanwhile: bool
-    claimed: Begun | None = None
+    claimed: Begun | None
+    held: int | None
+    releases: lifecycle.Held
 
 
 def begin_run(run_id: int) -> Begun | None:
@@ -43,16 +53,11 @@ def begin_run(run_id: int) -> Begun | None:
 
     A transient database fault is tried again in place (nothing is held until the commit); past
     a lease the fault goes up, and the run, still queued, is sent again by the scheduler."""
-    deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
-    while True:
-        try:
-            with transaction.atomic():
-                return _claim_and_begin(run_id)
-        except TRANSIENT_DB_ERRORS:
-            if connection.in_atomic_block or time.monotonic() > deadline:
-                raise
-            connection.close()
-            time.sleep(RETRY_PAUSE_S)
+    def claim_and_begin() -> Begun | None:
+        with transaction.atomic():
+            return _claim_and_begin(run_id)
+
+    return retried_within_lease(claim_and_begin)
 
 
 def _claim_and_begin(run_id: int, *, task_locked: bool = False) -> Begun | None:
@@ -66,12 +71,12 @@ def _claim_and_begin(run_id: int, *, task_locked: bool = False) -> Begun | None:
     task = run.task
     if task.is_final():
         runs.finish(run.pk, token, "cancelled", f"the task is already {task.state}")
-        return run, token, False, None
+        return Begun(run, token, False, None)
     if run.others_running:  # type: ignore[attr-defined]  # annotated by runs.claim
         # Another run still holds a live process that waits on the owner in its broker
         # (tasks.broker.holds); it goes on by itself once the pause is decided.
         runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
-        return run, token, False, None
+        return Begun(run, token, False, None)
     redactor = redactor_for(task)
     if task.state == State.QUEUED and task.started_at is None:
         # The task's first words after it starts: what confines it (stored with the move).
@@ -80,33 +85,46 @@ def _claim_and_begin(run_id: int, *, task_locked: bool = False) -> Begun | None:
                             redactor=redactor, isolation=line, notes=[isolation_note(described)])
     elif task.state in (State.QUEUED, State.WAITING):  # retried after a failure (verbs.retry_task), or resumed
         services.transition(task, State.RUNNING, summary="running again", data={"run": run.number}, redactor=redactor)
-    return run, token, True, redactor
+    return Begun(run, token, True, redactor)
 
 
 def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int, *,
-               claim_next: bool = False) -> Finished:
+               hand_over: bool = False, claim_next: bool = False) -> Finished:
     """Apply a run's outcome to its task, in one transaction that proves the lease first; whether
-    the task had ended meanwhile (cancelled, perhaps by a process on another machine).
+    the task had ended meanwhile (cancelled, perhaps by a process on another machine: what the
+    run holds on this machine is released here then).
 
     A plain end (done, no completion criteria) proves the lease by closing the run, the first
     write to it: that update is conditional on the run's state and token as the heartbeat's is,
     and nobody changes either without the task's row, which the transaction holds. Every other
     outcome writes events or blockers first, after the heartbeat's proof.
 
-    ``claim_next`` (the worker goes on with the run this finish starts, ``tasks.jobs``): the first
-    run due now that the outcome created (a dependent's first run, say) is claimed and its task
-    moved to running in the same transaction (``begin_run``'s work), so a chain's link commits once
-    where it committed twice. Its claim is in a savepoint of its own: one that fails leaves the
-    finish whole, and the run is claimed after the commit as any other."""
+    ``hand_over`` (the worker, ``tasks.run.worker``): the first run due now that the outcome
+    created (a dependent's first run, say) is held back from the queue for the caller to run or
+    send (``Finished.held``), and the releases the finish asks for are kept for the caller to
+    hand to the janitor once it opened that run's view (``Finished.releases``). ``claim_next``
+    (with ``hand_over``: the worker goes on with that run): it is claimed and its task moved to
+    running in the same transaction (``begin_run``'s work), so a chain's link commits once where
+    it committed twice. Its claim is in a savepoint of its own: one that fails leaves the finish
+    whole, and the run is claimed after the commit as any other."""
 
-    # The vault's stamp (and the settings row) are read once for the whole finish: the
-    # outcome's redactor, and the dependents it starts (their notes', their claim's).
-    with reads.read_once():
-        return _finish(task, run, token, recorder, outcome, elapsed_ms, claim_next)
+    releases: lifecycle.Held = []
+    try:
+        # The vault's stamp (and the settings row) are read once for the whole finish: the
+        # outcome's redactor, and the dependents it starts (their notes', their claim's).
+        with reads.read_once(), lifecycle.releases_held(keep=hand_over) as releases, \
+                runs.collecting_due(hold_first=hand_over) as due:
+            ended, claimed = _finish(task, run, token, recorder, outcome, elapsed_ms, due, claim_next)
+            if ended:
+                lifecycle.release_soon(task.pk)
+    except BaseException:
+        lifecycle.submit_held(releases)
+        raise
+    return Finished(ended, claimed, due.held, releases)
 
 
 def _finish(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: Outcome, elapsed_ms: int,
-            claim_next: bool) -> Finished:
+            due: runs.DueRuns, claim_next: bool) -> tuple[bool, Begun | None]:
     # As the vault stands now: a secret added while the run ran is masked in its outcome too.
     redact = recorder.redactor = refreshed(recorder.redactor)
     plain_end = isinstance(outcome, Done) and not task.criteria
@@ -115,10 +133,10 @@ def _finish(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: O
     def write_and_claim() -> bool:
         nonlocal claimed
         claimed = None  # a transaction tried again claims again
-        with runs.noting_due() as due:
-            ended = write()
-        if claim_next and due and not ended:
-            claimed = _claim_in_finish(due[0])
+        due.noted.clear()  # and notes its runs again
+        ended = write()
+        if claim_next and due.noted and not ended:
+            claimed = _claim_in_finish(due.noted[0])
         return ended
 
     def close(how: str, error: str = "") -> None:
@@ -160,7 +178,7 @@ def _finish(task: Task, run: Run, token: str, recorder: StepRecorder, outcome: O
 
     # The task as it stands now (a cancel may have come).
     ended = recorder.guarded(write_and_claim, fresh=task, write_proves_lease=plain_end)
-    return Finished(ended, claimed)
+    return ended, claimed
 
 
 def _claim_in_finish(run_id: int) -> Begun | None:

@@ -7,6 +7,7 @@ write. Runs that end without finishing (an expired lease, a hand-back) are ``tas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -30,7 +31,6 @@ from tasks.models import Run, RunState, Task
 
 log = logging.getLogger(__name__)
 
-_sending = threading.local()  # ``hold_first``'s and ``noting_due``'s lists while one is open in this thread
 _kept: tuple[tuple[str, int], Broker] | None = None  # ``_broker``'s: the queue's name and the process
 _kept_lock = threading.Lock()
 
@@ -105,12 +105,14 @@ def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, d
 
 
 def send_after_commit(run_id: int) -> None:
-    """Run ``run_id``, created due now in this transaction, is sent once it commits (and noted
-    for ``noting_due``)."""
-    transaction.on_commit(functools.partial(send, run_id))
-    noted = getattr(_sending, "due", None)
-    if noted is not None:
-        noted.append(run_id)
+    """Run ``run_id``, created due now in this transaction, is sent once it commits; inside
+    ``collecting_due`` it is noted there, and the collector sends it (or holds it back)."""
+    due = _collecting.due
+    if due is None:
+        transaction.on_commit(functools.partial(send, run_id))
+        return
+    due.noted.append(run_id)
+    transaction.on_commit(functools.partial(due.committed, run_id))
 
 
 def enqueue(run_id: int) -> None:
@@ -120,10 +122,7 @@ def enqueue(run_id: int) -> None:
 
 
 def send(run_id: int) -> None:
-    held = getattr(_sending, "held", None)
-    if held is not None and not held:
-        held.append(run_id)  # ``hold_first``: the caller runs it next, or sends it
-        return
+    """Put run ``run_id`` on the queue (``tasks.jobs.execute_run``)."""
     async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}", broker=_broker())
 
 
@@ -142,35 +141,44 @@ def _broker() -> Broker:
         return _kept[1]
 
 
-@contextlib.contextmanager
-def noting_due() -> Iterator[list[int]]:
-    """The ids of the runs due now that this thread creates inside the block, in order (each
-    also sent after commit, or held by ``hold_first``): for a caller that claims the first in the
-    same transaction (``finalize.finish_run``). A run created in a savepoint that was rolled back
-    is listed too; its claim finds nothing."""
-    with _listed("due") as due:
-        yield due
+@dataclasses.dataclass
+class DueRuns:
+    """The runs created due now while ``collecting_due`` is open (``noted``, in order: a run
+    created in a savepoint that was rolled back is noted too, and its claim finds nothing), and,
+    with ``hold_first``, the first of them to commit, held back from the queue (``held``)."""
+
+    hold_first: bool
+    noted: list[int] = dataclasses.field(default_factory=list)
+    held: int | None = None
+
+    def committed(self, run_id: int) -> None:
+        """The transaction that made run ``run_id`` committed: hold it, or send it."""
+        if self.hold_first and self.held is None:
+            self.held = run_id
+            return
+        send(run_id)
+
+
+class _Collecting(threading.local):
+    due: DueRuns | None = None
+
+
+_collecting = _Collecting()
 
 
 @contextlib.contextmanager
-def hold_first() -> Iterator[list[int]]:
-    """The first run this thread sends inside the block is held back from the queue instead, for
-    the caller to run next or else ``send``: no second delivery to another worker, which only
-    finds the run taken. It was written as sent, so if the process dies holding it, the
-    scheduler sends it again after ``BOX_RESEND_S`` (``stranded_runs``)."""
-    with _listed("held") as held:
-        yield held
-
-
-@contextlib.contextmanager
-def _listed(name: str) -> Iterator[list[int]]:
-    """A list of run ids kept as ``_sending.<name>`` in this thread while the block runs."""
-    listed: list[int] = []
-    setattr(_sending, name, listed)
+def collecting_due(*, hold_first: bool) -> Iterator[DueRuns]:
+    """The runs this thread creates due now inside the block (``DueRuns``), for a caller that
+    claims the first in the same transaction (``finish.finish_run``). ``hold_first``: the first
+    to commit is held back from the queue instead of sent, for the caller to run next or else
+    ``send``: no second delivery to another worker, which only finds the run taken. It was
+    written as sent, so if the process dies holding it, the scheduler sends it again after
+    ``BOX_RESEND_S`` (``stranded_runs``)."""
+    due = _collecting.due = DueRuns(hold_first)
     try:
-        yield listed
+        yield due
     finally:
-        setattr(_sending, name, None)
+        _collecting.due = None
 
 
 def claim(run_id: int) -> tuple[Run, str] | None:
@@ -246,7 +254,7 @@ def stranded_runs(now: Any) -> list[int]:
     waiting its turn behind a busy queue is not sent again, nor while no worker is free: copies
     would pile up in the queue (a burst sent 105 copies for 44 tasks when every run older than
     ``BOX_RESEND_S`` was sent again). A dependent's run its dependency's worker took at once
-    (``hold_first``) overtakes the queue too: a run waiting then is sent again, as before."""
+    (``collecting_due``) overtakes the queue too: a run waiting then is sent again, as before."""
     if free_workers() <= 0:
         return []
     before = now - timedelta(seconds=settings.BOX_RESEND_S)

@@ -140,14 +140,18 @@ def release_soon(task_id: str, *, then: Then = None) -> None:
 
 
 @contextmanager
-def releases_held() -> Iterator[Held]:
-    """The releases this thread asks for inside the block are kept for the caller to hand to the
-    janitor (``submit_held``). A worker that goes on with its ended task's dependent opens the
-    dependent's view first: that opening seals the ended task's layer itself (the only part of
-    its release the dependent needs), and a janitor releasing beside it would only take turns
-    with it at the interpreter and wait for the same layer's lock. Nothing waits on a held release for
-    correctness; one a process dies holding is finished by start-up reconcile, as any release is."""
+def releases_held(*, keep: bool = True) -> Iterator[Held]:
+    """With ``keep``, the releases this thread asks for inside the block are kept for the caller
+    to hand to the janitor (``submit_held``). A worker that goes on with its ended task's
+    dependent opens the dependent's view first: that opening seals the ended task's layer itself
+    (the only part of its release the dependent needs), and a janitor releasing beside it would
+    only take turns with it at the interpreter and wait for the same layer's lock. Nothing waits on
+    a held release for correctness; one a process dies holding is finished by start-up
+    reconcile, as any release is."""
     held: Held = []
+    if not keep:
+        yield held
+        return
     _held.releases = held
     try:
         yield held

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from django.conf import settings
@@ -33,6 +34,29 @@ TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 RETRY_PAUSE_S = 0.2
 
 
+def retried_within_lease(attempt: Callable[[], T], *, run_id: int | None = None) -> T:
+    """``attempt()``, tried again on a fresh connection after a transient database fault, for up
+    to a lease (``BOX_LEASE_SECONDS``): a short fault costs a moment, not the run. Past a lease
+    the run's lease is gone anyway, and the fault goes up; at once when an enclosing transaction
+    was lost with it. ``run_id``: the run the attempt writes for, named in the log."""
+    deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
+    while True:
+        try:
+            return attempt()
+        except TRANSIENT_DB_ERRORS as exc:
+            if connection.in_atomic_block or time.monotonic() > deadline:
+                raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
+            if run_id is not None:
+                log.warning("run %s: a database fault (%s); trying again", run_id, first_line(exc))
+            connection.close()
+            time.sleep(RETRY_PAUSE_S)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, for a log line."""
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
 class LeaseLost(Exception):
     """The run's lease is gone: the task was cancelled, or the run was presumed dead."""
 
@@ -43,6 +67,27 @@ class LimitReached(Exception):
         self.limit = limit
         self.message = message
         self.hint = hint
+
+
+class _RowChanged(Exception):
+    """The task's row is not as this run last wrote it (or the limit looks reached there): the
+    action is counted again from the locked row."""
+
+
+@dataclass(frozen=True)
+class _Event:
+    """An event to record, and the task row's fields written with it."""
+
+    kind: str
+    summary: str
+    data: dict[str, Any] | None
+    cost_cents: int
+    artifacts: list[Any] | None
+    updates: dict[str, Any]
+
+
+def _nothing(_: object) -> None:
+    """A ``_guarded`` write whose work is all in its locking statement."""
 
 
 class StepRecorder:
@@ -94,19 +139,8 @@ class StepRecorder:
         return self._retried(attempt)
 
     def _retried(self, attempt: Callable[[], T]) -> T:
-        """``attempt()``, tried again on a fresh connection after a transient database fault
-        (``guarded``), unless an enclosing transaction was lost with it."""
-        deadline = time.monotonic() + settings.BOX_LEASE_SECONDS
-        while True:
-            try:
-                return attempt()
-            except TRANSIENT_DB_ERRORS as exc:
-                if connection.in_atomic_block or time.monotonic() > deadline:
-                    raise  # an enclosing transaction is lost with it; or the fault outlasted the lease
-                log.warning("run %s: a database fault while recording (%s); trying again", self.run_id,
-                            (str(exc).strip().splitlines() or [""])[0][:200])
-                connection.close()
-                time.sleep(RETRY_PAUSE_S)
+        """``attempt()``, tried again after a transient database fault (``guarded``)."""
+        return retried_within_lease(attempt, run_id=self.run_id)
 
     def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
               artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None,
@@ -127,68 +161,86 @@ class StepRecorder:
             updates["step"] = self.redactor.text(summary)[:500]
         if progress is not None:
             updates["progress"] = max(0.0, min(1.0, progress))
-
-        def record(values: dict[str, Any], seen: dict[str, Any] | None = None, *, alone: bool = False) -> bool:
-            """The task row's write and the event at the number it takes, the lease proven once
-            the row is held: one statement on PostgreSQL (``record_numbered_event``)."""
-            return record_numbered_event(self.task, values, kind, summary, data, cost_cents=cost_cents, artifacts=artifacts,
-                                         redactor=self.redactor, lease=(self.run_id, self.token), seen=seen,
-                                         alone=alone) is not None
-
-        def as_last_written(counted: tuple[str, str | None], *, alone: bool = False) -> bool | None:
-            """PostgreSQL: the action counted from the row as this run last wrote it, written only if
-            it is still so (no other writer of ``spent`` or ``limits`` came between): no locked read
-            first. None when it is not so, or the limit looks reached: nothing was written."""
-            seen = {"spent": self.task.spent, "limits": self.task.limits}
-            spent = self._counted_from(self.task, *counted, raising=False)
-            if spent is None:
-                return None
-            try:
-                held = record({**updates, "spent": spent}, seen, alone=alone)
-            except Task.DoesNotExist:
-                return None  # changed meanwhile: counted again from the locked row
-            self.task.spent = spent
-            return held
-
-        def from_locked_row(counted: tuple[str, str | None]) -> bool:
-            spent = self._counted(*counted)  # its read locks the row
-            held = record({**updates, "spent": spent})
-            self.task.spent = spent
-            return held
-
-        def locking() -> bool:
-            if counts is None:
-                return record(updates)
-            if connection.vendor == "postgresql":
-                held = as_last_written(counts)
-                if held is not None:
-                    return held
-            return from_locked_row(counts)
-
+        event = _Event(kind, summary, data, cost_cents, artifacts, updates)
         if connection.vendor == "postgresql" and not connection.in_atomic_block:
-            # The statement writes nothing unless the lease holds: atomic alone, so sent without a
-            # transaction around it (a BEGIN and a COMMIT would be two round trips more), as long
-            # as the task's row is free (else it waits for it in a transaction).
-            try:
-                # True: written, the lease held; False: the lease is gone; None: the row changed
-                # since this run wrote it (``as_last_written``), nothing written.
-                written = self._retried(lambda: record(updates, alone=True) if counts is None
-                                        else as_last_written(counts, alone=True))
-            except RowHeld:
-                self._guarded(locking, lambda _: None, proof="locking")
-            else:
-                if written is None:  # counted again from the row, in a transaction
-                    counted = counts
-                    assert counted is not None
-                    self._guarded(lambda: from_locked_row(counted), lambda _: None, proof="locking")
-                elif not written:
-                    raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+            self._write_alone(event, counts)
         else:
-            self._guarded(locking, lambda _: None, proof="locking")
+            self._write_in_transaction(event, counts)
         if resume is not None:
             self.task.resume = resume
         if records is not None:
             self.task.records = records
+
+    def _write_alone(self, event: _Event, counts: tuple[str, str | None] | None) -> None:
+        """PostgreSQL, outside a caller's transaction: the event's write is one statement that
+        writes nothing unless the lease holds, so it is sent without a transaction around it (its
+        BEGIN and COMMIT were two round trips of three), as long as the task's row is free; else
+        it is written in a transaction, which waits for the row. An action counted from the row
+        as this run last wrote it, when the row changed since, is counted again from the row."""
+        try:
+            if counts is None:
+                held = self._retried(lambda: self._record(event, alone=True))
+            else:
+                held = self._retried(lambda: self._record_counted_as_last_written(event, counts, alone=True))
+        except RowHeld:
+            self._write_in_transaction(event, counts)
+        except _RowChanged:
+            assert counts is not None
+            self._guarded(lambda: self._record_counted_from_locked_row(event, counts), _nothing, proof="locking")
+        else:
+            if not held:
+                raise LeaseLost(f"run {self.run_id} no longer holds its lease")
+
+    def _write_in_transaction(self, event: _Event, counts: tuple[str, str | None] | None) -> None:
+        """The event's write in a transaction that takes the task's row first (``_guarded``)."""
+        self._guarded(lambda: self._record_locked(event, counts), _nothing, proof="locking")
+
+    def _record_locked(self, event: _Event, counts: tuple[str, str | None] | None) -> bool:
+        """Inside the transaction: the write, the action counted first when ``counts``; whether
+        the lease held. PostgreSQL counts from the row as this run last wrote it when it still
+        is so (no locked read first)."""
+        if counts is None:
+            return self._record(event)
+        if connection.vendor == "postgresql":
+            try:
+                return self._record_counted_as_last_written(event, counts)
+            except _RowChanged:
+                pass
+        return self._record_counted_from_locked_row(event, counts)
+
+    def _record_counted_as_last_written(self, event: _Event, counts: tuple[str, str | None], *,
+                                        alone: bool = False) -> bool:
+        """PostgreSQL: the action counted from the row as this run last wrote it, written only if
+        it is still so (no other writer of ``spent`` or ``limits`` came between); whether the
+        lease held. ``_RowChanged`` when it is not so, or the limit looks reached: nothing was
+        written, and the caller counts from the locked row."""
+        seen = {"spent": self.task.spent, "limits": self.task.limits}
+        spent = self._counted_from(self.task, *counts, raising=False)
+        if spent is None:
+            raise _RowChanged
+        try:
+            held = self._record(event, {"spent": spent}, seen, alone=alone)
+        except Task.DoesNotExist:
+            raise _RowChanged from None
+        self.task.spent = spent
+        return held
+
+    def _record_counted_from_locked_row(self, event: _Event, counts: tuple[str, str | None]) -> bool:
+        """The action counted from the task's row, read locked; whether the lease held."""
+        spent = self._counted(*counts)
+        held = self._record(event, {"spent": spent})
+        self.task.spent = spent
+        return held
+
+    def _record(self, event: _Event, also: dict[str, Any] | None = None, seen: dict[str, Any] | None = None, *,
+                alone: bool = False) -> bool:
+        """The task row's write (the event's updates, and ``also``) and the event at the number
+        it takes, the lease proven once the row is held: one statement on PostgreSQL
+        (``record_numbered_event``). Whether the lease held."""
+        values = event.updates if also is None else {**event.updates, **also}
+        return record_numbered_event(self.task, values, event.kind, event.summary, event.data, cost_cents=event.cost_cents,
+                                     artifacts=event.artifacts, redactor=self.redactor, lease=(self.run_id, self.token),
+                                     seen=seen, alone=alone) is not None
 
     def step(self, summary: str, data: dict[str, Any] | None = None, *, progress: float | None = None,
              counts: tuple[str, str | None] | None = None) -> None:

@@ -143,7 +143,7 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
 
 def _check_path(value: Any, where: str, kind: str) -> None:
     """A ``write``'s or ``delete``'s path: relative, and not above the task's files. One with a
-    ``${...}`` is filled in at run time and checked there (``workers.flow.inside``, which also
+    ``${...}`` is filled in at run time and checked there (``workers.file_steps.inside``, which also
     refuses a link out)."""
     path, field = (value, f"{where}.{kind}") if isinstance(value, str) else (value["path"], f"{where}.{kind}.path")
     if not isinstance(path, str) or not path:

@@ -40,12 +40,14 @@ from tasks.llm.client import (
 from tasks.models import EventKind
 from tasks.pauses import ApprovalKind
 from tasks.run.context import RunContext
-from tasks.run.evidence import Evidence, bounded
+from tasks.run.evidence import Evidence, StepFailed, bounded
 from tasks.states import WaitingFor
 from tasks.tools.registry import NeedsApproval, get_tool
 from tasks.vault.facts import guess_kind
-from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, needs_key
-from tasks.workers.flow import FlowWorker, StepFailed, check_time, inside, substitute
+from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, check_time, needs_key
+from tasks.workers.file_steps import inside
+from tasks.workers.flow import FlowWorker
+from tasks.workers.values import substitute
 
 NO_MODEL = ("no model is configured, so this plain-language task cannot be planned; "
             "configure a model in Settings → Model, or start the task again with a 'flow' or a command worker")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tasks.pauses import ApprovalKind
+from tasks.run.recorder import LimitReached
 from tasks.states import WaitingFor
 from tasks.vault.store import VAULT_FIELD
 
@@ -75,3 +76,12 @@ class Continue:
 
 
 Outcome = Done | Failed | Paused | Continue
+
+
+def check_time(ctx: RunContext) -> None:
+    """``LimitReached`` once the task has used its running time (all runs together)."""
+    left = ctx.time_left()
+    if left is not None and left <= 0:
+        limit = ctx.task.limit("max_elapsed_ms")
+        raise LimitReached("max_elapsed_ms", f"the task used all of its running time (limits.max_elapsed_ms = {limit})",
+                           f"raise limits.max_elapsed_ms above {limit} and retry the task")

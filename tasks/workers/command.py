@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from tasks.models import EventKind
 from tasks.run.context import RunContext
-from tasks.run.recorder import LeaseLost
 from tasks.vault.store import read_secret
 from tasks.workers import process
 from tasks.workers.base import Done, Failed, Outcome, needs_key
@@ -58,12 +57,7 @@ class CommandWorker:
                 ctx.recorder.event(EventKind.OUTPUT, line[:2000])
 
         name = f"worker-run-{ctx.run.number}"
-        spool = process.spool_for(ctx, name)
-        done = process.wait(ctx, proc, on_stdout=on_stdout, spool=spool)
-        if done.stopped:
-            for path in spool:
-                path.unlink(missing_ok=True)
-            raise LeaseLost("the run was stopped")
+        done, spool = process.wait_spooled(ctx, proc, name, on_stdout=on_stdout)
         evidence = process.output_evidence(ctx, name, done, spool)
         evidence.data = {"command": argv[0], "linesReported": lines, **evidence.data}
         error = "ran out of time" if done.timed_out else (None if done.code == 0 else f"exit {done.code}")

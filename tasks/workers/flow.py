@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import re
-import shutil
-import stat
 import time
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.utils import timezone
 
@@ -24,121 +19,26 @@ from tasks.browser import kinds as browser_kinds
 from tasks.browser.walls import looks_like_human_wall
 from tasks.llm.client import KeyMissing, ModelError, NoModel
 from tasks.models import EventKind, TaskEvent
-from tasks.pauses import ActionKind, ApprovalKind
+from tasks.pauses import ApprovalKind
 from tasks.run import receipts
 from tasks.run.context import RunContext
 from tasks.run.evidence import Evidence, StepFailed, bounded
-from tasks.run.recorder import LeaseLost, LimitReached
+from tasks.run.recorder import LeaseLost
 from tasks.spec.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
 from tasks.states import WaitingFor
-from tasks.tools.http import Blocked
 from tasks.tools.registry import NeedsApproval, call
 from tasks.vault.facts import guess_kind, open_records, seal_records
-from tasks.workers import process
 from tasks.workers.asking import ask_model
-from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused, needs_key
+from tasks.workers.base import ApprovalRequest, Continue, Done, Failed, Outcome, Paused, check_time, needs_key
+from tasks.workers.browser_step import RunBrowser
+from tasks.workers.file_steps import delete_step, inside, write_step
+from tasks.workers.http_step import http_action, http_step, step_position
 from tasks.workers.planner import after_owner, plan, replan
 from tasks.workers.rescuer import rescue
-
-if TYPE_CHECKING:
-    from tasks.browser.session import BrowserSession
+from tasks.workers.run_step import from_step_receipt, run_step
+from tasks.workers.values import substitute
 
 GATES = ("approve", "checkpoint", "ask")
-
-_NAME = re.compile(r"\$\{([^}]+)\}")
-
-
-def substitute(value: Any, values: dict[str, Any]) -> Any:
-    """Replace ``${name}`` with its value; called only at the moment a step executes."""
-    if isinstance(value, str):
-        return _NAME.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), value)
-    if isinstance(value, dict):
-        return {k: substitute(v, values) for k, v in value.items()}
-    if isinstance(value, list):
-        return [substitute(v, values) for v in value]
-    return value
-
-
-SHELL_VALUE_PREFIX = "BOX_VALUE_"
-
-
-def shell_command(cmd: str, values: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """``cmd`` with each ``${name}`` turned into a reference to an environment variable holding
-    the value, and those variables: a value reaches the shell as data, never as code.
-
-    The reference fits where the name stands, so the value arrives as one literal word: unquoted
-    it becomes ``"$BOX_VALUE_n"``, inside double quotes ``${BOX_VALUE_n}``, inside single quotes
-    the quotes are closed around it (``'"$BOX_VALUE_n"'``). Expansion results are never parsed
-    again by the shell, so ``$(...)``, backquotes and ``;`` in a value stay text.
-    """
-    out: list[str] = []
-    env: dict[str, str] = {}
-    by_name: dict[str, str] = {}
-    quote = ""  # "", "'" or '"': the shell's quoting state at this point of the command
-    i = 0
-    while i < len(cmd):
-        char = cmd[i]
-        match = _NAME.match(cmd, i) if char == "$" else None
-        if match and match.group(1) in values:
-            name = match.group(1)
-            if name not in by_name:
-                by_name[name] = f"{SHELL_VALUE_PREFIX}{len(by_name) + 1}"
-                env[by_name[name]] = str(values[name])
-            var = by_name[name]
-            out.append({"": f'"${{{var}}}"', '"': f"${{{var}}}", "'": f"'\"${{{var}}}\"'"}[quote])
-            i = match.end()
-            continue
-        if char == "\\" and quote != "'" and i + 1 < len(cmd):
-            out.append(cmd[i:i + 2])
-            i += 2
-            continue
-        if char in "'\"" and quote in ("", char):
-            quote = "" if quote else char
-        out.append(char)
-        i += 1
-    return "".join(out), env
-
-
-def inside(workdir: Path, relative: str) -> Path:
-    """The path under ``workdir``; refuses anything that would land outside it."""
-    if not relative or relative.startswith("/"):
-        raise StepFailed(f"'{relative}' is not a relative path inside the task's files")
-    target = (workdir / relative)
-    resolved_parent = target.parent.resolve()
-    root = workdir.resolve()
-    if resolved_parent != root and root not in resolved_parent.parents:
-        raise StepFailed(f"'{relative}' is outside the task's files")
-    if target.is_symlink():
-        link = target.resolve()
-        if link != root and root not in link.parents:
-            raise StepFailed(f"'{relative}' is a link to outside the task's files")
-    return target
-
-
-def make_parents(workdir: Path, target: Path) -> list[Path]:
-    """Create the missing directories above ``target``; return them, outermost first."""
-    missing: list[Path] = []
-    parent = target.parent
-    while parent != workdir and not parent.exists():
-        missing.append(parent)
-        parent = parent.parent
-    missing.reverse()
-    for directory in missing:
-        directory.mkdir()
-    return missing
-
-
-def give_to_task_user(workdir: Path, created: list[Path]) -> None:
-    """What a step created belongs to whoever owns the root of the task's view: the task's user
-    on the overlay driver (its upper layer is the user's), root on disk where the view is shown
-    to the sandbox id-mapped (the copy driver). Otherwise a later ``run`` step, which runs as
-    the task's user, could not write into a directory a ``write`` step made."""
-    if os.geteuid() != 0 or not created:
-        return
-    owner = os.stat(workdir)
-    for path in created:
-        os.lchown(path, owner.st_uid, owner.st_gid)
-
 
 def describe(step: dict[str, Any], index: int, total: int) -> str:
     kind = step_kind(step)
@@ -154,59 +54,17 @@ def describe(step: dict[str, Any], index: int, total: int) -> str:
 
 class FlowWorker:
     def __init__(self) -> None:
-        self._browser: BrowserSession | None = None
-        self._at_payment = False  # the run pauses in front of a payment: its browser is kept
+        self._browser = RunBrowser()
 
     def run(self, ctx: RunContext) -> Outcome:
         """Run the flow; the run's browser (if a step started one) is released whatever happens,
-        except at a pause in front of a payment, which keeps it (``BrowserSession.park``) until
-        the next run attaches to it, the task is cancelled or it ends."""
+        except at a pause in front of a payment (``RunBrowser.release``)."""
         outcome: Outcome | None = None
         try:
             outcome = self._run(ctx)
             return outcome
         finally:
-            if self._browser is not None:
-                if self._at_payment and isinstance(outcome, Paused):
-                    self._browser.park()
-                else:
-                    self._browser.close()
-                self._browser = None
-
-    def browser(self, ctx: RunContext, index: int, known: dict[str, Any]) -> BrowserSession:
-        """The run's browser session, started by the first browser step. A run after a pause in
-        front of a payment attaches to the browser that pause kept, on the page as it was. Any
-        other run that starts in the middle of the flow (after a pause, a retry) opens a fresh
-        browser, so it first re-opens the page: the steps since the last ``browse`` run again,
-        without evidence."""
-        from tasks.browser.session import BrowserSession  # noqa: PLC0415 - Playwright: only for a flow with a browser step
-
-        if self._browser is None:
-            self._browser = BrowserSession(ctx)
-        if self._browser.started:
-            return self._browser
-        if self._browser.attach():
-            ctx.recorder.note("browser kept from the pause: same page, nothing replayed", {"browser": True, "kept": True})
-            return self._browser
-        self._browser.start()
-        ctx.recorder.note(f"browser started in {self._browser.started_ms} ms", {"browser": True, "startMs": self._browser.started_ms})
-        steps: list[dict[str, Any]] = (ctx.task.flow or {}).get("steps", [])
-        opened = [i for i in range(index) if step_kind(steps[i]) == "browse"]
-        if step_kind(steps[index]) == "browse" or not opened:
-            return self._browser
-        from tasks.browser import steps as browser_steps  # noqa: PLC0415 - as above
-
-        replay = [i for i in range(opened[-1], index) if step_kind(steps[i]) in browser_kinds.ACTING]
-        ctx.recorder.note(f"re-opening the page: steps {', '.join(str(i + 1) for i in replay)} again",
-                          {"browser": True, "replayed": [i + 1 for i in replay]})
-        for i in replay:
-            kind = step_kind(steps[i])
-            try:
-                value, _ = ground_target(ctx, self._browser, kind, substitute(steps[i][kind], known), steps[i], i)
-                browser_steps.execute(ctx, self._browser, kind, value, steps[i], index=i, approved=False, replay=True)
-            except (StepFailed, browser_kinds.PaymentStop, NeedsApproval) as exc:
-                raise StepFailed(f"re-opening the page failed at step {i + 1}: {exc}") from exc
-        return self._browser
+            self._browser.release(paused=isinstance(outcome, Paused))
 
     def _run(self, ctx: RunContext) -> Outcome:
         if ctx.task.flow is None:  # a plain-language task: the planner writes its flow first
@@ -291,12 +149,12 @@ class FlowWorker:
             except KeyMissing as no_key:
                 return needs_key(no_key.key_name, "the configured model", {"step": index})
             except NeedsApproval as need:
-                self._at_payment = need.kind == ApprovalKind.PAYMENT
+                self._browser.at_payment = need.kind == ApprovalKind.PAYMENT
                 guard = {**guard, **need.guard, "step": index}
                 detail = {**planned_action(ctx, kind, resolved, step, known), **(need.detail or {})}
                 return self._ask_approval(index, need.kind, need.summary, guard, detail=detail, amount_cents=need.amount_cents)
             except browser_kinds.PaymentStop as stop:
-                self._at_payment = True
+                self._browser.at_payment = True
                 record_result(ctx, index, total, kind, began, clock, stop.evidence, error=stop.message)
                 # Paying is never automatic: a person pays, and only cancel ends the task.
                 return Paused(WaitingFor.CHECKPOINT, stop.message, resume={"step": index}, continuable=False)
@@ -385,7 +243,7 @@ class FlowWorker:
         spec = value if isinstance(value, dict) else {"reason": value}
         reason = spec.get("reason", "checkpoint")
         if spec.get("payment"):
-            self._at_payment = not approved
+            self._browser.at_payment = not approved
             if ctx.task.constraints.get("payment", "stop_at_payment") == "stop_at_payment":
                 # Paying is never automatic: a person pays, and only cancel releases the task.
                 return Paused(WaitingFor.CHECKPOINT, f"{reason}: paying is for a person; this task stops here",
@@ -405,80 +263,16 @@ class FlowWorker:
         """Run one step; its result and what it did. ``StepFailed`` carries what it did too.
         ``position`` finds the step's action again (``approvals.actions``); ``ActionUnknown`` when
         an earlier attempt of it was cut off mid-call."""
-        timeout = step.get("timeout_s")
         if kind == "run":
-            # Values go in as environment variables, not as text of the command (flow authors:
-            # docs/api.md, "Values in a run command").
-            written = value if isinstance(value, str) else value["cmd"]  # as the flow has it: ${name}, no values
-            cmd, values = shell_command(written, known)
-            env = process.base_env(ctx)
-            if isinstance(value, dict):
-                env.update({str(k): str(v) for k, v in substitute(value.get("env", {}), known).items()})
-            env.update(values)
-            try:
-                proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd)  # not argv: /proc shows it to all
-            except OSError as exc:
-                raise StepFailed(f"cannot start the shell: {exc}", evidence=Evidence({"command": written})) from exc
-            name = f"step-{index + 1}-run-{ctx.run.number}"
-            spool = process.spool_for(ctx, name)
-            done = process.wait(ctx, proc, timeout_s=timeout, spool=spool)
-            if done.stopped:
-                for path in spool:
-                    path.unlink(missing_ok=True)
-                raise LeaseLost("stopped")
-            receipts.write(ctx, index, name, done, spool)  # before anything else: a kill from here on runs nothing again
-            return run_result(ctx, written, name, done, spool, timeout)
+            return run_step(ctx, value, step, known, index)
         if kind == "write":
-            target = inside(ctx.workdir, value["path"])
-            content = value["content"] if isinstance(value["content"], str) else json.dumps(value["content"])
-            created = make_parents(ctx.workdir, target)
-            if target.is_symlink():
-                target.unlink()
-            new_file = not os.path.lexists(target)
-            if new_file:
-                created.append(target)
-            write_regular(target, content)
-            give_to_task_user(ctx.workdir, created)
-            return value["path"], Evidence({"path": value["path"], "bytes": target.stat().st_size, "created": new_file})
+            return write_step(ctx, value)
         if kind == "delete":
-            relative = value if isinstance(value, str) else value["path"]
-            target = inside(ctx.workdir, relative)
-            if target.is_dir() and not target.is_symlink():
-                size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file() and not f.is_symlink())
-                shutil.rmtree(target)
-                return relative, Evidence({"path": relative, "bytes": size, "directory": True})
-            if target.exists() or target.is_symlink():
-                size = target.lstat().st_size
-                target.unlink()
-                return relative, Evidence({"path": relative, "bytes": size, "directory": False})
-            raise StepFailed(f"'{relative}' does not exist", evidence=Evidence({"path": relative}))
+            return delete_step(ctx, value)
         if kind == "http":
-            spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
-            method = str(spec.get("method", "GET")).upper()
-            asked = {"method": method, "url": spec["url"]}
-            if "stop_before" in step:
-                return consequential_http(ctx, index, spec, asked)
-            try:
-                response = ctx.http(method, spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
-            except Blocked as exc:
-                raise StepFailed(str(exc), evidence=Evidence({**asked, "blocked": str(exc)})) from exc
-            except OSError as exc:
-                raise StepFailed(f"request failed: {exc}", evidence=Evidence({**asked, "error": str(exc)})) from exc
-            return http_answer(response, asked)
+            return http_step(ctx, value, step, index)
         if kind in browser_kinds.KINDS:
-            from tasks.browser import steps as browser_steps  # noqa: PLC0415 - Playwright: only for a browser step
-
-            session = self.browser(ctx, index, known)
-            value, grounding = ground_target(ctx, session, kind, value, step, index)
-            try:
-                result, evidence = browser_steps.execute(ctx, session, kind, value, step, index=index, approved=approved)
-            except StepFailed as exc:
-                if grounding:
-                    exc.evidence.data["grounding"] = grounding
-                raise
-            if grounding:
-                evidence.data["grounding"] = grounding
-            return result, evidence
+            return self._browser.execute(ctx, kind, value, step, known=known, approved=approved, index=index)
         if kind == "tool":
             args = substitute(step.get("args", {}), known)
             replays: list[dict[str, Any]] = []
@@ -493,50 +287,6 @@ class FlowWorker:
         if kind == "model":
             return model_step(ctx, value)
         raise StepFailed(f"'{kind}' is not executable")
-
-
-def run_result(ctx: RunContext, written: str, name: str, done: process.Finished, spool: tuple[Path, Path],
-               timeout: Any) -> tuple[Any, Evidence]:
-    """A ``run`` step's ended process as its result and evidence; ``StepFailed`` when it failed."""
-    evidence = process.output_evidence(ctx, name, done, spool)
-    evidence.data = {"command": written, **evidence.data}
-    if done.timed_out:
-        check_time(ctx)  # the task's running time is up: that is a limit, not a step failure
-        raise StepFailed(f"timed out after {timeout}s", evidence=evidence)
-    if done.code != 0:
-        raise StepFailed(f"exit {done.code}: {done.last_error_line()}", page_text=done.stdout + done.stderr,
-                         evidence=evidence)
-    return done.stdout.strip(), evidence
-
-
-def from_step_receipt(ctx: RunContext, step: dict[str, Any], receipt: receipts.Receipt) -> tuple[Any, Evidence]:
-    """A ``run`` step's result from the receipt a lost earlier run left when the step's process
-    had ended (``tasks.run.receipts``): recorded, not run again."""
-    done = process.Finished(receipt.code, receipt.stdout, receipt.stderr, timed_out=receipt.timed_out)
-    value = step["run"]
-    written = value if isinstance(value, str) else value["cmd"]
-    try:
-        result, evidence = run_result(ctx, written, receipt.name, done, receipt.spool, step.get("timeout_s"))
-    except StepFailed as exc:
-        exc.evidence.data.update(fromReceipt=True, receiptRun=receipt.run_number)
-        raise
-    evidence.data.update(fromReceipt=True, receiptRun=receipt.run_number)
-    return result, evidence
-
-
-def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: Any, step: dict[str, Any],
-                  index: int) -> tuple[Any, dict[str, Any] | None]:
-    """A target described in plain words becomes a selector (``tasks.browser.grounding``)."""
-    if not (isinstance(value, dict) and "describe" in value):
-        return value, None
-    if kind not in ("click", "fill"):
-        raise StepFailed(f"'describe' finds the element of a click or fill step, not of a '{kind}' step")
-    timeout_s = float(step.get("timeout_s") or browser_kinds.DEFAULT_TIMEOUT_S)
-    from tasks.browser import grounding  # noqa: PLC0415 - Playwright: only for a browser step
-
-    found, how = grounding.ground(ctx, session, kind, value, index=index, timeout_s=timeout_s,
-                                  trace=bool((ctx.task.flow or {}).get("trace")))
-    return found, how
 
 
 def model_step(ctx: RunContext, value: Any) -> tuple[Any, Evidence]:
@@ -639,68 +389,6 @@ def from_receipt(data: dict[str, Any], verb: str) -> str:
     return f"not {verb} again: answered from the earlier call's receipt (action {data.get('action')})"
 
 
-def step_position(index: int) -> str:
-    """Where a flow's action stands: its step, so a resumed run finds the same action."""
-    return f"step:{index + 1}"
-
-
-def http_action(ctx: RunContext, index: int, value: Any) -> Any:
-    """The action of an ``http`` step with ``stop_before``: its real request is its arguments."""
-    spec: dict[str, Any] = {"url": value} if isinstance(value, str) else value
-    method = str(spec.get("method", "GET")).upper()
-    args = {"method": method, "url": spec["url"], "headers": spec.get("headers", {}), "body": spec.get("body")}
-    return pauses.actions().propose(ctx.recorder, ctx.run.pk, kind=ActionKind.HTTP, target=f"{method} {spec['url']}",
-                                    position=step_position(index), args=args, policy=pauses.actions().policy_of(ctx.task))
-
-
-def consequential_http(ctx: RunContext, index: int, spec: dict[str, Any], asked: dict[str, Any]) -> tuple[Any, Evidence]:
-    """An approved (or allowed) ``http`` step with ``stop_before``: the request is sent at most
-    once. A response is a confirmed outcome (its receipt: status, size, digest, an excerpt); a
-    request the policy refused or nobody answered never reached a provider (failed); anything
-    else (a reset, a timeout, a worker killed mid-call) leaves the outcome unknown."""
-    action = http_action(ctx, index, spec)
-    try:
-        receipt = pauses.actions().replayed_receipt(action)
-    except pauses.ActionFailedBefore as before:
-        raise StepFailed(f"the request failed before and is not sent again: {before.action.error}",
-                         evidence=Evidence({**asked, "action": action.pk})) from before
-    if receipt is not None:
-        # Sent before (its receipt says so, or the owner did): answered from the receipt, not sent again.
-        return receipt.get("excerpt"), Evidence({**asked, "action": action.pk, "replayed": True,
-                                                 "status": receipt.get("status", "done before"), "receipt": receipt})
-    pauses.actions().begin(ctx.recorder, ctx.run.pk, action)
-    try:
-        response = ctx.http(asked["method"], spec["url"], headers=spec.get("headers", {}), body=spec.get("body"))
-    except (Blocked, ConnectionRefusedError) as exc:
-        pauses.actions().fail(ctx.recorder, action, {"sent": False, "error": str(exc)[:pauses.RECEIPT_EXCERPT]}, str(exc))
-        raise StepFailed(f"request failed: {exc}", evidence=Evidence({**asked, "action": action.pk, "error": str(exc)})) from exc
-    except OSError as exc:
-        # Sent or not, nobody knows (a reset, a timeout): the owner says what happened.
-        pauses.actions().uncertain(ctx.recorder, action, f"request failed: {exc}")
-        raise pauses.ActionUnknown(action) from exc
-    body = response["body"]
-    receipt = {"status": response["status"], "bytes": len(body), "digest": pauses.receipt_digest(body),
-               "excerpt": bounded(body, chars=pauses.RECEIPT_EXCERPT)}
-    if response["status"] >= 400:
-        pauses.actions().fail(ctx.recorder, action, receipt, f"HTTP {response['status']}")
-    else:
-        pauses.actions().succeed(ctx.recorder, action, receipt)
-    return http_answer(response, {**asked, "action": action.pk})
-
-
-def http_answer(response: dict[str, Any], asked: dict[str, Any]) -> tuple[Any, Evidence]:
-    """An ``http`` step's value (the body, parsed when it is JSON) and its evidence; a status of
-    400 or more fails the step with the page's text."""
-    body = response["body"]
-    evidence = Evidence({**asked, "status": response["status"], "bytes": len(body), "body": bounded(body)})
-    if response["status"] >= 400:
-        raise StepFailed(f"HTTP {response['status']}", page_text=body, evidence=evidence)
-    try:
-        return json.loads(body), evidence
-    except ValueError:
-        return body, evidence
-
-
 def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False, position: str = "call",
               replays: list[dict[str, Any]] | None = None) -> Any:
     """A flow ``tool`` step: the one tool-call path (``tasks.tools.registry.call``), its refusals and
@@ -712,30 +400,3 @@ def call_tool(ctx: RunContext, name: str, args: Any, *, approved: bool = False, 
                     position=position, replays=replays)
     except CallError as exc:
         raise StepFailed(exc.message) from exc
-
-
-def write_regular(target: Path, content: str) -> None:
-    """Write a regular file; a FIFO, socket or device at ``target`` is refused, never opened
-    (opening a FIFO for writing would wait for a reader and pin the worker)."""
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise StepFailed(f"'{target.name}' is not a regular file; a write step only writes regular files")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(target, flags, 0o666)
-    with os.fdopen(fd, "wb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped in since the check above
-            raise StepFailed(f"'{target.name}' is not a regular file; a write step only writes regular files")
-        handle.truncate(0)
-        handle.write(content.encode())
-
-
-def check_time(ctx: RunContext) -> None:
-    """``LimitReached`` once the task has used its running time (all runs together)."""
-    left = ctx.time_left()
-    if left is not None and left <= 0:
-        limit = ctx.task.limit("max_elapsed_ms")
-        raise LimitReached("max_elapsed_ms", f"the task used all of its running time (limits.max_elapsed_ms = {limit})",
-                           f"raise limits.max_elapsed_ms above {limit} and retry the task")

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tasks.broker.paths import process_env
 from tasks.run import artifacts
 from tasks.run.evidence import Evidence, tail
+from tasks.run.recorder import LeaseLost
 from tasks.sandbox import launcher
 
 if TYPE_CHECKING:
@@ -122,6 +123,19 @@ def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | N
     if not stopped:
         launcher.check_limits(ctx)  # the kernel stopped it at the task's memory limit: say that, not "exit 137"
     return Finished(code, "".join(out), "".join(err), timed_out=timed_out, stopped=stopped)
+
+
+def wait_spooled(ctx: RunContext, proc: subprocess.Popen[bytes], name: str, *, timeout_s: float | None = None,
+                 on_stdout: Callable[[str], None] | None = None) -> tuple[Finished, tuple[Path, Path]]:
+    """``wait``, the whole output spooled under ``name`` (``spool_for``) to become artifacts; a
+    process stopped because the run's lease went leaves no spool, and ``LeaseLost`` goes up."""
+    spool = spool_for(ctx, name)
+    done = wait(ctx, proc, timeout_s=timeout_s, on_stdout=on_stdout, spool=spool)
+    if done.stopped:
+        for path in spool:
+            path.unlink(missing_ok=True)
+        raise LeaseLost("the run was stopped")
+    return done, spool
 
 
 def spool_for(ctx: RunContext, name: str) -> tuple[Path, Path]:

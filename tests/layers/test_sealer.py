@@ -17,7 +17,7 @@ from tasks.layers import paths, task_view
 from tasks.layers.tree import Meta
 from tasks.models import Layer, Run, Task
 from tasks.run import leases as runs
-from tasks.run import lifecycle, reaper
+from tasks.run import lifecycle, reaper, worker
 from tests.conftest import queue_through_the_cluster, wait_for
 from tests.factories import flow
 from tests.layers.conftest import read
@@ -33,7 +33,7 @@ def sealing_threads(monkeypatch: pytest.MonkeyPatch, *, finish_waits: bool = Fal
     (its thread not yet scheduled when the finish is over) leaves the seal as before."""
     names: list[str] = []
     begun = threading.Semaphore(0)
-    seal_files, finish_run = task_view.seal_files, jobs.finish_run
+    seal_files, finish_run = task_view.seal_files, worker.finish_run
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         names.append(threading.current_thread().name)
@@ -47,7 +47,7 @@ def sealing_threads(monkeypatch: pytest.MonkeyPatch, *, finish_waits: bool = Fal
 
     monkeypatch.setattr(task_view, "seal_files", recorded)
     if finish_waits:
-        monkeypatch.setattr(jobs, "finish_run", finishing)
+        monkeypatch.setattr(worker, "finish_run", finishing)
     return names
 
 
@@ -101,14 +101,14 @@ def _executed(settings: Any, lbox: Any, before_finish: Callable[[Run], None]) ->
     queue_through_the_cluster(settings)
     task = lbox.create(title="finishing", flow=flow({"write": {"path": "a.txt", "content": "A\n"}}))
     run = Run.objects.get(task_id=task["id"])
-    finish_run = jobs.finish_run
+    finish_run = worker.finish_run
 
     def finishing(*args: Any, **kwargs: Any) -> Any:
         before_finish(Run.objects.get(pk=run.pk))
         return finish_run(*args, **kwargs)
 
     jobs_finish = pytest.MonkeyPatch()
-    jobs_finish.setattr(jobs, "finish_run", finishing)
+    jobs_finish.setattr(worker, "finish_run", finishing)
     try:
         jobs.execute_run(run.pk)
     finally:

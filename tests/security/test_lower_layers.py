@@ -19,7 +19,7 @@ import pytest
 from tasks.layers import mounts, overlay
 from tasks.layers import paths as layer_paths
 from tasks.run import lifecycle
-from tasks.workers import flow as flow_worker
+from tasks.workers import file_steps
 from tests.conftest import wait_for
 from tests.factories import flow
 from tests.sandbox.conftest import data_dir_where_a_box_keeps_it, needs_sandbox, results
@@ -107,7 +107,7 @@ def test_a_task_cannot_reach_another_tasks_layer_through_its_views_lower_mounts(
 def test_a_sandboxed_views_lower_layers_are_mounted_on_the_host_only_where_the_kernel_needs_it(
         sandboxed: Any, lower_mounting: str, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    write = flow_worker.write_regular
+    write = file_steps.write_regular
 
     def looking(target: Path, content: str) -> None:  # the second task's write, its view open
         task_id = target.parent.parent.name
@@ -118,7 +118,7 @@ def test_a_sandboxed_views_lower_layers_are_mounted_on_the_host_only_where_the_k
 
     first = sandboxed.create(title="first", flow=flow({"write": {"path": "a.txt", "content": "a"}}))
     assert sandboxed.wait_state(first["id"], "done")["state"] == "done"
-    monkeypatch.setattr(flow_worker, "write_regular", looking)
+    monkeypatch.setattr(file_steps, "write_regular", looking)
     second = sandboxed.create(title="second", flow=flow({"write": {"path": "b.txt", "content": "b"}}))
     assert sandboxed.wait_state(second["id"], "done")["state"] == "done"
     assert seen["view"] == [layer_paths.view_dir(second["id"])]

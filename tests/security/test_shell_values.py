@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 
 from schedules.signatures import timestamped_header
-from tasks.workers.flow import shell_command
+from tasks.workers.values import shell_command
 from tests.conftest import Box
 
 PAYLOADS = [

@@ -32,10 +32,10 @@ from django_q.cluster import Cluster
 from django_q.signals import post_spawn
 
 from boxsite.core.procs import descendants
-from tasks.jobs import hand_back_on_signal
 from tasks.models import Run, RunState
 from tasks.run import leases as runs
 from tasks.run import lifecycle
+from tasks.run.worker import hand_back_on_signal
 
 log = logging.getLogger("box.cluster")
 

@@ -1,0 +1,103 @@
+"""The flow's browser steps (``tasks.browser.kinds``): one browser session for the run, started
+by its first browser step; a target described in plain words found on the page first."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tasks.browser import kinds as browser_kinds
+from tasks.run.context import RunContext
+from tasks.run.evidence import Evidence, StepFailed
+from tasks.spec.flows import step_kind
+from tasks.tools.registry import NeedsApproval
+from tasks.workers.values import substitute
+
+if TYPE_CHECKING:
+    from tasks.browser.session import BrowserSession
+
+
+class RunBrowser:
+    """A flow run's browser: the session its browser steps share, and whether the run pauses in
+    front of a payment (``at_payment``), which keeps the session for the next run."""
+
+    def __init__(self) -> None:
+        self._session: BrowserSession | None = None
+        self.at_payment = False  # the run pauses in front of a payment: its browser is kept
+
+    def release(self, paused: bool) -> None:
+        """The run is over: its browser (if a step started one) is closed, except at a pause in
+        front of a payment (``paused``), which keeps it (``BrowserSession.park``) until the next
+        run attaches to it, the task is cancelled or it ends."""
+        if self._session is None:
+            return
+        if self.at_payment and paused:
+            self._session.park()
+        else:
+            self._session.close()
+        self._session = None
+
+    def execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *, known: dict[str, Any],
+                approved: bool, index: int) -> tuple[Any, Evidence]:
+        """Run browser step ``index`` in the run's session; its result and evidence."""
+        from tasks.browser import steps as browser_steps  # noqa: PLC0415 - Playwright: only for a browser step
+
+        session = self.session(ctx, index, known)
+        value, grounding = ground_target(ctx, session, kind, value, step, index)
+        try:
+            result, evidence = browser_steps.execute(ctx, session, kind, value, step, index=index, approved=approved)
+        except StepFailed as exc:
+            if grounding:
+                exc.evidence.data["grounding"] = grounding
+            raise
+        if grounding:
+            evidence.data["grounding"] = grounding
+        return result, evidence
+
+    def session(self, ctx: RunContext, index: int, known: dict[str, Any]) -> BrowserSession:
+        """The run's browser session, started by the first browser step. A run after a pause in
+        front of a payment attaches to the browser that pause kept, on the page as it was. Any
+        other run that starts in the middle of the flow (after a pause, a retry) opens a fresh
+        browser, so it first re-opens the page: the steps since the last ``browse`` run again,
+        without evidence."""
+        from tasks.browser.session import BrowserSession  # noqa: PLC0415 - Playwright: only for a flow with a browser step
+
+        if self._session is None:
+            self._session = BrowserSession(ctx)
+        if self._session.started:
+            return self._session
+        if self._session.attach():
+            ctx.recorder.note("browser kept from the pause: same page, nothing replayed", {"browser": True, "kept": True})
+            return self._session
+        self._session.start()
+        ctx.recorder.note(f"browser started in {self._session.started_ms} ms", {"browser": True, "startMs": self._session.started_ms})
+        steps: list[dict[str, Any]] = (ctx.task.flow or {}).get("steps", [])
+        opened = [i for i in range(index) if step_kind(steps[i]) == "browse"]
+        if step_kind(steps[index]) == "browse" or not opened:
+            return self._session
+        from tasks.browser import steps as browser_steps  # noqa: PLC0415 - as above
+
+        replay = [i for i in range(opened[-1], index) if step_kind(steps[i]) in browser_kinds.ACTING]
+        ctx.recorder.note(f"re-opening the page: steps {', '.join(str(i + 1) for i in replay)} again",
+                          {"browser": True, "replayed": [i + 1 for i in replay]})
+        for i in replay:
+            kind = step_kind(steps[i])
+            try:
+                value, _ = ground_target(ctx, self._session, kind, substitute(steps[i][kind], known), steps[i], i)
+                browser_steps.execute(ctx, self._session, kind, value, steps[i], index=i, approved=False, replay=True)
+            except (StepFailed, browser_kinds.PaymentStop, NeedsApproval) as exc:
+                raise StepFailed(f"re-opening the page failed at step {i + 1}: {exc}") from exc
+        return self._session
+
+
+def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: Any, step: dict[str, Any],
+                  index: int) -> tuple[Any, dict[str, Any] | None]:
+    """A target described in plain words becomes a selector (``tasks.browser.grounding``)."""
+    if not (isinstance(value, dict) and "describe" in value):
+        return value, None
+    if kind not in ("click", "fill"):
+        raise StepFailed(f"'describe' finds the element of a click or fill step, not of a '{kind}' step")
+    timeout_s = float(step.get("timeout_s") or browser_kinds.DEFAULT_TIMEOUT_S)
+    from tasks.browser import grounding  # noqa: PLC0415 - Playwright: only for a browser step
+
+    found, how = grounding.ground(ctx, session, kind, value, index=index, timeout_s=timeout_s,
+                                  trace=bool((ctx.task.flow or {}).get("trace")))
+    return found, how
