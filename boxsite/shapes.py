@@ -89,7 +89,10 @@ def components() -> dict[str, dict[str, Any]]:
 
 def _object_schema(typed_dict: type, reached: list[type]) -> dict[str, Any]:
     hints = typing.get_type_hints(typed_dict, include_extras=True)
-    required = [k for k in hints if k in typed_dict.__required_keys__]  # type: ignore[attr-defined]
+    # Read from the hints, not ``__required_keys__``: under postponed annotations Python 3.11
+    # cannot see a NotRequired when it builds the class.
+    required = [k for k, t in hints.items() if get_origin(t) is not NotRequired
+                and (get_origin(t) is Required or typed_dict.__total__)]  # type: ignore[attr-defined]
     schema: dict[str, Any] = {"type": "object", "properties": {k: schema_of(t, reached) for k, t in hints.items()},
                               "required": required}
     if typed_dict.__doc__ and typed_dict.__doc__ != dict.__doc__ and not typed_dict.__doc__.startswith(typed_dict.__name__ + "("):
