@@ -14,8 +14,8 @@ How Python types read as JSON Schema:
 - ``Annotated[T, Doc("...")]`` describes a property; ``Annotated[T, Raw({...})]`` gives its
   schema outright (the flow language, built from ``tasks.flows``).
 - a ``TypedDict`` is a component, closed (no other keys) unless passed to ``leave_open``;
-  ``NotRequired`` keys are optional. ``Chosen(kind, data, {...})`` on one makes the type of one
-  property follow the value of another (an event's data per kind).
+  ``NotRequired`` keys are optional. ``chosen_by(Event, "kind", "data", {...})`` makes the type
+  of one property follow the value of another (an event's data per kind).
 """
 from __future__ import annotations
 
