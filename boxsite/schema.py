@@ -34,12 +34,14 @@ class DeviceCookieAuth(OpenApiAuthenticationExtension):
 
 
 ERRORS = {
-    "400": "the request is invalid: a body, a field or a query parameter (field names it)",
+    "400": "the request is invalid: a body, a field, a query parameter or the path (field names it)",
     "401": "no credentials, or unknown or revoked ones",
     "403": "the caller may not do this (a paired phone's limits, a token without the right)",
     "404": "no such thing for this caller",
+    "406": "the Accept header names no type the box answers in (JSON)",
     "409": "the thing is not in a state that allows this now (a conflict, a stale approval)",
     "413": "the body is larger than the box takes",
+    "415": "the body is not JSON",
     "429": "too many tasks are queued, running or waiting",
     "500": "something went wrong on the box; reference names the log entry",
 }
@@ -50,24 +52,24 @@ READ_CONFLICTS = {("get", "/api/workspaces/{name}/files")}
 
 
 def errors_of(path: str, method: str, operation: dict[str, Any]) -> list[str]:
-    """The error statuses an operation can answer, from what it takes and what it does."""
+    """The error statuses an operation can answer, from what it takes and what it does. Any
+    request can be malformed (a NUL in its path or query is refused at the edge) or ask for a
+    type the box does not answer in."""
     signed_in = {} not in operation.get("security", [{}])
     has_body = "requestBody" in operation
-    has_query = any(p.get("in") == "query" for p in operation.get("parameters", []))
     in_path = bool(re.search(r"\{\w+\}", path))
     creates_task = (method == "post" and "TaskView" in str(operation.get("responses", {}).get("201", ""))) \
         or (method, path) in STARTS_TASK
-    codes = []
-    if has_body or has_query or method != "get":
-        codes.append("400")
+    codes = ["400"]
     if signed_in:
         codes += ["401", "403"]
     if in_path:
         codes.append("404")
+    codes.append("406")
     if method != "get" or (method, path) in READ_CONFLICTS:
         codes.append("409")
     if has_body:
-        codes.append("413")
+        codes += ["413", "415"]
     if creates_task:
         codes.append("429")
     return codes + ["500"]

@@ -16,44 +16,13 @@ from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
+from tests.api.conftest import Schema
 from tests.conftest import Box, wait_for
 from tests.factories import flow
 
 GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
                {"run": "true"})
 ASKING = flow({"ask": {"name": "colour", "why": "which colour"}}, {"write": {"path": "c.txt", "content": "${colour}"}})
-
-
-def _segment_for(template: str) -> Any:
-    """{param} is one path segment, except an artifact's trailing {name}, which may hold slashes."""
-    def segment(match: re.Match[str]) -> str:
-        rest = ".+" if template.endswith("/artifacts/{name}") and match.group(1) == "name" else "[^/]+"
-        return f"(?P<{match.group(1)}>{rest})"
-    return segment
-
-
-class Schema:
-    def __init__(self, document: dict[str, Any]) -> None:
-        self.document = document
-        self.routes = [(re.compile("^" + re.sub(r"\{(\w+)\}", _segment_for(p), p) + "$"), p) for p in document["paths"]]
-
-    def template_of(self, path: str) -> str:
-        matches = [template for regex, template in self.routes if regex.match(path)]
-        assert matches, f"{path} is not in the schema"
-        return min(matches, key=lambda t: t.count("{"))  # a literal segment beats a parameter
-
-    def operation(self, method: str, path: str) -> dict[str, Any]:
-        item = self.document["paths"][self.template_of(path)]
-        assert method.lower() in item, f"{method} {path} is not in the schema"
-        return item[method.lower()]
-
-    def check(self, method: str, path: str, status: int, body: Any) -> None:
-        responses = self.operation(method, path)["responses"]
-        assert str(status) in responses, f"{method} {path} answered {status}, which it does not declare"
-        schema = responses[str(status)]["content"]["application/json"]["schema"]
-        errors = sorted(Draft202012Validator({**schema, "components": self.document["components"]}).iter_errors(body),
-                        key=lambda e: list(e.path))
-        assert not errors, f"{method} {path} {status}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
 
 
 class CheckedClient:
