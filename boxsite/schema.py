@@ -45,8 +45,9 @@ ERRORS = {
     "429": "too many tasks are queued, running or waiting",
     "500": "something went wrong on the box; reference names the log entry",
 }
-# Operations that start a task beyond those answering 201 with one (see ``errors_of``).
-STARTS_TASK = {("post", "/api/triggers/{trigger_id}/test")}
+# Operations that start a task (or queue one again) beyond those answering 201 with one: each
+# is refused with 429 at the box's maximum of active tasks.
+STARTS_TASK = {("post", "/api/triggers/{trigger_id}/test"), ("post", "/api/tasks/{task_id}/retry")}
 # GETs that can meet a conflict: a file that changes while it is read.
 READ_CONFLICTS = {("get", "/api/workspaces/{name}/files")}
 
