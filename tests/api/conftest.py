@@ -32,6 +32,7 @@ class Schema:
     def __init__(self, document: dict[str, Any]) -> None:
         self.document = document
         self.routes = [(re.compile("^" + re.sub(r"\{(\w+)\}", _segment_for(p), p) + "$"), p) for p in document["paths"]]
+        self.validators: dict[tuple[str, str, str], Draft202012Validator] = {}
 
     def template_of(self, path: str) -> str:
         matches = [template for regex, template in self.routes if regex.match(path)]
@@ -46,12 +47,12 @@ class Schema:
     def check(self, method: str, path: str, status: int, body: Any) -> None:
         responses = self.operation(method, path)["responses"]
         assert str(status) in responses, f"{method} {path} answered {status}, which it does not declare"
-        schema = responses[str(status)]["content"]["application/json"]["schema"]
-        errors = sorted(Draft202012Validator({**schema, "components": self.document["components"]}).iter_errors(body),
-                        key=lambda e: list(e.path))
+        key = (method.lower(), self.template_of(path), str(status))
+        if key not in self.validators:
+            schema = responses[str(status)]["content"]["application/json"]["schema"]
+            self.validators[key] = Draft202012Validator({**schema, "components": self.document["components"]})
+        errors = sorted(self.validators[key].iter_errors(body), key=lambda e: list(e.path))
         assert not errors, f"{method} {path} {status}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
-
-
 
     def declares(self, method: str, path: str) -> bool:
         templates = [template for regex, template in self.routes if regex.match(path)]
@@ -60,14 +61,15 @@ class Schema:
         return method.lower() in self.document["paths"][min(templates, key=lambda t: t.count("{"))]
 
 
-_document: dict[str, Any] = {}
+_schema: list[Schema] = []
 
 
 def box_schema() -> Schema:
     """The schema as the box serves it, made once per test process."""
-    if not _document:
-        _document.update(json.loads(OpenApiJsonRenderer().render(SchemaGenerator().get_schema(request=None, public=True))))
-    return Schema(_document)
+    if not _schema:
+        document = SchemaGenerator().get_schema(request=None, public=True)
+        _schema.append(Schema(json.loads(OpenApiJsonRenderer().render(document))))
+    return _schema[0]
 
 
 class RecordResponses:
