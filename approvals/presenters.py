@@ -6,14 +6,110 @@ out, because a fact may have become secret since (an input that turned out to be
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from django.db.models import QuerySet
 
-from approvals.models import Action, Approval, ApprovalState, Question, QuestionState
+from approvals.models import (
+    Action,
+    ActionKind,
+    ActionState,
+    Approval,
+    ApprovalKind,
+    ApprovalState,
+    Question,
+    QuestionKind,
+    QuestionState,
+    Reconciliation,
+)
+from boxsite.core.shapes import DateTime, Doc
 from tasks.api.presenters import Section, add_section
 from tasks.models import EventKind, Task, TaskEvent
+from tasks.states import State, WaitingFor
 from tasks.vault.facts import Redactor, redactor_for
+
+Screenshot = Annotated[str | None, Doc("the task's latest page image (an artifact URL), if any")]
+
+
+class TaskSummary(TypedDict):
+    id: str
+    title: str
+    state: Annotated[str, State]
+    waitingFor: Annotated[str, WaitingFor] | None
+    version: int
+
+
+class ApprovalView(TypedDict):
+    id: int
+    task: str
+    kind: Annotated[str, ApprovalKind]
+    summary: str
+    detail: dict[str, Any]
+    guard: Annotated[dict[str, Any], Doc("the exact step or action this approves")]
+    amountCents: int
+    taskVersion: int
+    state: Annotated[str, ApprovalState]
+    decidedBy: str | None
+    decidedVia: str | None
+    decidedAt: DateTime | None
+    createdAt: DateTime
+    next: list[Literal["approve", "deny"]]
+    screenshot: Screenshot
+    taskView: NotRequired[TaskSummary]
+
+
+class QuestionView(TypedDict):
+    id: int
+    task: str
+    kind: Annotated[str, QuestionKind]
+    prompt: str
+    fields: Annotated[list[dict[str, Any]], Doc("{name, why, kind, options} per value asked for")]
+    answer: Any
+    state: Annotated[str, QuestionState]
+    taskVersion: int
+    answeredBy: str | None
+    answeredVia: str | None
+    answeredAt: DateTime | None
+    createdAt: DateTime
+    next: list[Literal["answer"]]
+    screenshot: Screenshot
+    taskView: NotRequired[TaskSummary]
+
+
+class Inbox(TypedDict):
+    approvals: list[ApprovalView]
+    questions: list[QuestionView]
+
+
+class ActionReconciliation(TypedDict):
+    answer: Annotated[str, Reconciliation]
+    by: str | None
+    at: DateTime | None
+
+
+class ActionView(TypedDict):
+    id: int
+    kind: Annotated[str, ActionKind, Doc("tool (an irreversible tool) or http (an http step with stop_before)")]
+    target: Annotated[str, Doc("the tool's name, or the request's method and URL (redacted)")]
+    position: Annotated[str, Doc("where it stands in the task: step:N in a flow, call for a process's call")]
+    args: Annotated[dict[str, Any], Doc("the call's arguments, redacted")]
+    idempotencyKey: Annotated[str, Doc("the same task, position and arguments give the same key")]
+    state: Annotated[str, ActionState]
+    taskVersion: Annotated[int, Doc("the task's version when it was proposed")]
+    policy: Annotated[dict[str, Any], Doc("what let it through, as it stood when proposed")]
+    run: Annotated[int | None, Doc("the number of the run that proposed or attempted it")]
+    approval: int | None
+    attemptedAt: DateTime | None
+    settledAt: DateTime | None
+    receipt: Annotated[dict[str, Any] | None, Doc("a confirmed outcome: status, size, digest, an excerpt (redacted)")]
+    error: str | None
+    reconciliation: Annotated[ActionReconciliation | None, Doc("the owner's word on an unknown outcome")]
+    createdAt: DateTime
+
+
+class ActionPage(TypedDict):
+    results: list[ActionView]
+    next: str | None
 
 SCREENSHOT_LOOKBACK = 20  # step results searched for the page a blocker is about
 
@@ -30,14 +126,14 @@ def latest_screenshot(task_id: str, until: datetime) -> str | None:
     return None
 
 
-def _task_summary(task: Any) -> dict[str, Any]:
+def _task_summary(task: Any) -> TaskSummary:
     return {"id": task.pk, "title": task.title, "state": task.state, "waitingFor": task.waiting_for or None,
             "version": task.version}
 
 
-def present_approval(approval: Approval, redact: Redactor | None = None, *, with_task: bool = False) -> dict[str, Any]:
+def present_approval(approval: Approval, redact: Redactor | None = None, *, with_task: bool = False) -> ApprovalView:
     redact = redact or redactor_for(approval.task)
-    body: dict[str, Any] = {
+    body: ApprovalView = {
         "id": approval.pk,
         "task": approval.task_id,
         "kind": approval.kind,
@@ -59,9 +155,9 @@ def present_approval(approval: Approval, redact: Redactor | None = None, *, with
     return redact.redact(body)
 
 
-def present_question(question: Question, redact: Redactor | None = None, *, with_task: bool = False) -> dict[str, Any]:
+def present_question(question: Question, redact: Redactor | None = None, *, with_task: bool = False) -> QuestionView:
     redact = redact or redactor_for(question.task)
-    body: dict[str, Any] = {
+    body: QuestionView = {
         "id": question.pk,
         "task": question.task_id,
         "kind": question.kind,
@@ -82,14 +178,14 @@ def present_question(question: Question, redact: Redactor | None = None, *, with
     return redact.redact(body)
 
 
-def present_action(action: Action, redact: Redactor) -> dict[str, Any]:
+def present_action(action: Action, redact: Redactor) -> ActionView:
     """One consequential action as the owner sees it: never its lease token."""
-    reconciliation = None
+    reconciliation: ActionReconciliation | None = None
     if action.reconciliation:
         by = action.reconciled_by
         reconciliation = {"answer": action.reconciliation, "by": by.get_username() if by is not None else None,
                           "at": action.reconciled_at.isoformat() if action.reconciled_at else None}
-    return redact.redact({
+    view: ActionView = {
         "id": action.pk,
         "kind": action.kind,
         "target": action.tool,
@@ -107,7 +203,8 @@ def present_action(action: Action, redact: Redactor) -> dict[str, Any]:
         "error": action.error or None,
         "reconciliation": reconciliation,
         "createdAt": action.created_at.isoformat(),
-    })
+    }
+    return redact.redact(view)
 
 
 # --- a task's approvals and questions, in its view and its report (tasks.api.presenters) ----------

@@ -10,12 +10,12 @@ from rest_framework.response import Response
 
 from approvals import services
 from approvals.models import Action
-from approvals.presenters import present_action, present_approval, present_question
+from approvals.presenters import ActionPage, ApprovalView, Inbox, QuestionView, present_action, present_approval, present_question
 from approvals.services import AnswerBody, ContinueBody, DecideBody, continue_task
-from boxsite.core import schema
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal
-from tasks.api.presenters import present_task
+from boxsite.core.shapes import shape
+from tasks.api.presenters import TaskView, present_task
 from tasks.services import get_task_for
 from tasks.vault.facts import Redactor, redactor_for
 
@@ -27,7 +27,7 @@ ACTION_SORTS = {
 }
 
 
-@extend_schema(responses={200: schema.Inbox})
+@extend_schema(responses={200: shape(Inbox)})
 @api_view(["GET"])
 def inbox(request: Request) -> Response:
     """Every pending approval and open question across the caller's tasks, oldest first."""
@@ -39,13 +39,14 @@ def inbox(request: Request) -> Response:
             redactors[task.pk] = redactor_for(task)
         return redactors[task.pk]
 
-    return Response({
+    body: Inbox = {
         "approvals": [present_approval(a, redact(a.task), with_task=True) for a in approvals],
         "questions": [present_question(q, redact(q.task), with_task=True) for q in questions],
-    })
+    }
+    return Response(body)
 
 
-@extend_schema(responses={200: schema.ApprovalView})
+@extend_schema(responses={200: shape(ApprovalView)})
 @api_view(["GET"])
 def approval_detail(request: Request, approval_id: str) -> Response:
     return Response(present_approval(services.get_approval_for(Principal.of(request), approval_id), with_task=True))
@@ -57,25 +58,25 @@ def _decide(request: Request, approval_id: str, approve: bool) -> Response:
     return Response(present_approval(approval, with_task=True))
 
 
-@extend_schema(request=DecideBody, responses={200: schema.ApprovalView})
+@extend_schema(request=DecideBody, responses={200: shape(ApprovalView)})
 @api_view(["POST"])
 def approval_approve(request: Request, approval_id: str) -> Response:
     return _decide(request, approval_id, True)
 
 
-@extend_schema(request=DecideBody, responses={200: schema.ApprovalView})
+@extend_schema(request=DecideBody, responses={200: shape(ApprovalView)})
 @api_view(["POST"])
 def approval_deny(request: Request, approval_id: str) -> Response:
     return _decide(request, approval_id, False)
 
 
-@extend_schema(responses={200: schema.QuestionView})
+@extend_schema(responses={200: shape(QuestionView)})
 @api_view(["GET"])
 def question_detail(request: Request, question_id: str) -> Response:
     return Response(present_question(services.get_question_for(Principal.of(request), question_id), with_task=True))
 
 
-@extend_schema(request=AnswerBody, responses={200: schema.QuestionView})
+@extend_schema(request=AnswerBody, responses={200: shape(QuestionView)})
 @api_view(["POST"])
 def question_answer(request: Request, question_id: str) -> Response:
     question = services.answer_question(Principal.of(request), question_id, request.data)
@@ -88,7 +89,7 @@ def question_answer(request: Request, question_id: str) -> Response:
         OpenApiParameter("cursor", str, description="from the previous page's 'next' (bound to its sort)"),
         OpenApiParameter("limit", int),
     ],
-    responses={200: schema.ActionPage},
+    responses={200: shape(ActionPage)},
 )
 @api_view(["GET"])
 def task_actions(request: Request, task_id: str) -> Response:
@@ -98,10 +99,11 @@ def task_actions(request: Request, task_id: str) -> Response:
                              request.query_params.get("sort", "-created"), request.query_params.get("cursor"),
                              limit_param(request.query_params.get("limit")))
     redact = redactor_for(task)
-    return Response({"results": [present_action(a, redact) for a in rows], "next": next_cursor})
+    listed: ActionPage = {"results": [present_action(a, redact) for a in rows], "next": next_cursor}
+    return Response(listed)
 
 
-@extend_schema(request=ContinueBody, responses={200: schema.TaskView})
+@extend_schema(request=ContinueBody, responses={200: shape(TaskView)})
 @api_view(["POST"])
 def task_continue(request: Request, task_id: str) -> Response:
     """Answer what a waiting task asked for: inputs, an approval decision, or a person's OK."""

@@ -3,7 +3,7 @@ calls one service in ``boxsite.services`` and presents the result."""
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import Annotated, Any, TypedDict
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -16,10 +16,10 @@ from rest_framework.response import Response
 
 from approvals.actions import actions_today
 from boxsite import services
-from boxsite.core import schema
 from boxsite.core.auth import DEVICE_COOKIE
 from boxsite.core.principal import Principal
 from boxsite.core.qr import qr_svg
+from boxsite.core.shapes import DateTime, Doc, shape
 from boxsite.models import ApiToken, BoxSettings, Device
 
 DEVICE_COOKIE_AGE = 400 * 24 * 3600  # browsers cap cookie lifetimes at about 400 days
@@ -29,7 +29,63 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def present_settings(row: BoxSettings) -> dict[str, Any]:
+class SettingsView(TypedDict):
+    defaultBudgetCents: int
+    networkDefault: str
+    defaultHosts: list[str]
+    retentionDays: int
+    retentionCount: Annotated[int, Doc("ended tasks whose history is kept (newest first)")]
+    maxActiveTasks: int
+    taskMemoryMb: Annotated[int, Doc("a new task's memory limit (MB) when its spec sets none")]
+    taskCpuPercent: Annotated[int, Doc("a new task's CPU cap (% of one core) when its spec sets none")]
+    taskDiskMb: Annotated[int, Doc("what a new task may write to its layer (MB) when its spec sets none")]
+    tasksMayCreateWork: Annotated[bool, Doc("a running task may create child tasks and schedules through its broker")]
+    maxCreatedPerTask: Annotated[int, Doc("the most tasks and schedules one task may create")]
+    timeZone: Annotated[str, Doc("the owner's calendar (an IANA name), for the daily action count")]
+    maxActionsPerDay: Annotated[int | None, Doc("reaching it tells the owner once a day; null: no maximum")]
+    actionsToday: Annotated[int, Doc("consequential actions attempted today, in timeZone")]
+    updatedAt: DateTime | None
+
+
+class TokenView(TypedDict):
+    id: int
+    name: str
+    prefix: str
+    canUseFolders: bool
+    createdAt: DateTime | None
+    lastUsedAt: DateTime | None
+    revokedAt: DateTime | None
+
+
+class NewToken(TokenView):
+    token: Annotated[str, Doc("the token itself: shown this once")]
+
+
+class TokenPage(TypedDict):
+    results: list[TokenView]
+
+
+class DeviceView(TypedDict):
+    id: int
+    name: str
+    createdAt: DateTime | None
+    lastSeenAt: DateTime | None
+    revokedAt: DateTime | None
+
+
+class DevicePage(TypedDict):
+    results: list[DeviceView]
+
+
+class Pairing(TypedDict):
+    code: str
+    url: str
+    expiresAt: DateTime | None
+    qrSvg: str
+    reachWarning: Annotated[str | None, Doc("why a phone could not open the link, and the fix; null when it can")]
+
+
+def present_settings(row: BoxSettings) -> SettingsView:
     return {
         "defaultBudgetCents": row.default_budget_cents,
         "networkDefault": row.network_default,
@@ -49,7 +105,7 @@ def present_settings(row: BoxSettings) -> dict[str, Any]:
     }
 
 
-def present_token(token: ApiToken) -> dict[str, Any]:
+def present_token(token: ApiToken) -> TokenView:
     return {
         "id": token.pk,
         "name": token.name,
@@ -61,7 +117,7 @@ def present_token(token: ApiToken) -> dict[str, Any]:
     }
 
 
-def present_device(device: Device) -> dict[str, Any]:
+def present_device(device: Device) -> DeviceView:
     return {
         "id": device.pk,
         "name": device.name,
@@ -71,8 +127,8 @@ def present_device(device: Device) -> dict[str, Any]:
     }
 
 
-@extend_schema(methods=["GET"], responses={200: schema.Settings})
-@extend_schema(methods=["PATCH"], request=services.SettingsBody, responses={200: schema.Settings})
+@extend_schema(methods=["GET"], responses={200: shape(SettingsView)})
+@extend_schema(methods=["PATCH"], request=services.SettingsBody, responses={200: shape(SettingsView)})
 @api_view(["GET", "PATCH"])
 def box_settings(request: Request) -> Response:
     principal = Principal.of(request)
@@ -82,37 +138,53 @@ def box_settings(request: Request) -> Response:
     return Response(present_settings(BoxSettings.current()))
 
 
-@extend_schema(methods=["GET"], responses={200: schema.TokenPage})
-@extend_schema(methods=["POST"], request=services.TokenBody, responses={201: schema.NewToken})
+@extend_schema(methods=["GET"], responses={200: shape(TokenPage)})
+@extend_schema(methods=["POST"], request=services.TokenBody, responses={201: shape(NewToken)})
 @api_view(["GET", "POST"])
 def tokens(request: Request) -> Response:
     principal = Principal.of(request)
     if request.method == "POST":
         token, raw = services.create_token(principal, request.data)
-        # The only time the value is ever shown.
-        return Response({**present_token(token), "token": raw}, status=201)
+        created: NewToken = {**present_token(token), "token": raw}  # the only time the value is ever shown
+        return Response(created, status=201)
     services.require_settings_right(principal)
     rows = ApiToken.objects.filter(user=principal.user).order_by("-created_at", "-pk")
-    return Response({"results": [present_token(t) for t in rows]})
+    listed: TokenPage = {"results": [present_token(t) for t in rows]}
+    return Response(listed)
 
 
-@extend_schema(request=None, responses={200: schema.Token})
-@api_view(["POST", "DELETE"])
+@extend_schema(request=None, responses={200: shape(TokenView)})
+@api_view(["DELETE"])
+def token_delete(request: Request, token_id: int) -> Response:
+    """Revoke the token (the row stays, revoked, in the list)."""
+    return Response(present_token(services.revoke_token(Principal.of(request), token_id)))
+
+
+@extend_schema(request=None, responses={200: shape(TokenView)})
+@api_view(["POST"])
 def token_revoke(request: Request, token_id: int) -> Response:
     return Response(present_token(services.revoke_token(Principal.of(request), token_id)))
 
 
-@extend_schema(responses={200: schema.DevicePage})
+@extend_schema(responses={200: shape(DevicePage)})
 @api_view(["GET"])
 def devices(request: Request) -> Response:
     principal = Principal.of(request)
     services.require_settings_right(principal)
     rows = Device.objects.filter(user=principal.user).order_by("-created_at", "-pk")
-    return Response({"results": [present_device(d) for d in rows]})
+    listed: DevicePage = {"results": [present_device(d) for d in rows]}
+    return Response(listed)
 
 
-@extend_schema(request=None, responses={200: schema.Device})
-@api_view(["POST", "DELETE"])
+@extend_schema(request=None, responses={200: shape(DeviceView)})
+@api_view(["DELETE"])
+def device_delete(request: Request, device_id: int) -> Response:
+    """Revoke the device (the row stays, revoked, in the list)."""
+    return Response(present_device(services.revoke_device(Principal.of(request), device_id)))
+
+
+@extend_schema(request=None, responses={200: shape(DeviceView)})
+@api_view(["POST"])
 def device_revoke(request: Request, device_id: int) -> Response:
     return Response(present_device(services.revoke_device(Principal.of(request), device_id)))
 
@@ -154,18 +226,19 @@ def phone_reach_warning(url: str) -> str | None:
             "address phones should use (a tunnel or reverse proxy); the QR code and links then use it.")
 
 
-@extend_schema(request=None, responses={201: schema.Pairing})
+@extend_schema(request=None, responses={201: shape(Pairing)})
 @api_view(["POST"])
 def pairing_start(request: Request) -> Response:
     """A one-time code (and its QR code) that pairs one phone within ten minutes."""
     row, code = services.start_pairing(Principal.of(request))
     url = pairing_url(request, code)
-    return Response({"code": code, "url": url, "expiresAt": _iso(row.expires_at),
-                     "qrSvg": qr_svg(url, label=f"QR code to pair a phone, code {code}"),
-                     "reachWarning": phone_reach_warning(url)}, status=201)
+    body: Pairing = {"code": code, "url": url, "expiresAt": _iso(row.expires_at),
+                      "qrSvg": qr_svg(url, label=f"QR code to pair a phone, code {code}"),
+                      "reachWarning": phone_reach_warning(url)}
+    return Response(body, status=201)
 
 
-@extend_schema(request=services.PairingClaimBody, responses={201: schema.Device})
+@extend_schema(request=services.PairingClaimBody, responses={201: shape(DeviceView)})
 @api_view(["POST"])
 @permission_classes([AllowAny])
 def pairing_claim(request: Request) -> Response:

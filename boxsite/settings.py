@@ -310,7 +310,7 @@ SPECTACULAR_SETTINGS = {
     # JSON Schema 2020-12 inside (nullable is a type), so a client can validate bodies with it.
     "OAS_VERSION": "3.1.0",
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "boxsite.core.schema.add_error_responses"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "boxsite.core.schema.add_shapes_and_errors"],
 }
 
 SESSION_COOKIE_HTTPONLY = True

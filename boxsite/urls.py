@@ -1,14 +1,16 @@
 from django.urls import include, path
-from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiYamlRenderer
+from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from boxsite import views
+from boxsite.core import schema
 
 urlpatterns = [
     path("api/health", views.health, name="health"),
-    # JSON first: the schema (and an error from its view) is JSON unless YAML is asked for.
-    path("api/schema/", SpectacularAPIView.as_view(renderer_classes=[OpenApiJsonRenderer, OpenApiYamlRenderer]),
-         name="schema"),
+    # JSON first: the schema (and an error from its view) is JSON unless YAML is asked for; a
+    # client asking for plain application/json gets it too.
+    path("api/schema/", SpectacularAPIView.as_view(
+        renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer]), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("tasks.api.urls")),
     path("api/", include("tasks.api.vault_urls")),
@@ -18,6 +20,9 @@ urlpatterns = [
     path("api/", include("boxsite.account_urls")),
     path("", include("boxsite.page_urls")),
 ]
+
+# The schema's authentication extensions register when their module is imported.
+SCHEMA_EXTENSIONS = (schema.BearerAuth, schema.DeviceCookieAuth)
 
 handler400 = views.bad_request
 handler403 = views.permission_denied

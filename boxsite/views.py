@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 import secrets
 import sys
-from typing import Any
+from typing import Annotated, Any, Literal, TypedDict
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
@@ -15,14 +15,24 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite.core import schema, sql
+from boxsite.core import sql
 from boxsite.core.middleware import is_api_path
+from boxsite.core.shapes import Doc, shape
 from tasks.sandbox.isolation import describe_isolation
 
 log = logging.getLogger("boxsite.core.errors")
 
 
-@extend_schema(responses={200: schema.Health})
+class Health(TypedDict):
+    ok: bool
+    database: Literal["postgresql", "sqlite"]
+    queue: Literal["redis", "orm"]
+    live: Literal["redis", "polling"]
+    isolation: Annotated[dict[str, Any], Doc("what isolation is in force: sandbox (true or false), then what it means "
+                                             "for users, namespaces, files, network, layers and limits")]
+
+
+@extend_schema(responses={200: shape(Health)})
 @api_view(["GET"])
 @permission_classes([AllowAny])
 def health(request: Request) -> Response:
@@ -30,13 +40,14 @@ def health(request: Request) -> Response:
 
     sql.ping()
 
-    return Response({
+    body: Health = {
         "ok": True,
         "database": "postgresql" if settings.DB_IS_POSTGRES else "sqlite",
         "queue": "redis" if settings.REDIS_URL else "orm",
         "live": "redis" if settings.REDIS_URL else "polling",
         "isolation": describe_isolation(),
-    })
+    }
+    return Response(body)
 
 
 def _error(code: str, message: str, status: int, **extra: Any) -> JsonResponse:

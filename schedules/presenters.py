@@ -2,12 +2,121 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, NotRequired, TypedDict
 
 from django.utils import timezone
 
-from schedules.models import Delivery, Firing, Schedule, Trigger, TriggerKind
+from boxsite.core.shapes import DateTime, Doc, Raw
+from schedules.models import Delivery, Firing, Origin, Schedule, ScheduleStatus, Trigger, TriggerKind
+from tasks.spec.describe import flow_schema
+from tasks.states import State
 from tasks.vault.facts import Facts
+
+Template = Annotated[dict[str, Any], Raw({
+    "type": "object",
+    "description": "the task spec (a POST /api/tasks body) each task it starts is made from; secret facts shown as ${name}",
+    "properties": {"title": {"type": "string"}, "prompt": {"type": "string"}, "worker": {"type": "string"},
+                   "flow": {"anyOf": [flow_schema(), {"type": "null"}]},
+                   "facts": {"type": "object"}, "secretFacts": {"type": "array", "items": {"type": "string"}}},
+})]
+TaskState = Annotated[str, State] | None
+
+
+class FiringView(TypedDict):
+    occurrence: DateTime | None
+    firedAt: DateTime | None
+    skipped: int
+    skippedAtLeast: bool
+    task: str | None
+    taskTitle: str | None
+    taskState: TaskState
+    error: str | None
+
+
+class ScheduleView(TypedDict):
+    id: int
+    name: str
+    source: str
+    cron: str | None
+    timezone: str | None
+    intervalSeconds: int | None
+    cadence: str
+    template: Template
+    status: Annotated[str, ScheduleStatus]
+    enabled: bool
+    paused: bool
+    disabledReason: str | None
+    system: bool
+    origin: Annotated[str, Origin]
+    createdByDevice: int | None
+    createdByTask: str | None
+    createdByRun: Annotated[int | None, Doc("the number of that task's run that created it")]
+    nextRunAt: DateTime | None
+    lastRunAt: DateTime | None
+    lastTask: str | None
+    lastFiring: FiringView | None
+    consecutiveFailures: int
+    backoffUntil: DateTime | None
+    needsAttention: bool
+    lastError: str | None
+    version: int
+    createdAt: DateTime | None
+    updatedAt: DateTime | None
+
+
+class SchedulePage(TypedDict):
+    results: list[ScheduleView]
+    next: str | None
+
+
+class FiringList(TypedDict):
+    results: list[FiringView]
+
+
+class TriggerView(TypedDict):
+    id: int
+    name: str
+    kind: Annotated[str, TriggerKind]
+    source: str
+    template: Template
+    paused: bool
+    origin: Annotated[str, Origin]
+    createdByDevice: int | None
+    createdByTask: str | None
+    lastFiredAt: DateTime | None
+    lastTask: str | None
+    createdAt: DateTime | None
+    updatedAt: DateTime | None
+    path: NotRequired[Annotated[str, Doc("webhook: where deliveries go")]]
+    url: NotRequired[Annotated[str, Doc("webhook: the path as a full URL")]]
+    rotating: NotRequired[bool]
+    previousSecretExpiresAt: NotRequired[DateTime | None]
+    folder: NotRequired[Annotated[str, Doc("file trigger: the watched folder")]]
+    settleSeconds: NotRequired[float]
+    secret: NotRequired[Annotated[str, Doc("only when created or rotated: shown once")]]
+
+
+class TriggerPage(TypedDict):
+    results: list[TriggerView]
+    next: str | None
+
+
+class DeliveryView(TypedDict):
+    delivery: str
+    receivedAt: DateTime | None
+    task: str | None
+    taskTitle: str | None
+    taskState: TaskState
+
+
+class DeliveryList(TypedDict):
+    results: list[DeliveryView]
+
+
+class WebhookReceived(TypedDict):
+    task: str | None
+    delivery: str | None
+    duplicate: bool
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -23,7 +132,7 @@ def _template(template: dict[str, Any]) -> dict[str, Any]:
     return {**template, "facts": {k: "${" + k + "}" if k in secret else v for k, v in facts.items()}}
 
 
-def present_firing(firing: Firing) -> dict[str, Any]:
+def present_firing(firing: Firing) -> FiringView:
     return {
         "occurrence": _iso(firing.occurrence),
         "firedAt": _iso(firing.fired_at),
@@ -36,7 +145,7 @@ def present_firing(firing: Firing) -> dict[str, Any]:
     }
 
 
-def present_schedule(schedule: Schedule, *, last_firing: Firing | None = None) -> dict[str, Any]:
+def present_schedule(schedule: Schedule, *, last_firing: Firing | None = None) -> ScheduleView:
     return {
         "id": schedule.pk,
         "name": schedule.name,
@@ -69,7 +178,7 @@ def present_schedule(schedule: Schedule, *, last_firing: Firing | None = None) -
     }
 
 
-def present_delivery(delivery: Delivery) -> dict[str, Any]:
+def present_delivery(delivery: Delivery) -> DeliveryView:
     # A delivery id is the sender's (X-GitHub-Delivery) or, for a timestamped request without
     # one, "sig:<signature>": a hash of the body, not a secret.
     task = delivery.task
@@ -81,9 +190,9 @@ def webhook_path(trigger: Trigger) -> str:
     return f"/hooks/{trigger.token}"
 
 
-def present_trigger(trigger: Trigger, *, secret: str | None = None) -> dict[str, Any]:
+def present_trigger(trigger: Trigger, *, secret: str | None = None) -> TriggerView:
     """``secret`` is passed only by create and rotate: the one time it is shown."""
-    view: dict[str, Any] = {
+    view: TriggerView = {
         "id": trigger.pk,
         "name": trigger.name,
         "kind": trigger.kind,

@@ -6,8 +6,6 @@ only authentication), and answers in the box's error shape.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, JsonResponse
@@ -18,14 +16,26 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite.core import schema
 from boxsite.core.errors import BoxError, InvalidRequest, PayloadTooLarge
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal
+from boxsite.core.shapes import shape
 from schedules import services, triggers, webhooks
 from schedules.models import Origin, Schedule, ScheduleStatus, Trigger, TriggerKind
-from schedules.presenters import present_delivery, present_firing, present_schedule, present_trigger
-from tasks.api.presenters import present_task
+from schedules.presenters import (
+    DeliveryList,
+    FiringList,
+    SchedulePage,
+    ScheduleView,
+    TriggerPage,
+    TriggerView,
+    WebhookReceived,
+    present_delivery,
+    present_firing,
+    present_schedule,
+    present_trigger,
+)
+from tasks.api.presenters import TaskView, present_task
 
 SCHEDULE_SORTS = {
     "next": Sort("next", "next_run_at", descending=False, nullable=True),
@@ -97,9 +107,9 @@ def _filtered_schedules(request: Request) -> QuerySet[Schedule]:
         OpenApiParameter("cursor", str, description="from the previous page's 'next'"),
         OpenApiParameter("limit", int),
     ],
-    responses={200: schema.SchedulePage},
+    responses={200: shape(SchedulePage)},
 )
-@extend_schema(methods=["POST"], request=services.ScheduleBody, responses={201: schema.Schedule})
+@extend_schema(methods=["POST"], request=services.ScheduleBody, responses={201: shape(ScheduleView)})
 @api_view(["GET", "POST"])
 def schedule_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -107,11 +117,12 @@ def schedule_list(request: Request) -> Response:
         return Response(present_schedule(services.create_schedule(principal, request.data)), status=201)
     rows, next_cursor = page(_filtered_schedules(request), SCHEDULE_SORTS, request.query_params.get("sort", "next"),
                              request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
-    return Response({"results": [present_schedule(s) for s in rows], "next": next_cursor})
+    listed: SchedulePage = {"results": [present_schedule(s) for s in rows], "next": next_cursor}
+    return Response(listed)
 
 
-@extend_schema(methods=["PATCH"], request=services.ScheduleChangeBody, responses={200: schema.Schedule})
-@extend_schema(methods=["GET", "DELETE"], responses={200: schema.Schedule, 204: None})
+@extend_schema(methods=["PATCH"], request=services.ScheduleChangeBody, responses={200: shape(ScheduleView)})
+@extend_schema(methods=["GET", "DELETE"], responses={200: shape(ScheduleView), 204: None})
 @api_view(["GET", "PATCH", "DELETE"])
 def schedule_detail(request: Request, schedule_id: str) -> Response:
     principal = Principal.of(request)
@@ -125,34 +136,35 @@ def schedule_detail(request: Request, schedule_id: str) -> Response:
     return Response(present_schedule(schedule, last_firing=schedule.firings.order_by("-id").first()))
 
 
-@extend_schema(request=None, responses={201: schema.TaskView})
+@extend_schema(request=None, responses={201: shape(TaskView)})
 @api_view(["POST"])
 def schedule_run(request: Request, schedule_id: str) -> Response:
     """Run now: the schedule's task starts at once; its own timetable is unchanged."""
     return Response(present_task(services.run_schedule_now(Principal.of(request), schedule_id)), status=201)
 
 
-@extend_schema(request=None, responses={200: schema.Schedule})
+@extend_schema(request=None, responses={200: shape(ScheduleView)})
 @api_view(["POST"])
 def schedule_pause(request: Request, schedule_id: str) -> Response:
     return Response(present_schedule(services.pause_schedule(Principal.of(request), schedule_id)))
 
 
-@extend_schema(request=None, responses={200: schema.Schedule})
+@extend_schema(request=None, responses={200: shape(ScheduleView)})
 @api_view(["POST"])
 def schedule_resume(request: Request, schedule_id: str) -> Response:
     return Response(present_schedule(services.resume_schedule(Principal.of(request), schedule_id)))
 
 
-@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: schema.FiringList})
+@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: shape(FiringList)})
 @api_view(["GET"])
 def schedule_firings(request: Request, schedule_id: str) -> Response:
     schedule = services.get_schedule_for(Principal.of(request), schedule_id)
     limit = limit_param(request.query_params.get("limit"), 50, 200)
-    return Response({"results": [present_firing(f) for f in schedule.firings.select_related("task").order_by("-id")[:limit]]})
+    listed: FiringList = {"results": [present_firing(f) for f in schedule.firings.select_related("task").order_by("-id")[:limit]]}
+    return Response(listed)
 
 
-def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = None) -> dict[str, Any]:
+def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = None) -> TriggerView:
     view = present_trigger(trigger, secret=secret)
     if trigger.kind == TriggerKind.WEBHOOK:
         view["url"] = request.build_absolute_uri(view["path"])
@@ -168,9 +180,9 @@ def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = No
         OpenApiParameter("cursor", str),
         OpenApiParameter("limit", int),
     ],
-    responses={200: schema.TriggerPage},
+    responses={200: shape(TriggerPage)},
 )
-@extend_schema(methods=["POST"], request=triggers.TriggerBody, responses={201: schema.Trigger})
+@extend_schema(methods=["POST"], request=triggers.TriggerBody, responses={201: shape(TriggerView)})
 @api_view(["GET", "POST"])
 def trigger_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -186,11 +198,12 @@ def trigger_list(request: Request) -> Response:
         qs = qs.filter(paused=paused)
     rows, next_cursor = page(qs, TRIGGER_SORTS, request.query_params.get("sort", "-created"),
                              request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
-    return Response({"results": [_trigger_view(request, t) for t in rows], "next": next_cursor})
+    listed: TriggerPage = {"results": [_trigger_view(request, t) for t in rows], "next": next_cursor}
+    return Response(listed)
 
 
-@extend_schema(methods=["PATCH"], request=triggers.TriggerChangeBody, responses={200: schema.Trigger})
-@extend_schema(methods=["GET", "DELETE"], responses={200: schema.Trigger, 204: None})
+@extend_schema(methods=["PATCH"], request=triggers.TriggerChangeBody, responses={200: shape(TriggerView)})
+@extend_schema(methods=["GET", "DELETE"], responses={200: shape(TriggerView), 204: None})
 @api_view(["GET", "PATCH", "DELETE"])
 def trigger_detail(request: Request, trigger_id: str) -> Response:
     principal = Principal.of(request)
@@ -204,48 +217,50 @@ def trigger_detail(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, trigger))
 
 
-@extend_schema(request=None, responses={200: schema.Trigger})
+@extend_schema(request=None, responses={200: shape(TriggerView)})
 @api_view(["POST"])
 def trigger_pause(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.set_trigger_paused(Principal.of(request), trigger_id, True)))
 
 
-@extend_schema(request=None, responses={200: schema.Trigger})
+@extend_schema(request=None, responses={200: shape(TriggerView)})
 @api_view(["POST"])
 def trigger_resume(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.set_trigger_paused(Principal.of(request), trigger_id, False)))
 
 
-@extend_schema(request=dict, responses={202: schema.WebhookReceived})
+@extend_schema(request=dict, responses={202: shape(WebhookReceived)})
 @api_view(["POST"])
 def trigger_test(request: Request, trigger_id: str) -> Response:
     """A test delivery to this webhook, signed and received like a real one (it starts a task)."""
     received = webhooks.send_test_delivery(Principal.of(request), trigger_id, request.data)
-    return Response({"task": received.task_id, "delivery": received.delivery_id or None, "duplicate": received.duplicate},
-                    status=202)
+    body: WebhookReceived = {"task": received.task_id, "delivery": received.delivery_id or None,
+                             "duplicate": received.duplicate}
+    return Response(body, status=202)
 
 
-@extend_schema(request=triggers.RotateBody, responses={200: schema.Trigger})
+@extend_schema(request=triggers.RotateBody, responses={200: shape(TriggerView)})
 @api_view(["POST"])
 def trigger_rotate(request: Request, trigger_id: str) -> Response:
     trigger, secret = triggers.rotate_secret(Principal.of(request), trigger_id, request.data)
     return Response(_trigger_view(request, trigger, secret=secret))
 
 
-@extend_schema(request=None, responses={200: schema.Trigger})
+@extend_schema(request=None, responses={200: shape(TriggerView)})
 @api_view(["POST"])
 def trigger_finish_rotation(request: Request, trigger_id: str) -> Response:
     return Response(_trigger_view(request, triggers.finish_rotation(Principal.of(request), trigger_id)))
 
 
-@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: schema.DeliveryList})
+@extend_schema(parameters=[OpenApiParameter("limit", int)], responses={200: shape(DeliveryList)})
 @api_view(["GET"])
 def trigger_deliveries(request: Request, trigger_id: str) -> Response:
     """The webhook's recent deliveries, newest first (those with a delivery id; see webhooks)."""
     trigger = triggers.get_trigger_for(Principal.of(request), trigger_id)
     limit = limit_param(request.query_params.get("limit"), 50, 200)
     rows = trigger.deliveries.select_related("task").order_by("-received_at", "-id")[:limit]
-    return Response({"results": [present_delivery(d) for d in rows]})
+    listed: DeliveryList = {"results": [present_delivery(d) for d in rows]}
+    return Response(listed)
 
 
 def _read_body(request: HttpRequest) -> bytes:
@@ -272,5 +287,6 @@ def webhook(request: HttpRequest, token: str) -> JsonResponse:
         received = webhooks.receive(token, request.headers, _read_body(request), request.content_type or "")
     except BoxError as exc:
         return JsonResponse(exc.as_dict(), status=exc.status)
-    body = {"task": received.task_id, "delivery": received.delivery_id or None, "duplicate": received.duplicate}
+    body: WebhookReceived = {"task": received.task_id, "delivery": received.delivery_id or None,
+                             "duplicate": received.duplicate}
     return JsonResponse(body, status=200 if received.duplicate else 202)

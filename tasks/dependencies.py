@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from boxsite.core.errors import Conflict, InvalidSpec
+from boxsite.core.shapes import Doc
 from tasks import sql
 from tasks.layers import paths
 from tasks.layers.task_view import record_lost_seal, seal_layer
@@ -181,7 +182,10 @@ def artifact_present(on_id: str, artifact: str, *, seal: bool = True) -> bool:
     return entry is not None and entry.kind == FILE
 
 
-def edge_state(edge: Dependency, on_state: str, *, seal: bool = True) -> str:
+EdgeState = Literal["waiting", "satisfied", "unsatisfied"]
+
+
+def edge_state(edge: Dependency, on_state: str, *, seal: bool = True) -> EdgeState:
     """``waiting`` (the dependency has not ended), ``satisfied`` or ``unsatisfied``."""
     if on_state in ACTIVE:
         return "waiting"
@@ -252,12 +256,27 @@ def has_edges(task: Task) -> bool:
     return Dependency.objects.filter(task=task).exists()
 
 
-def graph(task: Task) -> dict[str, list[dict[str, Any]]]:
+class DependencyEdge(TypedDict):
+    task: str
+    title: str
+    state: Annotated[str, State, Doc("the other task's state")]
+    condition: Annotated[str, Condition]
+    required: bool
+    artifact: NotRequired[str]
+    edge: EdgeState
+
+
+class DependencyGraph(TypedDict):
+    dependencies: Annotated[list[DependencyEdge], Doc("the tasks this one waits for")]
+    dependents: Annotated[list[DependencyEdge], Doc("the tasks that wait for this one")]
+
+
+def graph(task: Task) -> DependencyGraph:
     """A task's edges both ways, for its view and the portal's graph: each names the other task,
     its state, what the edge asks and where the edge stands (``waiting``, ``satisfied``,
     ``unsatisfied``)."""
-    def shown(edge: Dependency, other: Task, on_state: str) -> dict[str, Any]:
-        item: dict[str, Any] = {"task": other.pk, "title": other.title, "state": other.state,
+    def shown(edge: Dependency, other: Task, on_state: str) -> DependencyEdge:
+        item: DependencyEdge = {"task": other.pk, "title": other.title, "state": other.state,
                                 "condition": edge.condition, "required": edge.required,
                                 "edge": edge_state(edge, on_state, seal=False)}
         if edge.artifact:

@@ -1,17 +1,31 @@
 """Domain errors and the one place they become the API's error shape.
 
-Every error the API returns is ``{"code": ..., "message": ..., "field": ...}``. Services raise
-``BoxError`` subclasses; DRF's own exceptions (auth, parse, 404) are mapped onto the same shape.
+Every error the API returns is ``{"code": ..., "message": ..., "field": ...}`` (``ErrorBody``).
+Services raise ``BoxError`` subclasses; DRF's own exceptions (auth, parse, 404) are mapped onto
+the same shape.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, NotRequired, TypedDict
 
 from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from boxsite.core.cards import mask_cards
+from boxsite.core.shapes import Doc, leave_open
+
+
+class ErrorBody(TypedDict):
+    """an error, in the API's one error shape; some codes add context (a conflict's current state)"""
+
+    code: Annotated[str, Doc("stable error code, e.g. INVALID_SPEC, NOT_FOUND, CONFLICT")]
+    message: str
+    field: Annotated[str | None, Doc("the request field at fault, dotted, or null")]
+    reference: NotRequired[Annotated[str, Doc("500 only: the id the box's log has the details under")]]
+
+
+leave_open(ErrorBody)
 
 
 class BoxError(Exception):
@@ -26,9 +40,9 @@ class BoxError(Exception):
             self.code = code
         self.extra = extra
 
-    def as_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": mask_cards(self.message), "field": self.field}
-        body.update(self.extra)
+    def as_dict(self) -> ErrorBody:
+        body: ErrorBody = {"code": self.code, "message": mask_cards(self.message), "field": self.field}
+        body.update(self.extra)  # type: ignore[typeddict-item]  # the code's own context, beside the shape
         return body
 
 

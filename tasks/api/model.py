@@ -6,12 +6,12 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite.core import schema
 from boxsite.core.errors import Forbidden
 from boxsite.core.principal import Principal
+from boxsite.core.shapes import shape
 from boxsite.core.validation import AnyNumber, AnyText, Body
 from tasks.llm import client as model
-from tasks.spec.describe import guide
+from tasks.spec.describe import Describe, guide
 
 
 class ModelSettingsBody(Body):
@@ -32,8 +32,8 @@ def _require_settings_right(request: Request) -> None:
         raise Forbidden("only the owner (browser or API token) configures the model")
 
 
-@extend_schema(methods=["GET"], responses={200: schema.ModelSettings})
-@extend_schema(methods=["PATCH"], request=ModelSettingsBody, responses={200: schema.ModelSettings})
+@extend_schema(methods=["GET"], responses={200: shape(model.ModelSettings)})
+@extend_schema(methods=["PATCH"], request=ModelSettingsBody, responses={200: shape(model.ModelSettings)})
 @api_view(["GET", "PATCH"])
 def model_settings(request: Request) -> Response:
     _require_settings_right(request)
@@ -42,14 +42,14 @@ def model_settings(request: Request) -> Response:
     return Response(model.present_settings())
 
 
-@extend_schema(responses={200: schema.Describe})
+@extend_schema(responses={200: shape(Describe)})
 @api_view(["GET"])
 def describe(request: Request) -> Response:
     """The guide to writing flows: the language, each step kind's schema, worked examples."""
     return Response(guide())
 
 
-@extend_schema(request=None, responses={200: schema.ModelTest})
+@extend_schema(request=None, responses={200: shape(model.ModelTest)})
 @api_view(["POST"])
 def model_test(request: Request) -> Response:
     """One short call to the configured model; what it answered (or why it could not)."""

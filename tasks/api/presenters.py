@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-from tasks.models import Run, Task, TaskEvent
+from boxsite.core.shapes import REF, DateTime, Doc, Raw, chosen_by, leave_open
+from tasks.models import EventKind, Run, RunKind, RunState, Task, TaskEvent
+from tasks.spec.describe import flow_schema
 from tasks.spec.limits import DEFAULT_LIMITS
 from tasks.states import Review, State, WaitingFor
 from tasks.vault.facts import Facts, Redactor
@@ -17,8 +20,8 @@ class Section:
     approvals and questions): ``detail`` for ``GET /api/tasks/<id>``, ``report`` for its report,
     which passes the report's redaction function."""
 
-    detail: Callable[[Task], list[dict[str, Any]]]
-    report: Callable[[Task, Redactor], list[dict[str, Any]]]
+    detail: Callable[[Task], list[Any]]
+    report: Callable[[Task, Redactor], list[Any]]
 
 
 # Filled by the apps' ``ready()``, by name, in the order the view shows them.
@@ -29,12 +32,158 @@ def add_section(name: str, section: Section) -> None:
     SECTIONS[name] = section
 
 
-def detail_sections(task: Task) -> dict[str, list[dict[str, Any]]]:
+def detail_sections(task: Task) -> dict[str, list[Any]]:
     return {name: section.detail(task) for name, section in SECTIONS.items()}
 
 
-def report_sections(task: Task, redact: Redactor) -> dict[str, list[dict[str, Any]]]:
+def report_sections(task: Task, redact: Redactor) -> dict[str, list[Any]]:
     return {name: section.report(task, redact) for name, section in SECTIONS.items()}
+
+
+# The sections' shapes are declared where they are built (``approvals.presenters``); a task's view
+# and report name them by their components, so tasks does not import the app above it.
+ApprovalViews = Annotated[list[Any], Raw({"type": "array", "items": {"$ref": f"{REF}ApprovalView"}})]
+QuestionViews = Annotated[list[Any], Raw({"type": "array", "items": {"$ref": f"{REF}QuestionView"}})]
+
+Flow = Annotated[dict[str, Any] | None, Raw({"anyOf": [flow_schema(), {"type": "null"}]})]
+NextCall = Literal["continue", "approve", "deny", "keep", "cancel", "undo", "diff", "report", "retry", "rerun"]
+
+
+class CreatedBy(TypedDict):
+    task: str
+    run: int | None
+
+
+class TaskView(TypedDict):
+    id: str
+    title: str
+    prompt: str
+    workspace: str
+    worker: str
+    command: list[str] | None
+    tools: list[str]
+    hosts: list[str]
+    budgetCents: int
+    source: str
+    flow: Flow
+    facts: Annotated[dict[str, Any], Doc("the task's facts; secret values shown as ${name}")]
+    secretFacts: list[str]
+    constraints: dict[str, Any]
+    limits: Annotated[dict[str, int | None], Doc("every limit in force; null is unbounded")]
+    output: Annotated[dict[str, Any] | None, Doc("the output contract: the shape the result takes")]
+    result: Annotated[Any, Doc("with output: the answer shaped to output.schema from the task's records (else null)")]
+    answer: Annotated[Any, Doc("a plain-language task's answer (the agent's finish), else null")]
+    folders: list[str]
+    dependsOn: Annotated[list[dict[str, Any]], Doc("{task, condition, required, artifact?} per dependency")]
+    criteria: Annotated[list[dict[str, Any]] | None, Doc("the completion contract, or null")]
+    parent: str | None
+    createdBy: Annotated[CreatedBy | None, Doc("the task (and its run) that created this one, else null")]
+    state: Annotated[str, State]
+    waitingFor: Annotated[str, WaitingFor] | None
+    continuable: bool | None
+    final: bool
+    pause: Annotated[dict[str, Any] | None, Doc("what the pause asks for (message, fields)")]
+    version: int
+    user: str
+    layers: list[str]
+    costCents: int
+    spent: dict[str, Any]
+    step: Annotated[str, Doc("what the task is doing now; empty when nothing")]
+    progress: float | None
+    error: str | None
+    recoverable: bool | None
+    hint: str | None
+    review: Annotated[str, Review] | None
+    isolation: str | None
+    lastSeq: int
+    externalTaskId: str | None
+    externalAttempt: int | None
+    createdAt: DateTime
+    startedAt: DateTime | None
+    finishedAt: DateTime | None
+    historyPrunedAt: Annotated[DateTime | None, Doc("when retention removed a done task's history; its layer stays")]
+    updatedAt: DateTime
+    next: Annotated[list[NextCall], Doc("the calls that make sense now")]
+
+
+class Artifact(TypedDict):
+    name: str
+    type: str
+    size: int
+    url: str
+
+
+StatusData = TypedDict("StatusData", {
+    "to": Annotated[str, State],
+    "from": NotRequired[Annotated[str, State]],
+    "waiting_for": NotRequired[Annotated[str, WaitingFor]],
+})
+StatusData.__doc__ = "a status event's data: the move, and what it adds"
+leave_open(StatusData)
+
+
+class CostData(TypedDict):
+    """a cost event's data: what was charged, and what for"""
+
+    cents: int
+
+
+leave_open(CostData)
+
+
+class Event(TypedDict):
+    id: int
+    seq: int
+    kind: Annotated[str, EventKind]
+    summary: str
+    data: Annotated[dict[str, Any], Doc("by kind: status and cost have fixed keys; the others are open")]
+    costCents: int
+    artifacts: list[Artifact] | None
+    createdAt: DateTime
+
+
+chosen_by(Event, "kind", "data", {EventKind.STATUS: StatusData, EventKind.COST: CostData})
+
+
+class EventPage(TypedDict):
+    events: list[Event]
+    after: int
+    nextAfter: int
+    more: bool
+
+
+class TaskPage(TypedDict):
+    results: list[TaskView]
+    next: Annotated[str | None, Doc("the cursor of the next page")]
+
+
+class Usage(TypedDict):
+    elapsedMs: int | None
+
+
+class RunView(TypedDict):
+    number: int
+    mode: Annotated[str, RunKind]
+    attempt: Annotated[int, Doc("tries of the same resume point")]
+    state: Annotated[str, RunState]
+    outcome: str | None
+    error: str | None
+    charged: Annotated[bool, Doc("counted against the task's attempts (a wait for the owner is refunded)")]
+    usage: Usage
+    createdAt: DateTime
+    startedAt: DateTime | None
+    finishedAt: DateTime | None
+
+
+class Attempts(TypedDict):
+    total: Annotated[int, Doc("runs that started")]
+    charged: Annotated[int, Doc("of those, the ones counted against the task")]
+
+
+class RunPage(TypedDict):
+    results: list[RunView]
+    next: str | None
+    attempts: Attempts
 
 
 def is_final_view(task: Task) -> bool:
@@ -43,9 +192,9 @@ def is_final_view(task: Task) -> bool:
     return task.is_final() or (task.state == State.WAITING and task.waiting_for == WaitingFor.CHECKPOINT and not task.continuable)
 
 
-def next_calls(task: Task) -> list[str]:
+def next_calls(task: Task) -> list[NextCall]:
     """The calls that make sense now, so clients never hardcode the state machine."""
-    calls: list[str] = []
+    calls: list[NextCall] = []
     if task.state == State.WAITING and task.waiting_for == WaitingFor.CHECKPOINT and not task.continuable:
         return ["cancel", "undo", "diff", "report"]
     if task.state == State.WAITING:
@@ -73,11 +222,11 @@ def limits_in_force(task: Task) -> dict[str, int | None]:
     return {name: task.limit(name) for name in DEFAULT_LIMITS}
 
 
-def present_task(task: Task) -> dict[str, Any]:
+def present_task(task: Task) -> TaskView:
     facts = Facts.of(task)
     redact = facts.redactor()
     shown_facts = facts.shown()
-    view = {
+    view: TaskView = {
         "id": task.pk,
         "title": task.title,
         "prompt": task.prompt,
@@ -121,17 +270,17 @@ def present_task(task: Task) -> dict[str, Any]:
         "lastSeq": task.event_seq,
         "externalTaskId": task.external_task_id or None,
         "externalAttempt": task.external_attempt,
-        "createdAt": task.created_at,
-        "startedAt": task.started_at,
-        "finishedAt": task.finished_at,
-        "historyPrunedAt": task.history_pruned_at,
-        "updatedAt": task.updated_at,
+        "createdAt": task.created_at.isoformat(),
+        "startedAt": _iso(task.started_at),
+        "finishedAt": _iso(task.finished_at),
+        "historyPrunedAt": _iso(task.history_pruned_at),
+        "updatedAt": task.updated_at.isoformat(),
         "next": next_calls(task),
     }
     return redact.redact(_jsonable(view))
 
 
-def present_run(run: Run, redact: Redactor) -> dict[str, Any]:
+def present_run(run: Run, redact: Redactor) -> RunView:
     """One attempt as the owner sees it: never its resume point, lease, worker or paths."""
     elapsed = None
     if run.started_at and run.finished_at:
@@ -146,12 +295,12 @@ def present_run(run: Run, redact: Redactor) -> dict[str, Any]:
         "charged": run.charged and run.started_at is not None,
         "usage": {"elapsedMs": elapsed},
         "createdAt": run.created_at.isoformat(),
-        "startedAt": run.started_at.isoformat() if run.started_at else None,
-        "finishedAt": run.finished_at.isoformat() if run.finished_at else None,
+        "startedAt": _iso(run.started_at),
+        "finishedAt": _iso(run.finished_at),
     }
 
 
-def present_event(event: TaskEvent) -> dict[str, Any]:
+def present_event(event: TaskEvent) -> Event:
     return {
         "id": event.pk,
         "seq": event.seq,
@@ -162,6 +311,10 @@ def present_event(event: TaskEvent) -> dict[str, Any]:
         "artifacts": event.artifacts,
         "createdAt": event.created_at.isoformat(),
     }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,17 +6,29 @@ from typing import Any
 from django.db.models import Q
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite.core import schema
 from boxsite.core.errors import InvalidRequest
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal, Via
+from boxsite.core.shapes import shape
 from tasks import dependencies, services, verbs
-from tasks.api.presenters import detail_sections, present_event, present_run, present_task
-from tasks.api.report import build_report
+from tasks.api.presenters import (
+    ApprovalViews,
+    EventPage,
+    QuestionViews,
+    RunPage,
+    TaskPage,
+    TaskView,
+    detail_sections,
+    present_event,
+    present_run,
+    present_task,
+)
+from tasks.api.report import Report, build_report
 from tasks.models import Run, Task, TaskEvent
 from tasks.run import artifacts
 from tasks.spec.task import RerunBody, RetryBody, TaskSpecBody
@@ -37,6 +49,23 @@ RUN_SORTS = {
 }
 
 
+
+class TaskDetail(TaskView):
+    approvals: ApprovalViews
+    questions: QuestionViews
+    log: EventPage
+
+
+class DependencyBody(serializers.Serializer[Any]):
+    """``POST /api/tasks/<id>/dependencies``, as declared in the schema (``services.add_dependency``
+    checks it)."""
+
+    task = serializers.CharField(help_text="the task to wait for")
+    condition = serializers.ChoiceField(choices=["success", "completion", "artifact"], required=False, default="success")
+    required = serializers.BooleanField(required=False, default=True)  # type: ignore[assignment]  # a body field
+    artifact = serializers.CharField(required=False, help_text="for 'artifact': the file under outputs/ the dependency must leave")
+
+
 @extend_schema(
     methods=["GET"], operation_id="tasks_list",
     parameters=[
@@ -47,9 +76,9 @@ RUN_SORTS = {
         OpenApiParameter("cursor", str, description="from the previous page's 'next'"),
         OpenApiParameter("limit", int),
     ],
-    responses={200: schema.TaskPage},
+    responses={200: shape(TaskPage)},
 )
-@extend_schema(methods=["POST"], request=TaskSpecBody, responses={201: schema.TaskView})
+@extend_schema(methods=["POST"], request=TaskSpecBody, responses={201: shape(TaskView)})
 @api_view(["GET", "POST"])
 def task_list(request: Request) -> Response:
     principal = Principal.of(request)
@@ -74,7 +103,8 @@ def task_list(request: Request) -> Response:
         qs = qs.filter(Q(title__icontains=word) | Q(prompt__icontains=word))
     rows, next_cursor = page(qs, TASK_SORTS, request.query_params.get("sort", "-created"),
                              request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
-    return Response({"results": [present_task(t) for t in rows], "next": next_cursor})
+    listed: TaskPage = {"results": [present_task(t) for t in rows], "next": next_cursor}
+    return Response(listed)
 
 
 def channel_source(principal: Principal, body: Any) -> str | None:
@@ -87,7 +117,7 @@ def channel_source(principal: Principal, body: Any) -> str | None:
     return None
 
 
-def _events_after(task: Task, after: int, limit: int, *, upto: int | None = None) -> dict[str, Any]:
+def _events_after(task: Task, after: int, limit: int, *, upto: int | None = None) -> EventPage:
     """Events with seq > ``after`` (at most ``limit``; with ``upto``, none past that seq)."""
 
     redact = redactor_for(task)
@@ -116,39 +146,43 @@ def _after_param(request: Request) -> int:
     return after
 
 
-@extend_schema(parameters=[OpenApiParameter("after", int)], responses={200: schema.TaskDetail})
+@extend_schema(parameters=[OpenApiParameter("after", int)], responses={200: shape(TaskDetail)})
 @api_view(["GET"])
 def task_detail(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
-    body = present_task(task)
-    body.update(detail_sections(task))  # the approvals and questions (approvals.presenters)
-    # The log page stops at the task's own lastSeq: the view and its log are one snapshot, so a
-    # client that follows live from lastSeq gets every later event together with a fresh view
-    # (events written between the two reads would otherwise arrive without the state they set).
-    body["log"] = _events_after(task, _after_param(request), EVENT_PAGE, upto=task.event_seq)
+    sections = detail_sections(task)  # the approvals and questions (approvals.presenters)
+    body: TaskDetail = {
+        **present_task(task),
+        "approvals": sections.get("approvals", []),
+        "questions": sections.get("questions", []),
+        # The log page stops at the task's own lastSeq: the view and its log are one snapshot, so a
+        # client that follows live from lastSeq gets every later event together with a fresh view
+        # (events written between the two reads would otherwise arrive without the state they set).
+        "log": _events_after(task, _after_param(request), EVENT_PAGE, upto=task.event_seq),
+    }
     return Response(body)
 
 
-@extend_schema(parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)], responses={200: schema.EventPage})
+@extend_schema(parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)], responses={200: shape(EventPage)})
 @api_view(["GET"])
 def task_events(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
     return Response(_events_after(task, _after_param(request), limit_param(request.query_params.get("limit"), EVENT_PAGE, 1000)))
 
 
-@extend_schema(request=None, responses={200: schema.TaskView})
+@extend_schema(request=None, responses={200: shape(TaskView)})
 @api_view(["POST"])
 def task_cancel(request: Request, task_id: str) -> Response:
     return Response(present_task(verbs.cancel_task(Principal.of(request), task_id)))
 
 
-@extend_schema(request=None, responses={200: schema.TaskView})
+@extend_schema(request=None, responses={200: shape(TaskView)})
 @api_view(["POST"])
 def task_undo(request: Request, task_id: str) -> Response:
     return Response(present_task(verbs.undo_task(Principal.of(request), task_id)))
 
 
-@extend_schema(request=RerunBody, responses={201: schema.TaskView})
+@extend_schema(request=RerunBody, responses={201: shape(TaskView)})
 @api_view(["POST"])
 def task_rerun(request: Request, task_id: str) -> Response:
     """A new task from this ended task's spec; the body's fields replace the spec's."""
@@ -157,7 +191,7 @@ def task_rerun(request: Request, task_id: str) -> Response:
     return Response(present_task(task), status=201)
 
 
-@extend_schema(request=RetryBody, responses={200: schema.TaskView})
+@extend_schema(request=RetryBody, responses={200: shape(TaskView)})
 @api_view(["POST"])
 def task_retry(request: Request, task_id: str) -> Response:
     """Retry a recoverably failed task in place, from the step that failed; the body may raise
@@ -165,7 +199,7 @@ def task_retry(request: Request, task_id: str) -> Response:
     return Response(present_task(verbs.retry_task(Principal.of(request), task_id, request.data)))
 
 
-@extend_schema(responses={200: schema.Report})
+@extend_schema(responses={200: shape(Report)})
 @api_view(["GET"])
 def task_report(request: Request, task_id: str) -> Response:
     """Everything the task did: its view, flow, steps reached, records and rescues; redacted."""
@@ -187,8 +221,8 @@ def task_artifact(request: Request, task_id: str, name: str) -> FileResponse:
     return response
 
 
-@extend_schema(methods=["GET"], responses={200: schema.DependencyGraph})
-@extend_schema(methods=["POST"], request=schema.DependencyBody, responses={201: schema.DependencyGraph})
+@extend_schema(methods=["GET"], responses={200: shape(dependencies.DependencyGraph)})
+@extend_schema(methods=["POST"], request=DependencyBody, responses={201: shape(dependencies.DependencyGraph)})
 @api_view(["GET", "POST"])
 def task_dependencies(request: Request, task_id: str) -> Response:
     """The task's dependencies and dependents; POST adds an edge to a task that has not started."""
@@ -205,7 +239,7 @@ def task_dependencies(request: Request, task_id: str) -> Response:
         OpenApiParameter("cursor", str, description="from the previous page's 'next' (bound to its sort)"),
         OpenApiParameter("limit", int),
     ],
-    responses={200: schema.RunPage},
+    responses={200: shape(RunPage)},
 )
 @api_view(["GET"])
 def task_runs(request: Request, task_id: str) -> Response:
@@ -215,7 +249,8 @@ def task_runs(request: Request, task_id: str) -> Response:
                              request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
     redact = redactor_for(task)
     started = Run.objects.filter(task=task, started_at__isnull=False)
-    return Response({
+    listed: RunPage = {
         "results": [present_run(r, redact) for r in rows], "next": next_cursor,
         "attempts": {"total": started.count(), "charged": started.filter(charged=True).count()},
-    })
+    }
+    return Response(listed)

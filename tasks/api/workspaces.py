@@ -1,63 +1,72 @@
 """The workspace, diff and keep API. Each view: check input, call one service, present."""
 from __future__ import annotations
 
+from typing import Annotated
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite.core import schema
 from boxsite.core.principal import Principal
+from boxsite.core.shapes import Doc, shape
 from tasks import services, verbs
-from tasks.api.presenters import present_task
+from tasks.api.presenters import TaskView, present_task
 from tasks.layers import diff, workspaces
 from tasks.layers.roots import diff_body
-from tasks.layers.workspaces import WorkspaceBody
+from tasks.layers.workspaces import WorkspaceBody, WorkspaceEntry, WorkspacePage, WorkspaceView
 from tasks.models import Layer, Workspace
 from tasks.states import State
 from tasks.vault.facts import redactor_for
 
 
-@extend_schema(methods=["GET"], operation_id="workspaces_list", responses={200: schema.WorkspacePage})
-@extend_schema(methods=["POST"], request=WorkspaceBody, responses={201: schema.Workspace})
+class TaskKept(TaskView):
+    conflicts: Annotated[list[str], Doc("paths the owner changed too: Keep did not apply them")]
+
+
+@extend_schema(methods=["GET"], operation_id="workspaces_list", responses={200: shape(WorkspacePage)})
+@extend_schema(methods=["POST"], request=WorkspaceBody, responses={201: shape(WorkspaceView)})
 @api_view(["GET", "POST"])
 def workspace_list(request: Request) -> Response:
     principal = Principal.of(request)
     if request.method == "POST":
         workspace = workspaces.create_workspace(principal, request.data)
         return Response(workspaces.present_workspace(workspace), status=201)
-    rows = Workspace.objects.order_by("name")
-    return Response({"results": [workspaces.present_workspace(w) for w in rows]})
+    listed: WorkspacePage = {"results": [workspaces.present_workspace(w) for w in Workspace.objects.order_by("name")]}
+    return Response(listed)
 
 
-@extend_schema(responses={200: schema.Workspace})
+@extend_schema(responses={200: shape(WorkspaceView)})
 @api_view(["GET"])
 def workspace_detail(request: Request, name: str) -> Response:
     return Response(workspaces.present_workspace(workspaces.get_workspace(name)))
 
 
 @extend_schema(parameters=[OpenApiParameter("path", str, description="relative to the workspace root")],
-               responses={200: schema.WorkspaceEntry})
+               responses={200: shape(WorkspaceEntry)})
 @api_view(["GET"])
 def workspace_files(request: Request, name: str) -> Response:
     workspace = workspaces.get_workspace(name)
     return Response(workspaces.browse(workspace, request.query_params.get("path")))
 
 
-@extend_schema(responses={200: schema.Diff})
+@extend_schema(responses={200: shape(diff.Diff)})
 @api_view(["GET"])
 def task_diff(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
     layer = Layer.objects.filter(task=task).first()
     if layer is None or task.state == State.UNDONE:
-        return Response({"task": task.pk, **diff.empty()})  # never started, or its changes are gone
+        unchanged: diff.Diff = {"task": task.pk, **diff.empty()}
+        return Response(unchanged)  # never started, or its changes are gone
 
     # A task's files may hold what its steps typed (a password, a card): shown only redacted.
-    return Response(redactor_for(task).redact({"task": task.pk, **diff_body(task, layer)}))
+    changed: diff.Diff = {"task": task.pk, **diff_body(task, layer)}
+    return Response(redactor_for(task).redact(changed))
 
 
-@extend_schema(request=None, responses={200: schema.TaskKept})
+@extend_schema(request=None, responses={200: shape(TaskKept)})
 @api_view(["POST"])
 def task_keep(request: Request, task_id: str) -> Response:
     task, conflicts = verbs.keep_review(Principal.of(request), task_id)
-    return Response({**present_task(task), "conflicts": conflicts})
+    kept: TaskKept = {**present_task(task), "conflicts": conflicts}
+    return Response(kept)

@@ -12,8 +12,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, TypedDict
 
+from boxsite.core.shapes import Doc
 from tasks.layers.nofollow import NotRegular, open_regular
 from tasks.layers.paths import join, show
 from tasks.layers.stack import DIR, View, same_content, walk_files
@@ -141,14 +142,33 @@ def _piece(change: Change, path: str) -> tuple[str, bool]:
     return piece, False
 
 
-def render(changes: list[Change]) -> dict[str, Any]:
+class SpecialChange(TypedDict):
+    path: str
+    type: str
+
+
+class DiffBody(TypedDict):
+    added: list[str]
+    modified: list[str]
+    deleted: list[str]
+    binary: list[str]
+    special: Annotated[list[SpecialChange], Doc("changed paths that are not regular files, with what they are")]
+    diff: Annotated[str, Doc("one unified diff of the text files")]
+    truncated: bool
+
+
+class Diff(DiffBody):
+    task: str
+
+
+def render(changes: list[Change]) -> DiffBody:
     """The API's diff body: the three path lists, the binary and special ones, and one unified
     diff. Paths are shown as ``paths.show`` writes them (a name's non-UTF-8 bytes escaped)."""
     parts: list[str] = []
     size = 0
     truncated = False
     binary: list[str] = []
-    special: list[dict[str, str]] = []
+    special: list[SpecialChange] = []
     for change in changes:
         path = show(change.path)
         kind = special_of(change.new) or special_of(change.old)
@@ -173,5 +193,5 @@ def render(changes: list[Change]) -> dict[str, Any]:
     }
 
 
-def empty() -> dict[str, Any]:
+def empty() -> DiffBody:
     return render([])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from tasks.layers import compaction, diff, disk, paths
 from tasks.layers.base import get_driver
@@ -103,7 +102,7 @@ def _live_changes(layer: Layer, roots: list[Root]) -> list[Change]:
     return sorted(changes, key=lambda c: c.path)
 
 
-def diff_body(task: Task, layer: Layer) -> dict[str, Any]:
+def diff_body(task: Task, layer: Layer) -> diff.DiffBody:
     """The task's diff as the API shows it. While the layer is not sealed, the change set is
     listed and its files read under the layer lock: a copy-driver seal moves those files."""
     directory = paths.layer_dir(task.pk)

@@ -8,12 +8,13 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from django.db import IntegrityError, transaction
 
 from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from boxsite.core.principal import Principal
+from boxsite.core.shapes import DateTime, Doc
 from boxsite.core.validation import AnyText, Body, existing_dir
 from tasks.layers import compaction, paths
 from tasks.layers.base import driver_name, get_driver
@@ -96,7 +97,52 @@ def view_of(workspace: Workspace) -> Iterator[Stack]:
         yield Stack(trees)
 
 
-def describe(workspace: Workspace) -> dict[str, Any]:
+class WorkspaceStack(TypedDict):
+    separate: Annotated[list[str], Doc("layers a new task mounts on their own, newest first")]
+    compacted: Annotated[list[str], Doc("layers a new task mounts inside flats, newest first")]
+    flats: Annotated[int, Doc("the flat layers those are merged into")]
+    depth: Annotated[int, Doc("the lower layers a new task mounts: the separate ones, the flats and the base")]
+
+
+class WorkspaceView(TypedDict):
+    name: str
+    createdAt: DateTime
+    driver: str
+    layers: list[str]
+    stack: WorkspaceStack
+
+
+class WorkspacePage(TypedDict):
+    results: list[WorkspaceView]
+
+
+EntryType = Literal["dir", "file", "link", "special"]
+
+
+class DirEntry(TypedDict):
+    name: str
+    path: str
+    type: EntryType
+    size: NotRequired[int]
+    special: NotRequired[Annotated[str, Doc("fifo, socket, character device or block device")]]
+
+
+class WorkspaceEntry(TypedDict):
+    """A folder (its entries), a link (its target) or a file (its text, unless binary)."""
+
+    workspace: str
+    path: str
+    type: EntryType
+    entries: NotRequired[list[DirEntry]]
+    target: NotRequired[str]
+    special: NotRequired[str]
+    size: NotRequired[int]
+    binary: NotRequired[bool]
+    content: NotRequired[str | None]
+    truncated: NotRequired[bool]
+
+
+def describe(workspace: Workspace) -> WorkspaceView:
     ids = current_stack(workspace)
     markers = get_driver(driver_name()).markers
     own, flats = compaction.split(ids, markers)
@@ -110,7 +156,7 @@ def describe(workspace: Workspace) -> dict[str, Any]:
     }
 
 
-def browse(workspace: Workspace, raw_path: str | None) -> dict[str, Any]:
+def browse(workspace: Workspace, raw_path: str | None) -> WorkspaceEntry:
     """List a folder or read a file of the current view. Links are shown, never followed;
     special files (FIFO, socket, device) are listed with their type, never opened. Names are
     shown as ``paths.show`` writes them, and ``path`` is read the same way."""
@@ -119,36 +165,44 @@ def browse(workspace: Workspace, raw_path: str | None) -> dict[str, Any]:
         return _browse(workspace, view, rel)
 
 
-def _browse(workspace: Workspace, view: Stack, rel: str) -> dict[str, Any]:
+def _browse(workspace: Workspace, view: Stack, rel: str) -> WorkspaceEntry:
     found = view.lookup(rel)
     if found is None:
         raise NotFound(f"'{paths.show(rel)}' is not in workspace '{workspace.name}'", field="path")
-    body: dict[str, Any] = {"workspace": workspace.name, "path": paths.show(rel)}
+    name, shown = workspace.name, paths.show(rel)
     if found.kind == DIR:
-        entries = []
-        for name, child in sorted(view.listdir(rel).items()):
-            item: dict[str, Any] = {"name": paths.show(name), "path": paths.show(paths.join(rel, name)), "type": child.kind}
+        entries: list[DirEntry] = []
+        for child_name, child in sorted(view.listdir(rel).items()):
+            item: DirEntry = {"name": paths.show(child_name), "path": paths.show(paths.join(rel, child_name)),
+                              "type": child.kind}  # type: ignore[typeddict-item]  # a kind is one of EntryType
             if child.path is not None and child.kind != LINK:
                 st = os.lstat(child.path)
                 item["size"] = st.st_size
                 if child.kind == SPECIAL:
                     item["special"] = special_type(st)
             entries.append(item)
-        return {**body, "type": "dir", "entries": entries}
+        return {"workspace": name, "path": shown, "type": "dir", "entries": entries}
     assert found.path is not None
     if found.kind == LINK:
-        return {**body, "type": "link", "target": paths.show(os.readlink(found.path))}
+        return {"workspace": name, "path": shown, "type": "link", "target": paths.show(os.readlink(found.path))}
     if found.kind == SPECIAL:
         st = os.lstat(found.path)
-        return {**body, "type": "special", "special": special_type(st), "size": st.st_size, "binary": True,
-                "content": None, "truncated": False}
+        return {"workspace": name, "path": shown, "type": "special", "special": special_type(st), "size": st.st_size,
+                "binary": True, "content": None, "truncated": False}
     try:
-        return {**body, "type": "file", **_read(found.path)}
+        return {"workspace": name, "path": shown, "type": "file", **_read(found.path)}
     except NotRegular as exc:
         raise Conflict(f"'{paths.show(rel)}' changed while it was read; try again", field="path") from exc
 
 
-def _read(path: Path) -> dict[str, Any]:
+class FileRead(TypedDict):
+    size: int
+    binary: bool
+    content: str | None
+    truncated: bool
+
+
+def _read(path: Path) -> FileRead:
     fd = open_regular(path)  # a file swapped for a FIFO since the lookup is refused, not waited on
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
@@ -166,5 +220,5 @@ def _read(path: Path) -> dict[str, Any]:
     return {"size": st.st_size, "binary": False, "content": text, "truncated": truncated}
 
 
-def present_workspace(workspace: Workspace) -> dict[str, Any]:
+def present_workspace(workspace: Workspace) -> WorkspaceView:
     return describe(workspace)

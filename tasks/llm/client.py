@@ -17,13 +17,14 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, TypedDict
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
 
 from boxsite.core.errors import InvalidRequest
+from boxsite.core.shapes import Doc, Raw
 from boxsite.models import BoxSettings
 from tasks.vault.store import read_secret, set_secret, validate_name
 
@@ -248,7 +249,18 @@ def _decision(config: ModelConfig, response: Any, latency_ms: int) -> Decision:
                     finish_reason=str(choice.finish_reason or ""), latency_ms=latency_ms)
 
 
-def check_connection(config: ModelConfig) -> dict[str, Any]:
+class ModelTest(TypedDict):
+    ok: bool
+    answer: NotRequired[str]
+    error: NotRequired[str]
+    kind: NotRequired[Annotated[str, Raw({"type": "string", "description": "what went wrong",
+                                          "enum": ["key", "unreachable", "timeout", "status", "garbage", "config"]})]]
+    usage: NotRequired[dict[str, Any]]
+    latencyMs: NotRequired[int]
+    costCents: NotRequired[float]
+
+
+def check_connection(config: ModelConfig) -> ModelTest:
     """Settings → Model's "Test connection": one short call; what the endpoint answered."""
     try:
         decision = call_model(config, [{"role": "user", "content": "Reply with the single word: ready"}],
@@ -270,7 +282,18 @@ _ENV = {"baseUrl": "BOX_MODEL_BASE_URL", "model": "BOX_MODEL_NAME", "keyName": "
 MAX_PRICE = 1_000_000.0  # cents per million tokens ($10,000): anything above is a typo
 
 
-def present_settings() -> dict[str, Any]:
+class ModelSettings(TypedDict):
+    configured: Annotated[bool, Doc("a base URL and a model name are set (here or in the environment)")]
+    baseUrl: str
+    model: str
+    keyName: Annotated[str, Doc("the vault secret holding the API key; empty: the endpoint takes none")]
+    keySet: Annotated[bool, Doc("the vault holds keyName")]
+    inputCentsPerMillion: float
+    outputCentsPerMillion: float
+    fromEnvironment: Annotated[list[str], Doc("fields whose value comes from a BOX_MODEL_* variable, not from these settings")]
+
+
+def present_settings() -> ModelSettings:
     row = BoxSettings.current()
     own = {api: getattr(row, column) for api, column in _SETTING_FIELDS.items()}
     shown = {api: (value if value not in (None, "") or (api == "keyName" and value == "") else getattr(settings, _ENV[api]))

@@ -3,9 +3,30 @@ schema and worked examples. The planner gives it to the model; a waiting-for-pla
 to it; a calling program or model can read it and write flows itself."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
+from boxsite.core.shapes import Doc, Raw
 from tasks.spec.flows import COMMON_KEYS, EXTRA_KEYS, STEP_KINDS
+
+
+class StepGuide(TypedDict):
+    acts: Annotated[bool, Doc("the step changes something (it may carry stop_before)")]
+    what: str
+    schema: Annotated[dict[str, Any], Doc("a JSON Schema of the step")]
+
+
+class Example(TypedDict):
+    task: str
+    flow: Annotated[dict[str, Any], Raw(flow_schema())]  # read when the schema is made: defined below
+
+
+class Describe(TypedDict):
+    flowLanguage: list[str]
+    commonKeys: dict[str, str]
+    steps: Annotated[dict[str, StepGuide], Doc("per step kind")]
+    examples: list[Example]
+    howToStart: str
+
 
 WHAT = {
     "run": "a shell command in the task's sandbox (string, or {cmd, env}); a non-zero exit fails the step; "
@@ -31,7 +52,7 @@ COMMON = {
     "stop_before": "a reason: pause for the owner's OK before this step acts (only on steps that act)",
     "timeout_s": "seconds the step may take",
 }
-EXAMPLES: list[dict[str, Any]] = [
+EXAMPLES: list[Example] = [
     {"task": "Count the Python files and write the number to count.txt",
      "flow": {"steps": [{"run": "find . -name '*.py' | wc -l", "save": "count"},
                         {"write": {"path": "count.txt", "content": "${count}"}}]}},
@@ -79,7 +100,23 @@ def step_schema(kind: str) -> dict[str, Any]:
             "additionalProperties": False}
 
 
-def guide() -> dict[str, Any]:
+def flow_schema() -> dict[str, Any]:
+    """A JSON Schema of a whole flow: one of the step kinds' schemas per step."""
+    return {
+        "type": "object", "description": RULES[0],
+        "properties": {
+            "vars": {"type": "object"},
+            "steps": {"type": "array", "minItems": 1, "items": {"oneOf": [step_schema(kind) for kind in STEP_KINDS]}},
+            "memory": {"type": "array", "items": {
+                "type": "object", "required": ["instruction", "selector"], "additionalProperties": False,
+                "properties": {"instruction": {"type": "string"}, "selector": {"type": "string"}, "page": {"type": "string"}}}},
+            "trace": {"type": "boolean"},
+        },
+        "required": ["steps"], "additionalProperties": False,
+    }
+
+
+def guide() -> Describe:
     return {
         "flowLanguage": RULES,
         "commonKeys": {k: COMMON[k] for k in sorted(COMMON_KEYS)},

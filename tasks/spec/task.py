@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, ClassVar
 
+from drf_spectacular.utils import extend_schema_field
+
 from boxsite.core.errors import (
     BoxError,
     Conflict,
@@ -54,6 +56,7 @@ from tasks.models import Task, Workspace
 from tasks.run.completion import parse_criteria
 from tasks.sandbox import cgroups, paths
 from tasks.sandbox.support import missing_reason
+from tasks.spec.describe import flow_schema
 from tasks.spec.flows import check_memory as check_hints
 from tasks.spec.flows import schema_problem, uses_browser, validate_flow
 from tasks.states import ACTIVE
@@ -201,6 +204,12 @@ class LimitsBody(Body):
         return value
 
 
+@extend_schema_field(flow_schema())
+class FlowField(Obj):
+    """A flow: declared to callers as the flow language (one schema per step kind), checked by
+    ``tasks.spec.flows.validate_flow``."""
+
+
 class TaskSpecBody(Body):
     """A task spec, as ``POST /api/tasks`` takes it."""
 
@@ -217,7 +226,7 @@ class TaskSpecBody(Body):
         self.dependencies: dict[str, Task] = {}  # what ``check_dependsOn`` read, for the creation to reuse
 
     title = Text(max_length=200)
-    flow = Obj(required=False, help_text="{\"steps\": [...]} (flow worker)")
+    flow = FlowField(required=False, help_text="{\"steps\": [...]} (flow worker)")
     memory = Anything(required=False, help_text="grounding hints from an earlier run's report "
                                                 "([{instruction, page, selector}]); joins the flow's 'memory'")
     trace = Flag(required=False, help_text="true: record every model exchange of the flow's grounding whole")

@@ -1,5 +1,6 @@
-"""The served schema describes the API: every endpoint's real responses validate against it,
-and a client that knows only the schema can create a task, read its events and approve a step."""
+"""The served schema describes the API: it declares exactly the operations the URL map serves,
+every endpoint's real responses (errors too) validate against it, and a client that knows only
+the schema can create a task, read its events and approve a step."""
 from __future__ import annotations
 
 import json
@@ -10,47 +11,18 @@ from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
 from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
+from rest_framework.views import APIView
 
+from tests.api.conftest import Schema
 from tests.conftest import Box, wait_for
 from tests.factories import flow
 
 GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
                {"run": "true"})
 ASKING = flow({"ask": {"name": "colour", "why": "which colour"}}, {"write": {"path": "c.txt", "content": "${colour}"}})
-
-
-def _segment_for(template: str) -> Any:
-    """{param} is one path segment, except an artifact's trailing {name}, which may hold slashes."""
-    def segment(match: re.Match[str]) -> str:
-        rest = ".+" if template.endswith("/artifacts/{name}") and match.group(1) == "name" else "[^/]+"
-        return f"(?P<{match.group(1)}>{rest})"
-    return segment
-
-
-class Schema:
-    def __init__(self, document: dict[str, Any]) -> None:
-        self.document = document
-        self.routes = [(re.compile("^" + re.sub(r"\{(\w+)\}", _segment_for(p), p) + "$"), p) for p in document["paths"]]
-
-    def template_of(self, path: str) -> str:
-        matches = [template for regex, template in self.routes if regex.match(path)]
-        assert matches, f"{path} is not in the schema"
-        return min(matches, key=lambda t: t.count("{"))  # a literal segment beats a parameter
-
-    def operation(self, method: str, path: str) -> dict[str, Any]:
-        item = self.document["paths"][self.template_of(path)]
-        assert method.lower() in item, f"{method} {path} is not in the schema"
-        return item[method.lower()]
-
-    def check(self, method: str, path: str, status: int, body: Any) -> None:
-        responses = self.operation(method, path)["responses"]
-        response = responses.get(str(status)) or responses["default"]
-        schema = response["content"]["application/json"]["schema"]
-        errors = sorted(Draft202012Validator({**schema, "components": self.document["components"]}).iter_errors(body),
-                        key=lambda e: list(e.path))
-        assert not errors, f"{method} {path} {status}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
 
 
 class CheckedClient:
@@ -180,22 +152,96 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("GET", f"/api/triggers/{hook['id']}/deliveries"))
     ok(api.call("DELETE", f"/api/triggers/{hook['id']}"), 204)
 
-    tokens = [api.call("POST", "/api/tokens", {"name": f"t{i}"}).json() for i in range(4)]
+    tokens = [api.call("POST", "/api/tokens", {"name": f"t{i}"}).json() for i in range(2)]
     ok(api.call("GET", "/api/tokens"))
-    for (method, suffix), token in zip([("POST", ""), ("DELETE", ""), ("POST", "/revoke"), ("DELETE", "/revoke")], tokens):
-        ok(api.call(method, f"/api/tokens/{token['id']}{suffix}"))
+    ok(api.call("DELETE", f"/api/tokens/{tokens[0]['id']}"))
+    ok(api.call("POST", f"/api/tokens/{tokens[1]['id']}/revoke"))
     devices = []
-    for _ in range(4):
+    for _ in range(2):
         code = api.call("POST", "/api/pairing").json()["code"]
         phone = CheckedClient(APIClient(), schema)
         devices.append(phone.call("POST", "/api/pairing/claim", {"code": code, "name": "phone"}).json())
         api.seen |= phone.seen
     ok(api.call("GET", "/api/devices"))
-    for (method, suffix), device in zip([("POST", ""), ("DELETE", ""), ("POST", "/revoke"), ("DELETE", "/revoke")], devices):
-        ok(api.call(method, f"/api/devices/{device['id']}{suffix}"))
+    ok(api.call("DELETE", f"/api/devices/{devices[0]['id']}"))
+    ok(api.call("POST", f"/api/devices/{devices[1]['id']}/revoke"))
+
+    # Errors are declared per operation, in the one error shape.
+    ok(api.call("GET", "/api/tasks/nosuchtask"), 404)
+    ok(api.call("POST", "/api/tasks", {"title": "no flow", "flow": {"steps": []}}), 400)
+    ok(api.call("GET", "/api/tasks", state="nosuchstate"), 400)
+    ok(api.call("POST", f"/api/tasks/{guarded['id']}/cancel"), 409)
+    ok(CheckedClient(APIClient(), schema).call("GET", "/api/tasks"), 401)
 
     declared = {(method, path) for path, item in schema.document["paths"].items() for method in item}
     assert declared - api.seen == set(), "operations no test call reached"
+
+
+def _routes(patterns: list[Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every route of the URL map, as an OpenAPI path template, with its view."""
+    found: list[tuple[str, Any]] = []
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            found += _routes(pattern.url_patterns, route)
+        elif isinstance(pattern, URLPattern):
+            found.append(("/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route), pattern.callback))
+    return found
+
+
+def _served_operations() -> set[tuple[str, str]]:
+    """(method, path) for every API view the URL map routes to (the schema's own views aside)."""
+    served = set()
+    for path, callback in _routes(get_resolver().url_patterns):
+        view = getattr(callback, "cls", None)
+        if view is None or not issubclass(view, APIView) or view.__module__.startswith("drf_spectacular"):
+            continue
+        served |= {(method, path) for method in view.http_method_names
+                   if method not in ("options", "head") and hasattr(view, method)}
+    return served
+
+
+def test_the_schema_declares_exactly_the_operations_the_box_serves(schema: Schema) -> None:
+    declared = {(method, path) for path, item in schema.document["paths"].items() for method in item}
+    served = _served_operations()
+    assert declared - served == set(), "declared, not served"
+    assert served - declared == set(), "served, not declared"
+    assert ("post", "/api/tokens/{token_id}") not in declared and ("delete", "/api/tokens/{token_id}") in declared
+
+
+def test_every_operation_declares_its_errors_in_the_error_shape(schema: Schema) -> None:
+    error = schema.document["components"]["schemas"]["ErrorBody"]
+    assert {"code", "message", "field", "reference"} <= set(error["properties"])
+    for path, item in schema.document["paths"].items():
+        for method, operation in item.items():
+            responses = operation["responses"]
+            assert "default" not in responses
+            errors = {code for code in responses if code >= "400"}
+            assert "500" in errors, f"{method} {path}"
+            if "{" in path:
+                assert "404" in errors, f"{method} {path}"
+            for code in errors:
+                assert responses[code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def test_timestamps_are_date_times_and_states_are_enums(schema: Schema) -> None:
+    schemas = schema.document["components"]["schemas"]
+    stamps = [(name, prop, spec) for name, component in schemas.items() if not name.endswith("Request")
+              for prop, spec in component.get("properties", {}).items() if prop.endswith("At")]
+    assert len(stamps) > 40
+    assert [(name, prop) for name, prop, spec in stamps if spec.get("format") != "date-time"] == []
+    assert schemas["TaskView"]["properties"]["state"]["enum"] == ["queued", "running", "waiting", "done", "failed",
+                                                                    "cancelled", "undone"]
+    assert schemas["TaskView"]["properties"]["step"]["type"] == "string"
+    steps = schemas["TaskView"]["properties"]["flow"]["anyOf"][0]["properties"]["steps"]["items"]["oneOf"]
+    assert {next(iter(s["required"])) for s in steps} >= {"run", "write", "http", "ask", "approve"}
+
+
+def test_the_schema_is_served_to_a_client_that_asks_for_plain_json(box: Box) -> None:
+    response = Client().get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/json")
+    assert "/api/tasks" in json.loads(response.content)["paths"]
 
 
 def test_a_client_driven_only_by_the_schema_creates_a_task_reads_its_events_and_approves_a_step(box: Box) -> None:
