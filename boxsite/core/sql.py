@@ -26,12 +26,10 @@ def locked_row(model: type[M], pk: int) -> M | None:
     """``model``'s row ``pk``, locked until the transaction ends where the database has row locks
     (SQLite's write transaction holds the whole database): the settings row, at every creation."""
     statement, rows = _locked_row(model, connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [pk])
-        found = cursor.fetchone()
+    found = rows.fetch_one(statement, [pk])
     if found is None:
         return None
-    (row,) = rows.instances(found)
+    (row,) = found
     assert isinstance(row, model)
     return row
 
@@ -49,12 +47,10 @@ def credential_with_user(model: type[M], key_hash: str) -> M | None:
     """The unrevoked ``model`` row (a token, a device) with the key hash ``key_hash``, its user
     read with it (``.user``): every request asks once."""
     statement, rows = _credential(model, connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [key_hash])
-        row = cursor.fetchone()
-    if row is None:
+    found = rows.fetch_one(statement, [key_hash])
+    if found is None:
         return None
-    credential, user = rows.instances(row)
+    credential, user = found
     assert isinstance(credential, model) and isinstance(user, get_user_model())
     credential.user = user  # type: ignore[attr-defined]
     return credential

@@ -19,13 +19,14 @@ from tasks.states import ACTIVE, State
 
 def owned_task(task_id: str, owner_id: int) -> Task | None:
     """The task if ``owner_id`` owns it: each view of a task asks once."""
-    statement, rows = _owned_task(connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [task_id, owner_id])
-        row = cursor.fetchone()
-    if row is None:
+    return _one_task(*_owned_task(connection.vendor), [task_id, owner_id])
+
+
+def _one_task(statement: str, rows: Rows, params: list[str | int]) -> Task | None:
+    found = rows.fetch_one(statement, params)
+    if found is None:
         return None
-    (task,) = rows.instances(row)
+    (task,) = found
     assert isinstance(task, Task)
     return task
 
@@ -39,15 +40,7 @@ def _owned_task(vendor: str) -> tuple[str, Rows]:
 def locked_task(task_id: str) -> Task | None:
     """Every column of the task, its row locked for the rest of the transaction (where the
     database has row locks): each run's finish reads its task again."""
-    statement, rows = _locked_task(connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [task_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    (task,) = rows.instances(row)
-    assert isinstance(task, Task)
-    return task
+    return _one_task(*_locked_task(connection.vendor), [task_id])
 
 
 @functools.cache

@@ -46,6 +46,13 @@ class Rows:
         return ", ".join(f"{quote(col.alias)}.{quote(column(col.target.model, col.target.name))}"
                          for readers in self.readers for col, _ in readers)
 
+    def fetch_one(self, statement: str, params: Sequence[Any]) -> list[Model] | None:
+        """The instances of the first row ``statement`` finds, or None when it finds none."""
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            row = cursor.fetchone()
+        return None if row is None else self.instances(row)
+
     def instances(self, row: Sequence[Any]) -> list[Model]:
         """One instance per model from ``row``, as a query of the ORM would have made each."""
         made, start = [], 0
