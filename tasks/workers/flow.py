@@ -401,10 +401,11 @@ class FlowWorker:
                       if continuable else None)
 
     def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *,
-                 known: dict[str, Any], approved: bool, index: int, position: str = "call") -> tuple[Any, Evidence]:
+                 known: dict[str, Any], approved: bool, index: int, position: str = "call", call: str = "") -> tuple[Any, Evidence]:
         """Run one step; its result and what it did. ``StepFailed`` carries what it did too.
         ``position`` finds the step's action again (``approvals.actions``); ``ActionUnknown`` when
-        an earlier attempt of it was cut off mid-call."""
+        an earlier attempt of it was cut off mid-call. ``call``: which of an agent's commands a
+        ``run`` is (its receipt's, ``tasks.step_receipts``)."""
         timeout = step.get("timeout_s")
         if kind == "run":
             # Values go in as environment variables, not as text of the command (flow authors:
@@ -415,18 +416,22 @@ class FlowWorker:
             if isinstance(value, dict):
                 env.update({str(k): str(v) for k, v in substitute(value.get("env", {}), known).items()})
             env.update(values)
-            try:
-                proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd)  # not argv: /proc shows it to all
-            except OSError as exc:
-                raise StepFailed(f"cannot start the shell: {exc}", evidence=Evidence({"command": written})) from exc
             name = f"step-{index + 1}-run-{ctx.run.number}"
             spool = process.spool_for(ctx, name)
-            done = process.wait(ctx, proc, timeout_s=timeout, spool=spool)
+            # The receipt is begun before the process starts; its ending is written the moment the
+            # process is reaped (by the sandbox's init): a kill from then on runs nothing again.
+            keep = receipts.begin(ctx, index, name, spool, process.MAX_SPOOL, call=call)
+            try:
+                proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd, keep=keep)  # not argv: /proc shows it to all
+            except OSError as exc:
+                raise StepFailed(f"cannot start the shell: {exc}", evidence=Evidence({"command": written})) from exc
+            done = process.wait(ctx, proc, timeout_s=timeout, keep=keep)
             if done.stopped:
-                for path in spool:
-                    path.unlink(missing_ok=True)
+                # The run is over: its receipt is the next run's to judge (an ending init wrote
+                # means the process had exited by itself, and the step is not run again).
                 raise LeaseLost("stopped")
-            receipts.write(ctx, index, name, done, spool)  # before anything else: a kill from here on runs nothing again
+            receipts.end(keep, done)
+            receipts.hold(ctx.task.pk, "exited")
             return run_result(ctx, written, name, done, spool, timeout)
         if kind == "write":
             target = inside(ctx.workdir, value["path"])
@@ -593,6 +598,8 @@ def record_result(ctx: RunContext, index: int, total: int, kind: str, began: dat
                   records: dict[str, Any] | None = None) -> None:
     """Log what step ``index`` did (``step_result``), before the next step begins; with
     ``resume``/``records``, the progress past it is saved in the same transaction."""
+    if kind in ("run", "command"):
+        receipts.hold(ctx.task.pk, "recording")
     duration_ms = int((time.monotonic() - clock) * 1000)
     data = {"step": index + 1, "of": total, "kind": kind, "ok": error is None, "startedAt": began.isoformat(),
             "durationMs": duration_ms, **evidence.data}
@@ -600,7 +607,7 @@ def record_result(ctx: RunContext, index: int, total: int, kind: str, began: dat
         data["error"] = error
     ctx.recorder.event(EventKind.STEP_RESULT, f"step {index + 1}/{total} {kind}: {result_words(kind, data)}", data,
                        artifacts=evidence.artifacts, resume=resume, records=records)
-    if kind == "run":
+    if kind in ("run", "command"):
         receipts.discard(ctx.task.pk, index)  # the log has the result now
 
 

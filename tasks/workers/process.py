@@ -60,13 +60,14 @@ def base_env(ctx: RunContext) -> dict[str, str]:
 
 
 def start(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path | None = None,
-          script: str | None = None) -> subprocess.Popen[bytes]:
+          script: str | None = None, keep: launcher.Keep | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` for the task. Raises ``OSError`` when it cannot start (missing executable).
 
     ``script`` (for ``argv = ["/bin/sh"]``) reaches the process as a file only it can open, never
-    in its command line, which every user of the machine can read.
+    in its command line, which every user of the machine can read. ``keep``: its receipt
+    (``tasks.step_receipts.begin``); pass it to ``wait`` too.
     """
-    return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir, script=script)
+    return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir, script=script, keep=keep)
 
 
 def _pump(stream: IO[bytes], sink: deque[str], on_line: Callable[[str], None] | None, spool: Path | None = None) -> None:
@@ -96,8 +97,10 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | None = None,
-         on_stdout: Callable[[str], None] | None = None, spool: tuple[Path, Path] | None = None) -> Finished:
-    """Wait for ``proc``; with ``spool``, its whole stdout and stderr also go to those two files."""
+         on_stdout: Callable[[str], None] | None = None, keep: launcher.Keep | None = None) -> Finished:
+    """Wait for ``proc``; with ``keep``, its whole stdout and stderr also go to the receipt's
+    spool files (written here unless the sandbox's init writes them)."""
+    spool = keep.spool if keep is not None and not launcher.keeps_receipts() else None
     out: deque[str] = deque()
     err: deque[str] = deque()
     pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, on_stdout, spool[0] if spool else None), daemon=True),
@@ -132,13 +135,13 @@ def spool_for(ctx: RunContext, name: str) -> tuple[Path, Path]:
 
 def output_evidence(ctx: RunContext, name: str, done: Finished, spool: tuple[Path, Path]) -> Evidence:
     """A finished process as evidence: exit code and output tails in the event, the whole
-    output (redacted) as the artifacts ``<name>-stdout.txt`` and ``<name>-stderr.txt``."""
+    output (redacted) as the artifacts ``<name>-stdout.txt`` and ``<name>-stderr.txt``. The spool
+    files stay: they are the receipt's until the result is recorded (``step_receipts.discard``)."""
     saved: list[dict[str, Any]] = []
     for stream, path in zip(("stdout", "stderr"), spool):
         if path.exists() and path.stat().st_size:
             saved.append(artifacts.save_text(ctx.task.pk, f"{name}-{stream}.txt", artifacts.read_spool(path),
                                              ctx.recorder.redactor))
-        path.unlink(missing_ok=True)
     data = {"exitCode": done.code, "stdout": tail(done.stdout), "stderr": tail(done.stderr),
             "timedOut": done.timed_out}
     return Evidence(data, saved)
