@@ -408,12 +408,15 @@ def _write_all(fd: int, data: bytes) -> None:
 class Relay(threading.Thread):
     """Copies one of the command's streams to the worker (``sink``) and into a spool file (at
     most ``limit`` + 1 bytes, as the worker's own spooling keeps). A worker that is gone stops
-    only the copy to it: the spool still gets everything, for the receipt."""
+    only the copy to it: the spool still gets everything, for the receipt. A spool that cannot
+    be written (a full disk) is ``broken``: the copy to the worker goes on, and the receipt gets
+    no ending (the step runs again, as one cut off does)."""
 
     def __init__(self, source: int, sink: int, spool: int, limit: int) -> None:
         super().__init__(daemon=True)
         self.source, self.sink, self.spool, self.limit = source, sink, spool, limit
         self.spooled = 0
+        self.broken = False
 
     def run(self) -> None:
         to_sink = True
@@ -422,9 +425,12 @@ class Relay(threading.Thread):
             if not chunk:
                 break
             room = self.limit + 1 - self.spooled
-            if room > 0:
-                _write_all(self.spool, chunk[:room])
-                self.spooled += min(room, len(chunk))
+            if room > 0 and not self.broken:
+                try:
+                    _write_all(self.spool, chunk[:room])
+                    self.spooled += min(room, len(chunk))
+                except OSError:
+                    self.broken = True
             if to_sink:
                 try:
                     _write_all(self.sink, chunk)
@@ -458,7 +464,7 @@ def keep_ending(keep: dict[str, Any], status: int, relays: list[Relay], worker_g
         relay.join(timeout=10)
     if keep.get("hold"):  # a test's: the worker dies here, after the exit, before the receipt is written
         worker_gone.wait(timeout=120)
-    if cut:
+    if cut or any(relay.broken or relay.is_alive() for relay in relays):
         return
     code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     for fd in keep["spool"]:
