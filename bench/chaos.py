@@ -11,10 +11,10 @@ ended (or the deadline passed) it stops the box with Ctrl-C and prints:
 - failed by faults: tasks that failed (none of these tasks can fail by itself);
 - steps run twice: step completions beyond one per step (each step appends a line as it ends);
   of them, those whose first completion was recorded (a step result in the log, then the step
-  ran again). A kill between a step's last action and its record does not run it again: the
-  step's receipt, written the moment its process is reaped, gives the retry its result
-  ("from receipt" counts those); only a kill in the instant between the process's exit and
-  that write would still run the step again (the log marks it interrupted);
+  ran again). A kill after a step's process exited does not run it again: the sandbox's init
+  writes the step's receipt before it exits, and the retry records the result from it ("from
+  receipt" counts those); a kill that lands between the step's last action and its process's
+  exit is a step cut off mid-way, which runs again (the log marks it interrupted);
 - leftovers: task users, their processes and mounts in the data dir after the stop.
 
 All zero is the bar. Usage: .venv/bin/python bench/chaos.py [--tasks N] [--kills K] [--db-faults T]

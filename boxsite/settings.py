@@ -241,6 +241,9 @@ BOX_STUCK_S = env_float("BOX_STUCK_S", 10.0)
 BOX_GIL_SWITCH_MS = env_float("BOX_GIL_SWITCH_MS", 1.0)
 if not 0 < BOX_GIL_SWITCH_MS <= 1000:
     raise ImproperlyConfigured(f"BOX_GIL_SWITCH_MS must be above 0 and at most 1000, not {BOX_GIL_SWITCH_MS}")
+# Tests only: the instants of a step's ending where a worker (or the sandbox's init) holds, once
+# per task, so a recovery test can kill it exactly there (tasks.run.receipts.hold).
+BOX_TEST_HOLD = frozenset(env_list("BOX_TEST_HOLD", []))
 # How long a stopping box waits for its processes before it kills them.
 BOX_STOP_GRACE_S = env_float("BOX_STOP_GRACE_S", 15.0)
 # Schedules: a failed firing retries after base * 2^(n-1) seconds, never longer than the max.

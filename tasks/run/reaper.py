@@ -83,8 +83,30 @@ def _lose(run_id: int, token: str, *, outcome: str, error: str, plan: Callable[[
     return Lost(True, active=True)
 
 
+# How a run was lost, as its ``error`` says: the give-up message counts each (``cut_attempts``).
+KILLED = "the worker's process died (killed); its lease expired"
+EXPIRED = "the worker stopped heartbeating; its lease expired"
+RESTARTED = "the box restarted while this run was working"
+
+
+def cut_attempts(run: Run) -> str:
+    """How the attempts of ``run``'s task since its last first attempt ended without finishing:
+    "3 times: 2 killed, 1 cut by a restart of the box, 0 by an expired lease" (and hand-backs
+    for a database fault, when there were any)."""
+    first = (Run.objects.filter(task_id=run.task_id, attempt=1, number__lte=run.number)
+             .order_by("-number").values_list("number", flat=True).first()) or 1
+    errors = list(Run.objects.filter(task_id=run.task_id, state=RunState.LOST, charged=True, number__gte=first,
+                                     number__lte=run.number).values_list("error", flat=True))
+    killed, restarted, expired = errors.count(KILLED), errors.count(RESTARTED), errors.count(EXPIRED)
+    faults = len(errors) - killed - restarted - expired
+    words = f"{len(errors)} times: {killed} killed, {restarted} cut by a restart of the box, {expired} by an expired lease"
+    return words + (f", {faults} handed back after a fault" if faults else "")
+
+
 def reap_expired(now: Any = None) -> int:
-    """Mark runs whose lease expired as lost; retry them or fail their task. Returns how many."""
+    """Mark runs whose lease expired as lost; retry them or fail their task. Returns how many.
+    A run whose worker was on this machine and is gone was killed; one whose worker lives (or
+    is elsewhere) stopped heartbeating."""
     now = now or timezone.now()
     max_attempts = settings.BOX_MAX_RUN_ATTEMPTS
 
@@ -94,16 +116,18 @@ def reap_expired(now: Any = None) -> int:
             attempt=run.attempt + 1, delay_s=delay, interrupted="the worker was lost",
             note=f"worker lost (lease expired); retrying in {delay:g}s, attempt {run.attempt + 1} of {max_attempts}",
             note_data={"run": run.number, "attempt": run.attempt + 1},
-            give_up=f"the worker was lost {run.attempt} times (its lease expired each time); gave up after {run.attempt} attempts",
+            give_up=f"the worker was lost {cut_attempts(run)}; gave up after {run.attempt} attempts",
             hint="check the worker logs; retry the task once the cause is fixed",
         )
 
+    host = socket.gethostname()[:255]
     expired = list(
-        Run.objects.filter(state=RunState.RUNNING, lease_expires_at__lt=now).values_list("pk", "lease_token")
+        Run.objects.filter(state=RunState.RUNNING, lease_expires_at__lt=now).values_list("pk", "lease_token", "worker_host", "worker_pid")
     )
     return sum(
-        _lose(run_id, token, outcome="lost", error="the worker stopped heartbeating; its lease expired", plan=plan, now=now).closed
-        for run_id, token in expired
+        _lose(run_id, token, outcome="lost", plan=plan, now=now,
+              error=KILLED if worker_host == host and pid is not None and not procs.alive(pid) else EXPIRED).closed
+        for run_id, token, worker_host, pid in expired
     )
 
 
@@ -122,7 +146,7 @@ def hand_back(run_id: int, token: str, why: str, *, counts_as_attempt: bool = Fa
             note=f"run {run.number} handed back ({why}); {'retrying' if counts_as_attempt else 'it resumes'}"
                  f"{f' in {delay:g}s' if delay else ''}, attempt {attempt} of {max_attempts}",
             note_data={"run": run.number, "handed_back": True, "attempt": attempt},
-            give_up=f"{why}; gave up after {run.attempt} attempts",
+            give_up=f"{why}; the worker was lost {cut_attempts(run)}; gave up after {run.attempt} attempts",
             hint="check the database and the box's log; retry the task once it is fixed",
         )
 
@@ -151,11 +175,12 @@ def resume_after_restart(now: Any = None, *, started_before: Any = None) -> int:
         return Retry(
             attempt=run.attempt + 1, delay_s=0.0, interrupted="the box restarted", note=words,
             note_data={"restart": True, "run": run.number, "attempt": run.attempt + 1}, doing_now=words,
-            give_up=f"the box restarted during attempt {run.attempt} of {run.attempt}; gave up",
+            give_up=f"the box restarted during attempt {run.attempt} of {run.attempt}; the worker was lost "
+                    f"{cut_attempts(run)}; gave up",
         )
 
     return sum(
-        _lose(run_id, token, outcome="lost", error="the box restarted while this run was working", plan=plan, now=now).active
+        _lose(run_id, token, outcome="lost", error=RESTARTED, plan=plan, now=now).active
         for run_id, token, pid in rows
         if pid is not None and not procs.alive(pid)  # a zombie is gone too: it does no work
     )

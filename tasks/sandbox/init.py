@@ -19,7 +19,12 @@ Started as root by ``unshare`` (new PID, network, mount, IPC and UTS namespaces)
    it exits, then exits with its status, which kills everything left in the namespace;
 7. exits the same way the moment the box's worker is gone (the worker reads our output; when it
    dies, its end of that pipe closes), so a lost worker's step never runs on unsupervised. A
-   parent-death signal cannot do this here: dropping privileges clears it.
+   parent-death signal cannot do this here: dropping privileges clears it;
+8. with ``keep`` (a step's receipt, ``tasks.run.receipts``), relays the command's output to the
+   worker and into the receipt's spool files, and when the command ends by itself writes how it
+   ended to the receipt, before exiting: the receipt does not depend on the worker living past
+   the command's exit. The files were opened by the box (root's, in its spool directory) and
+   reach us as descriptors the command never inherits.
 
 Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library and the system's
 ``seccomp`` module: it must not import the box (the task's user cannot read the box's
@@ -34,6 +39,7 @@ import json
 import os
 import resource
 import select
+import signal
 import socket
 import stat
 import struct
@@ -371,14 +377,18 @@ def script_argument(script: str) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def start_command(config: dict[str, Any]) -> int:
-    """Fork and exec the task's command; an exec failure exits 127 with the reason on stderr."""
+def start_command(config: dict[str, Any], outputs: tuple[int, int] | None = None) -> int:
+    """Fork and exec the task's command; an exec failure exits 127 with the reason on stderr.
+    With ``outputs``, the command's stdout and stderr are those descriptors."""
     argv = list(config["argv"])
     if config.get("script") is not None:
         argv.append(script_argument(config["script"]))
     pid = os.fork()
     if pid == 0:
         try:
+            if outputs is not None:
+                os.dup2(outputs[0], 1)
+                os.dup2(outputs[1], 2)
             os.setsid()
             os.chdir(config["cwd"])
             os.execvp(argv[0], argv)
@@ -389,8 +399,85 @@ def start_command(config: dict[str, Any]) -> int:
     return pid
 
 
-def die_with_worker(fd: int = 1) -> None:
-    """Exit (ending the PID namespace) once nobody reads ``fd``: the worker that started us died."""
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Relay(threading.Thread):
+    """Copies one of the command's streams to the worker (``sink``) and into a spool file (at
+    most ``limit`` + 1 bytes, as the worker's own spooling keeps). A worker that is gone stops
+    only the copy to it: the spool still gets everything, for the receipt. A spool that cannot
+    be written (a full disk) is ``broken``: the copy to the worker goes on, and the receipt gets
+    no ending (the step runs again, as one cut off does)."""
+
+    def __init__(self, source: int, sink: int, spool: int, limit: int) -> None:
+        super().__init__(daemon=True)
+        self.source, self.sink, self.spool, self.limit = source, sink, spool, limit
+        self.spooled = 0
+        self.broken = False
+
+    def run(self) -> None:
+        to_sink = True
+        while True:
+            chunk = os.read(self.source, 65536)
+            if not chunk:
+                break
+            room = self.limit + 1 - self.spooled
+            if room > 0 and not self.broken:
+                try:
+                    _write_all(self.spool, chunk[:room])
+                    self.spooled += min(room, len(chunk))
+                except OSError:
+                    self.broken = True
+            if to_sink:
+                try:
+                    _write_all(self.sink, chunk)
+                except OSError:
+                    to_sink = False
+        os.close(self.source)
+
+
+def relays_for(keep: dict[str, Any]) -> tuple[tuple[int, int], list[Relay]]:
+    """Pipes for the command's stdout and stderr: the write ends, for the command, and the relay
+    of each read end (started once the command is: no thread runs while we fork)."""
+    ends: list[int] = []
+    relays = []
+    for sink, spool in zip((1, 2), keep["spool"]):
+        read_end, write_end = os.pipe()
+        ends.append(write_end)
+        relays.append(Relay(read_end, sink, spool, int(keep["limit"])))
+    return (ends[0], ends[1]), relays
+
+
+def keep_ending(keep: dict[str, Any], status: int, relays: list[Relay], worker_gone: threading.Event) -> None:
+    """The command ended: stop what it left running (its output then ends), let the relays
+    finish, and write how it ended to the receipt, unless it was killed because the worker is
+    gone (a step cut off mid-way, which runs again)."""
+    cut = worker_gone.is_set() and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    try:
+        os.kill(-1, signal.SIGKILL)  # every process of the namespace but this one
+    except (ProcessLookupError, PermissionError):
+        pass  # none left
+    for relay in relays:
+        relay.join(timeout=10)
+    if keep.get("hold"):  # a test's: the worker dies here, after the exit, before the receipt is written
+        worker_gone.wait(timeout=120)
+    if cut or any(relay.broken or relay.is_alive() for relay in relays):
+        return
+    code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    for fd in keep["spool"]:
+        os.fsync(fd)
+    ending = {"code": code, "bytes": [relay.spooled for relay in relays]}
+    _write_all(keep["ending"], (json.dumps(ending) + "\n").encode())
+    os.fsync(keep["ending"])
+
+
+def die_with_worker(fd: int = 1, gone: threading.Event | None = None) -> None:
+    """Exit (ending the PID namespace) once nobody reads ``fd``: the worker that started us died.
+    With ``gone``, set it and kill the namespace's other processes instead: the main loop reaps
+    the command and decides what its receipt says."""
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         return
     poller = select.poll()
@@ -398,11 +485,22 @@ def die_with_worker(fd: int = 1) -> None:
     while True:
         for _fd, events in poller.poll():
             if events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
-                os._exit(137)
+                if gone is None:
+                    os._exit(137)
+                gone.set()
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass  # none left
+                return
 
 
 def main() -> None:
     config = read_config(int(sys.argv[1]))
+    keep = config.get("keep")
+    if keep is not None:  # the receipt's files: never the command's
+        for fd in (keep["ending"], *keep["spool"]):
+            os.set_inheritable(fd, False)
     join_groups(config.get("cgroups") or [])
     loopback_up()
     build_root(config)
@@ -417,8 +515,17 @@ def main() -> None:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", forward["port"]))
         listener.listen(64)
-    child = start_command(config)
-    threading.Thread(target=die_with_worker, daemon=True).start()
+    relays: list[Relay] = []
+    outputs = None
+    if keep is not None:
+        outputs, relays = relays_for(keep)
+    child = start_command(config, outputs)
+    for fd in outputs or ():
+        os.close(fd)
+    for relay in relays:
+        relay.start()
+    worker_gone = threading.Event()
+    threading.Thread(target=die_with_worker, args=(1, worker_gone if keep is not None else None), daemon=True).start()
     if listener is not None:
         threading.Thread(target=serve_forwarder, args=(listener, config["forward"]["socket"]), daemon=True).start()
     while True:  # PID 1 adopts every orphan: reap them all, leave when the command exits
@@ -429,6 +536,8 @@ def main() -> None:
         except InterruptedError:
             continue
         if pid == child:
+            if keep is not None:
+                keep_ending(keep, status, relays, worker_gone)
             os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 

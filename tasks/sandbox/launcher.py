@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,8 +48,26 @@ NO_PROXY = "localhost,127.0.0.1,::1"
 PROFILE_MOUNT = "/run/box-profile"  # where ``popen(profile=...)`` shows a folder inside the sandbox
 
 
+@dataclass(frozen=True)
+class Keep:
+    """A process's receipt (``tasks.run.receipts``): the file its ending is appended to, and the
+    two spool files its whole stdout and stderr go to (at most ``limit`` + 1 bytes each).
+    ``hold``: a test's, init waits for the worker to die before it writes the ending."""
+
+    ending: Path
+    spool: tuple[Path, Path]
+    limit: int
+    hold: bool = False
+
+
+def keeps_receipts() -> bool:
+    """Whether the sandbox's init writes a kept process's spool and ending (``popen(keep=...)``);
+    otherwise the worker does, and a worker killed after the process's exit loses its ending."""
+    return support.available()
+
+
 def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
-          script: str | None = None, profile: Path | None = None) -> subprocess.Popen[bytes]:
+          script: str | None = None, profile: Path | None = None, keep: Keep | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` for the task. ``OSError`` when the executable does not exist.
 
     With ``script``, ``argv`` gets one more argument: the path of a file only the process can
@@ -56,13 +75,14 @@ def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
     there, never into ``argv``: every process's command line is world-readable in /proc.
     With ``profile`` (a folder of the owner's, a browser profile) the sandboxed process sees it
     at ``PROFILE_MOUNT``, id-mapped so the task's user owns it (files stay root's on disk).
+    With ``keep`` and the sandbox (``keeps_receipts``), its init fills the receipt's files.
     """
     if not argv:
         raise FileNotFoundError(errno.ENOENT, "no command given")
     if ctx.before_process is not None:
         ctx.before_process()  # the run's broker, there before the process can call it
     if support.available():
-        return _popen_sandboxed(ctx, argv, env=env, cwd=cwd, script=script, profile=profile)
+        return _popen_sandboxed(ctx, argv, env=env, cwd=cwd, script=script, profile=profile, keep=keep)
     return _popen_plain(ctx, argv, env=env, cwd=cwd, script=script)
 
 
@@ -104,7 +124,7 @@ def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: 
 
 
 def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
-                     script: str | None, profile: Path | None = None) -> subprocess.Popen[bytes]:
+                     script: str | None, profile: Path | None = None, keep: Keep | None = None) -> subprocess.Popen[bytes]:
     task = ctx.task
     ident = users.ensure_user(task.pk)
     users.mark_ran(ident)  # before anything runs as the user: its release sweeps processes and keys
@@ -131,6 +151,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         env.update(_proxy_env(f"http://127.0.0.1:{FORWARD_PORT}"))
 
     view_fd = config_read = config_write = profile_fd = -1
+    kept: list[int] = []  # the receipt's files, opened here (root's): init writes them, the task never sees them
     try:
         groups = cgroups.prepare(task.pk, cgroups.Limits(memory_mb=_limit(task, "memory_mb"),
                                                          cpu_percent=_limit(task, "cpu_percent")))
@@ -145,13 +166,17 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
             "seccomp": support.syscall_filter_dir(), "cgroups": groups,
             "profile_fd": profile_fd if profile_fd >= 0 else None, "profile": PROFILE_MOUNT,
         }
+        if keep is not None:
+            kept.append(os.open(keep.ending, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))  # its header is there
+            kept.extend(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600) for path in keep.spool)
+            config["keep"] = {"ending": kept[0], "spool": kept[1:], "limit": keep.limit, "hold": keep.hold}
         # The configuration (the command, a script with secret facts substituted in) reaches
         # init through a pipe: init's own command line, like every one in /proc, is world-readable.
         config_read, config_write = os.pipe()
         # unshare dies with the worker; --kill-child takes init, and so the whole PID namespace, with it.
         command = [*DIE_WITH_WORKER, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount",
                    "--ipc", "--uts", "--propagation", "private", "--", str(support.SYSTEM_PYTHON), "-I", "-S", str(support.INIT), str(config_read)]
-        passed = (view_fd, config_read, *((profile_fd,) if profile_fd >= 0 else ()))
+        passed = (view_fd, config_read, *((profile_fd,) if profile_fd >= 0 else ()), *kept)
         proc = subprocess.Popen(command, cwd="/", env=env, pass_fds=passed, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         os.close(config_read)
@@ -163,7 +188,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
             egress.release(task.pk)
         raise
     finally:
-        for fd in (view_fd, config_read, config_write, profile_fd):
+        for fd in (view_fd, config_read, config_write, profile_fd, *kept):
             if fd >= 0:
                 os.close(fd)
     if forward is not None:

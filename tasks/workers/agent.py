@@ -39,6 +39,7 @@ from tasks.llm.client import (
 )
 from tasks.models import EventKind
 from tasks.pauses import ApprovalKind
+from tasks.run import receipts
 from tasks.run.context import RunContext
 from tasks.run.evidence import Evidence, StepFailed, bounded
 from tasks.states import WaitingFor
@@ -47,6 +48,7 @@ from tasks.vault.facts import guess_kind
 from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, check_time, needs_key
 from tasks.workers.file_steps import inside
 from tasks.workers.flow import FlowWorker
+from tasks.workers.run_step import from_step_receipt
 from tasks.workers.values import substitute
 
 NO_MODEL = ("no model is configured, so this plain-language task cannot be planned; "
@@ -249,7 +251,7 @@ class AgentLoop:
         if kind in ("run", "write", "http"):
             ctx.recorder.count("actions", "max_actions")
         try:
-            result, evidence = self._run(kind, step, known, approved=approved)
+            result, evidence = self._run(kind, step, known, approved=approved, call=call.id)
         except NeedsApproval as need:
             return Turn(outcome=Paused(
                 WaitingFor.APPROVAL, need.summary, approval=ApprovalRequest(
@@ -261,9 +263,11 @@ class AgentLoop:
         except StepFailed as exc:
             data = {"call": call.id, "tool": call.name, "ok": False, "error": exc.message, **exc.evidence.data}
             ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} failed: {exc.message}"[:300], data, artifacts=exc.evidence.artifacts)
+            self._recorded(kind)
             return Turn(content=self._shown({"error": exc.message, **exc.evidence.data}))
         ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} ok", {"call": call.id, "tool": call.name, "ok": True, **evidence.data},
                            artifacts=evidence.artifacts)
+        self._recorded(kind)
         return Turn(content=self._shown(result if kind in ("list", "read", "tool") else {"result": result, **evidence.data}))
 
     def _as_step(self, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
@@ -286,7 +290,13 @@ class AgentLoop:
             return {"tool": self.by_function[call.name], "args": args}, "tool"
         return None, f"there is no tool '{call.name}' with those arguments; use the tools you were given"
 
-    def _run(self, kind: str, step: dict[str, Any], known: dict[str, Any], *, approved: bool) -> tuple[Any, Evidence]:
+    def _recorded(self, kind: str) -> None:
+        """A command's result is in the log: its receipt goes (``tasks.run.receipts``)."""
+        if kind == "run":
+            receipts.discard(self.ctx.task.pk, self.state["turn"] - 1)
+
+    def _run(self, kind: str, step: dict[str, Any], known: dict[str, Any], *, approved: bool,
+             call: str = "") -> tuple[Any, Evidence]:
         ctx = self.ctx
         if kind == "list":
             relative = step["list"]
@@ -305,7 +315,12 @@ class AgentLoop:
         value = step[kind]
         if kind != "run":
             value = substitute(value, known)
-        return FlowWorker()._execute(ctx, kind, value, step, known=known, approved=approved, index=self.state["turn"] - 1)
+        index = self.state["turn"] - 1
+        # A lost run whose command had ended left its receipt: the command is not run again.
+        receipt = receipts.find(ctx, index, call=call) if kind == "run" and ctx.run.number > 1 else None
+        if receipt is not None:
+            return from_step_receipt(ctx, step, receipt)
+        return FlowWorker()._execute(ctx, kind, value, step, known=known, approved=approved, index=index, call=call)
 
     def _ask(self, call: ToolCall) -> Turn:
         name = str(call.arguments.get("name", "")).strip()[:100] or "answer"

@@ -1,15 +1,20 @@
 """The command worker: an external agent process (a preset or a configured command line).
 
 Exit 0 is done. Any other exit fails the task with ``worker exited with <code>: <last line it
-wrote to stderr>``. A process that cannot start fails the task with the reason.
+wrote to stderr>``. A process that cannot start fails the task with the reason. A retry after a
+lost run whose process had ended records that ending from its receipt (``tasks.run.receipts``)
+instead of starting the process again.
 """
 from __future__ import annotations
 
 import time
+from datetime import datetime
+from pathlib import Path
 
 from django.utils import timezone
 
 from tasks.models import EventKind
+from tasks.run import receipts
 from tasks.run.context import RunContext
 from tasks.vault.store import read_secret
 from tasks.workers import process
@@ -39,10 +44,19 @@ class CommandWorker:
                 ctx.refresh_redactor()
             argv = [part.replace("{prompt}", task.prompt) for part in preset.argv]
         began, clock = timezone.now(), time.monotonic()
+        name = f"worker-run-{ctx.run.number}"
+        # A lost run whose process had ended left its receipt: the command is not run again.
+        receipt = receipts.find(ctx, 0) if ctx.run.number > 1 else None
+        if receipt is not None:
+            done = process.Finished(receipt.code, receipt.stdout, receipt.stderr, timed_out=receipt.timed_out)
+            return self._ended(ctx, argv, receipt.name, done, receipt.spool, began, clock, lines=0, receipt_run=receipt.run_number)
         ctx.recorder.step(f"step 1/1 starting {argv[0]}", {"step": 1, "of": 1, "kind": "command", "argv0": argv[0]})
+        spool = process.spool_for(ctx, name)
+        keep = receipts.begin(ctx, 0, name, spool, process.MAX_SPOOL)
         try:
-            proc = process.start(ctx, argv, env=env)
+            proc = process.start(ctx, argv, env=env, keep=keep)
         except OSError as exc:
+            receipts.discard(ctx.task.pk, 0)
             # Name what was missing: the program, or (rarely) a path the sandbox needed for it.
             missing = exc.filename if isinstance(exc.filename, str) else argv[0]
             hint = (f"make {missing} executable (chmod +x) or run it through its interpreter"
@@ -56,10 +70,18 @@ class CommandWorker:
                 lines += 1
                 ctx.recorder.event(EventKind.OUTPUT, line[:2000])
 
-        name = f"worker-run-{ctx.run.number}"
-        done, spool = process.wait_spooled(ctx, proc, name, on_stdout=on_stdout)
+        done = process.wait_spooled(ctx, proc, keep, on_stdout=on_stdout)
+        return self._ended(ctx, argv, name, done, spool, began, clock, lines=lines)
+
+    @staticmethod
+    def _ended(ctx: RunContext, argv: list[str], name: str, done: process.Finished, spool: tuple[Path, Path],
+               began: datetime, clock: float, *, lines: int, receipt_run: int | None = None) -> Outcome:
+        """The process ended (in this run, or in a lost one whose receipt says how): its result
+        in the log, and the task's outcome."""
         evidence = process.output_evidence(ctx, name, done, spool)
         evidence.data = {"command": argv[0], "linesReported": lines, **evidence.data}
+        if receipt_run is not None:
+            evidence.data.update(fromReceipt=True, receiptRun=receipt_run)
         error = "ran out of time" if done.timed_out else (None if done.code == 0 else f"exit {done.code}")
         record_result(ctx, 0, 1, "command", began, clock, evidence, error=error)
         if done.timed_out:

@@ -259,12 +259,13 @@ class FlowWorker:
                       if continuable else None)
 
     def _execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *,
-                 known: dict[str, Any], approved: bool, index: int, position: str = "call") -> tuple[Any, Evidence]:
+                 known: dict[str, Any], approved: bool, index: int, position: str = "call", call: str = "") -> tuple[Any, Evidence]:
         """Run one step; its result and what it did. ``StepFailed`` carries what it did too.
         ``position`` finds the step's action again (``approvals.actions``); ``ActionUnknown`` when
-        an earlier attempt of it was cut off mid-call."""
+        an earlier attempt of it was cut off mid-call. ``call``: which of an agent's commands a
+        ``run`` is (its receipt's, ``tasks.run.receipts``)."""
         if kind == "run":
-            return run_step(ctx, value, step, known, index)
+            return run_step(ctx, value, step, known, index, call=call)
         if kind == "write":
             return write_step(ctx, value)
         if kind == "delete":
@@ -343,6 +344,8 @@ def record_result(ctx: RunContext, index: int, total: int, kind: str, began: dat
                   records: dict[str, Any] | None = None) -> None:
     """Log what step ``index`` did (``step_result``), before the next step begins; with
     ``resume``/``records``, the progress past it is saved in the same transaction."""
+    if kind in ("run", "command"):
+        receipts.hold(ctx.task.pk, "recording")
     duration_ms = int((time.monotonic() - clock) * 1000)
     data = {"step": index + 1, "of": total, "kind": kind, "ok": error is None, "startedAt": began.isoformat(),
             "durationMs": duration_ms, **evidence.data}
@@ -350,7 +353,7 @@ def record_result(ctx: RunContext, index: int, total: int, kind: str, began: dat
         data["error"] = error
     ctx.recorder.event(EventKind.STEP_RESULT, f"step {index + 1}/{total} {kind}: {result_words(kind, data)}", data,
                        artifacts=evidence.artifacts, resume=resume, records=records)
-    if kind == "run":
+    if kind in ("run", "command"):
         receipts.discard(ctx.task.pk, index)  # the log has the result now
 
 

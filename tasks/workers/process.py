@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from tasks.broker.paths import process_env
-from tasks.run import artifacts
+from tasks.run import artifacts, receipts
 from tasks.run.evidence import Evidence, tail
 from tasks.run.recorder import LeaseLost
 from tasks.sandbox import launcher
@@ -61,13 +61,14 @@ def base_env(ctx: RunContext) -> dict[str, str]:
 
 
 def start(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path | None = None,
-          script: str | None = None) -> subprocess.Popen[bytes]:
+          script: str | None = None, keep: launcher.Keep | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` for the task. Raises ``OSError`` when it cannot start (missing executable).
 
     ``script`` (for ``argv = ["/bin/sh"]``) reaches the process as a file only it can open, never
-    in its command line, which every user of the machine can read.
+    in its command line, which every user of the machine can read. ``keep``: its receipt
+    (``tasks.run.receipts.begin``); pass it to ``wait`` too.
     """
-    return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir, script=script)
+    return launcher.popen(ctx, argv, env=env, cwd=cwd or ctx.workdir, script=script, keep=keep)
 
 
 def _pump(stream: IO[bytes], sink: deque[str], on_line: Callable[[str], None] | None, spool: Path | None = None) -> None:
@@ -97,8 +98,10 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | None = None,
-         on_stdout: Callable[[str], None] | None = None, spool: tuple[Path, Path] | None = None) -> Finished:
-    """Wait for ``proc``; with ``spool``, its whole stdout and stderr also go to those two files."""
+         on_stdout: Callable[[str], None] | None = None, keep: launcher.Keep | None = None) -> Finished:
+    """Wait for ``proc``; with ``keep``, its whole stdout and stderr also go to the receipt's
+    spool files (written here unless the sandbox's init writes them)."""
+    spool = keep.spool if keep is not None and not launcher.keeps_receipts() else None
     out: deque[str] = deque()
     err: deque[str] = deque()
     pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, on_stdout, spool[0] if spool else None), daemon=True),
@@ -125,17 +128,18 @@ def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | N
     return Finished(code, "".join(out), "".join(err), timed_out=timed_out, stopped=stopped)
 
 
-def wait_spooled(ctx: RunContext, proc: subprocess.Popen[bytes], name: str, *, timeout_s: float | None = None,
-                 on_stdout: Callable[[str], None] | None = None) -> tuple[Finished, tuple[Path, Path]]:
-    """``wait``, the whole output spooled under ``name`` (``spool_for``) to become artifacts; a
-    process stopped because the run's lease went leaves no spool, and ``LeaseLost`` goes up."""
-    spool = spool_for(ctx, name)
-    done = wait(ctx, proc, timeout_s=timeout_s, on_stdout=on_stdout, spool=spool)
+def wait_spooled(ctx: RunContext, proc: subprocess.Popen[bytes], keep: launcher.Keep, *, timeout_s: float | None = None,
+                 on_stdout: Callable[[str], None] | None = None) -> Finished:
+    """``wait`` for a process begun with a receipt (``keep``), its whole output in the receipt's
+    spool files, and the receipt's ending written (by the sandbox's init, or here). A process
+    stopped because the run's lease went raises ``LeaseLost``: its receipt is the next run's to
+    judge (an ending init wrote means the process had exited by itself, and is not run again)."""
+    done = wait(ctx, proc, timeout_s=timeout_s, on_stdout=on_stdout, keep=keep)
     if done.stopped:
-        for path in spool:
-            path.unlink(missing_ok=True)
         raise LeaseLost("the run was stopped")
-    return done, spool
+    receipts.end(keep, done)
+    receipts.hold(ctx.task.pk, "exited")
+    return done
 
 
 def spool_for(ctx: RunContext, name: str) -> tuple[Path, Path]:
@@ -146,13 +150,13 @@ def spool_for(ctx: RunContext, name: str) -> tuple[Path, Path]:
 
 def output_evidence(ctx: RunContext, name: str, done: Finished, spool: tuple[Path, Path]) -> Evidence:
     """A finished process as evidence: exit code and output tails in the event, the whole
-    output (redacted) as the artifacts ``<name>-stdout.txt`` and ``<name>-stderr.txt``."""
+    output (redacted) as the artifacts ``<name>-stdout.txt`` and ``<name>-stderr.txt``. The spool
+    files stay: they are the receipt's until the result is recorded (``receipts.discard``)."""
     saved: list[dict[str, Any]] = []
     for stream, path in zip(("stdout", "stderr"), spool):
         if path.exists() and path.stat().st_size:
             saved.append(artifacts.save_text(ctx.task.pk, f"{name}-{stream}.txt", artifacts.read_spool(path),
                                              ctx.recorder.redactor))
-        path.unlink(missing_ok=True)
     data = {"exitCode": done.code, "stdout": tail(done.stdout), "stderr": tail(done.stderr),
             "timedOut": done.timed_out}
     return Evidence(data, saved)

@@ -14,8 +14,10 @@ from tasks.workers.base import check_time
 from tasks.workers.values import shell_command, substitute
 
 
-def run_step(ctx: RunContext, value: Any, step: dict[str, Any], known: dict[str, Any], index: int) -> tuple[Any, Evidence]:
-    """Run step ``index``'s command; its output and evidence, ``StepFailed`` when it failed."""
+def run_step(ctx: RunContext, value: Any, step: dict[str, Any], known: dict[str, Any], index: int, *,
+             call: str = "") -> tuple[Any, Evidence]:
+    """Run step ``index``'s command (``call``: which of an agent's commands it is); its output and
+    evidence, ``StepFailed`` when it failed."""
     timeout = step.get("timeout_s")
     # Values go in as environment variables, not as text of the command (flow authors:
     # docs/api.md, "Values in a run command").
@@ -25,13 +27,16 @@ def run_step(ctx: RunContext, value: Any, step: dict[str, Any], known: dict[str,
     if isinstance(value, dict):
         env.update({str(k): str(v) for k, v in substitute(value.get("env", {}), known).items()})
     env.update(values)
+    name = f"step-{index + 1}-run-{ctx.run.number}"
+    spool = process.spool_for(ctx, name)
+    # The receipt is begun before the process starts; its ending is written the moment the
+    # process is reaped (by the sandbox's init): a kill from then on runs nothing again.
+    keep = receipts.begin(ctx, index, name, spool, process.MAX_SPOOL, call=call)
     try:
-        proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd)  # not argv: /proc shows it to all
+        proc = process.start(ctx, ["/bin/sh"], env=env, script=cmd, keep=keep)  # not argv: /proc shows it to all
     except OSError as exc:
         raise StepFailed(f"cannot start the shell: {exc}", evidence=Evidence({"command": written})) from exc
-    name = f"step-{index + 1}-run-{ctx.run.number}"
-    done, spool = process.wait_spooled(ctx, proc, name, timeout_s=timeout)
-    receipts.write(ctx, index, name, done, spool)  # before anything else: a kill from here on runs nothing again
+    done = process.wait_spooled(ctx, proc, keep, timeout_s=timeout)
     return run_result(ctx, written, name, done, spool, timeout)
 
 

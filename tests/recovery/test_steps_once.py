@@ -108,7 +108,7 @@ def _killed_after_the_receipt(box: Any, tmp_path: Path, title: str, damage: Call
         with transaction.atomic():
             runs.lock_task(task["id"])
             (layer_paths.view_dir(task["id"]) / "go").touch()
-            wait_for(receipt.exists, timeout=30, interval=0.01, what="the step's receipt")
+            wait_for(lambda: _ended(receipt), timeout=30, interval=0.01, what="the step's receipt to say how it ended")
             os.kill(first.worker_pid, signal.SIGKILL)
             if damage is not None:
                 damage(receipt)
@@ -131,10 +131,15 @@ def test_a_worker_killed_after_its_step_ended_but_before_recording_it_does_not_r
     assert not receipt.exists()  # gone once the log has the result
 
 
+def _ended(receipt: Path) -> bool:
+    """The receipt has its second line: how the process ended."""
+    return receipt.exists() and len(receipt.read_text().splitlines()) == 2
+
+
 def _without_exit_code(receipt: Path) -> None:
-    body = json.loads(receipt.read_text())
-    del body["code"]
-    receipt.write_text(json.dumps(body))
+    header, ending = (json.loads(line) for line in receipt.read_text().splitlines())
+    del ending["code"]
+    receipt.write_text(json.dumps(header) + "\n" + json.dumps(ending) + "\n")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
@@ -146,3 +151,61 @@ def test_a_receipt_not_in_the_shape_the_worker_writes_is_no_receipt_and_the_step
     results = [e for e in box.events(view["id"]) if e["kind"] == "step_result" and e["data"]["step"] == 1]
     assert len(results) == 1 and not results[0]["data"].get("fromReceipt"), results
     assert not receipt.exists()
+
+
+# The step's effect is its last action; its process then exits.
+EFFECT_THEN_EXIT = flow(
+    {"run": "echo effect >> effects.txt", "name": "paid call"},
+    {"run": "cat effects.txt", "save": "effects"},
+)
+
+
+def _command_exited(task_id: str) -> bool:
+    """The step's effect is done and its command is gone: only the sandbox's init is left."""
+    effects = layer_paths.view_dir(task_id) / "effects.txt"
+    left = _task_processes(task_id)
+    return effects.exists() and bool(left) and all("init.py" in line for line in left)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
+@pytest.mark.parametrize("instant", ["init", "exited", "recording"])
+def test_a_worker_killed_at_any_instant_after_its_steps_process_exited_does_not_run_the_step_again(box, tmp_path, instant):
+    """``init``: after the exit, before the receipt's ending is written (init holds there until
+    the worker is gone); ``exited``: the worker learnt of the exit; ``recording``: the output is
+    saved as artifacts, the database write not yet made."""
+    with running_box(tmp_path, BOX_TEST_HOLD=instant):
+        task = box.create(title=f"paid once, killed at {instant}", flow=EFFECT_THEN_EXIT)
+        marker = step_receipts.held_marker(task["id"], instant)
+        wait_for(marker.exists, timeout=60, interval=0.02, what=f"the worker to hold at {instant}")
+        first = Run.objects.get(task_id=task["id"], number=1)
+        if instant == "init":
+            wait_for(lambda: _command_exited(task["id"]), timeout=30, interval=0.02, what="the step's command to exit")
+        os.kill(first.worker_pid, signal.SIGKILL)
+        view = box.wait_state(task["id"], "done", "failed", timeout=90)
+    assert view["state"] == "done", view
+    assert Task.objects.get(pk=task["id"]).records["effects"] == "effect"  # the effect happened once
+    events = box.events(task["id"])
+    results = [e for e in events if e["kind"] == "step_result" and e["data"]["step"] == 1]
+    assert len(results) == 1 and results[0]["data"]["fromReceipt"] and results[0]["data"]["exitCode"] == 0, results
+    assert not [e for e in events if e["kind"] == "note" and e["data"].get("interrupted")]
+    assert Run.objects.get(task_id=task["id"], number=1).state == "lost"
+    assert not step_receipts.path_of(task["id"], 0).exists()
+
+
+COMMAND_EFFECT = ["/bin/sh", "-c", "echo effect >> effects.txt; echo said it"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (task users) needs root")
+def test_a_command_worker_killed_after_its_process_exited_does_not_start_it_again(box, tmp_path):
+    with running_box(tmp_path, BOX_TEST_HOLD="exited"):
+        task = box.create(title="command once", prompt="say it once", worker="command", command=COMMAND_EFFECT)
+        wait_for(step_receipts.held_marker(task["id"], "exited").exists, timeout=60, interval=0.02,
+                 what="the worker to hold after the exit")
+        os.kill(Run.objects.get(task_id=task["id"], number=1).worker_pid, signal.SIGKILL)
+        view = box.wait_state(task["id"], "done", "failed", timeout=90)
+    assert view["state"] == "done", view
+    events = box.events(task["id"])
+    assert len([e for e in events if e["kind"] == "step"]) == 1  # started once
+    results = [e for e in events if e["kind"] == "step_result"]
+    assert len(results) == 1 and results[0]["data"]["fromReceipt"], results
+    assert "said it" in results[0]["data"]["stdout"]

@@ -75,6 +75,8 @@ def test_a_worker_lost_every_time_fails_the_task_at_the_attempt_limit(box, tmp_p
             _kill(run.worker_pid)
         view = box.wait_state(task["id"], "failed", timeout=90)
     assert "gave up after 2 attempts" in view["error"]
+    # Both attempts were cut by a kill of their worker, and the message says so.
+    assert "the worker was lost 2 times: 2 killed, 0 cut by a restart of the box, 0 by an expired lease" in view["error"], view
     assert view["recoverable"] is True and view["hint"]
     assert Run.objects.filter(task_id=task["id"]).count() == 2
     assert not Run.objects.filter(task_id=task["id"], state__in=["queued", "running"]).exists()

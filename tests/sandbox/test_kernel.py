@@ -212,3 +212,24 @@ def test_the_host_filesystem_other_tasks_and_mount_table_are_out_of_sight(sandbo
     assert seen["sh"] == "x2" and seen["python"] == "[1]" and seen["client"] == "0"
     assert any("hello-from-the-new-root" in e["summary"] for e in sandboxed.events(view["id"]))
     assert view["state"] == "done", (view, seen)
+
+
+FORGE_A_RECEIPT = textwrap.dedent("""
+    import os
+    try:
+        os.listdir("/proc/1/fd")
+        print("init_fds=open")
+    except PermissionError:
+        print("init_fds=denied")
+    mine = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")]
+    print("receipt_fds=" + str(sum(".spool" in target or "receipt" in target for target in mine)))
+""")
+
+
+def test_a_task_cannot_reach_the_receipt_init_writes_for_it(sandboxed):
+    """Init holds the step's receipt (how the process ended, its output) open for writing: the
+    command inherits none of it, and cannot reach init's descriptors through /proc."""
+    view = run_script(sandboxed, FORGE_A_RECEIPT)
+    assert view["state"] == "done", view
+    found = results(sandboxed, view["id"])
+    assert found == {"init_fds": "denied", "receipt_fds": "0"}, found
