@@ -139,6 +139,13 @@ class Task(models.Model):
     def is_final(self) -> bool:
         return self.state in FINAL
 
+    def is_final_view(self) -> bool:
+        """Final for a caller: a final state, or a checkpoint that cannot be continued (a payment
+        page: a person finishes it outside the box, and only cancel or undo releases what the task
+        holds)."""
+        return self.is_final() or (self.state == State.WAITING and self.waiting_for == WaitingFor.CHECKPOINT
+                                   and not self.continuable)
+
     def limit(self, name: str) -> int | None:
         """The task's limit for ``name`` (its own, else the default); None means unbounded."""
         value: Any = self.limits.get(name, default_limit(name))

@@ -11,7 +11,6 @@ from django.utils import timezone
 from boxsite.core.errors import Conflict, Forbidden, InvalidRequest
 from boxsite.core.principal import Principal
 from tasks import dependencies, services
-from tasks.api.presenters import is_final_view
 from tasks.events import record_event
 from tasks.layers import review
 from tasks.layers.locks import layer_lock
@@ -58,7 +57,7 @@ def rerun_task(principal: Principal, task_id: str, body: Any, *, source: str | N
     if not isinstance(body, dict):
         raise InvalidRequest("a rerun takes a JSON object: the fields to change, or {}")
     task = services.get_task_for(principal, task_id)
-    if not is_final_view(task):
+    if not task.is_final_view():
         raise Conflict(f"task '{task.pk}' is {task.state}; only an ended task can run again (cancel it first)")
     return services.create_task({**spec_of(task), **body}, principal, source=source)
 

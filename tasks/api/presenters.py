@@ -186,12 +186,6 @@ class RunPage(TypedDict):
     attempts: Attempts
 
 
-def is_final_view(task: Task) -> bool:
-    """Final for a caller: a final state, or a checkpoint that cannot be continued (a payment
-    page: a person finishes it outside the box, and only cancel or undo releases what the task holds)."""
-    return task.is_final() or (task.state == State.WAITING and task.waiting_for == WaitingFor.CHECKPOINT and not task.continuable)
-
-
 def next_calls(task: Task) -> list[NextCall]:
     """The calls that make sense now, so clients never hardcode the state machine."""
     calls: list[NextCall] = []
@@ -211,7 +205,7 @@ def next_calls(task: Task) -> list[NextCall]:
     calls += ["diff", "report"]
     if task.state == State.FAILED and task.recoverable is True:
         calls.append("retry")  # in place, from the step that failed (tasks.verbs.retry_task)
-    if is_final_view(task):
+    if task.is_final_view():
         calls.append("rerun")
     return calls
 
@@ -253,7 +247,7 @@ def present_task(task: Task) -> TaskView:
         "state": task.state,
         "waitingFor": task.waiting_for or None,
         "continuable": task.continuable if task.waiting_for == WaitingFor.CHECKPOINT else None,
-        "final": is_final_view(task),
+        "final": task.is_final_view(),
         "pause": task.pause or None,
         "version": task.version,
         "user": task.user,
