@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite.core.db import may_run_again
 from boxsite.core.errors import Conflict, ErrorBody, InvalidRequest
 from boxsite.core.principal import Principal, Via
 from boxsite.core.shapes import shape
@@ -40,6 +41,7 @@ HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
 LIFETIME = timedelta(hours=24)
 MAX_LENGTH = 255
+ATTEMPTS = 3  # runs of a creation PostgreSQL aborted for others' sake (a deadlock)
 FIELD = HEADER  # the error shape's ``field`` for a fault in the header
 
 T = TypeVar("T")
@@ -106,24 +108,36 @@ def create_once(request: Request, principal: Principal, operation: str, make: Ca
     if key is None:
         return Created(make(), replayed=False)
     caller, digest = caller_of(principal), body_digest(request.data)
-    mine = IdempotencyKey.objects.filter(caller=caller, operation=operation, key=key)
-    with transaction.atomic():
-        mine.filter(created_at__lte=timezone.now() - LIFETIME).delete()  # expired: the key is free again
+    for attempt in range(1, ATTEMPTS + 1):
         try:
-            with transaction.atomic():  # a savepoint: the failed insert leaves the transaction usable
-                row = IdempotencyKey.objects.create(owner=principal.user, caller=caller, operation=operation,
-                                                    key=key, body_digest=digest)
-        except IntegrityError:
-            first = mine.get()
-            if first.body_digest != digest:
-                raise Conflict(f"{HEADER} '{key}' was already used with another body; use a new key for another "
-                               "request", field=FIELD, code="IDEMPOTENCY_KEY_REUSED") from None
-            found = find(first.result_id)
-            if found is None:
-                raise Conflict(f"what {HEADER} '{key}' created is gone; use a new key", field=FIELD) from None
-            return Created(found, replayed=True)
-        value = make()
-        IdempotencyKey.objects.filter(pk=row.pk).update(result_id=ident(value))
+            return _create_under_key(principal, operation, caller, key, digest, make, ident=ident, find=find)
+        except OperationalError as exc:
+            # The creation runs in this transaction, so its own retry (``create_task``'s) is this.
+            if not may_run_again(exc) or attempt == ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+@transaction.atomic
+def _create_under_key(principal: Principal, operation: str, caller: str, key: str, digest: str,
+                      make: Callable[[], T], *, ident: Callable[[T], str], find: Callable[[str], T | None]) -> Created[T]:
+    mine = IdempotencyKey.objects.filter(caller=caller, operation=operation, key=key)
+    mine.filter(created_at__lte=timezone.now() - LIFETIME).delete()  # expired: the key is free again
+    try:
+        with transaction.atomic():  # a savepoint: the failed insert leaves the transaction usable
+            row = IdempotencyKey.objects.create(owner=principal.user, caller=caller, operation=operation,
+                                                key=key, body_digest=digest)
+    except IntegrityError:
+        first = mine.get()
+        if first.body_digest != digest:
+            raise Conflict(f"{HEADER} '{key}' was already used with another body; use a new key for another "
+                           "request", field=FIELD, code="IDEMPOTENCY_KEY_REUSED") from None
+        found = find(first.result_id)
+        if found is None:
+            raise Conflict(f"what {HEADER} '{key}' created is gone; use a new key", field=FIELD) from None
+        return Created(found, replayed=True)
+    value = make()
+    IdempotencyKey.objects.filter(pk=row.pk).update(result_id=ident(value))
     return Created(value, replayed=False)
 
 
