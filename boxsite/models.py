@@ -5,6 +5,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from boxsite.core import reads, sql
 
@@ -45,6 +46,23 @@ class PairingCode(models.Model):
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class IdempotencyKey(models.Model):
+    """A creation made under an ``Idempotency-Key`` header (``boxsite.core.idempotency``): a repeat
+    of it by the same caller answers with the object it made. Written in the transaction that
+    creates the object, so a key is only ever taken by a creation that happened."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    caller = models.CharField(max_length=80)  # the credential: one token's keys are not another's
+    operation = models.CharField(max_length=80)  # "POST /api/tasks"
+    key = models.CharField(max_length=255)
+    body_digest = models.CharField(max_length=64)  # sha256 of the canonical JSON body
+    result_id = models.CharField(max_length=64, blank=True)  # the created object's id
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["caller", "operation", "key"], name="idempotency_key_once")]
 
 
 class NetworkDefault(models.TextChoices):

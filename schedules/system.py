@@ -15,6 +15,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
+from boxsite.core.idempotency import forget_expired
 from schedules.services import ensure_system_schedule
 from tasks.layers.task_view import refresh_workspace
 from tasks.models import Workspace
@@ -32,6 +33,9 @@ def compact_layers() -> None:
 
 def prune() -> None:
     prune_expired()
+    forgotten = forget_expired()
+    if forgotten:
+        log.info("forgot %d idempotency keys past their 24 hours", forgotten)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,15 @@ def create_trigger(principal: Principal, body: Any, *, by_task: Any = None) -> t
     return trigger, secret
 
 
+def created_trigger(principal: Principal, trigger_id: str) -> tuple[Trigger, str | None] | None:
+    """A trigger as its creation answers it again (an idempotent replay): with the secret it
+    holds now, since the caller that repeats the request may never have seen the first answer."""
+    trigger = Trigger.objects.filter(pk=trigger_id, owner=principal.user).first()
+    if trigger is None:
+        return None
+    return trigger, decrypt(bytes(trigger.secret_ciphertext)) if trigger.secret_ciphertext else None
+
+
 def update_trigger(principal: Principal, trigger_id: Any, body: Any) -> Trigger:
     body = TriggerChangeBody.parse(body)
     with transaction.atomic():

@@ -16,6 +16,7 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite.core import idempotency
 from boxsite.core.errors import BoxError, InvalidRequest, PayloadTooLarge
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal
@@ -109,12 +110,17 @@ def _filtered_schedules(request: Request) -> QuerySet[Schedule]:
     ],
     responses={200: shape(SchedulePage)},
 )
-@extend_schema(methods=["POST"], request=services.ScheduleBody, responses={201: shape(ScheduleView)})
+@extend_schema(methods=["POST"], request=services.ScheduleBody, parameters=idempotency.PARAMETERS,
+               responses={201: shape(ScheduleView), 409: idempotency.REUSED})
 @api_view(["GET", "POST"])
 def schedule_list(request: Request) -> Response:
     principal = Principal.of(request)
     if request.method == "POST":
-        return Response(present_schedule(services.create_schedule(principal, request.data)), status=201)
+        created = idempotency.create_once(
+            request, principal, "POST /api/schedules", lambda: services.create_schedule(principal, request.data),
+            ident=lambda schedule: str(schedule.pk),
+            find=lambda pk: Schedule.objects.filter(pk=pk, owner=principal.user).first())
+        return idempotency.answer(present_schedule(created.value), created)
     rows, next_cursor = page(_filtered_schedules(request), SCHEDULE_SORTS, request.query_params.get("sort", "next"),
                              request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
     listed: SchedulePage = {"results": [present_schedule(s) for s in rows], "next": next_cursor}
@@ -182,13 +188,17 @@ def _trigger_view(request: Request, trigger: Trigger, *, secret: str | None = No
     ],
     responses={200: shape(TriggerPage)},
 )
-@extend_schema(methods=["POST"], request=triggers.TriggerBody, responses={201: shape(TriggerView)})
+@extend_schema(methods=["POST"], request=triggers.TriggerBody, parameters=idempotency.PARAMETERS,
+               responses={201: shape(TriggerView), 409: idempotency.REUSED})
 @api_view(["GET", "POST"])
 def trigger_list(request: Request) -> Response:
     principal = Principal.of(request)
     if request.method == "POST":
-        trigger, secret = triggers.create_trigger(principal, request.data)
-        return Response(_trigger_view(request, trigger, secret=secret), status=201)
+        created = idempotency.create_once(
+            request, principal, "POST /api/triggers", lambda: triggers.create_trigger(principal, request.data),
+            ident=lambda made: str(made[0].pk), find=lambda pk: triggers.created_trigger(principal, pk))
+        trigger, secret = created.value
+        return idempotency.answer(_trigger_view(request, trigger, secret=secret), created)
     qs = Trigger.objects.filter(owner=principal.user)
     kinds = _choices(request, "kind", list(TriggerKind.values))
     if kinds:

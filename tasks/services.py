@@ -10,6 +10,7 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from boxsite.core import reads
+from boxsite.core.db import may_run_again
 from boxsite.core.errors import Conflict, NotFound, TooManyTasks
 from boxsite.core.principal import Principal, Via
 from boxsite.models import BoxSettings
@@ -381,9 +382,6 @@ def open_recovery_review(task: Task, edge: Dependency) -> bool:
     return True
 
 
-# PostgreSQL's answers to a transaction it chose to abort so others could go on (a deadlock, a
-# serialisation failure): nothing of it was written, so it may run again.
-RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
 CREATE_ATTEMPTS = 3
 
 
@@ -398,10 +396,10 @@ def create_task(body: Any, principal: Principal, *, source: str | None = None) -
             with reads.read_once():  # the settings row once, not once per spec default
                 return _create_task(body, principal, source=source)
         except OperationalError as exc:
-            sqlstate = getattr(exc.__cause__, "sqlstate", None)
-            if sqlstate not in RETRYABLE_SQLSTATES or connection.in_atomic_block or attempt == CREATE_ATTEMPTS:
+            if not may_run_again(exc) or attempt == CREATE_ATTEMPTS:
                 raise
-            log.warning("creating a task was aborted by the database (%s); trying again", sqlstate)
+            log.warning("creating a task was aborted by the database (%s); trying again",
+                        getattr(exc.__cause__, "sqlstate", None))
     raise AssertionError("unreachable")
 
 

@@ -11,6 +11,7 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite.core import idempotency
 from boxsite.core.errors import InvalidRequest
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal, Via
@@ -78,13 +79,17 @@ class DependencyBody(serializers.Serializer[Any]):
     ],
     responses={200: shape(TaskPage)},
 )
-@extend_schema(methods=["POST"], request=TaskSpecBody, responses={201: shape(TaskView)})
+@extend_schema(methods=["POST"], request=TaskSpecBody, parameters=idempotency.PARAMETERS,
+               responses={201: shape(TaskView), 409: idempotency.REUSED})
 @api_view(["GET", "POST"])
 def task_list(request: Request) -> Response:
     principal = Principal.of(request)
     if request.method == "POST":
-        task = services.create_task(request.data, principal, source=channel_source(principal, request.data))
-        return Response(present_task(task), status=201)
+        created = idempotency.create_once(
+            request, principal, "POST /api/tasks",
+            lambda: services.create_task(request.data, principal, source=channel_source(principal, request.data)),
+            ident=lambda task: task.pk, find=lambda pk: Task.objects.filter(pk=pk).first())
+        return idempotency.answer(present_task(created.value), created)
     qs = Task.objects.listed_for(principal).select_related("workspace")
     state = request.query_params.get("state")
     if state:
