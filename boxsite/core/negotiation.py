@@ -3,7 +3,7 @@ is, ``Accept: application/octet-stream`` or ``image/*`` included), and their err
 the API's error shape. Elsewhere an ``Accept`` the box cannot answer is 406."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -14,9 +14,10 @@ View = TypeVar("View", bound=Callable[..., Any])
 
 
 class AnyAccept(DefaultContentNegotiation):
-    def select_renderer(self, request: Request, renderers: Sequence[BaseRenderer],
+    def select_renderer(self, request: Request, renderers: Iterable[BaseRenderer],
                         format_suffix: str | None = None) -> tuple[BaseRenderer, str]:
-        return renderers[0], renderers[0].media_type  # JSON: used only by an error
+        first = next(iter(renderers))
+        return first, first.media_type  # JSON: used only by an error
 
 
 def answers_any_type(view: View) -> View:
