@@ -64,9 +64,17 @@ class Uploaded(TypedDict):
     task: Annotated[TaskView, Doc("the upload's task (source 'upload'), in the workspace's history")]
 
 
-@extend_schema(methods=["GET"], operation_id="workspaces_file_read",
+FILE_PATH = OpenApiParameter("path", str, OpenApiParameter.PATH,
+                             description="the file, relative to the workspace's root (may hold '/')")
+
+
+@extend_schema(methods=["GET"], operation_id="workspaces_file_read", parameters=[FILE_PATH],
+               description="The file's bytes as the workspace stands now, as an attachment; its type guessed "
+                           "from its name.",
                responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
-@extend_schema(methods=["PUT"], operation_id="workspaces_file_write",
+@extend_schema(methods=["PUT"], operation_id="workspaces_file_write", parameters=[FILE_PATH],
+               description="The raw body (at most BOX_UPLOAD_MAX_MB) becomes the file, as a layer of its own "
+                           "recorded by a done task (source 'upload'): undo that task to take the file out.",
                request={"application/octet-stream": OpenApiTypes.BINARY}, responses={201: shape(Uploaded)})
 @api_view(["GET", "PUT"])
 @answers_any_type
