@@ -11,6 +11,7 @@ urlpatterns = [
     path("logout", LogoutView.as_view(next_page="/login"), name="logout"),
     path("tasks", pages.tasks, name="tasks"),
     path("tasks/<str:task_id>", pages.task_window, name="task"),
+    path("workspaces/<str:name>", pages.workspace_page, name="workspace"),
     path("inbox", pages.inbox, name="inbox"),
     path("settings", pages.settings_page, name="settings-page"),
     path("schedules", schedule_pages.schedules_page, name="schedules-page"),

@@ -177,6 +177,22 @@ def task_window(request: HttpRequest, task_id: str) -> HttpResponse:
                                                 "actions": [present_action(a, redact) for a in recent[:PAGE_ACTIONS]]})
 
 
+PAGE_HISTORY = 50
+
+
+@login_required
+def workspace_page(request: HttpRequest, name: str) -> HttpResponse:
+    """A workspace's files (browsed and uploaded by the page's script through the API) and its
+    history: the owner's tasks on it, newest first, whose done ones are its layers."""
+    workspace = Workspace.objects.filter(name=name).first()
+    if workspace is None:
+        raise Http404(f"no workspace '{name}'")
+    history = (Task.objects.listed_for(Principal.session(_owner(request))).filter(workspace=workspace, folders=[])
+               .order_by("-created_at", "-pk")[:PAGE_HISTORY])
+    return render(request, "portal/workspace.html", {"active": "tasks", "workspace": workspace, "history": history,
+                                                     "initial": {"workspace": workspace.name}})
+
+
 @login_required
 def inbox(request: HttpRequest) -> HttpResponse:
     return render(request, "portal/inbox.html", {"active": "inbox", "initial": {"cursor": live_cursor()}})

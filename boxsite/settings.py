@@ -252,6 +252,8 @@ BOX_SCHEDULE_BACKOFF_MAX_SECONDS = env_float("BOX_SCHEDULE_BACKOFF_MAX_SECONDS",
 BOX_WEBHOOK_MAX_BYTES = env_int("BOX_WEBHOOK_MAX_BYTES", 256 * 1024, minimum=1024)
 # The largest API request body (a task spec with its flow); larger is 413 before it is read.
 BOX_API_MAX_BYTES = env_int("BOX_API_MAX_BYTES", 1024 * 1024, minimum=1024)
+# The largest file PUT into a workspace (PUT /api/workspaces/<name>/files/<path>), in MB; larger is 413.
+BOX_UPLOAD_MAX_MB = env_int("BOX_UPLOAD_MAX_MB", 64, minimum=1)
 BOX_LIVE_POLL_SECONDS = env_float("BOX_LIVE_POLL_SECONDS", 0.1)
 BOX_PRESETS_FILE = env_str("BOX_PRESETS_FILE")
 BOX_TOOLS_FILE = env_str("BOX_TOOLS_FILE")

@@ -460,6 +460,23 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     return task
 
 
+def begin_box_task(principal: Principal, workspace_id: int, *, task_id: str, title: str, prompt: str, worker: str, source: str,
+                   data: dict[str, Any]) -> Task:
+    """A task the box does itself, inside the caller's transaction, with no run (an upload,
+    ``tasks.layers.uploads``): inserted queued and moved to running, so its log reads as any
+    task's. Call inside a transaction that ends it (``transition`` to done) before it commits:
+    no one else ever sees it active, so no worker, reaper or capacity count has to know it."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("begin_box_task must run inside the transaction that ends the task")
+    task = Task(id=task_id, owner=principal.user, device=principal.device, review="", title=title[:200], prompt=prompt,
+                workspace_id=workspace_id, worker=worker, source=source, tools=[], hosts=[], budget_cents=0)
+    task.user = f"box-{task.pk}"  # named as any task's; none is ever made for it
+    task.event_seq = 1
+    task.save(force_insert=True)
+    record_event(task, EventKind.STATUS, "queued", {"to": State.QUEUED, "version": task.version, "source": source, **data}, seq=1)
+    return transition(task, State.RUNNING, summary="running: written by the box", data=data)
+
+
 def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "",
               redactor: Redactor | None = None) -> Task:
     return transition(task, State.FAILED, error=error, recoverable=recoverable, hint=hint, redactor=redactor)

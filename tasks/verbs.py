@@ -17,6 +17,7 @@ from tasks.layers.locks import layer_lock
 from tasks.layers.paths import show
 from tasks.layers.roots import changes_of
 from tasks.layers.task_view import seal_layer
+from tasks.layers.uploads import SOURCE as UPLOAD
 from tasks.models import EventKind, Layer, LayerState, Run, RunKind, RunState, Task
 from tasks.run import leases as runs
 from tasks.run import lifecycle
@@ -57,6 +58,9 @@ def rerun_task(principal: Principal, task_id: str, body: Any, *, source: str | N
     if not isinstance(body, dict):
         raise InvalidRequest("a rerun takes a JSON object: the fields to change, or {}")
     task = services.get_task_for(principal, task_id)
+    if task.source == UPLOAD:
+        raise Conflict("an upload is not run again: put the file again (PUT /api/workspaces/<name>/files/<path>)",
+                       field="source")
     if not task.is_final_view():
         raise Conflict(f"task '{task.pk}' is {task.state}; only an ended task can run again (cancel it first)")
     return services.create_task({**spec_of(task), **body}, principal, source=source)

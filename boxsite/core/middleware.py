@@ -10,6 +10,7 @@ dropped before the session, CSRF and device checks read it, on every path. Unkno
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from django.conf import settings
@@ -21,6 +22,7 @@ from boxsite.core import reads
 from boxsite.core.errors import BoxError, InvalidRequest, PayloadTooLarge
 
 API_PREFIXES = ("/api/", "/hooks/")
+UPLOAD_PATH = re.compile(r"^/api/workspaces/[^/]+/files/.")
 
 
 def is_api_path(path: str) -> bool:
@@ -28,6 +30,8 @@ def is_api_path(path: str) -> bool:
 
 
 def body_limit_for(path: str) -> int:
+    if UPLOAD_PATH.match(path):
+        return int(settings.BOX_UPLOAD_MAX_MB) * 1024 * 1024  # a file, not a JSON body
     return settings.BOX_WEBHOOK_MAX_BYTES if path.startswith("/hooks/") else settings.BOX_API_MAX_BYTES
 
 

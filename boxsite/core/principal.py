@@ -50,6 +50,12 @@ class Principal:
         return False
 
     @property
+    def can_upload(self) -> bool:
+        """Files go into a workspace from the owner's session or any of their API tokens: a
+        token may already write any file through a task's ``write`` step (docs/decisions.md)."""
+        return self.via in (Via.SESSION, Via.TOKEN)
+
+    @property
     def can_change_settings(self) -> bool:
         return self.via in (Via.SESSION, Via.TOKEN)
 

@@ -49,7 +49,7 @@ ERRORS = {
 # is refused with 429 at the box's maximum of active tasks.
 STARTS_TASK = {("post", "/api/triggers/{trigger_id}/test"), ("post", "/api/tasks/{task_id}/retry")}
 # GETs that can meet a conflict: a file that changes while it is read.
-READ_CONFLICTS = {("get", "/api/workspaces/{name}/files")}
+READ_CONFLICTS = {("get", "/api/workspaces/{name}/files"), ("get", "/api/workspaces/{name}/files/{path}")}
 
 
 def errors_of(path: str, method: str, operation: dict[str, Any]) -> list[str]:

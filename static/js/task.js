@@ -34,7 +34,8 @@ function renderHeader(t) {
   $("task-progress").value = pct;
   $("task-progress-text").textContent = `${pct}%`;
   $("task-worker").textContent = t.worker;
-  $("task-target").textContent = t.folders?.length ? t.folders.join(", ") : `workspace ${t.workspace}`;
+  if (t.folders?.length) $("task-target").textContent = t.folders.join(", ");
+  else put($("task-target"), "workspace ", el("a", { href: `/workspaces/${encodeURIComponent(t.workspace)}` }, t.workspace));
   const madeBy = t.createdBy
     ? [" · created by ", el("a", { href: `/tasks/${encodeURIComponent(t.createdBy.task)}` }, `task ${t.createdBy.task}`),
        t.createdBy.run ? `, run ${t.createdBy.run}` : null]

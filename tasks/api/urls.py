@@ -14,6 +14,7 @@ urlpatterns = [
     path("workspaces", workspace_views.workspace_list, name="workspace-list"),
     path("workspaces/<str:name>", workspace_views.workspace_detail, name="workspace-detail"),
     path("workspaces/<str:name>/files", workspace_views.workspace_files, name="workspace-files"),
+    path("workspaces/<str:name>/files/<path:path>", workspace_views.workspace_file, name="workspace-file"),
     path("tasks/<str:task_id>/report", views.task_report, name="task-report"),
     path("tasks/<str:task_id>/rerun", views.task_rerun, name="task-rerun"),
     path("tasks/<str:task_id>/retry", views.task_retry, name="task-retry"),

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from boxsite.core import idempotency
 from boxsite.core.errors import InvalidRequest
+from boxsite.core.negotiation import answers_any_type
 from boxsite.core.pagination import Sort, limit_param, page
 from boxsite.core.principal import Principal, Via
 from boxsite.core.shapes import shape
@@ -214,6 +215,7 @@ def task_report(request: Request, task_id: str) -> Response:
 
 @extend_schema(responses={(200, "application/octet-stream"): bytes})
 @api_view(["GET"])
+@answers_any_type
 def task_artifact(request: Request, task_id: str, name: str) -> FileResponse:
     """A file a step carried (listed on its event's ``artifacts``), under the task's access rule."""
     task = services.get_task_for(Principal.of(request), task_id)

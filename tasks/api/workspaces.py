@@ -1,18 +1,23 @@
 """The workspace, diff and keep API. Each view: check input, call one service, present."""
 from __future__ import annotations
 
-from typing import Annotated
+import io
+import os
+from typing import Annotated, TypedDict
 
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite.core.negotiation import answers_any_type
 from boxsite.core.principal import Principal
 from boxsite.core.shapes import Doc, shape
 from tasks import services, verbs
 from tasks.api.presenters import TaskView, present_task
-from tasks.layers import diff, workspaces
+from tasks.layers import diff, uploads, workspaces
 from tasks.layers.roots import diff_body
 from tasks.layers.workspaces import WorkspaceBody, WorkspaceEntry, WorkspacePage, WorkspaceView
 from tasks.models import Layer, Workspace
@@ -48,6 +53,46 @@ def workspace_detail(request: Request, name: str) -> Response:
 def workspace_files(request: Request, name: str) -> Response:
     workspace = workspaces.get_workspace(name)
     return Response(workspaces.browse(workspace, request.query_params.get("path")))
+
+
+class Uploaded(TypedDict):
+    """A file put into a workspace: its layer is the layer of ``task``, done at once (undo it to take the file out)."""
+
+    workspace: str
+    path: str
+    size: Annotated[int, Doc("bytes written")]
+    task: Annotated[TaskView, Doc("the upload's task (source 'upload'), in the workspace's history")]
+
+
+FILE_PATH = OpenApiParameter("path", str, OpenApiParameter.PATH,
+                             description="the file, relative to the workspace's root (may hold '/')")
+
+
+@extend_schema(methods=["GET"], operation_id="workspaces_file_read", parameters=[FILE_PATH],
+               description="The file's bytes as the workspace stands now, as an attachment; its type guessed "
+                           "from its name.",
+               responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+@extend_schema(methods=["PUT"], operation_id="workspaces_file_write", parameters=[FILE_PATH],
+               description="The raw body (at most BOX_UPLOAD_MAX_MB) becomes the file, as a layer of its own "
+                           "recorded by a done task (source 'upload'): undo that task to take the file out.",
+               request={"application/octet-stream": OpenApiTypes.BINARY}, responses={201: shape(Uploaded)})
+@api_view(["GET", "PUT"])
+@answers_any_type
+def workspace_file(request: Request, name: str, path: str) -> Response | FileResponse:
+    """PUT: the raw body becomes the file at ``path``, as a layer of its own (at most
+    ``BOX_UPLOAD_MAX_MB``). GET: the file's bytes as the workspace stands now."""
+    if request.method == "PUT":
+        done = uploads.upload_file(Principal.of(request), name, path, request.stream or io.BytesIO())
+        written: Uploaded = {"workspace": name, "path": done.path, "size": done.size, "task": present_task(done.task)}
+        return Response(written, status=201)
+    found = uploads.open_file(name, path)
+    response = FileResponse(os.fdopen(found.fd, "rb"), content_type=found.content_type, as_attachment=True,
+                            filename=found.name)
+    if found.content_type.startswith("text/"):
+        response["Content-Type"] += "; charset=utf-8"
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "sandbox; default-src 'none'"  # never a page of the box's origin
+    return response
 
 
 @extend_schema(responses={200: shape(diff.Diff)})

@@ -19,9 +19,11 @@ RECORDED: list[tuple[str, str, int, Any]] = []
 
 
 def _segment_for(template: str) -> Any:
-    """{param} is one path segment, except an artifact's trailing {name}, which may hold slashes."""
+    """{param} is one path segment, except an artifact's trailing {name} and a workspace file's
+    {path}, which may hold slashes."""
     def segment(match: re.Match[str]) -> str:
-        rest = ".+" if template.endswith("/artifacts/{name}") and match.group(1) == "name" else "[^/]+"
+        slashed = template.endswith(("/artifacts/{name}", "/files/{path}")) and template.endswith("{" + match.group(1) + "}")
+        rest = ".+" if slashed else "[^/]+"
         return f"(?P<{match.group(1)}>{rest})"
     return segment
 
