@@ -1,8 +1,8 @@
 """The ASGI entry point: HTTP through Django, WebSockets through Channels.
 
 WebSocket connections are checked in layers: the Origin header against ALLOWED_HOSTS (a page on
-another site cannot open a stream with the owner's cookies), then the session and the paired
-device's cookie; the consumers refuse anyone neither of them names.
+another site cannot open a stream with the owner's cookies), then a program's bearer token, the
+session and the paired device's cookie; the consumers refuse anyone none of them names.
 """
 import os
 
@@ -21,11 +21,11 @@ from boxsite.core.handler import OneStepASGIHandler, StaticFilesHandler  # noqa:
 
 django_app = StaticFilesHandler(OneStepASGIHandler())
 
-from boxsite.core.ws_auth import DeviceCookieMiddleware, NulCookiesDropped  # noqa: E402
+from boxsite.core.ws_auth import BearerTokenMiddleware, DeviceCookieMiddleware, NulCookiesDropped  # noqa: E402
 from tasks.api.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_app,
     "websocket": AllowedHostsOriginValidator(NulCookiesDropped(
-        AuthMiddlewareStack(DeviceCookieMiddleware(URLRouter(websocket_urlpatterns))))),
+        AuthMiddlewareStack(DeviceCookieMiddleware(BearerTokenMiddleware(URLRouter(websocket_urlpatterns)))))),
 })

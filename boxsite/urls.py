@@ -1,9 +1,10 @@
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from boxsite import views
 from boxsite.core import schema
+from boxsite.mcp import server as mcp
 
 urlpatterns = [
     path("api/health", views.health, name="health"),
@@ -18,6 +19,7 @@ urlpatterns = [
     path("api/", include("schedules.urls")),
     path("", include("schedules.hook_urls")),
     path("api/", include("boxsite.account_urls")),
+    re_path(r"^mcp/?$", mcp.endpoint, name="mcp"),  # the Model Context Protocol (boxsite.mcp)
     path("", include("boxsite.page_urls")),
 ]
 

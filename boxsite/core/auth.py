@@ -46,7 +46,17 @@ def _credential_with_user(model: type[C], raw: str) -> C | None:
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
-    def authenticate(self, request: Any) -> tuple[Any, ApiToken] | None:
+    def authenticate(self, request: Any) -> tuple[Any, ApiToken | Device] | None:
+        raw = self.bearer(request)
+        if raw is None:
+            return None
+        found = self.credential(raw)
+        if found is None:
+            raise exceptions.AuthenticationFailed("unknown or revoked token")
+        return found
+
+    def bearer(self, request: Any) -> str | None:
+        """The token of an ``Authorization: Bearer <token>`` header; None without one."""
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
@@ -55,9 +65,12 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             return None
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("send 'Authorization: Bearer <token>'")
-        token = token_for(parts[1])
+        return parts[1]
+
+    def credential(self, raw: str) -> tuple[Any, ApiToken | Device] | None:
+        token = token_for(raw)
         if token is None:
-            raise exceptions.AuthenticationFailed("unknown or revoked token")
+            return None
         now = timezone.now()
         if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
@@ -65,6 +78,27 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Any) -> str:
         return self.keyword
+
+
+class BearerTokenOrDeviceAuthentication(BearerTokenAuthentication):
+    """An API token, or a paired phone's device token sent as the bearer (the MCP endpoint,
+    ``boxsite.mcp``). A header is never sent by a browser on its own, so unlike the device's
+    cookie it needs no CSRF token; the phone's limits follow from ``Principal.of_credential``."""
+
+    def credential(self, raw: str) -> tuple[Any, ApiToken | Device] | None:
+        found = super().credential(raw)
+        if found is not None:
+            return found
+        device = device_for(raw)
+        return None if device is None else (device.user, seen(device))
+
+
+def seen(device: Device) -> Device:
+    """Note that ``device`` was used (at most once a minute)."""
+    now = timezone.now()
+    if device.last_seen_at is None or (now - device.last_seen_at).total_seconds() > 60:
+        Device.objects.filter(pk=device.pk).update(last_seen_at=now)
+    return device
 
 
 class DeviceCookieAuthentication(authentication.BaseAuthentication):
@@ -78,7 +112,4 @@ class DeviceCookieAuthentication(authentication.BaseAuthentication):
         if device is None:
             return None
         authentication.SessionAuthentication().enforce_csrf(request)
-        now = timezone.now()
-        if device.last_seen_at is None or (now - device.last_seen_at).total_seconds() > 60:
-            Device.objects.filter(pk=device.pk).update(last_seen_at=now)
-        return device.user, device
+        return device.user, seen(device)

@@ -1,6 +1,6 @@
 """The API's edge: what is refused before any view runs, in the API's error shape.
 
-On ``/api/`` and ``/hooks/`` paths a request whose path or query holds a NUL character (which
+On ``/api/``, ``/hooks/`` and ``/mcp`` paths a request whose path or query holds a NUL character (which
 PostgreSQL cannot compare or store) is ``400``, and one that declares a body over the limit is
 ``413`` before a byte of it is read. On the pages a NUL there is Django's 400 page. A cookie
 holding a NUL (no browser is sent one, and the session's lookup of it fails on PostgreSQL) is
@@ -26,7 +26,7 @@ UPLOAD_PATH = re.compile(r"^/api/workspaces/[^/]+/files/.")
 
 
 def is_api_path(path: str) -> bool:
-    return path.startswith(API_PREFIXES) or path in ("/api", "/hooks")
+    return path.startswith(API_PREFIXES) or path in ("/api", "/hooks", "/mcp", "/mcp/")
 
 
 def body_limit_for(path: str) -> int:

@@ -62,12 +62,16 @@ class Principal:
     @classmethod
     def of(cls, request: Any) -> Principal:
         """The principal of an authenticated request (DRF: ``request.auth`` tells token from device)."""
-        auth = getattr(request, "auth", None)
+        return cls.of_credential(request.user, getattr(request, "auth", None))
+
+    @classmethod
+    def of_credential(cls, user: User, auth: Any) -> Principal:
+        """The principal ``auth`` (an API token, a paired phone's device, else a session) names."""
         if isinstance(auth, ApiToken):
-            return cls(request.user, Via.TOKEN, token=auth)
+            return cls(user, Via.TOKEN, token=auth)
         if isinstance(auth, Device):
-            return cls(request.user, Via.DEVICE, device=auth)
-        return cls(request.user, Via.SESSION)
+            return cls(user, Via.DEVICE, device=auth)
+        return cls(user, Via.SESSION)
 
     @classmethod
     def session(cls, user: User) -> Principal:

@@ -1,7 +1,10 @@
-"""Who is on the other end of a WebSocket: a signed-in session or a paired phone's cookie.
+"""Who is on the other end of a WebSocket: a program's API token, a signed-in session or a
+paired phone's cookie.
 
-Tokens never travel in a WebSocket URL (query strings end up in logs and browser history), so a
-stream authenticates exactly like the pages do: the session cookie, or the device cookie.
+Tokens never travel in a WebSocket URL (query strings end up in logs and browser history): a
+program sends its token as the API takes it, in an ``Authorization: Bearer`` header (which no
+browser page can set on a WebSocket, so the portal's streams stay cookie-only), and a browser
+authenticates exactly like the pages do: the session cookie, or the device cookie.
 """
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.http.cookie import parse_cookie
 
-from boxsite.core.auth import DEVICE_COOKIE, device_for
+from boxsite.core.auth import DEVICE_COOKIE, device_for, token_for
 from boxsite.core.principal import Principal
-from boxsite.models import Device
+from boxsite.models import ApiToken, Device
 
 
 def _cookies(scope: dict[str, Any]) -> dict[str, str]:
@@ -51,8 +54,31 @@ class DeviceCookieMiddleware(BaseMiddleware):
         return await super().__call__(scope, receive, send)
 
 
+class BearerTokenMiddleware(BaseMiddleware):
+    """Puts the API token of an ``Authorization: Bearer`` header into ``scope["token"]``: the
+    ``ApiToken``, False for a header naming no live token (refused, as the API refuses it), or
+    None without one."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        scope = dict(scope)
+        scope["token"] = None
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                parts = value.decode("latin-1").split()
+                if parts and parts[0].lower() == "bearer":
+                    found = await database_sync_to_async(token_for)(parts[1]) if len(parts) == 2 else None
+                    scope["token"] = found or False
+        return await super().__call__(scope, receive, send)
+
+
 def principal_of_scope(scope: dict[str, Any]) -> Principal | None:
-    """The principal a connection speaks for, or None when nobody signed in."""
+    """The principal a connection speaks for, or None when nobody signed in. A bearer token comes
+    first, as in the API (``REST_FRAMEWORK``'s authentication order); a refused one is nobody."""
+    token = scope.get("token")
+    if token is False:
+        return None
+    if token is not None:
+        return Principal.of_credential(token.user, token)
     device = scope.get("device")
     if device is not None:
         return Principal.phone(device)
@@ -71,6 +97,8 @@ def still_signed_in(principal: Principal, session_key: str | None) -> bool:
 
     if not get_user_model().objects.filter(pk=principal.user.pk, is_active=True).exists():
         return False
+    if principal.token is not None:
+        return ApiToken.objects.filter(pk=principal.token.pk, revoked_at__isnull=True).exists()
     if principal.device is not None:
         return Device.objects.filter(pk=principal.device.pk, revoked_at__isnull=True).exists()
     if not session_key:

@@ -1,6 +1,7 @@
 """The task API. Each view: check input, call one service, present the result."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.db.models import Q
@@ -91,26 +92,32 @@ def task_list(request: Request) -> Response:
             lambda: services.create_task(request.data, principal, source=channel_source(principal, request.data)),
             ident=lambda task: task.pk, find=lambda pk: Task.objects.filter(pk=pk).first())
         return idempotency.answer(present_task(created.value), created)
+    return Response(task_page(principal, request.query_params))
+
+
+def task_page(principal: Principal, params: Mapping[str, Any]) -> TaskPage:
+    """The tasks ``principal`` may see, filtered and paged by ``params`` (the query of
+    ``GET /api/tasks``: state, source, q, sort, cursor, limit)."""
     qs = Task.objects.listed_for(principal).select_related("workspace")
-    state = request.query_params.get("state")
+    state = params.get("state")
     if state:
         states = state.split(",")
         bad = [s for s in states if s not in State.values]
         if bad:
             raise InvalidRequest(f"unknown state '{bad[0]}'", field="state")
         qs = qs.filter(state__in=states)
-    source = request.query_params.get("source")
+    source = params.get("source")
     if source:
         qs = qs.filter(source=source)
-    words = (request.query_params.get("q") or "").strip()
+    words = (params.get("q") or "").strip()
     if len(words) > 200:
         raise InvalidRequest("'q' is longer than 200 characters", field="q")
     for word in words.split():  # every word, in the title or the prompt
         qs = qs.filter(Q(title__icontains=word) | Q(prompt__icontains=word))
-    rows, next_cursor = page(qs, TASK_SORTS, request.query_params.get("sort", "-created"),
-                             request.query_params.get("cursor"), limit_param(request.query_params.get("limit")))
+    rows, next_cursor = page(qs, TASK_SORTS, params.get("sort", "-created"),
+                             params.get("cursor"), limit_param(params.get("limit")))
     listed: TaskPage = {"results": [present_task(t) for t in rows], "next": next_cursor}
-    return Response(listed)
+    return listed
 
 
 def channel_source(principal: Principal, body: Any) -> str | None:
@@ -123,7 +130,7 @@ def channel_source(principal: Principal, body: Any) -> str | None:
     return None
 
 
-def _events_after(task: Task, after: int, limit: int, *, upto: int | None = None) -> EventPage:
+def events_after(task: Task, after: int, limit: int, *, upto: int | None = None) -> EventPage:
     """Events with seq > ``after`` (at most ``limit``; with ``upto``, none past that seq)."""
 
     redact = redactor_for(task)
@@ -164,7 +171,7 @@ def task_detail(request: Request, task_id: str) -> Response:
         # The log page stops at the task's own lastSeq: the view and its log are one snapshot, so a
         # client that follows live from lastSeq gets every later event together with a fresh view
         # (events written between the two reads would otherwise arrive without the state they set).
-        "log": _events_after(task, _after_param(request), EVENT_PAGE, upto=task.event_seq),
+        "log": events_after(task, _after_param(request), EVENT_PAGE, upto=task.event_seq),
     }
     return Response(body)
 
@@ -173,7 +180,7 @@ def task_detail(request: Request, task_id: str) -> Response:
 @api_view(["GET"])
 def task_events(request: Request, task_id: str) -> Response:
     task = services.get_task_for(Principal.of(request), task_id)
-    return Response(_events_after(task, _after_param(request), limit_param(request.query_params.get("limit"), EVENT_PAGE, 1000)))
+    return Response(events_after(task, _after_param(request), limit_param(request.query_params.get("limit"), EVENT_PAGE, 1000)))
 
 
 @extend_schema(request=None, responses={200: shape(TaskView)})

@@ -20,7 +20,7 @@ from tasks.api.presenters import TaskView, present_task
 from tasks.layers import diff, uploads, workspaces
 from tasks.layers.roots import diff_body
 from tasks.layers.workspaces import WorkspaceBody, WorkspaceEntry, WorkspacePage, WorkspaceView
-from tasks.models import Layer, Workspace
+from tasks.models import Layer, Task, Workspace
 from tasks.states import State
 from tasks.vault.facts import redactor_for
 
@@ -37,8 +37,12 @@ def workspace_list(request: Request) -> Response:
     if request.method == "POST":
         workspace = workspaces.create_workspace(principal, request.data)
         return Response(workspaces.present_workspace(workspace), status=201)
+    return Response(workspace_page())
+
+
+def workspace_page() -> WorkspacePage:
     listed: WorkspacePage = {"results": [workspaces.present_workspace(w) for w in Workspace.objects.order_by("name")]}
-    return Response(listed)
+    return listed
 
 
 @extend_schema(responses={200: shape(WorkspaceView)})
@@ -98,15 +102,19 @@ def workspace_file(request: Request, name: str, path: str) -> Response | FileRes
 @extend_schema(responses={200: shape(diff.Diff)})
 @api_view(["GET"])
 def task_diff(request: Request, task_id: str) -> Response:
-    task = services.get_task_for(Principal.of(request), task_id)
+    return Response(diff_of(services.get_task_for(Principal.of(request), task_id)))
+
+
+def diff_of(task: Task) -> diff.Diff:
+    """What ``task`` changed in its workspace, redacted."""
     layer = Layer.objects.filter(task=task).first()
     if layer is None or task.state == State.UNDONE:
         unchanged: diff.Diff = {"task": task.pk, **diff.empty()}
-        return Response(unchanged)  # never started, or its changes are gone
+        return unchanged  # never started, or its changes are gone
 
     # A task's files may hold what its steps typed (a password, a card): shown only redacted.
     changed: diff.Diff = {"task": task.pk, **diff_body(task, layer)}
-    return Response(redactor_for(task).redact(changed))
+    return redactor_for(task).redact(changed)
 
 
 @extend_schema(request=None, responses={200: shape(TaskKept)})

@@ -34,10 +34,13 @@ def pair_device(owner_api: APIClient, name: str = "Phone") -> str:
     return response.cookies[DEVICE_COOKIE].value
 
 
-def ws(path: str, *, session: str | None = None, device: str | None = None, origin: bytes | None = ORIGIN) -> WebsocketCommunicator:
+def ws(path: str, *, session: str | None = None, device: str | None = None, token: str | None = None,
+       origin: bytes | None = ORIGIN) -> WebsocketCommunicator:
     headers = [(b"host", b"127.0.0.1:8000")]
     if origin is not None:
         headers.append((b"origin", origin))
+    if token is not None:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
     cookies = []
     if session:
         cookies.append(f"sessionid={session}")

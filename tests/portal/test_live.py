@@ -11,9 +11,11 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.sessions.models import Session
 from django.db import connection
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from boxsite.core.auth import DEVICE_COOKIE
+from boxsite.core.auth import DEVICE_COOKIE, issue_api_token
+from boxsite.models import ApiToken
 from tasks.api import consumers
 from tasks.api.consumers import SAFETY_POLL_S
 from tasks.models import Task
@@ -184,6 +186,33 @@ async def test_a_token_in_the_query_string_does_not_sign_anyone_in(box: Any) -> 
     assert (connected, code) == (False, 4401)
     connected, code = await ws(f"/ws/tasks/?token={box.token}").connect()
     assert (connected, code) == (False, 4401)
+
+
+async def test_a_program_streams_with_its_token_in_the_authorization_header(box: Any, transport: str) -> None:
+    task_id = await waiting_task(box)
+    client = ws(f"/ws/tasks/{task_id}/?after=0", token=box.token)
+    assert (await client.connect())[0]
+    backlog = await frames_until(client, is_ready)
+    assert seqs(backlog) == [e["seq"] for e in await sync(box.events)(task_id)]
+    await client.disconnect()
+    # a token that names nobody signs nobody in, even beside the owner's own session
+    session = await sync(session_cookie)(box.owner)
+    connected, code = await ws(f"/ws/tasks/{task_id}/", token="box_not-a-token", session=session).connect()
+    assert (connected, code) == (False, 4401)
+    # a stranger's token sees the task as not there
+    _, strangers = await sync(issue_api_token)(await sync(make_owner)(), "stranger")
+    connected, code = await ws(f"/ws/tasks/{task_id}/", token=strangers).connect()
+    assert (connected, code) == (False, 4403)
+
+
+async def test_a_revoked_token_is_cut_off_before_the_next_event(box: Any, transport: str) -> None:
+    task_id = await waiting_task(box)
+    client = ws(f"/ws/tasks/{task_id}/", token=box.token)
+    assert (await client.connect())[0]
+    await frames_until(client, is_ready)
+    await sync(lambda: ApiToken.objects.update(revoked_at=timezone.now()))()
+    await sync(record_notes)(task_id, 1, "secret progress")
+    assert await client.receive_output(timeout=10) == {"type": "websocket.close", "code": 4403}
 
 
 async def test_a_cookie_holding_nul_signs_nobody_in(box: Any) -> None:
