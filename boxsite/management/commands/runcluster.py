@@ -32,6 +32,7 @@ from django_q.cluster import Cluster
 from django_q.signals import post_spawn
 
 from boxsite.core.procs import descendants
+from tasks import jobs
 from tasks.models import Run, RunState
 from tasks.run import leases as runs
 from tasks.run import lifecycle
@@ -45,6 +46,9 @@ WATCH_EVERY_S = 1.0
 # watchdog (the cluster is wedged), or a stop (the supervisor kills after its own grace).
 RESTART_GRACE_S = 5.0
 
+
+# What the workers run, imported here before the fork so that every worker shares its pages.
+WORKER_ENTRY = jobs.execute_run
 
 def catches_sigusr1(pid: int) -> bool:
     """True for the cluster's own processes (they inherit the handler); a task's processes,
