@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from boxsite.core.auth import DEVICE_COOKIE
-from tests.fakemodel import Answer, FakeModel, say
+from tests.fakemodel import Answer, FakeModel, call, say
 from tests.model.conftest import KEY
 from tests.portal.conftest import pair_device
 
@@ -35,14 +35,18 @@ def test_bad_model_settings_are_refused_naming_the_field(box: Any) -> None:
 
 
 def test_test_connection_reports_what_the_endpoint_answered(box: Any, model: FakeModel) -> None:
-    model.answer(say("ready"))
+    model.answer(say("ready"), call("report_ready", word="ready"), say('{"ready": true}'))
     result = box.api.post("/api/settings/model/test").json()
-    assert result["ok"] is True and result["answer"] == "ready"
+    assert result["ok"] is True and result["answer"] == "ready", result
+    assert [(c["name"], c["ok"]) for c in result["checks"]] == [("answer", True), ("tools", True), ("json", True),
+                                                                   ("context", True)]
     assert model.received[-1].headers.get("authorization") == f"Bearer {KEY}"
 
     model.answer(Answer(status=401, error="invalid api key"))
     result = box.api.post("/api/settings/model/test").json()
-    assert result == {"ok": False, "error": "the model's endpoint answered HTTP 401: invalid api key", "kind": "status"}
+    assert result["ok"] is False and result["kind"] == "status"
+    assert result["error"] == "the model's endpoint answered HTTP 401: invalid api key"
+    assert result["checks"] == [{"name": "answer", "ok": False, "reason": result["error"]}]
 
     model.answer(Answer(raw=b"<html>not an API</html>"))
     result = box.api.post("/api/settings/model/test").json()
