@@ -284,8 +284,25 @@ BOX_MODEL_NAME = env_str("BOX_MODEL_NAME") or ""
 BOX_MODEL_KEY_NAME = env_str("BOX_MODEL_KEY_NAME", "MODEL_API_KEY") or ""
 BOX_MODEL_INPUT_CENTS_PER_MILLION = env_float("BOX_MODEL_INPUT_CENTS_PER_MILLION", 0.0)
 BOX_MODEL_OUTPUT_CENTS_PER_MILLION = env_float("BOX_MODEL_OUTPUT_CENTS_PER_MILLION", 0.0)
-BOX_MODEL_TIMEOUT_S = env_float("BOX_MODEL_TIMEOUT_S", 120.0)
-BOX_MODEL_MAX_OUTPUT_TOKENS = env_int("BOX_MODEL_MAX_OUTPUT_TOKENS", 2048, minimum=16)
+# A cached input token's price (prompt caching); unset: the input price.
+BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION = (env_float("BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION", 0.0)
+                                            if env_str("BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION") else None)
+# The longest silence between two chunks of a streamed answer (not a bound on the whole answer:
+# a local model on a CPU may write for minutes).
+BOX_MODEL_IDLE_TIMEOUT_S = env_float("BOX_MODEL_IDLE_TIMEOUT_S", 120.0)
+# The output cap sent with each call (reasoning models spend part of it thinking); also the
+# budget's look-ahead.
+BOX_MODEL_MAX_OUTPUT_TOKENS = env_int("BOX_MODEL_MAX_OUTPUT_TOKENS", 8192, minimum=16)
+# Sent as reasoning_effort when set: low, medium or high.
+BOX_MODEL_REASONING_EFFORT = env_str("BOX_MODEL_REASONING_EFFORT") or ""
+if BOX_MODEL_REASONING_EFFORT not in ("", "low", "medium", "high"):
+    raise ImproperlyConfigured(f"BOX_MODEL_REASONING_EFFORT={BOX_MODEL_REASONING_EFFORT!r}: use low, medium or high")
+# A model call meeting a 429, a 5xx, a timeout or a dropped connection is tried again: at most
+# this many tries, none starting later than RETRY_MAX_S after the first, waiting RETRY_BASE_S
+# doubled each time (with jitter) or what the endpoint's Retry-After says.
+BOX_MODEL_RETRY_TRIES = env_int("BOX_MODEL_RETRY_TRIES", 5, minimum=1)
+BOX_MODEL_RETRY_MAX_S = env_float("BOX_MODEL_RETRY_MAX_S", 120.0)
+BOX_MODEL_RETRY_BASE_S = env_float("BOX_MODEL_RETRY_BASE_S", 1.0)
 # The Chromium a task's browser steps run (Debian's package; its binary is started directly).
 BOX_BROWSER_EXECUTABLE = env_str("BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium") or "/usr/bin/chromium"
 

@@ -117,6 +117,15 @@ def _worker_data_dir(worker_id: str) -> Iterator[None]:
     assert not left, f"the tests left task users (or their groups) of their boxes behind: {left}"
 
 
+# A model call tried again waits this long at first: a test of retries must not wait a second.
+MODEL_RETRY_BASE_S = 0.02
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_model_retries() -> None:
+    settings.BOX_MODEL_RETRY_BASE_S = MODEL_RETRY_BASE_S
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _worker_queue(worker_id: str) -> Iterator[None]:
     """Each test worker's queue has a name of its own. With REDIS_URL, test workers (and suites
@@ -272,6 +281,7 @@ def database_env() -> dict[str, str]:
     env["BOX_QUEUE_NAME"] = str(settings.Q_CLUSTER["name"])  # this test worker's own queue
     # Queued jobs are signed with this process's key, which came from the original data dir.
     env["DJANGO_SECRET_KEY"] = settings.SECRET_KEY
+    env["BOX_MODEL_RETRY_BASE_S"] = str(settings.BOX_MODEL_RETRY_BASE_S)
     return env
 
 

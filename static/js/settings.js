@@ -80,7 +80,9 @@ $("model-test").addEventListener("click", async () => {
   out.textContent = "Asking the model…";
   try {
     const result = await api("POST", "/api/settings/model/test");
-    out.textContent = result.ok ? `It answered: “${result.answer}” in ${result.latencyMs} ms.` : `It failed: ${result.error}`;
+    out.textContent = result.ok ? `It answered: “${result.answer}” in ${result.latencyMs} ms.`
+      : result.kind === 'capability' ? `It answered, but it cannot do all a task needs: ${result.error}`
+      : `It failed: ${result.error}`;
   } catch (err) {
     out.textContent = err.message;
   }

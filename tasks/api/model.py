@@ -11,6 +11,7 @@ from boxsite.core.principal import Principal
 from boxsite.core.shapes import shape
 from boxsite.core.validation import AnyNumber, AnyText, Body
 from tasks.llm import client as model
+from tasks.llm import probe
 from tasks.spec.describe import Describe, guide
 
 
@@ -25,6 +26,8 @@ class ModelSettingsBody(Body):
     key = AnyText(required=False, help_text="stored in the vault under keyName; never returned")
     inputCentsPerMillion = AnyNumber(required=False)
     outputCentsPerMillion = AnyNumber(required=False)
+    cachedInputCentsPerMillion = AnyNumber(required=False, help_text="the price of cached input tokens; null: the input price")
+    reasoningEffort = AnyText(required=False, help_text="low, medium or high, sent as reasoning_effort; null: not sent")
 
 
 def _require_settings_right(request: Request) -> None:
@@ -49,7 +52,7 @@ def describe(request: Request) -> Response:
     return Response(guide())
 
 
-@extend_schema(request=None, responses={200: shape(model.ModelTest)})
+@extend_schema(request=None, responses={200: shape(probe.ModelTest)})
 @api_view(["POST"])
 def model_test(request: Request) -> Response:
     """One short call to the configured model; what it answered (or why it could not)."""
@@ -58,4 +61,4 @@ def model_test(request: Request) -> Response:
         config = model.current_config()
     except model.NoModel as exc:
         return Response({"ok": False, "error": str(exc), "kind": "config"})
-    return Response(model.check_connection(config))
+    return Response(probe.check_connection(config))

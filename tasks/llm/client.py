@@ -7,25 +7,36 @@ it: the agent worker, ``model`` flow steps, the planner, the rescuer, output sha
 browser's grounding. The API key is read from the vault here, in the worker process, and never
 enters a task's sandbox.
 
+A call is streamed (``tasks.llm.stream``) with a timeout between chunks, not over the whole
+answer, so a slow local model is not cut while it is still writing. A call that meets a
+transient fault (429, 5xx, a timeout, a dropped connection) is tried again with backoff
+(``tasks.llm.retry``) before ``ModelError`` goes up; only the attempt that answered is charged.
+A parameter an endpoint refuses by name (``max_completion_tokens``, ``reasoning_effort``,
+``stream_options``) is swapped or dropped at once, and remembered for that endpoint and model.
+
 Callers pass messages that are already redacted (``tasks.vault.facts.Redactor``): this module sends
 what it is given.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, NotRequired, TypedDict
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypedDict
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
 
 from boxsite.core.errors import InvalidRequest
-from boxsite.core.shapes import Doc, Raw
+from boxsite.core.shapes import Doc
 from boxsite.models import BoxSettings
+from tasks.llm import retry
+from tasks.llm.stream import Streamed, read_stream
+from tasks.llm.text import json_text, split_reasoning
 from tasks.vault.store import read_secret, set_secret, validate_name
 
 if TYPE_CHECKING:
@@ -50,10 +61,17 @@ class KeyMissing(Exception):
 class ModelError(Exception):
     """The endpoint could not be reached, refused, timed out or answered something unusable."""
 
-    def __init__(self, message: str, *, kind: str) -> None:
+    def __init__(self, message: str, *, kind: str, status: int | None = None, retry_after_s: float | None = None,
+                 transient: bool = False) -> None:
         super().__init__(message)
         self.message = message
-        self.kind = kind  # unreachable, timeout, status, garbage
+        self.kind = kind  # unreachable, timeout, status, garbage, schema
+        self.status = status
+        self.retry_after_s = retry_after_s  # what the endpoint asked for (Retry-After)
+        self.transient = transient  # worth trying again: 429, 5xx, a timeout, a dropped connection
+
+
+REASONING_EFFORTS = ("low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -63,13 +81,24 @@ class ModelConfig:
     key_name: str  # the vault secret holding the key; "" when the endpoint takes none
     input_cents_per_million: float = 0.0
     output_cents_per_million: float = 0.0
-    timeout_s: float = 120.0
-    max_output_tokens: int = 2048
+    idle_timeout_s: float = 120.0  # the longest silence between two chunks of an answer
+    max_output_tokens: int = 8192
+    cached_input_cents_per_million: float | None = None  # None: cached input costs the input price
+    reasoning_effort: str = ""  # "", or one of REASONING_EFFORTS, sent as reasoning_effort
 
     def cost_cents(self, usage: Usage) -> float:
-        """What ``usage`` costs, in (fractional) cents."""
-        return (usage.input_tokens * self.input_cents_per_million
+        """What ``usage`` costs, in (fractional) cents: cached input at the cached price."""
+        cached = min(usage.cached_input_tokens, usage.input_tokens)
+        cached_price = self.input_cents_per_million if self.cached_input_cents_per_million is None \
+            else self.cached_input_cents_per_million
+        return ((usage.input_tokens - cached) * self.input_cents_per_million + cached * cached_price
                 + usage.output_tokens * self.output_cents_per_million) / 1_000_000
+
+    @property
+    def is_local(self) -> bool:
+        """The endpoint is on this machine (a loopback address): a local server, keyless unless
+        the vault holds its key."""
+        return is_loopback(self.base_url)
 
     def estimate_cents(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         """An upper guess of what one call with ``messages`` costs, in whole cents: its input
@@ -84,13 +113,27 @@ class ModelConfig:
                 "outputCentsPerMillion": self.output_cents_per_million}
 
 
+def is_loopback(base_url: str) -> bool:
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0  # of input_tokens, those the endpoint served from its cache
 
     def shown(self) -> dict[str, int]:
-        return {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
+        shown = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
+        if self.cached_input_tokens:
+            shown["cachedInputTokens"] = self.cached_input_tokens
+        return shown
 
 
 @dataclass(frozen=True)
@@ -115,6 +158,8 @@ class Decision:
     cost_cents: float = 0.0
     finish_reason: str = ""
     latency_ms: int = 0
+    reasoning: str = ""  # the model's thinking, taken out of the answer (never sent back)
+    attempts: int = 1  # the tries it took; only the last one answered and is charged
 
     def message(self) -> dict[str, Any]:
         """The assistant message to append to the conversation."""
@@ -124,19 +169,19 @@ class Decision:
         return out
 
     def shown(self) -> dict[str, Any]:
-        return {"content": self.content, "toolCalls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls],
-                "finishReason": self.finish_reason, "usage": self.usage.shown(), "latencyMs": self.latency_ms}
+        shown = {"content": self.content, "toolCalls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls],
+                 "finishReason": self.finish_reason, "usage": self.usage.shown(), "latencyMs": self.latency_ms}
+        if self.reasoning:
+            shown["reasoning"] = self.reasoning[:4000]
+        if self.attempts > 1:
+            shown["attempts"] = self.attempts
+        return shown
 
     def json_answer(self) -> Any:
-        """The content read as JSON (a fenced block is unwrapped); ``ModelError`` when it is not."""
-        text = self.content.strip()
-        if text.startswith("```"):
-            text = text.strip("`")
-            text = text.split("\n", 1)[1] if "\n" in text else text
-            if text.startswith("json"):
-                text = text[4:]
+        """The content read as JSON (reasoning stripped, a fenced block unwrapped:
+        ``tasks.llm.text.json_text``); ``ModelError`` when it is not."""
         try:
-            return json.loads(text)
+            return json.loads(json_text(self.content))
         except ValueError as exc:
             raise ModelError(f"the model's answer is not JSON: {self.content[:200]!r}", kind="garbage") from exc
 
@@ -154,7 +199,11 @@ def current_config() -> ModelConfig:
         key_name=row.model_key_name if row.model_key_name is not None else settings.BOX_MODEL_KEY_NAME,
         input_cents_per_million=_price(row.model_input_cents_per_million, settings.BOX_MODEL_INPUT_CENTS_PER_MILLION),
         output_cents_per_million=_price(row.model_output_cents_per_million, settings.BOX_MODEL_OUTPUT_CENTS_PER_MILLION),
-        timeout_s=float(settings.BOX_MODEL_TIMEOUT_S), max_output_tokens=int(settings.BOX_MODEL_MAX_OUTPUT_TOKENS),
+        idle_timeout_s=float(settings.BOX_MODEL_IDLE_TIMEOUT_S), max_output_tokens=int(settings.BOX_MODEL_MAX_OUTPUT_TOKENS),
+        cached_input_cents_per_million=_cached_price(row.model_cached_input_cents_per_million,
+                                                     settings.BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION),
+        reasoning_effort=(row.model_reasoning_effort if row.model_reasoning_effort is not None
+                          else settings.BOX_MODEL_REASONING_EFFORT) or "",
     )
 
 
@@ -162,43 +211,169 @@ def _price(own: float | None, default: float) -> float:
     return float(own) if own is not None else float(default)
 
 
+def _cached_price(own: float | None, default: float | None) -> float | None:
+    return float(own) if own is not None else default
+
+
 def read_key(config: ModelConfig) -> str:
-    """The key to send; ``KeyMissing`` when the config names a vault secret that is not set."""
+    """The key to send; ``KeyMissing`` when the config names a vault secret that is not set,
+    unless the endpoint is local (a loopback address): local servers mostly take no key."""
     if not config.key_name:
-        return "none"  # the client insists on one; a keyless local server ignores it
+        return NO_KEY
     key = read_secret(config.key_name)
     if key is None:
+        if config.is_local:
+            return NO_KEY
         raise KeyMissing(config.key_name)
     return key
 
 
+NO_KEY = "none"  # the client insists on one; a keyless server ignores it
+
+
+class AttemptRecorder(Protocol):
+    """Where a failed attempt is logged: a run's recorder (``tasks.run.recorder.Recorder``)."""
+
+    def event(self, kind: str, summary: str, data: dict[str, Any] | None = None) -> None: ...
+
+
 def call_model(config: ModelConfig, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-               schema: dict[str, Any] | None = None, key: str | None = None, timeout_s: float | None = None) -> Decision:
-    """One chat-completions call. ``tools``: function tools the model may call; ``schema``: a
-    JSON Schema its answer must follow (asked for as a JSON object; the caller validates it).
-    Raises ``ModelError`` (never hangs past the timeout) or ``KeyMissing``."""
+               schema: dict[str, Any] | None = None, key: str | None = None, timeout_s: float | None = None,
+               recorder: AttemptRecorder | None = None, tries: int | None = None) -> Decision:
+    """One chat completion, tried again on transient faults. ``tools``: function tools the model
+    may call; ``schema``: a JSON Schema its answer must follow (asked for as a JSON object; the
+    caller validates it); ``timeout_s``: the longest silence between chunks (the config's idle
+    timeout by default); ``recorder``: each failed attempt is logged there as a note;
+    ``tries``: at most this many attempts (``BOX_MODEL_RETRY_TRIES`` by default).
+    Raises ``ModelError`` once the tries or their time are used up, or ``KeyMissing``."""
+    client = _client(config.base_url, key if key is not None else read_key(config))
+    idle_s = timeout_s or config.idle_timeout_s
+    policy = retry.Policy.current()
+    if tries is not None:
+        policy = replace(policy, tries=max(1, tries))
+    started = time.monotonic()
+    attempt = 0
+    adjusted: set[str] = set()
+    while True:
+        attempt += 1
+        request = _request(config, messages, tools, schema, idle_s)
+        try:
+            decision = _attempt(client, config, request, idle_s)
+            return replace(decision, attempts=attempt) if attempt > 1 else decision
+        except ModelError as exc:
+            refused = _refused_parameter(exc, request)
+            if refused is not None and refused not in adjusted:
+                # Not a fault of the endpoint: the request is changed and sent again at once.
+                adjusted.add(refused)
+                _remember(config, refused)
+                attempt -= 1
+                continue
+            wait = policy.next_wait(attempt, started, exc.retry_after_s) if exc.transient else None
+            if wait is None:
+                if attempt > 1:
+                    exc.message = f"{exc.message} ({attempt} tries)"
+                    exc.args = (exc.message,)
+                raise
+            if recorder is not None:
+                recorder.event("note", f"the model call failed (try {attempt} of {policy.tries}): {exc.message}; "
+                               f"trying again in {wait:.1f} s",
+                               {"modelAttempt": attempt, "error": exc.message, "errorKind": exc.kind, "status": exc.status,
+                                "waitS": round(wait, 2), "retryAfterS": exc.retry_after_s})
+            time.sleep(wait)
+
+
+# Per endpoint and model, the request parameters it refused: "max_completion_tokens" (it takes
+# max_tokens), "reasoning_effort", "stream_options". Kept for the process.
+_refusals: dict[tuple[str, str], set[str]] = {}
+_refusals_lock = threading.Lock()
+
+
+def _refused(config: ModelConfig) -> set[str]:
+    with _refusals_lock:
+        return set(_refusals.get((config.base_url, config.model), ()))
+
+
+def _remember(config: ModelConfig, parameter: str) -> None:
+    with _refusals_lock:
+        known = _refusals.setdefault((config.base_url, config.model), set())
+        if parameter == "max_tokens":
+            known.discard("max_completion_tokens")
+        else:
+            known.add(parameter)
+
+
+def _request(config: ModelConfig, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+             schema: dict[str, Any] | None, idle_s: float) -> dict[str, Any]:
+    refused = _refused(config)
+    cap = "max_tokens" if "max_completion_tokens" in refused else "max_completion_tokens"
+    # A float timeout bounds each read, so it is the silence allowed between two chunks.
+    request: dict[str, Any] = {"model": config.model, "messages": messages, cap: config.max_output_tokens,
+                               "stream": True, "timeout": idle_s}
+    if "stream_options" not in refused:
+        request["stream_options"] = {"include_usage": True}
+    if config.reasoning_effort and "reasoning_effort" not in refused:
+        request["reasoning_effort"] = config.reasoning_effort
+    if tools:
+        request["tools"] = tools
+    if schema is not None and "response_format" not in refused:
+        request["response_format"] = {"type": "json_object"}
+    return request
+
+
+_REFUSAL_WORDS = ("unsupported", "not supported", "unrecognized", "unknown", "not permitted", "not allowed",
+                  "extra inputs", "extra_forbidden", "use 'max_completion_tokens'", "use max_completion_tokens")
+
+
+def _refused_parameter(exc: ModelError, request: dict[str, Any]) -> str | None:
+    """The optional parameter a 400 refuses by name, or ``None``. ``max_tokens`` means the
+    endpoint wants ``max_completion_tokens`` back."""
+    if exc.status not in (400, 422):
+        return None
+    text = exc.message.lower()
+    if not any(word in text for word in _REFUSAL_WORDS):
+        return None
+    for name in ("max_completion_tokens", "stream_options", "reasoning_effort", "response_format"):
+        if name in request and name in text:
+            if name == "max_completion_tokens" and "use 'max_completion_tokens'" in text:
+                continue
+            return name
+    if "max_tokens" in request and "max_tokens" in text:
+        return "max_tokens"
+    return None
+
+
+def _attempt(client: openai.OpenAI, config: ModelConfig, request: dict[str, Any], idle_s: float) -> Decision:
     import openai  # noqa: PLC0415 - large in every process that imports it: only where a model is called
 
-    client = _client(config.base_url, key if key is not None else read_key(config))
-    kwargs: dict[str, Any] = {"model": config.model, "messages": messages, "max_tokens": config.max_output_tokens,
-                              "timeout": timeout_s or config.timeout_s}
-    if tools:
-        kwargs["tools"] = tools
-    if schema is not None:
-        kwargs["response_format"] = {"type": "json_object"}
     began = time.monotonic()
     try:
-        response = client.chat.completions.create(**kwargs)
+        streamed = read_stream(client.chat.completions.create(**request))
     except openai.APITimeoutError as exc:
-        raise ModelError(f"the model did not answer within {timeout_s or config.timeout_s:g} s", kind="timeout") from exc
+        raise ModelError(f"the model did not answer within {idle_s:g} s", kind="timeout", transient=True) from exc
     except openai.APIConnectionError as exc:
-        raise ModelError(f"the model's endpoint cannot be reached ({config.base_url}): {exc}", kind="unreachable") from exc
+        raise ModelError(f"the model's endpoint cannot be reached ({config.base_url}): {_cause(exc)}", kind="unreachable",
+                         transient=True) from exc
     except openai.APIStatusError as exc:
-        raise ModelError(f"the model's endpoint answered HTTP {exc.status_code}: {_error_text(exc)}", kind="status") from exc
+        raise _status_error(exc) from exc
     except (openai.APIError, ValueError, TypeError) as exc:
         raise ModelError(f"the model's endpoint answered something that is not a chat completion: {exc}", kind="garbage") from exc
     latency_ms = int((time.monotonic() - began) * 1000)
-    return _decision(config, response, latency_ms)
+    return _decision(config, streamed, latency_ms)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc} ({cause})" if cause is not None and str(cause) else str(exc)
+
+
+def _status_error(exc: openai.APIStatusError) -> ModelError:
+    status = int(exc.status_code)
+    text = _error_text(exc)
+    transient = status in retry.TRANSIENT_STATUSES or status >= 500
+    if status == 429 and any(code in json.dumps(exc.body or "") for code in retry.FINAL_429_CODES):
+        transient = False
+    return ModelError(f"the model's endpoint answered HTTP {status}: {text}", kind="status", status=status,
+                      retry_after_s=retry.retry_after_s(exc.response.headers) if transient else None, transient=transient)
 
 
 _clients: dict[tuple[str, str], openai.OpenAI] = {}
@@ -207,8 +382,9 @@ _clients_lock = threading.Lock()
 
 def _client(base_url: str, key: str) -> openai.OpenAI:
     """One client per endpoint and key, kept for the process: making one builds a TLS context,
-    which costs more than a local model's whole answer."""
-    import openai  # noqa: PLC0415 - see call_model
+    which costs more than a local model's whole answer. Its own retries are off: ``call_model``
+    retries, logging each attempt."""
+    import openai  # noqa: PLC0415 - see _attempt
 
     with _clients_lock:
         client = _clients.get((base_url, key))
@@ -225,60 +401,50 @@ def _error_text(exc: openai.APIStatusError) -> str:
         inner = body.get("error", body)
         if isinstance(inner, dict) and inner.get("message"):
             return str(inner["message"])[:300]
+        if isinstance(inner, str) and inner:
+            return inner[:300]  # Ollama and llama.cpp: {"error": "..."}
     return str(exc.message)[:300]
 
 
-def _decision(config: ModelConfig, response: Any, latency_ms: int) -> Decision:
-    try:
-        choice = response.choices[0]
-        message = choice.message
-        calls = []
-        for raw in message.tool_calls or []:
-            try:
-                arguments = json.loads(raw.function.arguments or "{}")
-            except ValueError as exc:
-                raise ModelError(f"the model called {raw.function.name} with arguments that are not JSON", kind="garbage") from exc
-            if not isinstance(arguments, dict):
-                raise ModelError(f"the model called {raw.function.name} with arguments that are not an object", kind="garbage")
-            calls.append(ToolCall(id=str(raw.id), name=str(raw.function.name), arguments=arguments))
-        usage = Usage(input_tokens=int(getattr(response.usage, "prompt_tokens", 0) or 0),
-                      output_tokens=int(getattr(response.usage, "completion_tokens", 0) or 0))
-    except (AttributeError, IndexError, TypeError) as exc:
-        raise ModelError(f"the model's endpoint answered something that is not a chat completion: {exc}", kind="garbage") from exc
-    return Decision(content=str(message.content or ""), tool_calls=calls, usage=usage, cost_cents=config.cost_cents(usage),
-                    finish_reason=str(choice.finish_reason or ""), latency_ms=latency_ms)
+def _decision(config: ModelConfig, streamed: Streamed, latency_ms: int) -> Decision:
+    if streamed.chunks == 0:
+        raise ModelError("the model's endpoint answered something that is not a chat completion (no data in the stream)",
+                         kind="garbage")
+    calls: list[ToolCall] = []
+    for raw in streamed.calls:
+        try:
+            arguments = json.loads(raw.arguments or "{}")
+        except ValueError as exc:
+            raise ModelError(f"the model called {raw.name} with arguments that are not JSON", kind="garbage") from exc
+        if not isinstance(arguments, dict):
+            raise ModelError(f"the model called {raw.name} with arguments that are not an object", kind="garbage")
+        calls.append(ToolCall(id=raw.id or f"call_{len(calls)}", name=raw.name, arguments=arguments))
+    content, thought = split_reasoning(streamed.content)
+    reasoning = "\n\n".join(r for r in (streamed.reasoning.strip(), thought) if r)
+    usage = _usage(streamed.usage)
+    return Decision(content=content, tool_calls=calls, usage=usage, cost_cents=config.cost_cents(usage),
+                    finish_reason=streamed.finish_reason, latency_ms=latency_ms, reasoning=reasoning)
 
 
-class ModelTest(TypedDict):
-    ok: bool
-    answer: NotRequired[str]
-    error: NotRequired[str]
-    kind: NotRequired[Annotated[str, Raw({"type": "string", "description": "what went wrong",
-                                          "enum": ["key", "unreachable", "timeout", "status", "garbage", "config"]})]]
-    usage: NotRequired[dict[str, Any]]
-    latencyMs: NotRequired[int]
-    costCents: NotRequired[float]
-
-
-def check_connection(config: ModelConfig) -> ModelTest:
-    """Settings → Model's "Test connection": one short call; what the endpoint answered."""
-    try:
-        decision = call_model(config, [{"role": "user", "content": "Reply with the single word: ready"}],
-                              timeout_s=min(config.timeout_s, 30.0))
-    except KeyMissing as exc:
-        return {"ok": False, "error": str(exc), "kind": "key"}
-    except ModelError as exc:
-        return {"ok": False, "error": exc.message, "kind": exc.kind}
-    return {"ok": True, "answer": decision.content[:500], "usage": decision.usage.shown(), "latencyMs": decision.latency_ms,
-            "costCents": round(decision.cost_cents, 4)}
+def _usage(raw: Any) -> Usage:
+    if raw is None:
+        return Usage()
+    details = getattr(raw, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", 0) if details is not None else 0
+    return Usage(input_tokens=int(getattr(raw, "prompt_tokens", 0) or 0),
+                 output_tokens=int(getattr(raw, "completion_tokens", 0) or 0),
+                 cached_input_tokens=int(cached or 0))
 
 
 # --- Settings → Model ------------------------------------------------------------------------
 _SETTING_FIELDS = {"baseUrl": "model_base_url", "model": "model_name", "keyName": "model_key_name",
                    "inputCentsPerMillion": "model_input_cents_per_million",
-                   "outputCentsPerMillion": "model_output_cents_per_million"}
+                   "outputCentsPerMillion": "model_output_cents_per_million",
+                   "cachedInputCentsPerMillion": "model_cached_input_cents_per_million",
+                   "reasoningEffort": "model_reasoning_effort"}
 _ENV = {"baseUrl": "BOX_MODEL_BASE_URL", "model": "BOX_MODEL_NAME", "keyName": "BOX_MODEL_KEY_NAME",
-        "inputCentsPerMillion": "BOX_MODEL_INPUT_CENTS_PER_MILLION", "outputCentsPerMillion": "BOX_MODEL_OUTPUT_CENTS_PER_MILLION"}
+        "inputCentsPerMillion": "BOX_MODEL_INPUT_CENTS_PER_MILLION", "outputCentsPerMillion": "BOX_MODEL_OUTPUT_CENTS_PER_MILLION",
+        "cachedInputCentsPerMillion": "BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION", "reasoningEffort": "BOX_MODEL_REASONING_EFFORT"}
 MAX_PRICE = 1_000_000.0  # cents per million tokens ($10,000): anything above is a typo
 
 
@@ -288,8 +454,12 @@ class ModelSettings(TypedDict):
     model: str
     keyName: Annotated[str, Doc("the vault secret holding the API key; empty: the endpoint takes none")]
     keySet: Annotated[bool, Doc("the vault holds keyName")]
+    keyNeeded: Annotated[bool, Doc("a task asks for the key when the vault lacks it (false for a loopback endpoint)")]
     inputCentsPerMillion: float
     outputCentsPerMillion: float
+    cachedInputCentsPerMillion: Annotated[float | None, Doc("the price of input tokens the endpoint served from its cache; "
+                                                            "null: the input price")]
+    reasoningEffort: Annotated[str | None, Doc("sent as reasoning_effort: low, medium or high; null: not sent")]
     fromEnvironment: Annotated[list[str], Doc("fields whose value comes from a BOX_MODEL_* variable, not from these settings")]
 
 
@@ -304,8 +474,11 @@ def present_settings() -> ModelSettings:
         "configured": bool(shown["baseUrl"] and shown["model"]),
         "baseUrl": str(shown["baseUrl"] or ""), "model": str(shown["model"] or ""), "keyName": key_name,
         "keySet": bool(key_name) and read_secret(key_name) is not None,
+        "keyNeeded": bool(key_name) and not is_loopback(str(shown["baseUrl"] or "")),
         "inputCentsPerMillion": float(shown["inputCentsPerMillion"] or 0),
         "outputCentsPerMillion": float(shown["outputCentsPerMillion"] or 0),
+        "cachedInputCentsPerMillion": None if shown["cachedInputCentsPerMillion"] is None else float(shown["cachedInputCentsPerMillion"]),
+        "reasoningEffort": str(shown["reasoningEffort"]) if shown["reasoningEffort"] else None,
         "fromEnvironment": from_env,
     }
 
@@ -331,7 +504,12 @@ def update_settings(body: dict[str, Any]) -> None:
         if value is not None and value != "":
             value = validate_name(value)
         changes["model_key_name"] = value
-    for api in ("inputCentsPerMillion", "outputCentsPerMillion"):
+    if "reasoningEffort" in body:
+        value = body["reasoningEffort"]
+        if value is not None and value not in REASONING_EFFORTS:
+            raise InvalidRequest("'reasoningEffort' must be low, medium, high or null", field="reasoningEffort")
+        changes["model_reasoning_effort"] = value
+    for api in ("inputCentsPerMillion", "outputCentsPerMillion", "cachedInputCentsPerMillion"):
         if api in body:
             value = body[api]
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_PRICE):

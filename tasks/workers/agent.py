@@ -185,7 +185,7 @@ class AgentLoop:
                 "sent": [bounded(m, chars=4000) for m in sent]})
             self.state["logged"] = len(self.messages)
             try:
-                decision = call_model(self.config, self.ctx.recorder.redactor.redact(self.messages), tools=self.tools, key=self.key)
+                decision = call_model(self.config, self.ctx.recorder.redactor.redact(self.messages), tools=self.tools, key=self.key, recorder=self.ctx.recorder)
             except ModelError as exc:
                 self._result(turn, began, clock, {"error": exc.message, "errorKind": exc.kind}, ok=False,
                              summary=f"turn {turn}: the model failed: {exc.message}")

@@ -58,6 +58,6 @@ def _one_call(ctx: RunContext, config: ModelConfig, key: str, sent: list[dict[st
             guard={"model_call": purpose, "budget_cents": exc.budget_cents}, amount_cents=exc.needed_cents,
             detail={"model": config.model, "cost_cents": exc.cents, "spent_cents": exc.spent_cents, "budget_cents": exc.budget_cents},
         ) from exc
-    decision = call_model(config, sent, key=key)
+    decision = call_model(config, sent, key=key, recorder=ctx.recorder)
     budget.charge_model(ctx.recorder, decision.cost_cents, f"{purpose}: {config.model}", decision.usage.shown())
     return decision

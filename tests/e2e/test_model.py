@@ -36,7 +36,7 @@ def test_with_a_model_the_phone_and_the_portal_get_answers(page: Any, browser: A
     section.get_by_label("API key").fill("sk-e2e-key-123456")
     section.get_by_role("button", name="Save model").click()
     expect(section.locator("#model-state")).to_contain_text("Configured: fake-model")
-    fake_model.answer(say("ready"))
+    fake_model.answer(say("ready"), call("report_ready", word="ready"), say('{"ready": true}'))
     section.get_by_role("button", name="Test connection").click()
     # The web process's first model call imports the client library (seconds on a loaded machine).
     expect(section.get_by_role("status")).to_contain_text("It answered: “ready”", timeout=60_000)

@@ -121,7 +121,7 @@ def test_max_model_calls_fails_the_task_recoverably_naming_the_limit(box: Any, m
 
 
 def test_an_endpoint_that_errors_fails_the_task_recoverably_with_the_reason(box: Any, model: FakeModel) -> None:
-    model.answer(Answer(status=500, error="upstream exploded"))
+    model.fallback = Answer(status=500, error="upstream exploded")  # every try
     task = box.create(title="x", prompt="do it", budgetCents=100)
     failed = box.wait_state(task["id"], "failed", "done")
     assert failed["recoverable"] is True
@@ -143,8 +143,8 @@ def test_an_endpoint_that_is_down_fails_clearly_and_nothing_hangs(box: Any, mode
 
 
 def test_a_slow_endpoint_times_out(box: Any, model: FakeModel, settings: Any) -> None:
-    settings.BOX_MODEL_TIMEOUT_S = 0.5
-    model.answer(Answer(content="late", delay_s=3))
+    settings.BOX_MODEL_IDLE_TIMEOUT_S = 0.5
+    model.fallback = Answer(content="late", delay_s=3)  # every try
     task = box.create(title="x", prompt="do it", budgetCents=100)
     failed = box.wait_state(task["id"], "failed", "done", timeout=30)
     assert "did not answer within 0.5 s" in failed["error"]

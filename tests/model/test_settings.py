@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from boxsite.core.auth import DEVICE_COOKIE
-from tests.fakemodel import Answer, FakeModel, say
+from tests.fakemodel import Answer, FakeModel, call, say
 from tests.model.conftest import KEY
 from tests.portal.conftest import pair_device
 
@@ -35,14 +35,18 @@ def test_bad_model_settings_are_refused_naming_the_field(box: Any) -> None:
 
 
 def test_test_connection_reports_what_the_endpoint_answered(box: Any, model: FakeModel) -> None:
-    model.answer(say("ready"))
+    model.answer(say("ready"), call("report_ready", word="ready"), say('{"ready": true}'))
     result = box.api.post("/api/settings/model/test").json()
-    assert result["ok"] is True and result["answer"] == "ready"
+    assert result["ok"] is True and result["answer"] == "ready", result
+    assert [(c["name"], c["ok"]) for c in result["checks"]] == [("answer", True), ("tools", True), ("json", True),
+                                                                   ("context", True)]
     assert model.received[-1].headers.get("authorization") == f"Bearer {KEY}"
 
     model.answer(Answer(status=401, error="invalid api key"))
     result = box.api.post("/api/settings/model/test").json()
-    assert result == {"ok": False, "error": "the model's endpoint answered HTTP 401: invalid api key", "kind": "status"}
+    assert result["ok"] is False and result["kind"] == "status"
+    assert result["error"] == "the model's endpoint answered HTTP 401: invalid api key"
+    assert result["checks"] == [{"name": "answer", "ok": False, "reason": result["error"]}]
 
     model.answer(Answer(raw=b"<html>not an API</html>"))
     result = box.api.post("/api/settings/model/test").json()
@@ -61,3 +65,25 @@ def test_a_paired_phone_cannot_see_or_change_the_model(box: Any) -> None:
     assert phone.patch("/api/settings/model", {"model": "x"}, format="json").status_code == 403
     assert phone.post("/api/settings/model/test").status_code == 403
     assert phone.get("/api/describe").status_code == 200  # the guide is for any caller
+
+
+def test_test_connection_says_plainly_what_the_model_cannot_do(box: Any, model: FakeModel) -> None:
+    model.context_tokens = 4096
+    model.answer(say("ready"), Answer(status=400, error="fake-model does not support tools"), say("sure, here you go: ready"))
+    result = box.api.post("/api/settings/model/test").json()
+    assert result["ok"] is False and result["kind"] == "capability" and result["contextTokens"] == 4096
+    checks = {c["name"]: c for c in result["checks"]}
+    assert checks["answer"]["ok"] is True
+    assert checks["tools"]["ok"] is False and checks["tools"]["reason"].startswith("does not support tools")
+    assert checks["json"]["ok"] is False and checks["json"]["reason"].startswith("does not answer in JSON")
+    assert checks["context"] == {"name": "context", "ok": False, "reason": checks["context"]["reason"]}
+    assert checks["context"]["reason"].startswith("context 4096: too small for agent tasks")
+    assert "does not support tools" in result["error"] and "context 4096" in result["error"]
+
+
+def test_test_connection_notices_a_model_answering_in_text_instead_of_calling_the_tool(box: Any, model: FakeModel) -> None:
+    model.answer(say("ready"), say("report_ready(word='ready')"), say('{"ready": true}'))
+    result = box.api.post("/api/settings/model/test").json()
+    checks = {c["name"]: c["ok"] for c in result["checks"]}
+    assert checks == {"answer": True, "tools": False, "json": True, "context": True}
+    assert "does not support tools" in result["error"]
