@@ -98,7 +98,9 @@ def disown_files(task_id: str, ident: accounts.Identity) -> None:
     Does not cross into mounts (a still-mounted overlay view is the layers' business; its upper
     directory is walked directly), so it costs what the task changed, not the workspace's size.
     """
-    for root in (paths.local_dir() / "tasks" / task_id, Path(settings.BOX_DATA_DIR) / "layers" / task_id):
+    # The runtime directory holds an external agent's private HOME (``paths.private_home``).
+    for root in (paths.local_dir() / "tasks" / task_id, Path(settings.BOX_DATA_DIR) / "layers" / task_id,
+                 paths.runtime_dir(task_id)):
         if root.is_dir():
             _disown_tree(root, ident)
 

@@ -138,6 +138,8 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     env = dict(env)
     if env.get("HOME") == str(ctx.workdir):
         env["HOME"] = str(view)
+    elif env.get("HOME") == str(paths.private_home(task.pk)):
+        paths.ensure_private_home(task.pk, ident.uid, ident.gid)
     # Inside its root the task's user is named after the task (its own /etc/passwd); on the host
     # the uid belongs to a user of the box's pool, claimed by this task alone until its release.
     name = task.user or f"{accounts.PREFIX}{task.pk}"

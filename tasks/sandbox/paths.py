@@ -85,6 +85,23 @@ def ensure_runtime_dir(task_id: str, uid: int | None = None, gid: int | None = N
     return path
 
 
+def private_home(task_id: str) -> Path:
+    """Where an external agent's HOME is: in the task's runtime directory, outside its copy of
+    the workspace, so the dotfiles a CLI writes never land in the task's diff."""
+    return runtime_dir(task_id) / "home"
+
+
+def ensure_private_home(task_id: str, uid: int | None = None, gid: int | None = None) -> Path:
+    """Create ``private_home`` (0700); with ``uid``, the task's user's own."""
+    home = private_home(task_id)
+    if not home.parent.is_dir():
+        ensure_runtime_dir(task_id)
+    home.mkdir(mode=0o700, exist_ok=True)
+    if uid is not None:
+        os.chown(home, uid, gid if gid is not None else uid)
+    return home
+
+
 def harden_data_dir() -> None:
     """Make the box's data directory unreadable to task users.
 

@@ -29,7 +29,7 @@ from tasks.broker.protocol import InvalidArgs, NotAllowed
 from tasks.events import record_event
 from tasks.models import EventKind, Task
 from tasks.run.context import RunContext
-from tasks.tools.http import host_allowed
+from tasks.tools.http import host_covered
 from tasks.tools.types import Tool
 
 POLICY_OFF = ("the owner's settings do not let a task create {what} "
@@ -136,21 +136,10 @@ def _hosts(task: Task, hosts: Any, field: str) -> Any:
     if not isinstance(hosts, list):
         return hosts  # the spec's own check answers it
     for host in hosts:
-        if isinstance(host, str) and not _host_covered(host.lower(), task.hosts):
+        if isinstance(host, str) and not host_covered(host.lower(), task.hosts):
             allowed = ", ".join(task.hosts) or "none"
             raise NotAllowed(f"host '{host}' is wider than this task's hosts ({allowed})", field=f"{field}.hosts")
     return hosts
-
-
-def _host_covered(entry: str, hosts: list[str]) -> bool:
-    """Every address ``entry`` lets a task reach, ``hosts`` lets it reach too."""
-    if entry in hosts:
-        return True
-    wildcards = [h for h in hosts if h.startswith("*.") and ":" not in h]
-    if entry.startswith("*."):
-        return any(entry[1:].endswith(w[1:]) for w in wildcards)
-    name = entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry
-    return host_allowed(name, wildcards + [h for h in hosts if ":" not in h])
 
 
 def _budget(task: Task, asked: Any, field: str) -> Any:

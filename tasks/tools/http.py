@@ -40,6 +40,17 @@ def host_allowed(host: str, hosts: list[str]) -> bool:
     return False
 
 
+def host_covered(entry: str, hosts: list[str]) -> bool:
+    """Every address the hosts entry ``entry`` lets a task reach, ``hosts`` lets it reach too."""
+    if entry in hosts:
+        return True
+    wildcards = [h for h in hosts if h.startswith("*.") and ":" not in h]
+    if entry.startswith("*."):
+        return any(entry[1:].endswith(w[1:]) for w in wildcards)
+    name = entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry
+    return host_allowed(name, wildcards + [h for h in hosts if ":" not in h])
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host.strip("[]"))

@@ -13,16 +13,40 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from tasks.models import EventKind
+from tasks.models import EventKind, Task
+from tasks.pauses import ApprovalKind
 from tasks.run import receipts
 from tasks.run.context import RunContext
+from tasks.sandbox import paths
+from tasks.states import WaitingFor
+from tasks.tools.http import host_covered
 from tasks.vault.store import read_secret
 from tasks.workers import process
-from tasks.workers.base import Done, Failed, Outcome, needs_key
+from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, needs_key
 from tasks.workers.flow import record_result
-from tasks.workers.presets import all_presets
+from tasks.workers.presets import Preset, all_presets
 
 MAX_OUTPUT_EVENTS = 500
+
+
+def _hosts_to_allow(ctx: RunContext, preset: Preset) -> Paused | None:
+    """The preset's API hosts the task's hosts do not cover: asked for once (an approval naming
+    them); once the owner allowed them they join the task's hosts, in its view and for every later
+    run. None when nothing is left to ask."""
+    task = ctx.task
+    missing = sorted(h for h in preset.hosts if not host_covered(h, task.hosts))
+    if not missing:
+        return None
+    if ctx.resume.get("hosts_allowed") == missing:
+        hosts = [*task.hosts, *missing]
+        ctx.recorder.guarded(lambda: Task.objects.filter(pk=task.pk).update(hosts=hosts))
+        task.hosts = hosts
+        ctx.recorder.note(f"the owner allowed {', '.join(missing)} for the {preset.name} worker", {"hosts": missing})
+        return None
+    reason = f"the {preset.name} worker needs to reach {', '.join(missing)}"
+    return Paused(WaitingFor.APPROVAL, reason, resume={"hosts_allowed": missing},
+                  approval=ApprovalRequest(ApprovalKind.ACTION, reason, {"preset": preset.name, "hosts": missing},
+                                           {"hosts": missing}))
 
 
 class CommandWorker:
@@ -42,6 +66,12 @@ class CommandWorker:
                 env[key] = value
             if preset.keys:  # a key the process prints must not reach the log in clear
                 ctx.refresh_redactor()
+            asked = _hosts_to_allow(ctx, preset)
+            if asked is not None:
+                return asked
+            # Its dotfiles (sessions, caches, config) go to a HOME of the task's own, outside its
+            # copy of the workspace, so they never land in the diff.
+            env["HOME"] = str(paths.ensure_private_home(task.pk))
             argv = [part.replace("{prompt}", task.prompt) for part in preset.argv]
         began, clock = timezone.now(), time.monotonic()
         name = f"worker-run-{ctx.run.number}"

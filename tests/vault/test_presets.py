@@ -55,3 +55,50 @@ def test_a_preset_gets_its_key_as_an_environment_variable_and_the_log_never_show
     outputs = [e["summary"] for e in box.events(task["id"]) if e["kind"] == "output"]
     assert outputs == ["agent started", "using key ${MY_API_KEY} for: summarise"]
     assert "the-real-key-123" not in box.api.get(f"/api/tasks/{task['id']}").content.decode()
+
+
+@pytest.fixture
+def cli_preset(box: Any, tmp_path: Path, settings: Any) -> None:
+    """A preset `cli` like an external agent CLI: it writes a session file under its HOME, a
+    change in the workspace, and says where its HOME is; its API is on api.cli.test."""
+    script = box.home / "cli.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        'mkdir -p "$HOME/.cli" && echo session > "$HOME/.cli/session.json"\n'
+        "echo made > made.txt\n"
+        'echo "home: $HOME"\n'
+    )
+    script.chmod(0o755)
+    presets = tmp_path / "cli-presets.json"
+    presets.write_text(json.dumps([{"name": "cli", "argv": ["/bin/sh", "cli.sh", "{prompt}"], "hosts": ["api.cli.test"]}]))
+    settings.BOX_PRESETS_FILE = str(presets)
+
+
+def test_a_preset_asks_once_for_its_api_host_and_the_owners_ok_adds_it_to_the_tasks_hosts(box: Any, cli_preset: None) -> None:
+    task = box.create(title="needs its API", worker="cli", prompt="go", hosts=["example.org"])
+    view = box.wait_state(task["id"], "waiting", "done", "failed")
+    assert view["waitingFor"] == "approval", view
+    assert not [e for e in box.events(task["id"]) if e["kind"] == "output"]  # nothing ran before the OK
+    [approval] = [a for a in box.task(task["id"])["approvals"] if a["state"] == "pending"]
+    assert approval["detail"]["hosts"] == ["api.cli.test"] and "api.cli.test" in approval["summary"]
+    approved = box.api.post(f"/api/approvals/{approval['id']}/approve", {}, format="json")
+    assert approved.status_code == 200, approved.json()
+    view = box.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "done", view["error"]
+    assert view["hosts"] == ["example.org", "api.cli.test"]
+
+
+def test_a_preset_whose_hosts_the_task_lists_asks_nothing(box: Any, cli_preset: None) -> None:
+    task = box.create(title="listed", worker="cli", prompt="go", hosts=["*.cli.test"])
+    view = box.wait_state(task["id"], "waiting", "done", "failed")
+    assert view["state"] == "done", view
+
+
+def test_a_presets_dotfiles_live_in_a_home_of_its_own_never_in_the_diff(box: Any, cli_preset: None) -> None:
+    task = box.create(title="dotfiles", worker="cli", prompt="go", hosts=["api.cli.test"])
+    view = box.wait_state(task["id"], "done", "failed")
+    assert view["state"] == "done", view["error"]
+    diff = box.api.get(f"/api/tasks/{task['id']}/diff").json()
+    assert diff["added"] == ["made.txt"], diff
+    [home] = [e["summary"] for e in box.events(task["id"]) if e["kind"] == "output"]
+    assert home.startswith("home: /") and not (box.home / ".cli").exists()
