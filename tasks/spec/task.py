@@ -118,7 +118,8 @@ class ConstraintsBody(Body):
     payment = Choice(PAYMENT_MODES, required=False, help_text="default stop_at_payment")
     origins = Names(required=False, dedupe=False, blank_ok=True, invalid="'{name}' must be a list of strings",
                     help_text="the sites card details may be typed on (fill_then_approve)")
-    allow_destructive = Flag(required=False)
+    allow_destructive = Flag(required=False, help_text="true: steps with stop_before, irreversible tools and the agent's "
+                                                       "HTTP requests other than GET/HEAD go without asking")
     browser_profile = Text(required=False, help_text="an absolute folder of the owner's the task's browser keeps its "
                                                      "profile in, across tasks (one running browser per profile)")
     headed = Flag(required=False, help_text="false only: the box has no display, its browser runs headless")

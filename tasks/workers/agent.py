@@ -48,6 +48,7 @@ from tasks.vault.facts import guess_kind
 from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, check_time, needs_key
 from tasks.workers.file_steps import inside
 from tasks.workers.flow import FlowWorker
+from tasks.workers.guards import sends
 from tasks.workers.run_step import from_step_receipt
 from tasks.workers.values import substitute
 
@@ -245,6 +246,15 @@ class AgentLoop:
         if step is None:
             self._log_call(call, {"error": kind})
             return Turn(content=json.dumps({"error": kind}))
+        if kind == "http" and "stop_before" in step and not approved and not ctx.task.constraints.get("allow_destructive"):
+            # Anything but GET/HEAD changes something out there: the owner's OK first.
+            request = step["http"]
+            summary = f"the agent sends HTTP {str(request.get('method')).upper()} {request['url']}"[:300]
+            return Turn(outcome=Paused(WaitingFor.APPROVAL, summary, approval=ApprovalRequest(
+                ApprovalKind.IRREVERSIBLE, summary,
+                {"action": "http", "method": str(request.get("method")).upper(), "url": request["url"],
+                 **({"body": bounded(request["body"])} if request.get("body") is not None else {}), "call": call.id},
+                {"tool_call": call.id})))
         known = dict(ctx.facts.values)
         ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(args)}", {"call": call.id, "tool": call.name, "args": bounded(args)},
                            doing_now=True)
@@ -285,6 +295,8 @@ class AgentLoop:
             return {"write": {"path": args["path"], "content": args["content"]}}, "write"
         if call.name == "http_request" and isinstance(args.get("url"), str):
             spec = {k: args[k] for k in ("method", "url", "headers", "body") if k in args}
+            if sends(spec.get("method")):  # sent at most once, on the owner's OK (tasks.workers.http_step)
+                return {"http": spec, "stop_before": "the agent's request changes something"}, "http"
             return {"http": spec}, "http"
         if call.name in self.by_function:
             return {"tool": self.by_function[call.name], "args": args}, "tool"
