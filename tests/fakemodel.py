@@ -22,12 +22,14 @@ import pytest
 @dataclass
 class Answer:
     content: str | None = None
-    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # (name, arguments): a dict is sent as JSON, a string as it is (arguments cut or not JSON)
+    tool_calls: list[tuple[str, dict[str, Any] | str]] = field(default_factory=list)
     usage: tuple[int, int] = (100, 20)  # prompt, completion tokens
     status: int = 200
     error: str = ""  # with status >= 400: the error message
     raw: bytes | None = None  # sent as the body instead of a completion
     delay_s: float = 0.0
+    finish_reason: str = ""  # sent instead of "stop"/"tool_calls" (e.g. "length": cut at the output limit)
 
 
 def say(text: str, usage: tuple[int, int] = (100, 20)) -> Answer:
@@ -142,12 +144,12 @@ class FakeModel:
         message: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if answer.tool_calls:
             message["tool_calls"] = [
-                {"id": f"call_{n}_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                {"id": f"call_{n}_{i}", "type": "function", "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
                 for i, (name, args) in enumerate(answer.tool_calls)
             ]
         return {
             "id": f"chatcmpl-{n}", "object": "chat.completion", "created": int(time.time()), "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if answer.tool_calls else "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": answer.finish_reason or ("tool_calls" if answer.tool_calls else "stop")}],
             "usage": {"prompt_tokens": answer.usage[0], "completion_tokens": answer.usage[1],
                       "total_tokens": answer.usage[0] + answer.usage[1]},
         }

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 from django.utils import timezone
 
 from tasks import budget, pauses
@@ -49,11 +50,13 @@ from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, c
 from tasks.workers.file_steps import inside
 from tasks.workers.flow import FlowWorker
 from tasks.workers.guards import sends
+from tasks.workers.replies import read_reply, without_thinking
 from tasks.workers.run_step import from_step_receipt
 from tasks.workers.values import substitute
 
 NO_MODEL = ("no model is configured, so this plain-language task cannot be planned; "
             "configure a model in Settings → Model, or start the task again with a 'flow' or a command worker")
+MAX_BROKEN = 3  # broken tool calls in a row before the task fails
 RESULT_CHARS = 8000  # the most of one tool result the model is shown
 READ_CHARS = 20000
 LIST_ENTRIES = 500
@@ -89,6 +92,12 @@ BUILTIN_FUNCTIONS = [
         {"action": {"type": "string", "description": "exactly what you will do once approved"}}, ["action"]),
     _fn("finish", "Finish the task with your answer for the owner.", {"answer": {"type": "string"}}, ["answer"]),
 ]
+
+
+def is_broken_call(exc: ModelError) -> bool:
+    """True when the endpoint's answer was refused for a tool call's arguments (not JSON, not an
+    object): the model's mistake, for it to fix, not the endpoint's failure."""
+    return exc.kind == "garbage" and "with arguments that are not" in exc.message
 
 
 def tool_function_name(tool: str) -> str:
@@ -161,6 +170,7 @@ class AgentLoop:
         self.tools = tools
         self.state = state
         self.by_function = {tool_function_name(n): n for n in ctx.task.tools or []}
+        self.by_name = {t["function"]["name"]: t["function"] for t in tools}
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -190,6 +200,14 @@ class AgentLoop:
             except ModelError as exc:
                 self._result(turn, began, clock, {"error": exc.message, "errorKind": exc.kind}, ok=False,
                              summary=f"turn {turn}: the model failed: {exc.message}")
+                if is_broken_call(exc):
+                    # Arguments that are not JSON: the model is told and gets to write the call again.
+                    ended = self._broken(exc.message)
+                    if ended is not None:
+                        return ended
+                    self.messages.append({"role": "user", "content": f"Your last answer could not be used: {exc.message}. "
+                                                                     "Call the tool again with its arguments as one JSON object."})
+                    continue
                 return Failed(f"the model failed: {exc.message}", recoverable=True,
                               hint="check Settings → Model (Test connection), then retry the task")
             charged = budget.charge_model(self.ctx.recorder, decision.cost_cents, f"model turn {turn}",
@@ -197,13 +215,59 @@ class AgentLoop:
             self._result(turn, began, clock, {"decision": decision.shown(), "usage": decision.usage.shown(),
                                               "costCents": round(decision.cost_cents, 4), "chargedCents": charged},
                          ok=True, summary=f"turn {turn}: {self._words(decision)}")
-            self.messages.append(self.ctx.recorder.redactor.redact(decision.message()))
-            if not decision.tool_calls:
-                return self._finish(decision.content or "(the model gave no answer)")
-            self.state["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in decision.tool_calls]
+            reply = read_reply(decision.content, prefix=f"text-{turn}")
+            calls = decision.tool_calls or reply.calls
+            if not calls and reply.problems:
+                ended = self._broken(reply.problems[0])
+                if ended is not None:
+                    return ended
+                self.messages.append(self.ctx.recorder.redactor.redact(decision.message()))
+                self.messages.append({"role": "user", "content": f"Your last answer could not be used: {reply.problems[0]}. "
+                                                                 "Call the tool again with valid JSON."})
+                continue
+            if not calls and (not reply.text or decision.finish_reason == "length"):
+                ended = self._nudge(decision, reply.text)
+                if ended is not None:
+                    return ended
+                continue
+            self.state["nudged"] = False
+            # A call written as text goes back to the model as a structured call, so its result pairs with it.
+            said: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+            if calls:
+                said["tool_calls"] = [c.message() for c in calls]
+            self.messages.append(self.ctx.recorder.redactor.redact(said))
+            if not calls:
+                return self._finish(reply.text)
+            self.state["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
             ended = self._pending()
             if ended is not None:
                 return ended
+
+    def _nudge(self, decision: Decision, text: str) -> Outcome | None:
+        """An empty answer, or one cut at the output limit, is never the task's answer: the model
+        is asked once to go on; a second in a row fails the task (recoverable), naming the cut."""
+        cut = decision.finish_reason == "length"
+        what = ("the model's answer was cut at its output limit (finish_reason: length)" if cut
+                else "the model gave an empty answer")
+        if self.state.get("nudged"):
+            return Failed(f"{what}, twice in a row", recoverable=True,
+                          hint="raise the model's output limit or use a model that answers, then retry the task" if cut
+                          else "check the model in Settings → Model (Test connection), then retry the task")
+        self.state["nudged"] = True
+        if text:
+            self.messages.append(self.ctx.recorder.redactor.redact({"role": "assistant", "content": text}))
+        self.messages.append({"role": "user", "content": ("Your answer was cut off" if cut else "Your answer was empty")
+                                                         + ": continue, or finish with an answer (call finish)."})
+        self.ctx.recorder.note(f"{what}: the model is asked to go on", {"nudge": "length" if cut else "empty"})
+        return None
+
+    def _broken(self, problem: str) -> Outcome | None:
+        """Count a tool call the model got wrong; the task fails (recoverable) at ``MAX_BROKEN`` in a row."""
+        self.state["broken"] = int(self.state.get("broken", 0)) + 1
+        if self.state["broken"] >= MAX_BROKEN:
+            return Failed(f"the model made {MAX_BROKEN} broken tool calls in a row; the last: {problem}"[:1000], recoverable=True,
+                          hint="retry the task, or use a model that calls tools reliably (Settings → Model)")
+        return None
 
     def _pending(self) -> Outcome | None:
         """Execute the tool calls of the last turn not yet answered; an outcome when one ends the run."""
@@ -211,7 +275,17 @@ class AgentLoop:
             raw = self.state["pending"][0]
             call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["arguments"])
             approved = self.state.get("approved") == call.id
-            turn = self.execute(call, approved=approved)
+            problem = self._problem(call)
+            if problem is not None:
+                # Answered as the call's result, so the model sees what was wrong and fixes it.
+                self._log_call(call, {"error": problem})
+                ended = self._broken(problem)
+                if ended is not None:
+                    return ended
+                turn = Turn(content=json.dumps({"error": problem}))
+            else:
+                self.state["broken"] = 0
+                turn = self.execute(call, approved=approved)
             if turn.outcome is not None:
                 if isinstance(turn.outcome, Paused):
                     # Approving runs exactly this call (a denial ends the task instead).
@@ -226,6 +300,19 @@ class AgentLoop:
         return None
 
     # --- the tools ------------------------------------------------------------------------
+
+    def _problem(self, call: ToolCall) -> str | None:
+        """What is wrong with ``call`` before it runs: a tool the model was not given, or
+        arguments its schema refuses; None when it may run."""
+        function = self.by_name.get(call.name)
+        if function is None:
+            return f"there is no tool '{call.name}'; the tools are: {', '.join(sorted(self.by_name))}"
+        try:
+            jsonschema.validate(call.arguments, function["parameters"])
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path)
+            return f"the arguments of {call.name} do not fit its schema: {exc.message}" + (f" (at {where})" if where else "")
+        return None
 
     def execute(self, call: ToolCall, *, approved: bool) -> Turn:
         ctx = self.ctx
@@ -348,7 +435,7 @@ class AgentLoop:
     # --- helpers --------------------------------------------------------------------------
 
     def _finish(self, answer: str) -> Outcome:
-        answer = self.ctx.recorder.redactor.text(answer)
+        answer = self.ctx.recorder.redactor.text(without_thinking(answer))
         self.ctx.recorder.output(f"answer: {answer[:400]}", {"answer": bounded(answer, chars=20000)})
         records = {**(self.ctx.task.records or {}), "answer": bounded(answer, chars=20000)}
         self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)}, records=records)
