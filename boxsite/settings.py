@@ -286,6 +286,7 @@ BOX_MODEL_INPUT_CENTS_PER_MILLION = env_float("BOX_MODEL_INPUT_CENTS_PER_MILLION
 BOX_MODEL_OUTPUT_CENTS_PER_MILLION = env_float("BOX_MODEL_OUTPUT_CENTS_PER_MILLION", 0.0)
 BOX_MODEL_TIMEOUT_S = env_float("BOX_MODEL_TIMEOUT_S", 120.0)
 BOX_MODEL_MAX_OUTPUT_TOKENS = env_int("BOX_MODEL_MAX_OUTPUT_TOKENS", 2048, minimum=16)
+BOX_AGENT_COMMAND_TIMEOUT_S = env_float("BOX_AGENT_COMMAND_TIMEOUT_S", 300.0)
 # The Chromium a task's browser steps run (Debian's package; its binary is started directly).
 BOX_BROWSER_EXECUTABLE = env_str("BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium") or "/usr/bin/chromium"
 

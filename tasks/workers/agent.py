@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+from django.conf import settings
 from django.utils import timezone
 
 from tasks import budget, pauses
@@ -42,10 +43,11 @@ from tasks.models import EventKind
 from tasks.pauses import ApprovalKind
 from tasks.run import receipts
 from tasks.run.context import RunContext
-from tasks.run.evidence import Evidence, StepFailed, bounded
+from tasks.run.evidence import TAIL_CHARS, TAIL_LINES, Evidence, StepFailed, bounded
 from tasks.states import WaitingFor
 from tasks.tools.registry import NeedsApproval, get_tool
 from tasks.vault.facts import guess_kind
+from tasks.workers import agent_files
 from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, check_time, needs_key
 from tasks.workers.file_steps import inside
 from tasks.workers.flow import FlowWorker
@@ -58,8 +60,8 @@ NO_MODEL = ("no model is configured, so this plain-language task cannot be plann
             "configure a model in Settings → Model, or start the task again with a 'flow' or a command worker")
 MAX_BROKEN = 3  # broken tool calls in a row before the task fails
 RESULT_CHARS = 8000  # the most of one tool result the model is shown
-READ_CHARS = 20000
 LIST_ENTRIES = 500
+AGENTS_MD_CHARS = 16000
 PAYMENT_RULES = {
     "stop_at_payment": "Never pay: stop in front of the control that pays and ask for approval.",
     "fill_then_approve": "Fill the payment form from the secrets, then stop in front of the control that pays and ask for approval.",
@@ -79,7 +81,20 @@ BUILTIN_FUNCTIONS = [
         {"command": {"type": "string"}, "timeout_s": {"type": "integer", "minimum": 1}}, ["command"]),
     _fn("list_files", "List the entries of a directory of the task's files ('.' is the top).",
         {"path": {"type": "string"}}, []),
-    _fn("read_file", "Read a text file of the task's files.", {"path": {"type": "string"}}, ["path"]),
+    _fn("read_file", "Read a text file of the task's files; with start_line/end_line (from 1, both included), "
+        "just those lines, numbered.",
+        {"path": {"type": "string"}, "start_line": {"type": "integer", "minimum": 1},
+         "end_line": {"type": "integer", "minimum": 1}}, ["path"]),
+    _fn("edit_file", "Edit a text file of the task's files: replace the exact text old_string (whitespace included) "
+        "with new_string. old_string must be found exactly once, unless replace_all is true.",
+        {"path": {"type": "string"}, "old_string": {"type": "string"}, "new_string": {"type": "string"},
+         "replace_all": {"type": "boolean"}}, ["path", "old_string", "new_string"]),
+    _fn("search_files", "Search the task's files for lines matching a regular expression (like grep -rn); "
+        "answers path:line: text, at most 200 matches.",
+        {"pattern": {"type": "string"}, "path": {"type": "string", "description": "a file or directory; default '.'"},
+         "glob": {"type": "string", "description": "only files matching this, e.g. '*.py'"}}, ["pattern"]),
+    _fn("glob_files", "List the task's files matching a glob pattern ('**' for any depth, e.g. 'src/**/*.py').",
+        {"pattern": {"type": "string"}}, ["pattern"]),
     _fn("write_file", "Write (create or replace) a text file of the task's files.",
         {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
     _fn("http_request", "Make an HTTP request; only the hosts the task lists are reachable.",
@@ -139,7 +154,21 @@ class AgentWorker:
             PAYMENT_RULES.get(str(task.constraints.get("payment", "stop_at_payment")), PAYMENT_RULES["stop_at_payment"]),
             "Secret values are shown to you only as ${name}; write ${name} where one is needed and the box substitutes it.",
             "Do not guess values you were not given: ask the owner.",
+            # The environment's rules: what a model would otherwise learn by failing.
+            "Each run_command is a fresh /bin/sh in the task's own copy of the files: the working directory, variables "
+            f"and background processes do not carry over. A command is stopped after {settings.BOX_AGENT_COMMAND_TIMEOUT_S:g} s "
+            "unless you give timeout_s: never start a server or a watcher in the foreground.",
+            "The network: only the hosts listed below are reachable; every other connection is refused. "
+            "HTTP requests other than GET/HEAD wait for the owner's OK.",
+            f"Output: a command's result shows the last {TAIL_LINES} lines (at most {TAIL_CHARS} characters) of stdout and "
+            f"stderr, and no tool result is longer than {RESULT_CHARS} characters; redirect long output to a file and read or "
+            "search it.",
+            "Files: read_file (start_line/end_line for part of a long file), edit_file to change exact text, "
+            "search_files and glob_files to find things, write_file for new files.",
         ]
+        guide = self._agents_md(ctx)
+        if guide:
+            rules.append(f"The workspace's AGENTS.md (the owner's instructions for agents working here):\n{guide}")
         facts = ctx.facts.shown()
         user = task.prompt
         if facts:
@@ -147,6 +176,18 @@ class AgentWorker:
         hosts = ", ".join(task.hosts) if task.hosts else "none"
         user += f"\n\nHosts this task may reach: {hosts}."
         return ctx.recorder.redactor.redact([{"role": "system", "content": "\n".join(rules)}, {"role": "user", "content": user}])
+
+    @staticmethod
+    def _agents_md(ctx: RunContext) -> str:
+        """The ``AGENTS.md`` at the top of the task's files, bounded; empty when there is none."""
+        try:
+            path = inside(ctx.workdir, "AGENTS.md")
+            if not path.is_file():
+                return ""
+            text = path.read_bytes()[:AGENTS_MD_CHARS * 4].decode("utf-8", "replace")
+        except (StepFailed, OSError):
+            return ""
+        return text[:AGENTS_MD_CHARS] + (" … (cut)" if len(text) > AGENTS_MD_CHARS else "")
 
     def _functions(self, ctx: RunContext) -> list[dict[str, Any]]:
         functions = list(BUILTIN_FUNCTIONS)
@@ -345,7 +386,7 @@ class AgentLoop:
         known = dict(ctx.facts.values)
         ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(args)}", {"call": call.id, "tool": call.name, "args": bounded(args)},
                            doing_now=True)
-        if kind in ("run", "write", "http"):
+        if kind in ("run", "write", "edit", "http"):
             ctx.recorder.count("actions", "max_actions")
         try:
             result, evidence = self._run(kind, step, known, approved=approved, call=call.id)
@@ -365,19 +406,25 @@ class AgentLoop:
         ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} ok", {"call": call.id, "tool": call.name, "ok": True, **evidence.data},
                            artifacts=evidence.artifacts)
         self._recorded(kind)
-        return Turn(content=self._shown(result if kind in ("list", "read", "tool") else {"result": result, **evidence.data}))
+        return Turn(content=self._shown(result if kind in ("list", "read", "edit", "search", "glob", "tool")
+                                        else {"result": result, **evidence.data}))
 
     def _as_step(self, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
         args = call.arguments
         if call.name == "run_command" and isinstance(args.get("command"), str):
-            step: dict[str, Any] = {"run": args["command"]}
-            if isinstance(args.get("timeout_s"), int):
-                step["timeout_s"] = args["timeout_s"]
-            return step, "run"
+            # Every command has a timeout: a server the model starts in the foreground is stopped, not waited for.
+            timeout = args.get("timeout_s") if isinstance(args.get("timeout_s"), int) else settings.BOX_AGENT_COMMAND_TIMEOUT_S
+            return {"run": args["command"], "timeout_s": timeout}, "run"
         if call.name == "list_files":
             return {"list": str(args.get("path") or ".")}, "list"
         if call.name == "read_file" and isinstance(args.get("path"), str):
-            return {"read": args["path"]}, "read"
+            return {"read": args["path"], "start_line": args.get("start_line"), "end_line": args.get("end_line")}, "read"
+        if call.name == "edit_file":
+            return {"edit": dict(args)}, "edit"
+        if call.name == "search_files":
+            return {"search": dict(args)}, "search"
+        if call.name == "glob_files":
+            return {"glob": args["pattern"]}, "glob"
         if call.name == "write_file" and isinstance(args.get("path"), str) and isinstance(args.get("content"), str):
             return {"write": {"path": args["path"], "content": args["content"]}}, "write"
         if call.name == "http_request" and isinstance(args.get("url"), str):
@@ -406,11 +453,15 @@ class AgentLoop:
             listed = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries]
             return {"path": relative, "entries": listed}, Evidence({"path": relative, "entries": len(listed)})
         if kind == "read":
-            target = inside(ctx.workdir, step["read"])
-            if not target.is_file():
-                raise StepFailed(f"'{step['read']}' is not a file")
-            text = target.read_bytes()[:READ_CHARS * 4].decode("utf-8", "replace")[:READ_CHARS]
-            return {"path": step["read"], "content": text}, Evidence({"path": step["read"], "bytes": target.stat().st_size})
+            return agent_files.read_file(ctx, step["read"], step.get("start_line"), step.get("end_line"))
+        if kind == "edit":
+            edit = step["edit"]
+            return agent_files.edit_file(ctx, edit["path"], edit["old_string"], edit["new_string"], bool(edit.get("replace_all")))
+        if kind == "search":
+            search = step["search"]
+            return agent_files.search_files(ctx, search["pattern"], str(search.get("path") or "."), search.get("glob"))
+        if kind == "glob":
+            return agent_files.glob_files(ctx, step["glob"])
         value = step[kind]
         if kind != "run":
             value = substitute(value, known)
