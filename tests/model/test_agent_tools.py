@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.fakemodel import FakeModel, call
+from tests.fakemodel import FakeModel, call, secret_forms
 
 
 def content(box: Any, path: str) -> str:
@@ -69,3 +69,23 @@ def test_the_prompt_has_the_environments_rules_and_the_workspaces_agents_md(box:
     assert "fresh /bin/sh in the task's own copy" in system
     assert "only the hosts listed below are reachable" in system
     assert "Run the tests with `make check` before you finish." in system
+
+
+def test_a_vault_secret_the_task_lists_is_usable_as_its_name(box: Any, model: FakeModel) -> None:
+    secret = "ghp-vault-value-5e1d0c"
+    assert box.api.post("/api/vault", {"name": "GH_TOKEN", "value": secret}, format="json").status_code in (200, 201)
+    model.answer(call("run_command", command="printf '%s' '${GH_TOKEN}' > token.txt && cat token.txt"),
+                 call("finish", answer="stored"))
+    task = box.create(title="token", prompt="store the token", vaultSecrets=["GH_TOKEN"], budgetCents=100)
+    done = box.wait_state(task["id"], "done", "failed")
+    assert done["state"] == "done", done
+    assert done["vaultSecrets"] == ["GH_TOKEN"]
+    assert content(box, "token.txt") == secret  # the value went in where the command ran
+    assert "${GH_TOKEN}" in json.dumps(model.received[0].messages)
+    for form in secret_forms(secret):
+        assert form not in model.everything_sent()
+
+
+def test_a_vault_secret_the_vault_does_not_hold_is_refused_at_creation(box: Any) -> None:
+    response = box.api.post("/api/tasks", {"title": "t", "prompt": "p", "vaultSecrets": ["NOPE"]}, format="json")
+    assert response.status_code == 400 and response.json()["field"] == "vaultSecrets"

@@ -112,4 +112,5 @@ def test_a_planned_task_ends_with_its_answer_shown(box: Any, model: FakeModel) -
     done = box.wait_state(task["id"], "done", "failed")
     assert done["state"] == "done", done
     assert report(box, task["id"])["records"]["answer"] == "the answer is 42"
+    assert done["answer"] == "the answer is 42"
     assert any(e["kind"] == "output" and e["data"].get("answer") == "the answer is 42" for e in box.events(task["id"]))
