@@ -27,6 +27,7 @@ import jsonschema
 from django.conf import settings
 from django.utils import timezone
 
+from boxsite.core.errors import NotFound
 from tasks import budget, pauses
 from tasks.llm.client import (
     Decision,
@@ -41,13 +42,13 @@ from tasks.llm.client import (
 )
 from tasks.models import EventKind
 from tasks.pauses import ApprovalKind
-from tasks.run import receipts
+from tasks.run import artifacts, receipts
 from tasks.run.context import RunContext
 from tasks.run.evidence import TAIL_CHARS, TAIL_LINES, Evidence, StepFailed, bounded
 from tasks.states import WaitingFor
 from tasks.tools.registry import NeedsApproval, get_tool
 from tasks.vault.facts import guess_kind
-from tasks.workers import agent_files
+from tasks.workers import agent_files, context_window
 from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, check_time, needs_key
 from tasks.workers.file_steps import inside
 from tasks.workers.flow import FlowWorker
@@ -59,7 +60,6 @@ from tasks.workers.values import substitute
 NO_MODEL = ("no model is configured, so this plain-language task cannot be planned; "
             "configure a model in Settings → Model, or start the task again with a 'flow' or a command worker")
 MAX_BROKEN = 3  # broken tool calls in a row before the task fails
-RESULT_CHARS = 8000  # the most of one tool result the model is shown
 LIST_ENTRIES = 500
 AGENTS_MD_CHARS = 16000
 PAYMENT_RULES = {
@@ -105,6 +105,9 @@ BUILTIN_FUNCTIONS = [
     _fn("request_approval", "Ask the owner's OK before an irreversible action (deleting, sending, publishing, paying); "
         "the task waits for the decision.",
         {"action": {"type": "string", "description": "exactly what you will do once approved"}}, ["action"]),
+    _fn("read_output", "Read lines of a tool result that was shown cut (its whole is kept under the name the cut result gives).",
+        {"name": {"type": "string"}, "start_line": {"type": "integer", "minimum": 1},
+         "end_line": {"type": "integer", "minimum": 1}}, ["name", "start_line"]),
     _fn("finish", "Finish the task with your answer for the owner.", {"answer": {"type": "string"}}, ["answer"]),
 ]
 
@@ -161,8 +164,8 @@ class AgentWorker:
             "The network: only the hosts listed below are reachable; every other connection is refused. "
             "HTTP requests other than GET/HEAD wait for the owner's OK.",
             f"Output: a command's result shows the last {TAIL_LINES} lines (at most {TAIL_CHARS} characters) of stdout and "
-            f"stderr, and no tool result is longer than {RESULT_CHARS} characters; redirect long output to a file and read or "
-            "search it.",
+            f"stderr; a longer tool result than {context_window.result_chars()} characters is shown as its head and tail, and "
+            "the whole of it is kept: page through it with read_output. Redirect long output to a file and read or search it.",
             "Files: read_file (start_line/end_line for part of a long file), edit_file to change exact text, "
             "search_files and glob_files to find things, write_file for new files.",
         ]
@@ -224,6 +227,9 @@ class AgentLoop:
             return ended
         while True:
             check_time(self.ctx)
+            ended = self._fit()
+            if ended is not None:
+                return ended
             try:
                 budget.admit_model_call(self.ctx.recorder, self.config.estimate_cents(self.messages, self.tools))
             except budget.OverBudget as exc:
@@ -283,6 +289,45 @@ class AgentLoop:
             ended = self._pending()
             if ended is not None:
                 return ended
+
+    def _fit(self) -> Outcome | None:
+        """Near the context window, compact the older turns into a summary (one model call of its
+        own, logged and charged); the rules, the task and the recent turns stay whole."""
+        limit = self.config.max_output_tokens
+        if not context_window.needs_compaction(self.messages, self.tools, limit):
+            return None
+        start = context_window.split(self.messages, self.tools, limit)
+        if start is None:
+            return None
+        older = self.messages[2:start]
+        request = self.ctx.recorder.redactor.redact(context_window.summary_request(older, limit))
+        try:
+            budget.admit_model_call(self.ctx.recorder, self.config.estimate_cents(request))
+        except budget.OverBudget as exc:
+            return self._pause_spending(exc)
+        before = context_window.count_tokens(self.messages, self.tools)
+        began, clock = timezone.now(), time.monotonic()
+        data = {"step": self.state["turn"], "kind": "compaction", "model": self.config.model, "messages": len(older),
+                "tokensBefore": before, "window": context_window.window_tokens()}
+        self.ctx.recorder.step(f"compacting {len(older)} earlier messages ({before} tokens) to fit the context", data)
+        try:
+            decision = call_model(self.config, request, key=self.key)
+        except ModelError as exc:
+            self.ctx.recorder.event(EventKind.STEP_RESULT, f"compaction failed: {exc.message}"[:300],
+                                    {**data, "ok": False, "error": exc.message})
+            return Failed(f"the conversation outgrew the model's context and compacting it failed: {exc.message}",
+                          recoverable=True, hint="check Settings → Model (Test connection), then retry the task")
+        charged = budget.charge_model(self.ctx.recorder, decision.cost_cents, "compaction", decision.usage.shown())
+        summary = without_thinking(decision.content) or "(the summariser gave nothing)"
+        self.messages[2:start] = [{"role": "user", "content": context_window.SUMMARY_PREFIX + summary}]
+        logged = int(self.state["logged"])
+        self.state["logged"] = logged - (start - 3) if logged >= start else 2
+        after = context_window.count_tokens(self.messages, self.tools)
+        self.ctx.recorder.event(EventKind.STEP_RESULT, f"compacted {len(older)} messages: {before} → {after} tokens", {
+            **data, "ok": True, "tokensAfter": after, "usage": decision.usage.shown(), "costCents": round(decision.cost_cents, 4),
+            "chargedCents": charged, "startedAt": began.isoformat(), "durationMs": int((time.monotonic() - clock) * 1000)})
+        self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
+        return None
 
     def _nudge(self, decision: Decision, text: str) -> Outcome | None:
         """An empty answer, or one cut at the output limit, is never the task's answer: the model
@@ -402,12 +447,12 @@ class AgentLoop:
             data = {"call": call.id, "tool": call.name, "ok": False, "error": exc.message, **exc.evidence.data}
             ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} failed: {exc.message}"[:300], data, artifacts=exc.evidence.artifacts)
             self._recorded(kind)
-            return Turn(content=self._shown({"error": exc.message, **exc.evidence.data}))
+            return Turn(content=self._shown({"error": exc.message, **exc.evidence.data}, exc.evidence.artifacts))
         ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} ok", {"call": call.id, "tool": call.name, "ok": True, **evidence.data},
                            artifacts=evidence.artifacts)
         self._recorded(kind)
-        return Turn(content=self._shown(result if kind in ("list", "read", "edit", "search", "glob", "tool")
-                                        else {"result": result, **evidence.data}))
+        return Turn(content=self._shown(result if kind in ("list", "read", "edit", "search", "glob", "output", "tool")
+                                        else {"result": result, **evidence.data}, evidence.artifacts))
 
     def _as_step(self, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
         args = call.arguments
@@ -425,6 +470,8 @@ class AgentLoop:
             return {"search": dict(args)}, "search"
         if call.name == "glob_files":
             return {"glob": args["pattern"]}, "glob"
+        if call.name == "read_output":
+            return {"output": dict(args)}, "output"
         if call.name == "write_file" and isinstance(args.get("path"), str) and isinstance(args.get("content"), str):
             return {"write": {"path": args["path"], "content": args["content"]}}, "write"
         if call.name == "http_request" and isinstance(args.get("url"), str):
@@ -462,6 +509,13 @@ class AgentLoop:
             return agent_files.search_files(ctx, search["pattern"], str(search.get("path") or "."), search.get("glob"))
         if kind == "glob":
             return agent_files.glob_files(ctx, step["glob"])
+        if kind == "output":
+            wanted = step["output"]
+            try:
+                path = artifacts.artifact_file(ctx.task.pk, str(wanted["name"]))
+            except NotFound as exc:
+                raise StepFailed(f"there is no output '{wanted['name']}'") from exc
+            return agent_files.read_lines(path, str(wanted["name"]), wanted["start_line"], wanted.get("end_line"))
         value = step[kind]
         if kind != "run":
             value = substitute(value, known)
@@ -511,10 +565,30 @@ class AgentLoop:
         self.ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(call.arguments)}",
                                 {"call": call.id, "tool": call.name, "args": bounded(call.arguments), **result})
 
-    def _shown(self, value: Any) -> str:
-        """A result as the model sees it: masked, then bounded."""
-        text = json.dumps(self.ctx.recorder.redactor.redact(value), default=str)
-        return text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + f"… ({len(text) - RESULT_CHARS} more characters)"
+    def _shown(self, value: Any, kept: list[dict[str, Any]] | None = None) -> str:
+        """A result as the model sees it: masked, then its head and tail within the budget; the
+        whole of a longer one is an artifact the model reads with ``read_output`` (``kept``: the
+        artifacts a step already saved, such as a command's whole stdout)."""
+        value = self.ctx.recorder.redactor.redact(value)
+        text = json.dumps(value, default=str)
+        budget = context_window.result_chars()
+        if len(text) <= budget:
+            return text
+        if kept:
+            names = " and ".join(f"'{a['name']}'" for a in kept)
+            return context_window.head_and_tail(text, budget, f"the whole output is output {names}: "
+                                                              "call read_output with its name and start_line/end_line")
+        self.state["outputs"] = int(self.state.get("outputs", 0)) + 1
+        name = f"agent-output-{self.state['outputs']}.txt"
+        # Written out field by field, so the model can page through a command's output by line.
+        whole = "\n".join(f"{k}:\n{v}" if isinstance(v, str) else f"{k}: {json.dumps(v, default=str)}"
+                          for k, v in value.items()) if isinstance(value, dict) else text
+        listing = artifacts.save_text(self.ctx.task.pk, name, whole, self.ctx.recorder.redactor)
+        self.ctx.recorder.event(EventKind.NOTE, f"a tool result of {len(text)} characters is shown cut; the whole is {name}",
+                               {"output": name, "chars": len(text)}, artifacts=[listing])
+        lines = whole.count("\n") + 1
+        return context_window.head_and_tail(text, budget, f"the whole result ({lines} lines) is output '{name}': "
+                                                          "call read_output with its name and start_line/end_line")
 
     @staticmethod
     def _brief(args: dict[str, Any]) -> str:

@@ -48,6 +48,12 @@ def read_file(ctx: RunContext, relative: str, start_line: int | None, end_line: 
         if len(text) > READ_CHARS or size > READ_CHARS * 4:
             result["cut"] = f"the first {READ_CHARS} characters of {size} bytes; read the rest by start_line/end_line"
         return result, Evidence({"path": relative, "bytes": size})
+    return read_lines(target, relative, start_line, end_line)
+
+
+def read_lines(target: Path, relative: str, start_line: int | None, end_line: int | None) -> tuple[Any, Evidence]:
+    """Lines ``start_line``..``end_line`` of the text file ``target`` (from 1, both included), numbered."""
+    size = target.stat().st_size
     lines = target.read_bytes().decode("utf-8", "replace").splitlines()
     first = max(1, start_line or 1)
     last = min(len(lines), end_line or len(lines))
