@@ -92,6 +92,7 @@ class BoxSettings(models.Model):
     model_output_cents_per_million = models.FloatField(null=True, blank=True)
     model_cached_input_cents_per_million = models.FloatField(null=True, blank=True)
     model_reasoning_effort = models.CharField(max_length=16, null=True, blank=True)  # "" = none sent
+    model_context_tokens = models.PositiveIntegerField(null=True, blank=True)  # BOX_MODEL_CONTEXT_TOKENS until set
     # Whether a running task may create child tasks and schedules through its broker
     # (tasks.tools.delegation), and how many one task may create in all.
     tasks_may_create_work = models.BooleanField(default=False)

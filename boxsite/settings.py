@@ -303,6 +303,10 @@ if BOX_MODEL_REASONING_EFFORT not in ("", "low", "medium", "high"):
 BOX_MODEL_RETRY_TRIES = env_int("BOX_MODEL_RETRY_TRIES", 5, minimum=1)
 BOX_MODEL_RETRY_MAX_S = env_float("BOX_MODEL_RETRY_MAX_S", 120.0)
 BOX_MODEL_RETRY_BASE_S = env_float("BOX_MODEL_RETRY_BASE_S", 1.0)
+# The model's context window: near it the agent compacts older turns into a summary.
+BOX_MODEL_CONTEXT_TOKENS = env_int("BOX_MODEL_CONTEXT_TOKENS", 32768, minimum=2048)
+# How long one of the agent's commands may run unless the model gives its own timeout.
+BOX_AGENT_COMMAND_TIMEOUT_S = env_float("BOX_AGENT_COMMAND_TIMEOUT_S", 300.0)
 # The Chromium a task's browser steps run (Debian's package; its binary is started directly).
 BOX_BROWSER_EXECUTABLE = env_str("BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium") or "/usr/bin/chromium"
 

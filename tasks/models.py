@@ -82,6 +82,7 @@ class Task(models.Model):
     flow = models.JSONField(null=True, blank=True)
     facts = models.JSONField(default=dict)
     secret_facts = models.JSONField(default=list)
+    vault_secrets = models.JSONField(default=list)  # vault names the task may use as ${NAME}, like secret facts
     constraints = models.JSONField(default=dict)
     limits = models.JSONField(default=dict)
     output = models.JSONField(null=True, blank=True)

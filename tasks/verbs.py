@@ -46,6 +46,8 @@ def spec_of(task: Task) -> dict[str, Any]:
         spec["criteria"] = task.criteria
     if task.output is not None:
         spec["output"] = task.output
+    if task.vault_secrets:
+        spec["vaultSecrets"] = task.vault_secrets
     if facts.values:
         spec["facts"] = facts.values
         spec["secretFacts"] = sorted(facts.secret_names)

@@ -35,7 +35,8 @@ NEW_CAP_ONLY = re.compile(r"^(gpt-5|o1|o3|o4)", re.IGNORECASE)  # models refusin
 @dataclass
 class Answer:
     content: str | None = None
-    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # (name, arguments): a dict is sent as JSON, a string as it is (arguments cut or not JSON)
+    tool_calls: list[tuple[str, dict[str, Any] | str]] = field(default_factory=list)
     usage: tuple[int, int] = (100, 20)  # prompt, completion tokens
     status: int = 200
     error: str = ""  # with status >= 400: the error message
@@ -323,10 +324,10 @@ class FakeModel:
         return out
 
     @staticmethod
-    def _arguments(answer: Answer, i: int, arguments: dict[str, Any]) -> str:
+    def _arguments(answer: Answer, i: int, arguments: dict[str, Any] | str) -> str:
         if answer.raw_arguments is not None and i < len(answer.raw_arguments):
             return answer.raw_arguments[i]
-        return json.dumps(arguments)
+        return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
     @staticmethod
     def _finish(answer: Answer) -> str:

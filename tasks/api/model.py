@@ -28,6 +28,7 @@ class ModelSettingsBody(Body):
     outputCentsPerMillion = AnyNumber(required=False)
     cachedInputCentsPerMillion = AnyNumber(required=False, help_text="the price of cached input tokens; null: the input price")
     reasoningEffort = AnyText(required=False, help_text="low, medium or high, sent as reasoning_effort; null: not sent")
+    contextTokens = AnyNumber(required=False, help_text="the model's context window in tokens; null: BOX_MODEL_CONTEXT_TOKENS")
 
 
 def _require_settings_right(request: Request) -> None:

@@ -68,11 +68,12 @@ class TaskView(TypedDict):
     flow: Flow
     facts: Annotated[dict[str, Any], Doc("the task's facts; secret values shown as ${name}")]
     secretFacts: list[str]
+    vaultSecrets: Annotated[list[str], Doc("vault secrets the task may use as ${NAME} (names only)")]
     constraints: dict[str, Any]
     limits: Annotated[dict[str, int | None], Doc("every limit in force; null is unbounded")]
     output: Annotated[dict[str, Any] | None, Doc("the output contract: the shape the result takes")]
     result: Annotated[Any, Doc("with output: the answer shaped to output.schema from the task's records (else null)")]
-    answer: Annotated[Any, Doc("a plain-language task's answer (the agent's finish), else null")]
+    answer: Annotated[Any, Doc("a plain-language task's answer (the agent's finish, a planned flow's last result), else null")]
     folders: list[str]
     dependsOn: Annotated[list[dict[str, Any]], Doc("{task, condition, required, artifact?} per dependency")]
     criteria: Annotated[list[dict[str, Any]] | None, Doc("the completion contract, or null")]
@@ -234,11 +235,12 @@ def present_task(task: Task) -> TaskView:
         "flow": task.flow,
         "facts": shown_facts,
         "secretFacts": sorted(facts.secret_names),
+        "vaultSecrets": list(task.vault_secrets or []),
         "constraints": task.constraints,
         "limits": limits_in_force(task),
         "output": task.output,
         "result": (task.records or {}).get("result") if task.output else None,
-        "answer": (task.records or {}).get("answer") if not task.flow else None,
+        "answer": (task.records or {}).get("answer") if not task.flow or (task.spent or {}).get("plans") else None,
         "folders": task.folders,
         "dependsOn": task.depends_on,
         "criteria": task.criteria,

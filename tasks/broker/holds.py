@@ -92,7 +92,7 @@ class Holds:
                     raise TaskEnded("the question was withdrawn")
                 self._move(task, State.RUNNING, f"answered: {prompt}", data={"question": question_id})
                 # A new value may be secret: from now on the log must mask it too.
-                self.ctx.facts = Facts.of(task)
+                self.ctx.facts = Facts.of(task).with_vault(task.vault_secrets or [])
                 self.ctx.refresh_redactor()
                 if name is not None:
                     return {"value": self.ctx.facts.values.get(name, "")}

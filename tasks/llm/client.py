@@ -65,7 +65,7 @@ class ModelError(Exception):
                  transient: bool = False) -> None:
         super().__init__(message)
         self.message = message
-        self.kind = kind  # unreachable, timeout, status, garbage, schema
+        self.kind = kind  # unreachable, timeout, status, garbage, schema, arguments (a tool call's: the model's to fix)
         self.status = status
         self.retry_after_s = retry_after_s  # what the endpoint asked for (Retry-After)
         self.transient = transient  # worth trying again: 429, 5xx, a timeout, a dropped connection
@@ -415,9 +415,9 @@ def _decision(config: ModelConfig, streamed: Streamed, latency_ms: int) -> Decis
         try:
             arguments = json.loads(raw.arguments or "{}")
         except ValueError as exc:
-            raise ModelError(f"the model called {raw.name} with arguments that are not JSON", kind="garbage") from exc
+            raise ModelError(f"the model called {raw.name} with arguments that are not JSON", kind="arguments") from exc
         if not isinstance(arguments, dict):
-            raise ModelError(f"the model called {raw.name} with arguments that are not an object", kind="garbage")
+            raise ModelError(f"the model called {raw.name} with arguments that are not an object", kind="arguments")
         calls.append(ToolCall(id=raw.id or f"call_{len(calls)}", name=raw.name, arguments=arguments))
     content, thought = split_reasoning(streamed.content)
     reasoning = "\n\n".join(r for r in (streamed.reasoning.strip(), thought) if r)
@@ -441,10 +441,12 @@ _SETTING_FIELDS = {"baseUrl": "model_base_url", "model": "model_name", "keyName"
                    "inputCentsPerMillion": "model_input_cents_per_million",
                    "outputCentsPerMillion": "model_output_cents_per_million",
                    "cachedInputCentsPerMillion": "model_cached_input_cents_per_million",
-                   "reasoningEffort": "model_reasoning_effort"}
+                   "reasoningEffort": "model_reasoning_effort", "contextTokens": "model_context_tokens"}
 _ENV = {"baseUrl": "BOX_MODEL_BASE_URL", "model": "BOX_MODEL_NAME", "keyName": "BOX_MODEL_KEY_NAME",
         "inputCentsPerMillion": "BOX_MODEL_INPUT_CENTS_PER_MILLION", "outputCentsPerMillion": "BOX_MODEL_OUTPUT_CENTS_PER_MILLION",
-        "cachedInputCentsPerMillion": "BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION", "reasoningEffort": "BOX_MODEL_REASONING_EFFORT"}
+        "cachedInputCentsPerMillion": "BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION", "reasoningEffort": "BOX_MODEL_REASONING_EFFORT",
+        "contextTokens": "BOX_MODEL_CONTEXT_TOKENS"}
+MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS = 2048, 10_000_000
 MAX_PRICE = 1_000_000.0  # cents per million tokens ($10,000): anything above is a typo
 
 
@@ -460,7 +462,14 @@ class ModelSettings(TypedDict):
     cachedInputCentsPerMillion: Annotated[float | None, Doc("the price of input tokens the endpoint served from its cache; "
                                                             "null: the input price")]
     reasoningEffort: Annotated[str | None, Doc("sent as reasoning_effort: low, medium or high; null: not sent")]
+    contextTokens: Annotated[int, Doc("the model's context window in tokens: near it the agent compacts older turns")]
     fromEnvironment: Annotated[list[str], Doc("fields whose value comes from a BOX_MODEL_* variable, not from these settings")]
+
+
+def context_tokens() -> int:
+    """The model's context window: Settings → Model's ``contextTokens``, else the environment's."""
+    own = BoxSettings.current().model_context_tokens
+    return int(own) if own else int(settings.BOX_MODEL_CONTEXT_TOKENS)
 
 
 def present_settings() -> ModelSettings:
@@ -479,6 +488,7 @@ def present_settings() -> ModelSettings:
         "outputCentsPerMillion": float(shown["outputCentsPerMillion"] or 0),
         "cachedInputCentsPerMillion": None if shown["cachedInputCentsPerMillion"] is None else float(shown["cachedInputCentsPerMillion"]),
         "reasoningEffort": str(shown["reasoningEffort"]) if shown["reasoningEffort"] else None,
+        "contextTokens": int(shown["contextTokens"]),
         "fromEnvironment": from_env,
     }
 
@@ -509,6 +519,13 @@ def update_settings(body: dict[str, Any]) -> None:
         if value is not None and value not in REASONING_EFFORTS:
             raise InvalidRequest("'reasoningEffort' must be low, medium, high or null", field="reasoningEffort")
         changes["model_reasoning_effort"] = value
+    if "contextTokens" in body:
+        value = body["contextTokens"]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not MIN_CONTEXT_TOKENS <= value <= MAX_CONTEXT_TOKENS):
+            raise InvalidRequest(f"'contextTokens' must be a whole number of tokens from {MIN_CONTEXT_TOKENS} to "
+                                 f"{MAX_CONTEXT_TOKENS}, or null", field="contextTokens")
+        changes["model_context_tokens"] = value
     for api in ("inputCentsPerMillion", "outputCentsPerMillion", "cachedInputCentsPerMillion"):
         if api in body:
             value = body[api]

@@ -41,8 +41,8 @@ class ModelTest(TypedDict):
     answer: NotRequired[str]
     error: NotRequired[Annotated[str, Doc("what went wrong; with several failed checks, each reason")]]
     kind: NotRequired[Annotated[str, Raw({"type": "string", "description": "what went wrong",
-                                          "enum": ["key", "unreachable", "timeout", "status", "garbage", "config",
-                                                   "capability"]})]]
+                                          "enum": ["key", "unreachable", "timeout", "status", "garbage", "arguments",
+                                                   "config", "capability"]})]]
     usage: NotRequired[dict[str, Any]]
     latencyMs: NotRequired[int]
     costCents: NotRequired[float]
@@ -103,7 +103,7 @@ def _try_tools(config: ModelConfig, key: str, timeout_s: float, errors: list[str
         decision = call_model(config, ask, tools=[_READY_TOOL], key=key, timeout_s=timeout_s, tries=1)
     except ModelError as exc:
         errors.append(exc.message)
-        if exc.kind == "garbage":
+        if exc.kind in ("garbage", "arguments"):
             return {"name": "tools", "ok": False, "reason": f"does not call tools correctly: {exc.message}"}, 0.0
         return {"name": "tools", "ok": False, "reason": f"does not support tools: {exc.message}"}, 0.0
     if any(call.name == "report_ready" for call in decision.tool_calls):

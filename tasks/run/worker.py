@@ -199,7 +199,7 @@ def _run(begun: Begun, before: lifecycle.Held, started: float) -> Ran | None:
         deadline = None if remaining is None else started + max(0, remaining - task.spent.get("elapsed_ms", 0)) / 1000
         workdir = lifecycle.prepare(task)
         lifecycle.submit_held(before)  # the run before's release, now that its layer is this view's
-        ctx = RunContext(task=task, run=run, workdir=workdir, facts=Facts.of(task), recorder=recorder, deadline=deadline,
+        ctx = RunContext(task=task, run=run, workdir=workdir, facts=Facts.of(task).with_vault(task.vault_secrets or []), recorder=recorder, deadline=deadline,
                          stop=stop)
         # The task's processes reach the box through this run's broker, open while the worker works.
         with broker_serving(ctx) as broker:

@@ -52,7 +52,7 @@ from tasks.browser.binary import missing_reason as browser_missing_reason
 from tasks.dependencies import parse_edges
 from tasks.layers import disk
 from tasks.llm.client import NoModel, current_config
-from tasks.models import Task, Workspace
+from tasks.models import Task, VaultSecret, Workspace
 from tasks.run.completion import parse_criteria
 from tasks.sandbox import cgroups, paths
 from tasks.sandbox.support import missing_reason
@@ -61,6 +61,7 @@ from tasks.spec.flows import check_memory as check_hints
 from tasks.spec.flows import schema_problem, uses_browser, validate_flow
 from tasks.states import ACTIVE
 from tasks.tools.registry import get_tool
+from tasks.vault.store import NAME_RE
 from tasks.workers.presets import all_presets
 
 MIN_SIZE_MB = 16  # memory_mb and disk_mb
@@ -118,7 +119,8 @@ class ConstraintsBody(Body):
     payment = Choice(PAYMENT_MODES, required=False, help_text="default stop_at_payment")
     origins = Names(required=False, dedupe=False, blank_ok=True, invalid="'{name}' must be a list of strings",
                     help_text="the sites card details may be typed on (fill_then_approve)")
-    allow_destructive = Flag(required=False)
+    allow_destructive = Flag(required=False, help_text="true: steps with stop_before, irreversible tools and the agent's "
+                                                       "HTTP requests other than GET/HEAD go without asking")
     browser_profile = Text(required=False, help_text="an absolute folder of the owner's the task's browser keeps its "
                                                      "profile in, across tasks (one running browser per profile)")
     headed = Flag(required=False, help_text="false only: the box has no display, its browser runs headless")
@@ -239,6 +241,8 @@ class TaskSpecBody(Body):
     source = Text(required=False, max_length=200)  # type: ignore[assignment]  # a body field, not Field.source
     facts = Plain(required=False, help_text="name: value, for ${name} in steps")
     secretFacts = Names(required=False, source="secret_facts", help_text="facts whose values are secret")
+    vaultSecrets = Names(required=False, source="vault_secrets",
+                         help_text="vault secrets the task may use as ${NAME}, like secret facts (the model sees the name only)")
     constraints = ConstraintsBody(required=False)
     limits = LimitsBody(required=False)
     folder = Text(required=False, source="folders", help_text="one folder to work on (owner only)")
@@ -364,6 +368,18 @@ class TaskSpecBody(Body):
 
     def check_secretFacts(self, value: Any, seen: dict[str, Any]) -> Any:
         return value or []
+
+    def check_vaultSecrets(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING:
+            return []
+        held = set(VaultSecret.objects.filter(name__in=value).values_list("name", flat=True))
+        for name in value:
+            if not isinstance(name, str) or not NAME_RE.match(name):
+                raise InvalidSpec(f"'{name}' is not a vault name (letters, digits and _)", field="vaultSecrets")
+            if name not in held:
+                raise InvalidSpec(f"the vault has no '{name}'; add it in Settings → Vault (POST /api/vault) first",
+                                  field="vaultSecrets")
+        return value
 
     def check_constraints(self, value: Any, seen: dict[str, Any]) -> Any:
         if value is MISSING:

@@ -56,6 +56,7 @@ BUILTIN_TOOLS = (
         "additionalProperties": False,
     },
     impl=_http_request,
+    irreversible_when=lambda args: str(args.get("method") or "GET").upper() not in ("GET", "HEAD"),
     ),
     Tool(
     name="notify.owner",

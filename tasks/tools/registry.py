@@ -144,7 +144,7 @@ def call(ctx: RunContext, name: str, args: Any, *, approved: frozenset[ApprovalK
         raise
     guard: dict[str, Any] = {"tool": name, "args": args}
     action = None
-    if tool.irreversible:
+    if tool.acts_irreversibly(args):
         allowed = bool(ctx.task.constraints.get("allow_destructive"))
         action = pauses.actions().propose(recorder, ctx.run.pk, kind=ActionKind.TOOL, target=name, position=position, args=args,
                                           policy=pauses.actions().policy_of(ctx.task, tool=name, costCents=tool.cost_cents))

@@ -20,3 +20,9 @@ class Tool:
     irreversible: bool = False
     provider: str = "box"  # "box" for built-ins, "owner" for BOX_TOOLS_FILE entries
     extra: dict[str, Any] = field(default_factory=dict)
+    # A tool that acts irreversibly only with some arguments (an HTTP request that is not a GET).
+    irreversible_when: Callable[[dict[str, Any]], bool] | None = None
+
+    def acts_irreversibly(self, args: dict[str, Any]) -> bool:
+        """True when a call with ``args`` needs the owner's OK (unless the task allows destructive steps)."""
+        return self.irreversible or (self.irreversible_when is not None and self.irreversible_when(args))

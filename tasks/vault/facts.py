@@ -289,6 +289,15 @@ class Facts:
     def of(cls, task: Any) -> Facts:
         return cls.build(task.facts or {}, task.secret_facts or [])
 
+    def with_vault(self, names: Iterable[str]) -> Facts:
+        """These facts and the vault secrets ``names`` (those the vault holds), all secret: a run's
+        values for ``${NAME}``. Only a run holds them; nothing stores them in the task."""
+        vault = vault_values()
+        given = {n: vault[n] for n in names if n in vault and n not in self.values}
+        if not given:
+            return self
+        return Facts({**self.values, **given}, self.secret_names | frozenset(given))
+
     def merged(self, inputs: Mapping[str, Any], declared_secret: Iterable[str] = ()) -> Facts:
         """These facts with ``inputs`` merged in, every name checked again."""
         return Facts.build({**self.values, **inputs}, set(self.secret_names) | set(declared_secret))

@@ -62,6 +62,11 @@ class FlowWorker:
         outcome: Outcome | None = None
         try:
             outcome = self._run(ctx)
+            amended = ctx.resume.get("amended")
+            if amended and isinstance(outcome, (Paused, Continue)) and outcome.resume and "amended" not in outcome.resume:
+                # The rescuer's amended steps stand for the rest of the task: the run after an
+                # approval runs the step as amended, never the step it replaced.
+                outcome.resume = {**outcome.resume, "amended": amended}
             return outcome
         finally:
             self._browser.release(paused=isinstance(outcome, Paused))
@@ -96,6 +101,7 @@ class FlowWorker:
         only = bool(resume.get("only"))
         allow_destructive = bool(ctx.task.constraints.get("allow_destructive"))
         total = len(steps)
+        answered: list[Any] = []  # the result of the last step of this run that gave one
         for index in range(start, total):
             check_time(ctx)
             step = steps[index]
@@ -179,6 +185,7 @@ class FlowWorker:
                         return replanned
                 return Failed(f"step {index + 1} ({kind}) failed: {exc.message}", recoverable=True,
                               hint="fix the cause and retry the task")
+            answered[:] = [result]
             if "save" in step:
                 records[step["save"]] = result
                 known[step["save"]] = result
@@ -190,6 +197,8 @@ class FlowWorker:
                 # A browser step goes on in this run: a new run's fresh browser would have to
                 # re-open the page by replaying steps, and the approved step must never run twice.
                 return Continue(resume={"step": index + 1})
+        if ctx.task.spent.get("plans"):
+            return planned_answer(ctx, steps, records, answered)
         return Done(f"finished all {total} steps")
 
     @staticmethod
@@ -288,6 +297,23 @@ class FlowWorker:
         if kind == "model":
             return model_step(ctx, value)
         raise StepFailed(f"'{kind}' is not executable")
+
+
+def planned_answer(ctx: RunContext, steps: list[dict[str, Any]], records: dict[str, Any], answered: list[Any]) -> Done:
+    """A planned task ends with its answer, as an agent task does: the result of its last step
+    that gave one (this run's, else the last value a step saved), shown and kept in
+    ``records["answer"]``."""
+    if answered:
+        result = answered[0]
+    else:
+        saved = [s["save"] for s in steps if s.get("save") in records]
+        result = records[saved[-1]] if saved else None
+    if result in (None, ""):
+        return Done(f"finished all {len(steps)} steps")
+    answer = ctx.recorder.redactor.text(result if isinstance(result, str) else json.dumps(result, default=str))
+    kept = {**(ctx.task.records or {}), "answer": bounded(answer, chars=20000)}
+    ctx.recorder.event(EventKind.OUTPUT, f"answer: {answer[:400]}", {"answer": bounded(answer, chars=20000)}, records=kept)
+    return Done(answer[:500])
 
 
 def model_step(ctx: RunContext, value: Any) -> tuple[Any, Evidence]:

@@ -7,6 +7,10 @@ tries). After a step of a planned flow fails (and the rescuer, if any, did not s
 model replans the rest from the failure, at most ``MAX_REPLANS`` times; at the bound one inbox
 question asks the owner, who may authorise one final replan. With no model the task waits for
 ``plan`` and points to the guide (``GET /api/describe``).
+
+A planned step that deletes, sends, pays or acts irreversibly carries ``stop_before`` whether or
+not the model wrote it (``tasks.workers.guards``). A planned task ends with its answer: the
+result of its last step that gave one (``records["answer"]``, as an agent task's).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from tasks.states import WaitingFor
 from tasks.tools.registry import NeedsApproval
 from tasks.workers.asking import ask_model
 from tasks.workers.base import ApprovalRequest, Continue, Failed, Outcome, Paused, needs_key
+from tasks.workers.guards import guard_planned
 
 PLAN_ATTEMPTS = 3
 MAX_REPLANS = 3
@@ -78,6 +83,10 @@ def write_plan(ctx: RunContext, *, extra: str = "", keep: list[dict[str, Any]] |
             messages = [*messages, decision.message(),
                         {"role": "user", "content": f"That flow is not valid: {problem}. Answer with a corrected flow (JSON only)."}]
             continue
+        # The model's own stop_before is not the only guard: a step that deletes, sends, pays or
+        # acts irreversibly stops for the owner's OK whatever the plan says.
+        kept = len(keep or [])
+        flow["steps"] = [*flow["steps"][:kept], *(guard_planned(s) for s in flow["steps"][kept:])]
         return flow
     return Failed(f"the planner's flow was rejected {PLAN_ATTEMPTS} times; the last reason: {problem}", recoverable=True,
                   hint="describe the task more precisely, or write the flow yourself (GET /api/describe)")
@@ -134,5 +143,5 @@ def _replan(ctx: RunContext, steps: list[dict[str, Any]], index: int, error: str
         return flow
     ctx.recorder.count(counter, None)
     adopt(ctx, flow, f"replanned from step {index + 1} ({counter.replace('_', ' ')} {ctx.task.spent.get(counter)})")
-    return Continue(resume={"step": index})
+    return Continue(resume={"step": index, "amended": {}})  # the new flow has no amended steps
 

@@ -6,6 +6,8 @@ Each rescue counts against ``max_rescues`` (default 5, also the most a task may 
 model call like any other (budget, ``max_model_calls``), and is logged as a ``note`` whose data
 carries ``rescue`` (the report's ``rescues``). Retrying or skipping goes on in a new run
 (``Continue``) from the resume point, which carries the amended step (``resume["amended"]``).
+An amended step keeps the guard of the step it replaces (``tasks.workers.guards.keep_guard``):
+whatever the model wrote, it does not run on an OK given for another step.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tasks.spec.flows import step_kind, validate_flow
 from tasks.tools.registry import NeedsApproval
 from tasks.workers.asking import ask_model
 from tasks.workers.base import Continue, Failed, Outcome
+from tasks.workers.guards import keep_guard
 
 DECISION_SCHEMA = {
     "type": "object",
@@ -74,13 +77,14 @@ def rescue(ctx: RunContext, steps: list[dict[str, Any]], index: int, error: str,
     if amended is not None:
         try:
             validate_flow({"steps": [amended]})
-            if step_kind(amended) != step_kind(failed) and "stop_before" in failed:
-                raise InvalidFlow("an amended step must keep the guard of the step it replaces")
         except InvalidFlow as exc:
             record.update(decision="give_up", reason=f"the amended step is not valid: {exc}", amended=amended)
             ctx.recorder.note(f"rescue of step {index + 1}: the amended step is not valid", {"rescue": record})
             return Failed(f"step {index + 1} failed: {error}; the rescuer's amended step is not valid: {exc}", recoverable=True,
                           hint="fix the step and run the task again")
+        before = steps[index - 1] if index > 0 else {}
+        approved = resume.get("approved_step") == index or (bool(before) and step_kind(before) == "approve")
+        amended = keep_guard(failed, amended, approved=approved)
         record["amended"] = amended
     ctx.recorder.note(f"rescue of step {index + 1}: {choice}" + (f" ({reason[:200]})" if reason else ""), {"rescue": record})
     if choice == "retry":

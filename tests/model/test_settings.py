@@ -28,7 +28,8 @@ def test_the_model_is_configured_in_one_place_and_the_key_is_never_shown(box: An
 
 def test_bad_model_settings_are_refused_naming_the_field(box: Any) -> None:
     for body, field in (({"baseUrl": "ftp://x"}, "baseUrl"), ({"inputCentsPerMillion": -1}, "inputCentsPerMillion"),
-                        ({"keyName": "not a name"}, "name"), ({"temperature": 1}, "temperature")):
+                        ({"keyName": "not a name"}, "name"), ({"temperature": 1}, "temperature"),
+                        ({"contextTokens": 100}, "contextTokens"), ({"contextTokens": "big"}, "contextTokens")):
         response = box.api.patch("/api/settings/model", body, format="json")
         assert response.status_code == 400, body
         assert response.json()["field"] == field, response.json()
