@@ -37,7 +37,7 @@ BUILTIN_PRESETS = {
 
 # How to install each built-in agent's real CLI, as its makers document it (docs/agents.md).
 INSTALL = {
-    "droid": "curl -fsSL https://app.factory.ai/cli | sh",
+    "droid": "npm install -g droid",
     "claude": "npm install -g @anthropic-ai/claude-code",
     "codex": "npm install -g @openai/codex",
 }
