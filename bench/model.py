@@ -5,11 +5,16 @@ asks for one `run_command` (`true`), the last says finish. The box's overhead pe
 from the endpoint answering to the next request leaving the box: recording the turn (step,
 result, cost), running the command as the task's user in its sandbox, recording the tool call and
 result, saving the conversation. The raw figure is one `openai` client call to the same server.
-Usage: .venv/bin/python bench/model.py [--turns N]
+
+Then the tokens a long task sends: a 40-turn task whose every command prints 2,500 lines, once
+with a 16k context window (the agent compacts older turns into a summary near it) and once with
+a window too large to reach; each request's size is counted as the box counts it (characters/4).
+Usage: .venv/bin/python bench/model.py [--turns N] [--long-turns N]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -21,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openai  # noqa: E402
 from harness import BenchBox, stop_on_signals  # noqa: E402
 
-from tests.fakemodel import FakeModel, call  # noqa: E402
+from tests.fakemodel import Answer, FakeModel, call, say  # noqa: E402
 
 
 def raw_round_trips(server: FakeModel, turns: int) -> list[float]:
@@ -56,9 +61,51 @@ def box_overheads(box: BenchBox, server: FakeModel, turns: int) -> tuple[list[fl
     return gaps, total
 
 
+def _wait_done(box: BenchBox, task_id: str) -> None:
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        view = box.get(f"/api/tasks/{task_id}")
+        if view["state"] in ("done", "failed", "cancelled"):
+            if view["state"] != "done":
+                raise RuntimeError(f"the bench task ended {view['state']}: {view['error']}")
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the bench task did not end in 15 minutes")
+
+
+def long_task_tokens(box: BenchBox, server: FakeModel, turns: int, window: int) -> tuple[int, int, int]:
+    """(tokens sent in all, the largest request, compactions) for a ``turns``-turn task."""
+    box.request("PATCH", "/api/settings/model", {"baseUrl": server.base_url, "model": "fake", "keyName": "",
+                                                 "contextTokens": window})
+    server.received.clear()
+    done: list[int] = []
+
+    def answer(body: dict[str, object]) -> Answer:
+        messages = body.get("messages") or []
+        if messages and "compact the earlier part" in str(messages[0]):  # type: ignore[index]
+            return say("Summary: the agent printed 2,500 numbers each turn; nothing failed.")
+        done.append(1)
+        return call("run_command", command="seq 1 2500") if len(done) < turns else call("finish", answer="counted")
+
+    server.script = []
+    server.fallback = answer
+    task = box.post("/api/tasks", {"title": "long model bench", "prompt": f"count to 2500, {turns} times",
+                                   "limits": {"max_actions": turns + 10, "max_model_calls": 4 * turns}})
+    _wait_done(box, task["id"])
+    sizes = []
+    compactions = 0
+    for got in server.received:
+        body = json.loads(got.raw or b"{}")
+        messages = body.get("messages", [])
+        compactions += bool(messages) and "compact the earlier part" in str(messages[0])
+        sizes.append((len(json.dumps(messages)) + len(json.dumps(body.get("tools", [])))) // 4)
+    return sum(sizes), max(sizes), compactions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--long-turns", type=int, default=40)
     args = parser.parse_args()
     stop_on_signals()
     server = FakeModel()
@@ -66,6 +113,8 @@ def main() -> None:
         raw = raw_round_trips(server, args.turns)
         with BenchBox() as box:
             gaps, total = box_overheads(box, server, args.turns)
+            compacted = long_task_tokens(box, server, args.long_turns, 16384)
+            whole = long_task_tokens(box, server, args.long_turns, 10_000_000)
     finally:
         server.close()
     print(f"agent turns against a local chat-completions server (milliseconds; {args.turns} turns)")
@@ -73,6 +122,10 @@ def main() -> None:
     print(f"{'box overhead per turn (answer -> next request)':<52} median {statistics.median(gaps):>7.1f}   "
           f"p90 {sorted(gaps)[int(len(gaps) * 0.9)]:>7.1f}")
     print(f"{'whole task, created to done':<52} {total:>14.0f}")
+    print(f"a {args.long_turns}-turn task printing 2,500 lines a turn (tokens, counted as characters/4)")
+    for label, (sent, largest, compactions) in (("16k window (compacts near it)", compacted),
+                                                 ("no reachable window (never compacts)", whole)):
+        print(f"{label:<52} sent {sent:>9}   largest request {largest:>7}   compactions {compactions}")
 
 
 if __name__ == "__main__":
