@@ -4,11 +4,31 @@ the agent's requests that change something ask first; and a planned task ends wi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from tests.fakemodel import FakeModel, call, say
 from tests.http_server import Handler, serving
 from tests.pauses.helpers import pending_approval, post, report
+
+
+@pytest.fixture
+def sink() -> Iterator[tuple[str, list[str]]]:
+    """A local server (its URL) and the paths of the POSTs it received; a GET answers an empty list."""
+    got: list[str] = []
+
+    class Sink(Handler):
+        def do_POST(self) -> None:
+            got.append(self.path)
+            self.reply(200, b'{"ok": true}')
+
+        def do_GET(self) -> None:
+            self.reply(200, b'{"items": []}')
+
+    with serving(Sink) as port:
+        yield f"http://127.0.0.1:{port}", got
 
 
 def step_results(box: Any, task_id: str) -> list[dict[str, Any]]:
@@ -45,65 +65,41 @@ def test_a_planned_rm_waits_for_approval_though_the_model_left_out_stop_before(b
     assert step_results(box, task["id"]) == []
 
 
-def test_a_planned_http_post_waits_for_approval_though_the_model_left_out_stop_before(box: Any, model: FakeModel) -> None:
-    got: list[str] = []
-
-    class Sink(Handler):
-        def do_POST(self) -> None:
-            got.append(self.path)
-            self.reply(200, b"{}")
-
-    with serving(Sink) as port:
-        model.answer(say(json.dumps({"steps": [{"http": {"method": "POST", "url": f"http://127.0.0.1:{port}/orders",
-                                                          "body": {"item": "tea"}}}]})))
-        task = box.create(title="order", prompt="order tea", worker="flow", hosts=["127.0.0.1"], budgetCents=100)
-        waiting = box.wait_state(task["id"], "waiting", "done", "failed")
-        assert waiting["waitingFor"] == "approval", waiting
-        assert pending_approval(box, task["id"])["detail"]["method"] == "POST"
-        assert got == []
+def test_a_planned_http_post_waits_for_approval_though_the_model_left_out_stop_before(box: Any, model: FakeModel,
+                                                                                      sink: tuple[str, list[str]]) -> None:
+    url, got = sink
+    model.answer(say(json.dumps({"steps": [{"http": {"method": "POST", "url": f"{url}/orders", "body": {"item": "tea"}}}]})))
+    task = box.create(title="order", prompt="order tea", worker="flow", hosts=["127.0.0.1"], budgetCents=100)
+    waiting = box.wait_state(task["id"], "waiting", "done", "failed")
+    assert waiting["waitingFor"] == "approval", waiting
+    assert pending_approval(box, task["id"])["detail"]["method"] == "POST"
+    assert got == []
 
 
-def test_the_agents_post_asks_first_then_is_sent_once(box: Any, model: FakeModel) -> None:
-    got: list[str] = []
-
-    class Sink(Handler):
-        def do_POST(self) -> None:
-            got.append(self.path)
-            self.reply(200, b'{"ok": true}')
-
-        def do_GET(self) -> None:
-            self.reply(200, b'{"items": []}')
-
-    with serving(Sink) as port:
-        url = f"http://127.0.0.1:{port}"
-        model.answer(call("http_request", url=f"{url}/items"), call("http_request", method="POST", url=f"{url}/items", body={"a": 1}),
-                     call("finish", answer="posted"))
-        task = box.create(title="post", prompt="add an item", hosts=["127.0.0.1"], budgetCents=100)
-        waiting = box.wait_state(task["id"], "waiting", "done", "failed")
-        assert waiting["waitingFor"] == "approval", waiting
-        approval = pending_approval(box, task["id"])
-        assert approval["kind"] == "irreversible" and "POST" in approval["summary"]
-        assert got == []  # the GET went without asking; the POST waits
-        assert post(box, f"/api/approvals/{approval['id']}/approve").status_code == 200
-        done = box.wait_state(task["id"], "done", "failed")
-        assert done["state"] == "done", done
-        assert got == ["/items"]
+def test_the_agents_post_asks_first_then_is_sent_once(box: Any, model: FakeModel, sink: tuple[str, list[str]]) -> None:
+    url, got = sink
+    model.answer(call("http_request", url=f"{url}/items"), call("http_request", method="POST", url=f"{url}/items", body={"a": 1}),
+                 call("finish", answer="posted"))
+    task = box.create(title="post", prompt="add an item", hosts=["127.0.0.1"], budgetCents=100)
+    waiting = box.wait_state(task["id"], "waiting", "done", "failed")
+    assert waiting["waitingFor"] == "approval", waiting
+    approval = pending_approval(box, task["id"])
+    assert approval["kind"] == "irreversible" and "POST" in approval["summary"]
+    assert got == []  # the GET went without asking; the POST waits
+    assert post(box, f"/api/approvals/{approval['id']}/approve").status_code == 200
+    done = box.wait_state(task["id"], "done", "failed")
+    assert done["state"] == "done", done
+    assert got == ["/items"]
 
 
-def test_the_agents_post_goes_without_asking_when_the_task_allows_destructive_steps(box: Any, model: FakeModel) -> None:
-    got: list[str] = []
-
-    class Sink(Handler):
-        def do_POST(self) -> None:
-            got.append(self.path)
-            self.reply(200, b"{}")
-
-    with serving(Sink) as port:
-        model.answer(call("http_request", method="POST", url=f"http://127.0.0.1:{port}/x"), call("finish", answer="ok"))
-        task = box.create(title="post", prompt="post it", hosts=["127.0.0.1"], budgetCents=100,
-                          constraints={"allow_destructive": True})
-        assert box.wait_state(task["id"], "done", "failed", "waiting")["state"] == "done"
-        assert got == ["/x"]
+def test_the_agents_post_goes_without_asking_when_the_task_allows_destructive_steps(box: Any, model: FakeModel,
+                                                                                   sink: tuple[str, list[str]]) -> None:
+    url, got = sink
+    model.answer(call("http_request", method="POST", url=f"{url}/x"), call("finish", answer="ok"))
+    task = box.create(title="post", prompt="post it", hosts=["127.0.0.1"], budgetCents=100,
+                      constraints={"allow_destructive": True})
+    assert box.wait_state(task["id"], "done", "failed", "waiting")["state"] == "done"
+    assert got == ["/x"]
 
 
 def test_a_planned_task_ends_with_its_answer_shown(box: Any, model: FakeModel) -> None:
