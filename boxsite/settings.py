@@ -235,6 +235,12 @@ BOX_RESEND_S = env_float("BOX_RESEND_S", 5.0)
 # restarts its cluster (runcluster's watchdog). Longer than BOX_RESEND_S, so a re-send gets its
 # chance first.
 BOX_STUCK_S = env_float("BOX_STUCK_S", 10.0)
+# GET /metrics: the step and model-call latency histograms cover this many recent seconds.
+BOX_METRICS_WINDOW_S = env_float("BOX_METRICS_WINDOW_S", 3600.0)
+# The worker cluster and the scheduler each touch a heartbeat file under BOX_DATA_DIR/heartbeats
+# every BOX_BEAT_S; /api/health calls one older than BOX_BEAT_STALE_S stale.
+BOX_BEAT_S = env_float("BOX_BEAT_S", 5.0)
+BOX_BEAT_STALE_S = env_float("BOX_BEAT_STALE_S", 30.0)
 # How long a thread of a box process keeps the GIL while another waits for it, in ms (Python's
 # default is 5). A worker's run and its janitor's release, or a request and the publisher, take
 # turns: a statement's reply waits up to this long before its thread runs again (docs/decisions.md).

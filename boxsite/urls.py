@@ -2,12 +2,14 @@ from django.urls import include, path, re_path
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from boxsite import views
+from boxsite import metrics, views
 from boxsite.core import schema
 from boxsite.mcp import server as mcp
 
 urlpatterns = [
     path("api/health", views.health, name="health"),
+    # Prometheus text, not JSON: no API operation, so not in the schema (boxsite.metrics).
+    path("metrics", metrics.metrics, name="metrics"),
     # JSON first: the schema (and an error from its view) is JSON unless YAML is asked for; a
     # client asking for plain application/json gets it too.
     path("api/schema/", SpectacularAPIView.as_view(

@@ -68,3 +68,18 @@ def descendants(pid: int) -> list[int]:
         frontier = {child for child, ppid in family.items() if ppid in frontier} - set(found)
         found.extend(sorted(frontier))
     return found
+
+
+def count_named(names: frozenset[str]) -> int:
+    """How many live processes run a program whose name (/proc/<pid>/comm) is one of ``names``."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = Path(f"/proc/{entry.name}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in names and alive(int(entry.name)):
+            count += 1
+    return count
