@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from boxsite.core import sql
+from boxsite.core.beats import Liveness, liveness
 from boxsite.core.middleware import is_api_path
 from boxsite.core.shapes import Doc, shape
 from tasks.sandbox.isolation import describe_isolation
@@ -30,13 +31,17 @@ class Health(TypedDict):
     live: Literal["redis", "polling"]
     isolation: Annotated[dict[str, Any], Doc("what isolation is in force: sandbox (true or false), then what it means "
                                              "for users, namespaces, files, network, layers and limits")]
+    worker: Annotated[Liveness, Doc("the worker cluster's heartbeat: alive, stale (older than BOX_BEAT_STALE_S) "
+                                    "or never seen")]
+    scheduler: Annotated[Liveness, Doc("the scheduler's heartbeat, the same way")]
 
 
 @extend_schema(responses={200: shape(Health)})
 @api_view(["GET"])
 @permission_classes([AllowAny])
 def health(request: Request) -> Response:
-    """Liveness and what isolation is in force (never pretends)."""
+    """Liveness (of this process, the database, the worker and the scheduler) and what isolation is
+    in force (never pretends)."""
 
     sql.ping()
 
@@ -46,6 +51,8 @@ def health(request: Request) -> Response:
         "queue": "redis" if settings.REDIS_URL else "orm",
         "live": "redis" if settings.REDIS_URL else "polling",
         "isolation": describe_isolation(),
+        "worker": liveness("worker"),
+        "scheduler": liveness("scheduler"),
     }
     return Response(body)
 

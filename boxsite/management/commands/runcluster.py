@@ -31,6 +31,7 @@ from django.db import close_old_connections, connections
 from django_q.cluster import Cluster
 from django_q.signals import post_spawn
 
+from boxsite.core.beats import Beat
 from boxsite.core.procs import descendants
 from tasks import jobs
 from tasks.models import Run, RunState
@@ -194,7 +195,10 @@ class Command(BaseCommand):
 
         cluster = start_cluster(on_stop)
         watchdog = Watchdog()
+        beat = Beat("worker")  # the leader's loop: it beats while it watches a cluster it runs
+        beat.due()
         while not stopping.wait(WATCH_EVERY_S):
+            beat.due()
             sentinel_gone = cluster.sentinel is None or not cluster.sentinel.is_alive()
             if not sentinel_gone and not watchdog.stuck():
                 continue

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from boxsite import scheduler
+from boxsite.core.beats import Beat
 
 
 class Command(BaseCommand):
@@ -21,9 +22,11 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         pending = scheduler.start_phases()
+        beat = Beat("scheduler")  # after each tick: a wedged tick goes stale in /api/health
         while True:
             if pending:  # a start-up phase a database fault failed: again, before the tick
                 pending = scheduler.run_phases(pending)
             scheduler.tick()
+            beat.due()
             if options["once"] or stop.wait(settings.BOX_SCHEDULER_TICK_SECONDS):
                 break
