@@ -19,6 +19,9 @@ from boxsite.core.keyfiles import read_or_create
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BOX_DATA_DIR = env_path("BOX_DATA_DIR", str(BASE_DIR / "var"))
+if BOX_DATA_DIR.exists() and not BOX_DATA_DIR.is_dir():
+    raise ImproperlyConfigured(f"BOX_DATA_DIR={BOX_DATA_DIR} is not a directory: move what is there away, "
+                               "or point BOX_DATA_DIR at a directory")
 BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
 # What belongs to this machine alone when several machines share BOX_DATA_DIR (docs/scaling.md):
 # task views, sandbox runtime directories, id-mapped mounts, the pool of task users. By default
