@@ -375,11 +375,16 @@ STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BOX_DATA_DIR / "static"
 
+# plain: one readable line a record; json: one JSON object a line (boxsite.core.logformat)
+BOX_LOG_FORMAT = env_str("BOX_LOG_FORMAT", "plain")
+if BOX_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"BOX_LOG_FORMAT must be plain or json, not {BOX_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+                   "json": {"()": "boxsite.core.logformat.JsonLines"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": BOX_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("BOX_LOG_LEVEL", "INFO")},
     # django-q2's own logger ("django-q") stays at INFO: its cluster's start and its jobs are in
     # the worker's log, which start-up checks and the owner read.
