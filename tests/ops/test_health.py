@@ -14,7 +14,8 @@ def _health(box: Box) -> dict[str, Any]:
     return response.json()
 
 
-def test_without_a_worker_or_scheduler_health_says_never_seen(box: Box) -> None:
+def test_without_a_worker_or_scheduler_health_says_never_seen(box: Box, tmp_path: Path, settings: Any) -> None:
+    settings.BOX_DATA_DIR = tmp_path / "fresh"  # a data dir no process of the box has beaten in
     body = _health(box)
     assert body["worker"] == {"state": "never", "ok": False, "ageSeconds": None}
     assert body["scheduler"]["state"] == "never"
