@@ -24,7 +24,6 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from boxsite.core.env import env_str
-from boxsite.core.errors import InvalidRequest
 from boxsite.models import BoxSettings
 from tasks.events import record_event
 from tasks.models import EventKind, Task
@@ -52,20 +51,16 @@ def parse_urls(raw: str) -> list[str]:
     return [url for url in _SEPARATORS.split(raw or "") if url]
 
 
-def validate_urls(urls: object, *, field_name: str = "notifyUrls") -> list[str]:
-    """``urls`` as a list of Apprise URLs that Apprise itself accepts, or ``InvalidRequest``."""
-    if isinstance(urls, str):
-        urls = parse_urls(urls)
-    if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
-        raise InvalidRequest(f"'{field_name}' must be a list of Apprise URLs", field=field_name)
-    urls = [url.strip() for url in urls if url.strip()]
+def urls_problem(urls: list[str]) -> str | None:
+    """Why ``urls`` cannot be the owner's notification URLs (checked by Apprise's own parsing),
+    or None."""
     if len(urls) > MAX_URLS:
-        raise InvalidRequest(f"'{field_name}' holds at most {MAX_URLS} URLs", field=field_name)
+        return f"at most {MAX_URLS} notification URLs"
     for url in urls:
         if len(url) > MAX_URL or apprise.Apprise.instantiate(url) is None:
-            raise InvalidRequest(f"'{masked(url)}' is not an Apprise URL this box can send to (ntfy://, tgram://, "
-                                 "mailto://, slack://, matrix://, json://... see the Apprise docs)", field=field_name)
-    return urls
+            return (f"'{masked(url)}' is not an Apprise URL this box can send to (ntfy://, tgram://, mailto://, "
+                    "slack://, matrix://, json://... see the Apprise docs)")
+    return None
 
 
 def masked(url: str) -> str:
@@ -89,10 +84,14 @@ def seal_urls(urls: list[str]) -> bytes | None:
     return crypto.encrypt("\n".join(urls)) if urls else None
 
 
+def environment_urls() -> list[str]:
+    return parse_urls(env_str("BOX_NOTIFY_URLS", "") or "")
+
+
 def configured_urls() -> list[str]:
     """Where notices go: ``BOX_NOTIFY_URLS`` and the settings' URLs, each once."""
     seen: dict[str, None] = {}
-    for url in [*parse_urls(env_str("BOX_NOTIFY_URLS", "") or ""), *stored_urls()]:
+    for url in [*environment_urls(), *stored_urls()]:
         seen.setdefault(url, None)
     return list(seen)
 

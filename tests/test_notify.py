@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from boxsite.models import BoxSettings
+from tasks import notify
 from tasks.notify import SENDER
 from tests.conftest import wait_for
 from tests.factories import flow
@@ -22,6 +24,7 @@ SECRET = "hunter2-canary-7731"
 
 class Inbox:
     def __init__(self) -> None:
+        self.url = ""
         self.messages: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
@@ -46,7 +49,8 @@ def inbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[Inbox]:
             self.reply(200, b"{}", {"Content-Type": "application/json"})
 
     with serving(Receiver) as port:
-        monkeypatch.setenv("BOX_NOTIFY_URLS", f"json://127.0.0.1:{port}/hook")
+        received.url = f"json://127.0.0.1:{port}/hook"
+        monkeypatch.setenv("BOX_NOTIFY_URLS", received.url)
         yield received
         SENDER.wait_sent()
 
@@ -118,3 +122,32 @@ def test_an_unreachable_service_is_a_note_and_the_task_still_waits(box: Any, mon
                     timeout=30, what="the failed delivery's note")
     assert "json://127.0.0.1" in note["summary"]
     assert pending_approval(box, task["id"])["state"] == "pending"
+
+
+def test_settings_keep_notification_urls_encrypted_show_them_masked_and_use_them(box: Any, inbox: Inbox,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BOX_NOTIFY_URLS")
+    with serving(Handler) as port:
+        pass
+    first = f"json://127.0.0.1:{port}/old"
+    token_url = "ntfy://tk_s3cr3t-token-9981@ntfy.example.org/box-alerts"
+    response = box.api.patch("/api/settings", {"notifyUrls": [first, token_url]}, format="json")
+    assert response.status_code == 200, response.json()
+    shown = response.json()["notifyUrls"]
+    assert len(shown) == 2 and "tk_s3cr3t-token-9981" not in json.dumps(shown)
+    assert b"tk_s3cr3t-token-9981" not in bytes(BoxSettings.objects.get(pk=1).notify_urls_sealed)
+    # the masked entry keeps its URL; the other is replaced by the test server's
+    receiver = inbox.url
+    response = box.api.patch("/api/settings", {"notifyUrls": [shown[1], receiver]}, format="json")
+    assert response.status_code == 200, response.json()
+    assert notify.stored_urls() == [token_url, receiver]
+    task = box.create(title="settings-told", flow=flow({"run": "exit 2"}))
+    box.wait_state(task["id"], "failed")
+    assert inbox.wait_about(task["id"])
+
+
+def test_a_url_apprise_cannot_read_is_refused_naming_the_field(box: Any) -> None:
+    response = box.api.patch("/api/settings", {"notifyUrls": ["nosuchservice://x"]}, format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "notifyUrls" and "Apprise" in response.json()["message"]
+    assert box.api.get("/api/settings").json()["notifyUrls"] == []
