@@ -152,12 +152,14 @@ def wants_done(task: Task) -> bool:
     return bool((task.notify or {}).get("done"))
 
 
-def deliver_for_task(task: Task, title: str, body: str, *, redactor: Redactor | None = None) -> Delivery:
-    """Send a message about ``task`` (redacted); a failure becomes a note on the task."""
+def deliver_for_task(task: Task, title: str, body: str, *, redactor: Redactor | None = None,
+                     note_failure: bool = True) -> Delivery:
+    """Send a message about ``task`` (redacted); a failure becomes a note on the task
+    (``note_failure=False``: the caller records it, as a run's tool call does under its lease)."""
     redact = redactor or redactor_for(task)
     title, body = redact.text(title), redact.text(body)
     delivery = send(title, body)
-    if delivery.failed:
+    if delivery.failed and note_failure:
         try:
             with transaction.atomic():
                 record_event(task, EventKind.NOTE, f"could not notify the owner at {', '.join(delivery.failed)}",

@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -108,8 +109,19 @@ def test_the_notify_owner_tool_delivers_and_says_where(box: Any, inbox: Inbox) -
     box.wait_state(task["id"], "done")
     [message] = inbox.wait_about(task["id"])
     assert "all booked" in message["message"] and SECRET not in _text(message)
-    result = next(e for e in box.events(task["id"]) if e["kind"] == "tool_result")["data"]
-    assert "json://127.0.0.1" in json.dumps(result) and "true" in json.dumps(result).lower()
+    result = next(e for e in box.events(task["id"]) if e["kind"] == "tool_result")["data"]["result"]
+    assert result["delivered"] is True and result["failed"] == []
+    [where] = result["to"]
+    assert where.startswith(inbox.url.split("/hook")[0]) and urlsplit(where).path == "/hook"
+
+
+def test_the_notify_owner_tool_says_when_no_url_is_set(box: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BOX_NOTIFY_URLS", raising=False)
+    spec = flow({"tool": "notify.owner", "args": {"message": "hello"}})
+    task = box.create(title="quiet", flow=spec, tools=["notify.owner"])
+    box.wait_state(task["id"], "done")
+    result = next(e for e in box.events(task["id"]) if e["kind"] == "tool_result")["data"]["result"]
+    assert result["delivered"] is False and result["to"] == [] and "no notification URL" in result["why"]
 
 
 def test_an_unreachable_service_is_a_note_and_the_task_still_waits(box: Any, monkeypatch: pytest.MonkeyPatch) -> None:

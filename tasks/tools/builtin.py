@@ -42,7 +42,7 @@ def _notify_owner(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     message = str(args["message"])
     delivery = notify.deliver_for_task(ctx.task, f"Task “{ctx.task.title}”: a message for you",
                                        f"{message}\nOpen it: {notify.task_link(ctx.task.pk)}",
-                                       redactor=ctx.recorder.redactor)
+                                       redactor=ctx.recorder.redactor, note_failure=False)
     result = notify.describe(delivery)
     if not delivery.sent and not delivery.failed:
         result["why"] = "no notification URL is set (BOX_NOTIFY_URLS or Settings → Notifications): it is in the log only"
