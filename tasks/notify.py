@@ -21,7 +21,7 @@ from typing import Any
 
 import apprise
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import connections, transaction
 
 from boxsite.core.env import env_str
 from boxsite.models import BoxSettings
@@ -208,7 +208,7 @@ class _Sender:
             except Exception:  # noqa: BLE001 - a notice never takes the sender down
                 log.warning("a notification failed", exc_info=True)
             finally:
-                close_old_connections()
+                connections.close_all()  # notices are rare: no connection is held between them
                 self._queue.task_done()
 
     def wait_sent(self) -> None:
