@@ -76,6 +76,17 @@ def test_a_question_reaches_the_owner(box: Any, inbox: Inbox) -> None:
     assert "has a question for you" in message["title"] and "needs a city" in message["title"]
 
 
+@pytest.mark.parametrize(("step", "words"), [
+    ({"checkpoint": "look before going on"}, "waits at a checkpoint for you"),
+    ({"run": "echo 'Please verify you are a human: complete the CAPTCHA'; exit 1"}, "needs a person"),
+])
+def test_a_checkpoint_and_a_wall_reach_the_owner(box: Any, inbox: Inbox, step: dict[str, Any], words: str) -> None:
+    task = box.create(title="stopper", flow=flow({"run": "true"}, step))
+    box.wait_state(task["id"], "waiting")
+    [message] = inbox.wait_about(task["id"])
+    assert words in message["title"] and "stopper" in message["title"]
+
+
 def test_a_failure_reaches_the_owner_without_the_secret_it_printed(box: Any, inbox: Inbox) -> None:
     spec = flow({"run": "echo the password is ${password}; exit 3"})
     task = box.create(title="leaky", flow=spec, facts={"password": SECRET})
