@@ -21,6 +21,7 @@ from boxsite.core.principal import Principal
 from boxsite.core.qr import qr_svg
 from boxsite.core.shapes import DateTime, Doc, shape
 from boxsite.models import ApiToken, BoxSettings, Device
+from tasks import notify
 
 DEVICE_COOKIE_AGE = 400 * 24 * 3600  # browsers cap cookie lifetimes at about 400 days
 
@@ -44,6 +45,8 @@ class SettingsView(TypedDict):
     timeZone: Annotated[str, Doc("the owner's calendar (an IANA name), for the daily action count")]
     maxActionsPerDay: Annotated[int | None, Doc("reaching it tells the owner once a day; null: no maximum")]
     actionsToday: Annotated[int, Doc("consequential actions attempted today, in timeZone")]
+    notifyUrls: Annotated[list[str], Doc("Settings → Notifications' Apprise URLs, their tokens masked")]
+    notifyUrlsFromEnvironment: Annotated[list[str], Doc("BOX_NOTIFY_URLS' Apprise URLs (masked), told as well")]
     updatedAt: DateTime | None
 
 
@@ -101,6 +104,8 @@ def present_settings(row: BoxSettings) -> SettingsView:
         "timeZone": row.time_zone,
         "maxActionsPerDay": row.max_actions_per_day,
         "actionsToday": actions_today(row),
+        "notifyUrls": [notify.masked(url) for url in notify.stored_urls()],
+        "notifyUrlsFromEnvironment": [notify.masked(url) for url in notify.environment_urls()],
         "updatedAt": _iso(row.updated_at),
     }
 

@@ -101,6 +101,8 @@ class BoxSettings(models.Model):
     # see: reaching it tells the owner once that day; it never stops an action. Null: no maximum.
     time_zone = models.CharField(max_length=64, default="UTC")
     max_actions_per_day = models.PositiveIntegerField(null=True, blank=True)
+    # Settings → Notifications: Apprise URLs, one a line, encrypted like vault secrets (they carry tokens).
+    notify_urls_sealed = models.BinaryField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     @classmethod

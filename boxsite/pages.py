@@ -23,7 +23,7 @@ from boxsite.core.auth import DEVICE_COOKIE, device_for
 from boxsite.core.errors import BoxError, NotFound
 from boxsite.core.principal import Principal
 from boxsite.models import BoxSettings
-from tasks import dependencies
+from tasks import dependencies, notify
 from tasks.api.consumers import TaskListConsumer
 from tasks.api.presenters import present_task
 from tasks.llm.client import present_settings as model_settings
@@ -200,8 +200,10 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def settings_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "portal/settings.html", {"active": "settings", "box": BoxSettings.current(),
-                                                    "model": model_settings(), "agents": installed_presets()})
+    return render(request, "portal/settings.html", {
+        "active": "settings", "box": BoxSettings.current(), "model": model_settings(), "agents": installed_presets(),
+        "notify_text": "\n".join(notify.masked(url) for url in notify.stored_urls()),
+        "notify_env": [notify.masked(url) for url in notify.environment_urls()]})
 
 
 def _phone_principal(request: HttpRequest) -> Principal | None:

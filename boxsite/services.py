@@ -27,6 +27,7 @@ from boxsite.models import (
     PairingCode,
     hash_key,
 )
+from tasks import notify
 from tasks.spec.task import host_list, valid_host
 
 PAIRING_TTL = timedelta(minutes=10)
@@ -62,12 +63,26 @@ class SettingsBody(Body):
     maxActionsPerDay = Whole(required=False, allow_null=True, between=True, min_value=1, max_value=1_000_000,
                              source="max_actions_per_day",
                              help_text="consequential actions a day; reaching it tells the owner once that day (null: no maximum)")
+    notifyUrls = Names(required=False, source="notify_urls_sealed", invalid="'notifyUrls' must be a list of Apprise URLs",
+                       help_text="Apprise URLs (ntfy://, tgram://, mailto://, slack://, matrix://, json://...) told of waits, "
+                                 "failures and asked-for ends; the list replaces the stored one; an entry shown masked "
+                                 "keeps the URL it stands for")
 
     def check_defaultHosts(self, value: Any, seen: dict[str, Any]) -> Any:
         for host in [] if value is MISSING else value:
             if not valid_host(host):
                 raise Problem(f"'{host}' is not a host name, '*.domain' or an IP address")
         return value if value is MISSING else host_list(value)
+
+    def check_notifyUrls(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING:
+            return value
+        kept = {notify.masked(url): url for url in notify.stored_urls()}
+        urls = [kept.get(url.strip(), url.strip()) for url in value]
+        problem = notify.urls_problem(urls)
+        if problem:
+            raise Problem(problem)
+        return notify.seal_urls(urls)
 
     def check_timeZone(self, value: Any, seen: dict[str, Any]) -> Any:
         if value is not MISSING:

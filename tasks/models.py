@@ -87,6 +87,7 @@ class Task(models.Model):
     limits = models.JSONField(default=dict)
     output = models.JSONField(null=True, blank=True)
     criteria = models.JSONField(null=True, blank=True)  # the completion contract (tasks.run.completion)
+    notify = models.JSONField(default=dict, blank=True)  # what the owner asked to be told of besides waits and failures
     folders = models.JSONField(default=list)
     depends_on = models.JSONField(default=list)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="subtasks")

@@ -14,7 +14,7 @@ from boxsite.core.db import may_run_again
 from boxsite.core.errors import Conflict, NotFound, TooManyTasks
 from boxsite.core.principal import Principal, Via
 from boxsite.models import BoxSettings
-from tasks import dependencies, layers, pauses, sql
+from tasks import dependencies, layers, notify, pauses, sql
 from tasks.events import MAX_SUMMARY, publish_event, record_event
 from tasks.models import Condition, Dependency, EventKind, Run, RunKind, RunState, Task
 from tasks.run import leases as runs
@@ -153,6 +153,7 @@ def transition(
                                 state=new_state, **fields)
         if moved:
             _after_move(task, old_state, new_state, wake=wake)
+            notify.queue_move(task)  # after commit, off this thread: a slow service never holds a move
     if not moved:
         raise _moved_on(task)
     return task

@@ -44,6 +44,8 @@ def spec_of(task: Task) -> dict[str, Any]:
         spec["flow"] = task.flow
     if task.criteria is not None:
         spec["criteria"] = task.criteria
+    if task.notify:
+        spec["notify"] = task.notify
     if task.output is not None:
         spec["output"] = task.output
     if task.vault_secrets:

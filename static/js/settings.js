@@ -49,6 +49,21 @@ defaults.addEventListener("submit", async (event) => {
   }
 });
 
+// --- notifications ------------------------------------------------------------------------
+const notifyForm = $("notify-form");
+notifyForm.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  clearErrors(notifyForm);
+  const urls = notifyForm.elements.notifyUrls.value.split("\n").map((line) => line.trim()).filter(Boolean);
+  try {
+    const saved = await api("PATCH", "/api/settings", { notifyUrls: urls });
+    notifyForm.elements.notifyUrls.value = saved.notifyUrls.join("\n");
+    say("Notifications saved");
+  } catch (err) {
+    showError(notifyForm, err);
+  }
+});
+
 // --- the model ------------------------------------------------------------------------------
 const modelForm = $("model-form");
 modelForm.addEventListener("submit", async (event) => {

@@ -77,6 +77,7 @@ class TaskView(TypedDict):
     folders: list[str]
     dependsOn: Annotated[list[dict[str, Any]], Doc("{task, condition, required, artifact?} per dependency")]
     criteria: Annotated[list[dict[str, Any]] | None, Doc("the completion contract, or null")]
+    notify: Annotated[dict[str, bool], Doc("{done: true} when the owner asked to be told the task is done, else {}")]
     parent: str | None
     createdBy: Annotated[CreatedBy | None, Doc("the task (and its run) that created this one, else null")]
     state: Annotated[str, State]
@@ -244,6 +245,7 @@ def present_task(task: Task) -> TaskView:
         "folders": task.folders,
         "dependsOn": task.depends_on,
         "criteria": task.criteria,
+        "notify": task.notify or {},
         "parent": task.parent_id,
         "createdBy": {"task": task.created_by_task_id, "run": task.created_by_run} if task.created_by_task_id else None,
         "state": task.state,

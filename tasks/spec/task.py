@@ -259,6 +259,8 @@ class TaskSpecBody(Body):
     criteria = Anything(required=False, allow_null=True,
                         help_text="the completion contract: {kind: output_file, path: outputs/…, size?, sha256?, "
                                   "mediaType?, contains?, json?} and {kind: command_exit, command, exitCode}")
+    notify = Anything(required=False, allow_null=True,
+                      help_text="{\"done\": true}: tell the owner when the task is done, besides its waits and failures")
 
     def check_title(self, value: Any, seen: dict[str, Any]) -> Any:
         return value.strip()
@@ -455,6 +457,13 @@ class TaskSpecBody(Body):
 
     def check_criteria(self, value: Any, seen: dict[str, Any]) -> Any:
         return None if value is MISSING or value is None else parse_criteria(value)
+
+    def check_notify(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING or value is None:
+            return {}
+        if not isinstance(value, dict) or set(value) - {"done"} or not all(isinstance(v, bool) for v in value.values()):
+            raise Problem("'notify' must be {\"done\": true|false}: whether to tell the owner when the task is done")
+        return {"done": True} if value.get("done") else {}
 
 
 def _reachable_task(principal: Principal, task_id: str, field: str) -> Task:

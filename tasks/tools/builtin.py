@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from tasks import notify
 from tasks.tools.types import NAME_RE, Tool
 from tasks.vault.store import read_secret
 
@@ -36,8 +37,17 @@ def _http_request(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _notify_owner(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    ctx.note(f"message for the owner: {args['message']}", {"message": args["message"]})
-    return {"delivered": True}
+    """Send the message to the owner's notification URLs now (redacted like the log) and say
+    where it went; with none set it stays in the task's log only, and says so."""
+    message = str(args["message"])
+    delivery = notify.deliver_for_task(ctx.task, f"Task “{ctx.task.title}”: a message for you",
+                                       f"{message}\nOpen it: {notify.task_link(ctx.task.pk)}",
+                                       redactor=ctx.recorder.redactor, note_failure=False)
+    result = notify.describe(delivery)
+    if not delivery.sent and not delivery.failed:
+        result["why"] = "no notification URL is set (BOX_NOTIFY_URLS or Settings → Notifications): it is in the log only"
+    ctx.note(f"message for the owner: {message}", {"message": message, "notify": result})
+    return result
 
 
 BUILTIN_TOOLS = (
@@ -60,7 +70,7 @@ BUILTIN_TOOLS = (
     ),
     Tool(
     name="notify.owner",
-    description="Leave a message for the owner in the task's log.",
+    description="Send the owner a message (their notification URLs, and the task's log); says where it went.",
     schema={"type": "object", "properties": {"message": {"type": "string", "minLength": 1}}, "required": ["message"],
             "additionalProperties": False},
     impl=_notify_owner,

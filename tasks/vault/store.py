@@ -11,6 +11,7 @@ from django.db import transaction
 
 from boxsite.core import reads
 from boxsite.core.errors import InvalidRequest, NotFound
+from boxsite.models import BoxSettings
 from tasks.models import Task, VaultSecret
 from tasks.vault import crypto
 from tasks.vault.facts import VAULT_READ, resealed, sealed_on_old_keys
@@ -71,6 +72,12 @@ def rotate() -> int:
                 continue  # deleted meanwhile
             VaultSecret.objects.filter(pk=secret_id).update(ciphertext=crypto.reencrypt(bytes(row.ciphertext)))
             count += 1
+    with transaction.atomic():  # Settings → Notifications' URLs, sealed with the same key
+        box = BoxSettings.objects.select_for_update().filter(pk=1).first()
+        if box is not None and box.notify_urls_sealed:
+            BoxSettings.objects.filter(pk=1).update(notify_urls_sealed=crypto.reencrypt(bytes(box.notify_urls_sealed)))
+            reads.forget("box_settings")
+            count += 1
     for task_id in list(Task.objects.values_list("pk", flat=True)):
         with transaction.atomic():
             stored = Task.objects.select_for_update().filter(pk=task_id).values("facts", "records").first()
@@ -91,4 +98,7 @@ def rows_on_old_keys() -> list[str]:
     stale = [row.name for row in VaultSecret.objects.all() if not crypto.encrypted_with_first_key(bytes(row.ciphertext))]
     stale += [f"task {pk}" for pk, facts, records in Task.objects.values_list("pk", "facts", "records").iterator()
               if sealed_on_old_keys(facts or {}) or sealed_on_old_keys(records or {})]
+    sealed_urls = BoxSettings.objects.filter(pk=1).values_list("notify_urls_sealed", flat=True).first()
+    if sealed_urls and not crypto.encrypted_with_first_key(bytes(sealed_urls)):
+        stale.append("settings notifyUrls")
     return stale

@@ -15,10 +15,11 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from boxsite.models import Device, hash_key
+from tasks import notify
 from tasks.models import Task
 from tasks.vault import crypto
 from tasks.vault.facts import Facts
-from tasks.vault.store import read_secret
+from tasks.vault.store import read_secret, rows_on_old_keys
 
 SECRET = "sk-live-4f9a1c0ffee-DO-NOT-SHOW"
 
@@ -148,3 +149,16 @@ def test_rotation_also_reencrypts_secret_facts_sealed_in_tasks(box: Any, keys: t
     monkeypatch.setenv("BOX_SECRET_KEY", new.decode())
     facts = Facts.of(Task.objects.get(pk=task["id"])).values
     assert facts["password"] == "hunter2-very-secret" and facts["city"] == "Oslo"
+
+
+def test_rotation_also_reencrypts_the_notification_urls_of_the_settings(box: Any, keys: tuple[bytes, bytes],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    old, new = keys
+    url = "ntfy://tk_rotated-token-4410@ntfy.example.org/box"
+    assert box.api.patch("/api/settings", {"notifyUrls": [url]}, format="json").status_code == 200
+    monkeypatch.setenv("BOX_SECRET_KEY", f"{new.decode()},{old.decode()}")
+    assert "settings notifyUrls" in rows_on_old_keys()
+    call_command("rotatevaultkey", stdout=open(os.devnull, "w"))
+    assert "settings notifyUrls" not in rows_on_old_keys()
+    monkeypatch.setenv("BOX_SECRET_KEY", new.decode())  # the old key is gone; the URL is still there
+    assert notify.stored_urls() == [url]
