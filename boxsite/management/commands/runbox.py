@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from boxsite.core import setup_code
+from boxsite.core import hostnames, setup_code
 from tasks.run import leases as runs
 from tasks.run import lifecycle
 
@@ -93,6 +93,9 @@ class Command(BaseCommand):
         procs = {name: start(argv) for name, argv in children.items()}
         url = f"http://{host}:{port}/"
         self.stdout.write(f"\nThe box is running at {url}  (data: {settings.BOX_DATA_DIR})")
+        if host.strip("[]") in ("0.0.0.0", "::"):
+            for address in hostnames.own_addresses()[:3]:
+                self.stdout.write(f"  on your network: http://{hostnames.as_host(address)}:{port}/")
         if code is not None:
             self.stdout.write(f"  First visit {url} to create the owner account, with the setup code {code}")
             self.stdout.write("  (it proves you started this box; it is spent once the owner exists),")
