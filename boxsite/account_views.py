@@ -2,12 +2,12 @@
 calls one service in ``boxsite.services`` and presents the result."""
 from __future__ import annotations
 
-import ipaddress
 from typing import Annotated, Any, TypedDict
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.http.request import split_domain_port
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import AllowAny
@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from approvals.actions import actions_today
 from boxsite import services
 from boxsite.core.auth import DEVICE_COOKIE
+from boxsite.core.hostnames import as_host, is_loopback, listens_wide, own_addresses
 from boxsite.core.principal import Principal
 from boxsite.core.qr import qr_svg
 from boxsite.core.shapes import DateTime, Doc, shape
@@ -195,23 +196,20 @@ def device_revoke(request: Request, device_id: int) -> Response:
 
 
 def pairing_url(request: HttpRequest, code: str) -> str:
-    """Where the QR code leads: the public URL when one is set, else the address asked for."""
+    """Where the QR code leads: the public URL when one is set, else the address asked for; but
+    when that names this machine's loopback and the box listens wider, the address a phone on the
+    network reaches (the one the box is bound to, or this machine's first own address)."""
     if settings.BOX_PUBLIC_URL:
         return f"{settings.BOX_PUBLIC_URL}/pair?code={code}"
+    if is_loopback(split_domain_port(request.get_host())[0]) and listens_wide(settings.BOX_HOST):
+        bound = settings.BOX_HOST.strip("[]")
+        addresses = [bound] if bound not in ("0.0.0.0", "::") else own_addresses()
+        if addresses:
+            port = request.get_port()
+            default = {"http": "80", "https": "443"}.get(request.scheme or "")
+            netloc = as_host(addresses[0]) + ("" if port == default else f":{port}")
+            return f"{request.scheme}://{netloc}/pair?code={code}"
     return request.build_absolute_uri(f"/pair?code={code}")
-
-
-_LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
-
-
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def phone_reach_warning(url: str) -> str | None:
@@ -220,9 +218,9 @@ def phone_reach_warning(url: str) -> str | None:
     if settings.BOX_PUBLIC_URL:
         return None
     link_host = urlsplit(url).hostname or ""
-    if _is_loopback(settings.BOX_HOST):
+    if is_loopback(settings.BOX_HOST):
         where = f"The box listens on {settings.BOX_HOST} only"
-    elif _is_loopback(link_host):
+    elif is_loopback(link_host):
         where = f"This page was opened as {link_host}, so the QR code leads there"
     else:
         return None

@@ -18,7 +18,7 @@ from approvals.models import Action
 from approvals.presenters import present_action
 from boxsite import services
 from boxsite.account_views import set_device_cookie
-from boxsite.core import signin
+from boxsite.core import setup_code, signin
 from boxsite.core.auth import DEVICE_COOKIE, device_for
 from boxsite.core.errors import BoxError, NotFound
 from boxsite.core.principal import Principal
@@ -49,16 +49,34 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("login")
 
 
+SETUP_SUBJECT = "(setup code)"  # the sign-in throttle's name for guesses at the setup code
+
+
 @require_http_methods(["GET", "POST"])
 def setup(request: HttpRequest) -> HttpResponse:
-    """The first visit creates the owner account; once there is an owner this page is closed."""
+    """The first visit creates the owner account, for whoever gives the setup code the box's start
+    printed (``boxsite.core.setup_code``); once there is an owner this page is closed."""
     if owner_exists():
+        setup_code.spend()
         return redirect("login")
+    setup_code.ensure_issued()
     errors: dict[str, str] = {}
     username = ""
+    status = 200
     if request.method == "POST":
         username = request.POST.get("username", "").strip()
         password = request.POST.get("password", "")
+        code = request.POST.get("code", "")
+        address = signin.client_address(request)
+        wait = signin.seconds_locked(SETUP_SUBJECT, address)
+        if wait:
+            errors["code"] = f"Too many wrong setup codes. Try again in {max(1, (wait + 59) // 60)} minutes."
+            status = 429
+        elif not setup_code.matches(code):
+            signin.record_failure(SETUP_SUBJECT, address)
+            errors["code"] = ("That is not this box's setup code. The box printed it on its console and in "
+                              "its log when it started (a line with \"setup code\").") if code.strip() else (
+                              "Give the setup code the box printed on its console and in its log when it started.")
         if not username:
             errors["username"] = "Choose a name to sign in with."
         elif len(username) > services.MAX_USERNAME:
@@ -75,9 +93,11 @@ def setup(request: HttpRequest) -> HttpResponse:
                 return redirect("login")
             login(request, owner)
             return redirect("tasks")
+    if errors and status == 200:
+        status = 400
     return render(request, "portal/setup.html", {"errors": errors, "username": username,
                                                  "min_password": services.MIN_OWNER_PASSWORD},
-                  status=400 if errors else 200)
+                  status=status)
 
 
 class ThrottledSignInForm(AuthenticationForm):

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from boxsite.core import setup_code
 from boxsite.core.auth import issue_api_token
 from boxsite.core.errors import Forbidden, InvalidRequest, NotFound
 from boxsite.core.principal import Principal
@@ -145,7 +146,9 @@ def create_owner(username: str, password: str) -> Any:
         existing = current_owner()
         if existing is not None:
             raise OwnerExists(existing.get_username())
-        return get_user_model().objects.create_superuser(username=username, password=password, email="")
+        owner = get_user_model().objects.create_superuser(username=username, password=password, email="")
+    setup_code.spend()  # the setup page is closed for good: no code opens it again
+    return owner
 
 
 def set_owner_password(username: str, password: str) -> Any:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from boxsite.core import hostnames
 from boxsite.core.env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
 from boxsite.core.keyfiles import read_or_create
 
@@ -52,7 +53,14 @@ BOX_PORT = env_int("BOX_PORT", 8000, minimum=1)
 # Where phones and links reach the box when that is not where it listens (a tunnel, a reverse
 # proxy, a name on the network): the pairing QR code and links use it.
 BOX_PUBLIC_URL = env_url("BOX_PUBLIC_URL")
-ALLOWED_HOSTS = env_list("BOX_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver", BOX_HOST])
+# The Host headers the box answers: BOX_ALLOWED_HOSTS when set; else loopback, and when it
+# listens beyond loopback also this machine's own names and addresses (a phone on the network
+# opens it by them). BOX_PUBLIC_URL's host is always added.
+_default_hosts = ["127.0.0.1", "localhost", "[::1]", "testserver"]
+if hostnames.listens_wide(BOX_HOST):
+    _default_hosts += ([] if BOX_HOST.strip("[]") in ("0.0.0.0", "::") else [hostnames.as_host(BOX_HOST.strip("[]"))])
+    _default_hosts += hostnames.own_hosts()
+ALLOWED_HOSTS = list(dict.fromkeys(env_list("BOX_ALLOWED_HOSTS", _default_hosts)))
 CSRF_TRUSTED_ORIGINS = env_list("BOX_TRUSTED_ORIGINS", [])
 if BOX_PUBLIC_URL:
     ALLOWED_HOSTS.append(urlsplit(BOX_PUBLIC_URL).hostname or "")
@@ -385,8 +393,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
                    "json": {"()": "boxsite.core.logformat.JsonLines"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": BOX_LOG_FORMAT}},
+    "filters": {"allowed_hosts_hint": {"()": "boxsite.core.hostnames.AllowedHostsHint"}},
     "root": {"handlers": ["console"], "level": env_str("BOX_LOG_LEVEL", "INFO")},
     # django-q2's own logger ("django-q") stays at INFO: its cluster's start and its jobs are in
     # the worker's log, which start-up checks and the owner read.
-    "loggers": {"daphne": {"level": "WARNING"}},
+    "loggers": {"daphne": {"level": "WARNING"},
+                "django.security.DisallowedHost": {"filters": ["allowed_hosts_hint"]}},
 }

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 
 from boxsite.core import sql
 from boxsite.core.beats import Liveness, liveness
+from boxsite.core.errors import BUSY_RETRY_AFTER_S, busy_body, database_busy
 from boxsite.core.middleware import is_api_path
 from boxsite.core.shapes import Doc, shape
 from tasks.sandbox.isolation import describe_isolation
@@ -82,6 +83,16 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """An unexpected error: logged with a reference id that the caller gets too."""
+    if database_busy(sys.exc_info()[1] or Exception()):
+        # Raised outside an API view (a middleware, a page): the same answer the API gives.
+        log.warning("database busy: %s %s answered 503", request.method, request.path)
+        busy: HttpResponse
+        if is_api_path(request.path):
+            busy = JsonResponse(busy_body(), status=503)
+        else:
+            busy = HttpResponse(busy_body()["message"], status=503, content_type="text/plain; charset=utf-8")
+        busy["Retry-After"] = str(BUSY_RETRY_AFTER_S)
+        return busy
     reference = secrets.token_hex(6)
     log.error("unexpected error, reference %s: %s %s", reference, request.method, request.path, exc_info=sys.exc_info())
     if is_api_path(request.path):

@@ -149,11 +149,15 @@ def test_a_killed_supervisor_takes_web_worker_and_scheduler_with_it(tmp_path):
     env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_QUEUE_NAME": f"runbox-kill-{os.getpid()}"})
     track_data_dir(env["BOX_DATA_DIR"])
     _manage(env, "migrate", "--no-input")
+    said = tmp_path / "runbox.log"
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "runbox"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=said.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     family: set[int] = set()
     try:
         wait_for(lambda: len(_children(proc.pid)) >= 3, timeout=60, what="web, worker and scheduler to start")
+        # A box without an owner says the one-time code its setup page asks for.
+        wait_for(lambda: re.search(r"setup code [A-Z0-9]{4}-[A-Z0-9]{4}-[A-Z0-9]{4}", said.read_text()),
+                 timeout=30, what="the setup code on the console")
         family = _children(proc.pid)
         proc.kill()
         proc.wait()

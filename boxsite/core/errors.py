@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, NotRequired, TypedDict
 
+from django.db import OperationalError
 from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
@@ -128,7 +129,27 @@ def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, st
     return (path or None), str(detail)
 
 
+# What the database says when a request could not get it within its limit: SQLite's lock (or the
+# box's writer gate before it), PostgreSQL's lock or statement timeout.
+_BUSY_SIGNS = ("database is locked", "database table is locked", "lock timeout", "statement timeout")
+BUSY_RETRY_AFTER_S = 5
+
+
+def database_busy(exc: BaseException) -> bool:
+    """True when ``exc`` is the database refusing for now (held by another connection or process
+    past the wait's limit), which a retry later fixes: not the box's fault, and no 500."""
+    return isinstance(exc, OperationalError) and any(sign in str(exc).lower() for sign in _BUSY_SIGNS)
+
+
+def busy_body() -> ErrorBody:
+    return {"code": "DATABASE_BUSY", "field": None,
+            "message": f"the box's database is held by another process; nothing was changed. Try again in "
+                       f"{BUSY_RETRY_AFTER_S} seconds (Retry-After)"}
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if database_busy(exc):
+        return Response(busy_body(), status=503, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
     if isinstance(exc, BoxError):
         return Response(exc.as_dict(), status=exc.status)
     if isinstance(exc, Http404):

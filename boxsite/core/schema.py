@@ -44,6 +44,7 @@ ERRORS = {
     "415": "the body is not JSON",
     "429": "too many tasks are queued, running or waiting",
     "500": "something went wrong on the box; reference names the log entry",
+    "503": "the database is busy (held by another process past the request's limit); Retry-After says when to try again",
 }
 # Operations that start a task (or queue one again) beyond those answering 201 with one: each
 # is refused with 429 at the box's maximum of active tasks.
@@ -73,7 +74,7 @@ def errors_of(path: str, method: str, operation: dict[str, Any]) -> list[str]:
         codes += ["413", "415"]
     if creates_task:
         codes.append("429")
-    return codes + ["500"]
+    return codes + ["500", "503"]
 
 
 def add_shapes_and_errors(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

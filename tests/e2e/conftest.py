@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect, sync_playwright
 
+from boxsite.core import setup_code
 from tasks.models import Workspace
 from tasks.run import lifecycle
 from tests.cluster import spawn, stop
@@ -128,8 +129,10 @@ def screenshot(page: Any, name: str) -> None:
 
 def create_owner(page: Any, name: str = "owner") -> None:
     """The first visit: the box asks for the owner account."""
+    code = setup_code.issue()  # what `runbox` prints at its start (the web process shares the data dir)
     page.goto("/")
     page.get_by_role("heading", name="Create the owner account").wait_for()
+    page.get_by_label("Setup code").fill(code)
     page.get_by_label("Name").fill(name)
     page.get_by_label("Password", exact=True).fill(PASSWORD)
     page.get_by_label("Password again").fill(PASSWORD)

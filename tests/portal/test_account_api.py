@@ -11,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from boxsite.core import setup_code
 from boxsite.core.auth import DEVICE_COOKIE
 from boxsite.models import ApiToken, Device, PairingCode
 from tests.factories import make_owner
@@ -134,12 +135,15 @@ def test_a_revoked_phone_is_signed_out(box: Any) -> None:
 
 def test_the_setup_page_creates_one_owner_and_then_closes(transactional_db: Any) -> None:
     browser = Client(enforce_csrf_checks=False)
+    code = setup_code.issue()  # the box's start prints it (tests/security/test_setup_code.py)
     assert browser.get("/").url == "/setup"
-    short = browser.post("/setup", {"username": "me", "password": "short", "password2": "short"})
+    short = browser.post("/setup", {"code": code, "username": "me", "password": "short", "password2": "short"})
     assert short.status_code == 400 and "at least 10" in short.content.decode()
-    made = browser.post("/setup", {"username": "me", "password": "long enough pass", "password2": "long enough pass"})
+    made = browser.post("/setup", {"code": code, "username": "me", "password": "long enough pass",
+                                   "password2": "long enough pass"})
     assert made.status_code == 302 and made.url == "/tasks"
-    late = Client().post("/setup", {"username": "intruder", "password": "long enough pass", "password2": "long enough pass"})
+    late = Client().post("/setup", {"code": code, "username": "intruder", "password": "long enough pass",
+                                    "password2": "long enough pass"})
     assert late.status_code == 302 and late.url == "/login"
 
     assert list(get_user_model().objects.values_list("username", flat=True)) == ["me"]

@@ -25,6 +25,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from boxsite.core import hostnames, setup_code
 from tasks.run import leases as runs
 from tasks.run import lifecycle
 
@@ -87,11 +88,17 @@ class Command(BaseCommand):
             "worker": [python, manage, "runcluster"],
             "scheduler": [python, manage, "runscheduler"],
         }
+        # The code is issued before the web process starts, so its setup page asks for this one.
+        code = None if get_user_model().objects.filter(is_superuser=True).exists() else setup_code.issue()
         procs = {name: start(argv) for name, argv in children.items()}
         url = f"http://{host}:{port}/"
         self.stdout.write(f"\nThe box is running at {url}  (data: {settings.BOX_DATA_DIR})")
-        if not get_user_model().objects.filter(is_superuser=True).exists():
-            self.stdout.write(f"  First visit {url} to create the owner account,")
+        if host.strip("[]") in ("0.0.0.0", "::"):
+            for address in hostnames.own_addresses()[:3]:
+                self.stdout.write(f"  on your network: http://{hostnames.as_host(address)}:{port}/")
+        if code is not None:
+            self.stdout.write(f"  First visit {url} to create the owner account, with the setup code {code}")
+            self.stdout.write("  (it proves you started this box; it is spent once the owner exists),")
             self.stdout.write("  or: BOX_OWNER_PASSWORD=... .venv/bin/python manage.py createowner NAME")
         self.stdout.write("  API token: .venv/bin/python manage.py createtoken   (printed once)")
         self.stdout.write("  API docs:  " + url + "api/docs/")
