@@ -16,9 +16,9 @@ from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
-from tests.api.conftest import Schema
 from tests.conftest import Box, wait_for
 from tests.factories import flow
+from tests.schema_check import Schema
 
 GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
                {"run": "true"})

@@ -1,7 +1,13 @@
-"""Every JSON answer an API test gets is checked against the schema: the status must be one the
-operation declares, and the body must validate against what it declares for that status. So the
-schema is held not only to the representative calls of ``test_schema.py`` but to every response
-of this directory's tests (the fuzzer's refusals included)."""
+"""Every JSON answer the API gives a test is checked against the schema: the status must be one
+the operation declares, and the body must validate against what it declares for that status. So
+the schema is held not only to the representative calls of ``tests/api/test_schema.py`` but to
+every response any test of the suite sees through Django's test client, or through a server
+running in the test's process (the fuzzer's refusals, a hostile input's error, every event kind
+a task's log shows). ``tests/conftest.py`` loads the fixture for the whole suite.
+
+It stays cheap: a test that makes no API call costs one middleware in the chain; the schema is
+built once per test process, on the first check, and each (operation, status) gets one compiled
+validator, kept for the process."""
 from __future__ import annotations
 
 import json
@@ -94,9 +100,11 @@ class RecordResponses:
 
 @pytest.fixture(autouse=True)
 def responses_match_the_schema(settings: Any) -> Iterator[None]:
-    settings.MIDDLEWARE = ["tests.api.conftest.RecordResponses", *settings.MIDDLEWARE]
+    settings.MIDDLEWARE = [f"{__name__}.RecordResponses", *settings.MIDDLEWARE]
     RECORDED.clear()
     yield
+    if not RECORDED:
+        return
     schema, problems = box_schema(), []
     for method, path, status, body in RECORDED:
         if path.startswith("/api/schema/") or not schema.declares(method, path):
