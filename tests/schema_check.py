@@ -13,15 +13,24 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 from django.http import HttpRequest, HttpResponse
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker
 
 RECORDED: list[tuple[str, str, int, Any]] = []
+
+# A timestamp the schema declares ``date-time`` must be one, with its offset (RFC 3339).
+FORMATS = FormatChecker(formats=())
+
+
+@FORMATS.checks("date-time", raises=ValueError)
+def _is_date_time(value: object) -> bool:
+    return not isinstance(value, str) or datetime.fromisoformat(value).tzinfo is not None
 
 
 def _segment_for(template: str) -> Any:
@@ -58,7 +67,8 @@ class Schema:
         key = (method.lower(), self.template_of(path), str(status))
         if key not in self.validators:
             schema = responses[str(status)]["content"]["application/json"]["schema"]
-            self.validators[key] = Draft202012Validator({**schema, "components": self.document["components"]})
+            self.validators[key] = Draft202012Validator({**schema, "components": self.document["components"]},
+                                                          format_checker=FORMATS)
         errors = sorted(self.validators[key].iter_errors(body), key=lambda e: list(e.path))
         assert not errors, f"{method} {path} {status}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
 

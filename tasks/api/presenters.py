@@ -220,11 +220,11 @@ class QuestionData(TypedDict, total=False):
 
 
 class BlockedConnectionData(TypedDict):
-    """a blocked_connection event's data: what the egress proxy (host, port) or the browser
-    (url, origin) refused, and why"""
+    """a blocked_connection event's data: what the egress proxy or the box's own HTTP client
+    (host, port), or the browser (url, origin) refused, and why"""
 
     reason: str
-    via: Literal["egress proxy", "browser"]
+    via: Literal["egress proxy", "http client", "browser"]
     host: NotRequired[str]
     port: NotRequired[int]
     url: NotRequired[str]
