@@ -1,9 +1,12 @@
 """Every JSON answer the API gives a test is checked against the schema: the status must be one
 the operation declares, and the body must validate against what it declares for that status. So
 the schema is held not only to the representative calls of ``tests/api/test_schema.py`` but to
-every response any test of the suite sees through Django's test client, or through a server
-running in the test's process (the fuzzer's refusals, a hostile input's error, every event kind
-a task's log shows). ``tests/conftest.py`` loads the fixture for the whole suite.
+every response any test of the suite sees through Django's test client, or through a live
+server whose handler is built while a test runs (the fuzzer's refusals, a hostile input's
+error, every event kind a task's log shows). ``tests/conftest.py`` loads the fixture for the
+whole suite. The ASGI application is built when ``boxsite.asgi`` is imported, before any test's
+settings, so what a test sends through it directly (``tests/test_web_handler.py``) is not seen:
+those tests assert their own answers.
 
 It stays cheap: a test that makes no API call costs one middleware in the chain; the schema is
 built once per test process, on the first check, and each (operation, status) gets one compiled
