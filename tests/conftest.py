@@ -27,6 +27,7 @@ from tasks.models import Task, Workspace
 from tasks.run import lifecycle
 from tasks.sandbox import accounts, users
 from tests.factories import make_owner
+from tests.schema_check import responses_match_the_schema  # noqa: F401 - autouse, the whole suite
 
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = "condition") -> Any:

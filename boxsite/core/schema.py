@@ -4,7 +4,8 @@ Response bodies are declared once, as ``TypedDict``s beside the presenters that 
 ``boxsite.core.shapes``); request bodies are declared where they are checked, as
 ``boxsite.core.validation.Body`` serializers. This module adds what drf-spectacular cannot know: the
 response shapes as components, the error responses of every operation, and the two ways a caller
-authenticates. ``tests/api/test_schema.py`` holds the schema to the URL map and to real responses.
+authenticates. ``tests/api/test_schema.py`` holds the schema to the URL map, and
+``tests/schema_check.py`` to every JSON answer the API gives the test suite.
 """
 from __future__ import annotations
 

@@ -115,6 +115,10 @@ class Artifact(TypedDict):
     url: str
 
 
+# An event's data, by kind, as the code that writes each kind builds it (``record_event`` and
+# ``StepRecorder.event`` calls). Keys every writer of a kind sets are required; a kind whose
+# writers add keys of their own (a step's evidence, a note) is open to them.
+
 StatusData = TypedDict("StatusData", {
     "to": Annotated[str, State],
     "from": NotRequired[Annotated[str, State]],
@@ -133,18 +137,156 @@ class CostData(TypedDict):
 leave_open(CostData)
 
 
+class StepData(TypedDict, total=False):
+    """a step event's data: which step begins (a flow's, a command's, an agent's turn, a shaping
+    of the output, a step the broker announces), and what the worker adds about it"""
+
+    step: Annotated[int, Doc("the step's number, from 1 (an agent's turn)")]
+    of: Annotated[int, Doc("how many steps the flow has")]
+    kind: Annotated[str, Doc("the step's kind (run, write, http, model, command, output, ...)")]
+    retry: Annotated[bool, Doc("an earlier run began this step and was cut off")]
+    run: Annotated[int, Doc("with retry: the run that executes the step again")]
+
+
+leave_open(StepData)
+
+
+class StepResultData(TypedDict):
+    """a step_result event's data: what the step did; its evidence adds keys by kind"""
+
+    step: int
+    of: NotRequired[Annotated[int, Doc("how many steps the flow has (an agent's turn has no total)")]]
+    kind: str
+    ok: bool
+    startedAt: DateTime
+    durationMs: int
+    error: NotRequired[str]
+
+
+leave_open(StepResultData)
+
+
+class ToolCallData(TypedDict):
+    """a tool_call event's data: the tool and its arguments; a call the box refused names why"""
+
+    tool: str
+    args: Annotated[dict[str, Any], Doc("as called, bounded")]
+    call: NotRequired[Annotated[str, Doc("the model's id of the call")]]
+    refused: NotRequired[str]
+    cost_cents: NotRequired[int]
+    action: NotRequired[Annotated[int, Doc("the consequential action it is")]]
+
+
+leave_open(ToolCallData)
+
+
+class ToolResultData(TypedDict):
+    """a tool_result event's data: whether the call succeeded, and its result or error; the
+    step's evidence adds keys by kind"""
+
+    tool: str
+    ok: bool
+    call: NotRequired[str]
+    error: NotRequired[str]
+    result: NotRequired[Any]
+    action: NotRequired[int]
+    replayed: NotRequired[Annotated[bool, Doc("done before: its receipt answered, not called again")]]
+    receipt: NotRequired[dict[str, Any]]
+
+
+leave_open(ToolResultData)
+
+
+class ApprovalData(TypedDict):
+    """an approval event's data: the approval asked for, or the decision on it"""
+
+    approval: int
+    kind: Annotated[str, Doc("irreversible, spending, action, payment or checkpoint")]
+    amount_cents: NotRequired[Annotated[int | None, Doc("when asked: the budget a spending approval asks for")]]
+    decision: NotRequired[Annotated[str, Doc("when decided: approved or denied")]]
+    via: NotRequired[Annotated[str, Doc("when decided: how (web, phone, token)")]]
+    version: NotRequired[Annotated[int, Doc("when approved: the task's version the decision made")]]
+
+
+class QuestionData(TypedDict, total=False):
+    """a question event's data: the question asked (question, kind, fields), or the answer to
+    the open ones (questions, names, via, version)"""
+
+    question: int
+    kind: str
+    fields: list[dict[str, Any]]
+    questions: list[int]
+    names: Annotated[list[str], Doc("the inputs the answer gave")]
+    via: str
+    version: int
+
+
+class BlockedConnectionData(TypedDict):
+    """a blocked_connection event's data: what the egress proxy or the box's own HTTP client
+    (host, port), or the browser (url, origin) refused, and why"""
+
+    reason: str
+    via: Literal["egress proxy", "http client", "browser"]
+    host: NotRequired[str]
+    port: NotRequired[int]
+    url: NotRequired[str]
+    origin: NotRequired[str]
+
+
+class OutputData(TypedDict, total=False):
+    """an output event's data: a command's line has none; an agent's answer, or the output
+    shaped to the task's output contract"""
+
+    answer: str
+    kind: Literal["output"]
+    result: Any
+    usage: dict[str, Any]
+
+
+class Refusal(TypedDict):
+    code: str
+    field: str | None
+    message: str
+
+
+class ErrorData(TypedDict, total=False):
+    """an error event's data: a run's failure (recoverable, hint), an output that could not be
+    shaped (kind, error), or a task the box refused to create (refused)"""
+
+    recoverable: bool | None
+    hint: str
+    kind: Literal["output"]
+    error: str
+    refused: Refusal
+
+
+class NoteData(TypedDict, total=False):
+    """a note event's data: its keys are the noted thing's own"""
+
+    version: Annotated[int, Doc("the task's version, when the note moved it")]
+    via: str
+
+
+leave_open(NoteData)
+
+
 class Event(TypedDict):
     id: int
     seq: int
     kind: Annotated[str, EventKind]
     summary: str
-    data: Annotated[dict[str, Any], Doc("by kind: status and cost have fixed keys; the others are open")]
+    data: Annotated[dict[str, Any], Doc("by kind: see the kind's data shape")]
     costCents: int
     artifacts: list[Artifact] | None
     createdAt: DateTime
 
 
-chosen_by(Event, "kind", "data", {EventKind.STATUS: StatusData, EventKind.COST: CostData})
+chosen_by(Event, "kind", "data", {
+    EventKind.STATUS: StatusData, EventKind.COST: CostData, EventKind.STEP: StepData, EventKind.STEP_RESULT: StepResultData,
+    EventKind.TOOL_CALL: ToolCallData, EventKind.TOOL_RESULT: ToolResultData, EventKind.APPROVAL: ApprovalData,
+    EventKind.QUESTION: QuestionData, EventKind.BLOCKED_CONNECTION: BlockedConnectionData, EventKind.OUTPUT: OutputData,
+    EventKind.ERROR: ErrorData, EventKind.NOTE: NoteData,
+})
 
 
 class EventPage(TypedDict):

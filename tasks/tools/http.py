@@ -207,7 +207,7 @@ def http_request(ctx: RunContext, method: str, url: str, *, headers: dict[str, s
 
     def record(exc: Blocked) -> None:
         ctx.recorder.event("blocked_connection", f"blocked {exc.host}:{exc.port}: {exc.reason}",
-                           {"host": exc.host, "port": exc.port, "reason": exc.reason})
+                           {"host": exc.host, "port": exc.port, "reason": exc.reason, "via": "http client"})
 
     try:
         return fetch(method, url, hosts=ctx.task.hosts, headers=headers, data=data, timeout=timeout, on_blocked=record)

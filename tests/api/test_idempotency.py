@@ -17,8 +17,8 @@ from boxsite.models import IdempotencyKey
 from schedules.models import Schedule, Trigger
 from schedules.system import run_job
 from tasks.models import Task
-from tests.api.conftest import box_schema
 from tests.conftest import Box, queue_through_the_cluster, wait_for
+from tests.schema_check import box_schema
 
 TASK = {"title": "summarise", "prompt": "summarise the notes"}
 SCHEDULE = {"name": "nightly", "intervalSeconds": 3600, "template": {"title": "t", "prompt": "p"}}

@@ -16,9 +16,9 @@ from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
-from tests.api.conftest import Schema
 from tests.conftest import Box, wait_for
 from tests.factories import flow
+from tests.schema_check import Schema
 
 GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
                {"run": "true"})
@@ -238,6 +238,25 @@ def test_timestamps_are_date_times_and_states_are_enums(schema: Schema) -> None:
     assert schemas["TaskView"]["properties"]["step"]["type"] == "string"
     steps = schemas["TaskView"]["properties"]["flow"]["anyOf"][0]["properties"]["steps"]["items"]["oneOf"]
     assert {next(iter(s["required"])) for s in steps} >= {"run", "write", "http", "ask", "approve"}
+
+
+def test_an_events_data_is_held_to_the_shape_of_its_kind(schema: Schema) -> None:
+    event = Draft202012Validator({"$ref": "#/components/schemas/Event", "components": schema.document["components"]})
+
+    def problems(kind: str, data: dict[str, Any]) -> list[str]:
+        shown = {"id": 1, "seq": 1, "kind": kind, "summary": "", "data": data, "costCents": 0, "artifacts": None,
+                 "createdAt": "2026-01-01T00:00:00+00:00"}
+        return [e.message for e in event.iter_errors(shown)]
+
+    result = {"step": 2, "of": 3, "kind": "run", "ok": True, "startedAt": "2026-01-01T00:00:00+00:00", "durationMs": 5}
+    assert problems("step_result", {**result, "exitCode": 0}) == []  # a step's evidence adds its own keys
+    assert problems("step_result", {k: v for k, v in result.items() if k != "ok"}) != []
+    assert problems("step_result", {**result, "durationMs": "5"}) != []
+    assert problems("blocked_connection", {"host": "example.com", "port": 443, "reason": "not listed", "via": "egress proxy"}) == []
+    assert problems("blocked_connection", {"host": "example.com", "port": 443, "reason": "not listed"}) != []
+    assert problems("approval", {"approval": 1, "kind": "spending", "amount_cents": 5, "secret": "x"}) != []  # closed
+    assert problems("tool_call", {"tool": "http.request", "args": {}, "refused": 3}) != []
+    assert problems("note", {"anything": ["the noted thing's own"]}) == []
 
 
 def test_the_schema_is_served_to_a_client_that_asks_for_plain_json(box: Box) -> None:

@@ -1,21 +1,39 @@
-"""Every JSON answer an API test gets is checked against the schema: the status must be one the
-operation declares, and the body must validate against what it declares for that status. So the
-schema is held not only to the representative calls of ``test_schema.py`` but to every response
-of this directory's tests (the fuzzer's refusals included)."""
+"""Every JSON answer the API gives a test is checked against the schema: the status must be one
+the operation declares, and the body must validate against what it declares for that status. So
+the schema is held not only to the representative calls of ``tests/api/test_schema.py`` but to
+every response any test of the suite sees through Django's test client, or through a live
+server whose handler is built while a test runs (the fuzzer's refusals, a hostile input's
+error, every event kind a task's log shows). ``tests/conftest.py`` loads the fixture for the
+whole suite. The ASGI application is built when ``boxsite.asgi`` is imported, before any test's
+settings, so what a test sends through it directly (``tests/test_web_handler.py``) is not seen:
+those tests assert their own answers.
+
+It stays cheap: a test that makes no API call costs one middleware in the chain; the schema is
+built once per test process, on the first check, and each (operation, status) gets one compiled
+validator, kept for the process."""
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 from django.http import HttpRequest, HttpResponse
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker
 
 RECORDED: list[tuple[str, str, int, Any]] = []
+
+# A timestamp the schema declares ``date-time`` must be one, with its offset (RFC 3339).
+FORMATS = FormatChecker(formats=())
+
+
+@FORMATS.checks("date-time", raises=ValueError)
+def _is_date_time(value: object) -> bool:
+    return not isinstance(value, str) or datetime.fromisoformat(value).tzinfo is not None
 
 
 def _segment_for(template: str) -> Any:
@@ -52,7 +70,8 @@ class Schema:
         key = (method.lower(), self.template_of(path), str(status))
         if key not in self.validators:
             schema = responses[str(status)]["content"]["application/json"]["schema"]
-            self.validators[key] = Draft202012Validator({**schema, "components": self.document["components"]})
+            self.validators[key] = Draft202012Validator({**schema, "components": self.document["components"]},
+                                                          format_checker=FORMATS)
         errors = sorted(self.validators[key].iter_errors(body), key=lambda e: list(e.path))
         assert not errors, f"{method} {path} {status}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
 
@@ -94,9 +113,11 @@ class RecordResponses:
 
 @pytest.fixture(autouse=True)
 def responses_match_the_schema(settings: Any) -> Iterator[None]:
-    settings.MIDDLEWARE = ["tests.api.conftest.RecordResponses", *settings.MIDDLEWARE]
+    settings.MIDDLEWARE = [f"{__name__}.RecordResponses", *settings.MIDDLEWARE]
     RECORDED.clear()
     yield
+    if not RECORDED:
+        return
     schema, problems = box_schema(), []
     for method, path, status, body in RECORDED:
         if path.startswith("/api/schema/") or not schema.declares(method, path):
