@@ -137,9 +137,6 @@ def _secret_forms(value: str) -> set[str]:
     return {f for f in forms if len(f) >= _MIN_SECRET_LEN}
 
 
-_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?([+-]\d{2}:\d{2}|Z)")
-
-
 @dataclass
 class Redactor:
     """Masks a fixed set of secret values. Build one per task with ``Facts.redactor()``.
@@ -169,11 +166,12 @@ class Redactor:
         return mask_cards(text)
 
     def redact(self, value: Any) -> Any:
-        """``value`` with every string in it masked, except whole timestamps: the box writes
-        them, they carry no secret, and a short secret (a card's CVV, a year) found in one
-        would leave a value no client can read as a time."""
+        """``value`` with every string in it masked, timestamps too: a task can write a string
+        shaped as a time, and a short secret (a PIN, a year) inside one would otherwise leave
+        the log unmasked. A timestamp a short secret happens to collide with shows its
+        placeholder."""
         if isinstance(value, str):
-            return value if _TIMESTAMP.fullmatch(value) else self.text(value)
+            return self.text(value)
         if isinstance(value, Mapping):
             return {self.text(str(k)): self.redact(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
