@@ -296,8 +296,11 @@ class Facts:
     def with_vault(self, names: Iterable[str]) -> Facts:
         """These facts and the vault secrets ``names`` (those the vault holds), all secret: a run's
         values for ``${NAME}``. Only a run holds them; nothing stores them in the task."""
+        wanted = [n for n in names if n not in self.values]
+        if not wanted:
+            return self  # most tasks list none: the vault is not read
         vault = vault_values()
-        given = {n: vault[n] for n in names if n in vault and n not in self.values}
+        given = {n: vault[n] for n in wanted if n in vault}
         if not given:
             return self
         return Facts({**self.values, **given}, self.secret_names | frozenset(given))
