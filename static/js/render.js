@@ -157,7 +157,8 @@ function decisionButtons(approval, version, onDone, big) {
   const decide = async (verb, button) => {
     button.disabled = true;
     try {
-      await api("POST", `/api/approvals/${approval.id}/${verb}`, version ? { version } : {});
+      const v = current(version);
+      await api("POST", `/api/approvals/${approval.id}/${verb}`, v ? { version: v } : {});
       say(verb === "approve" ? `Approved: ${approval.summary}` : `Denied: ${approval.summary}`);
       onDone?.();
     } catch (err) {
@@ -233,6 +234,10 @@ export function shotThumbs(artifacts) {
   return images.length ? el("div", { class: "shots" }, images.map((a) => shotThumb(a.url, shotLabel(a.name)))) : null;
 }
 
+// A card's version may be a function: read when the owner presses the button, so a card that
+// stays up while the task moves on answers the version the task has then.
+const current = (version) => (typeof version === "function" ? version() : version);
+
 export function approvalCard(approval, { version, onDone, showTask = false, big = false } = {}) {
   const task = approval.taskView;
   const rest = Object.fromEntries(Object.entries(approval.detail ?? {}).filter(([key]) => !SHOWN_DETAIL.has(key)));
@@ -299,7 +304,8 @@ export function questionCard(question, { version, onDone, showTask = false, big 
       : fields.length
         ? { inputs: Object.fromEntries(fields.map((f) => [f.name, String(data.get(f.name) ?? "")])) }
         : { answer: String(data.get("answer") ?? "") };
-    if (version ?? task?.version) body.version = version ?? task.version;
+    const v = current(version) ?? task?.version;
+    if (v) body.version = v;
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;
     try {

@@ -156,14 +156,14 @@ function renderBlockers() {
   const box = $("blockers");
   const approvals = (task.approvals ?? []).filter((a) => a.state === "pending");
   const questions = (task.questions ?? []).filter((q) => q.state === "open");
-  // Drawn again only when the open cards (or the version they answer) changed: a live frame
-  // about the same wait must not wipe what the owner is typing into a question's fields.
-  const key = JSON.stringify([task.version, approvals.map((a) => a.id), questions.map((q) => q.id)]);
+  // Drawn again only when the open cards changed: a new version of the same wait (the run parks
+  // the task after it asked) must not wipe what the owner is typing into a question's fields.
+  const key = JSON.stringify([approvals.map((a) => a.id), questions.map((q) => q.id)]);
   if (key === blockersShown) return;
   blockersShown = key;
   const cards = [
-    ...approvals.map((a) => approvalCard(a, { version: task.version, onDone: () => refresh() })),
-    ...questions.map((q) => questionCard(q, { version: task.version, onDone: () => refresh() })),
+    ...approvals.map((a) => approvalCard(a, { version: () => task.version, onDone: () => refresh() })),
+    ...questions.map((q) => questionCard(q, { version: () => task.version, onDone: () => refresh() })),
   ];
   put(box, ...(cards.length ? [el("h2", {}, "Waiting for you"), ...cards] : []));
 }
