@@ -231,6 +231,7 @@ class BlockedConnectionData(TypedDict):
     port: NotRequired[int]
     url: NotRequired[str]
     origin: NotRequired[str]
+    redirect: NotRequired[bool]  # the browser refused a hop of a redirect
 
 
 class OutputData(TypedDict, total=False):

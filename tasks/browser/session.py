@@ -182,9 +182,10 @@ class BrowserSession:
         self.browser = self.playwright.chromium.connect_over_cdp(url, timeout=START_TIMEOUT_S * 1000)
         self.context = self.browser.contexts[0] if self.browser.contexts else self.browser.new_context()
         self.context.set_default_timeout(15_000)
-        allowed = origins.allowed_list(self.ctx.task.constraints)
-        if allowed:
-            self.context.route("**/*", self._check_origin)
+        # A page's service worker would fetch and answer on its own, out of this session's sight.
+        self.context.add_init_script(_NO_SERVICE_WORKERS)
+        if origins.allowed_list(self.ctx.task.constraints):
+            self._guard_origins(self.browser)
         self._page = self.context.pages[0] if self.context.pages else self.context.new_page()
 
     # -- parking across a pause ----------------------------------------------------------------
@@ -405,14 +406,29 @@ class BrowserSession:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _check_origin(self, route: Any) -> None:
-        request = route.request
-        if request.resource_type != "document" or origins.allowed(request.url, self.ctx.task.constraints):
-            route.continue_()
-            return
-        self.blocked.append({"url": request.url[:500], "origin": origins.origin_of(request.url),
-                             "reason": "not in constraints.origins", "via": "browser"})
-        route.abort("blockedbyclient")
+    def _guard_origins(self, browser: Browser) -> None:
+        """Hold every document request of the whole browser (each page, popup and frame, and each
+        hop of a redirect) to ``constraints.origins``. DevTools' Fetch domain on the browser target
+        pauses them before they are sent; unlike Playwright's routing it leaves the HTTP cache on
+        and sees redirect hops."""
+        cdp = browser.new_browser_cdp_session()
+
+        def paused(event: dict[str, Any]) -> None:
+            url = str(event["request"]["url"])
+            if origins.allowed(url, self.ctx.task.constraints):
+                cdp.send("Fetch.continueRequest", {"requestId": event["requestId"]})
+                return
+            self.blocked.append({"url": url[:500], "origin": origins.origin_of(url), "reason": "not in constraints.origins",
+                                 "via": "browser", **({"redirect": True} if event.get("redirectedRequestId") else {})})
+            cdp.send("Fetch.failRequest", {"requestId": event["requestId"], "errorReason": "BlockedByClient"})
+
+        cdp.on("Fetch.requestPaused", paused)
+        cdp.send("Fetch.enable", {"patterns": [{"urlPattern": "*", "resourceType": "Document", "requestStage": "Request"}]})
+
+
+_NO_SERVICE_WORKERS = """(() => {
+    try { delete Navigator.prototype.serviceWorker; } catch (e) {}
+})();"""
 
 
 # -- the record of a parked browser ---------------------------------------------------------------

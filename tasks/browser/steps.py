@@ -9,7 +9,8 @@ before and after it acted and the page's accessibility snapshot it acted on (art
 URL, title and the element it chose (the result event). A field holding a secret fact is
 transparent in every screenshot, and the snapshot passes the task's redactor.
 
-Payment pages are recognised here (a card field, a control that pays): ``PaymentStop`` and
+A control that would complete a purchase, and card data typed anywhere, are guarded here (the
+signals live in ``tasks.browser.payment``): ``PaymentStop`` and
 ``tasks.tools.registry.NeedsApproval`` go up to the flow worker, which pauses.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page
 
 from boxsite.core.cards import looks_like_card
-from tasks.browser import origins
+from tasks.browser import origins, payment
 from tasks.browser.kinds import ACTING, DEFAULT_TIMEOUT_S, KINDS, PaymentStop
 from tasks.browser.session import BrowserSession
 from tasks.models import EventKind
@@ -42,9 +43,6 @@ PAGE_TEXT_CHARS = 20_000
 SECRET_MARK = "data-box-secret"
 # A secret field is drawn empty: its text and caret transparent (the field itself stays).
 _MASK_CSS = f"[{SECRET_MARK}] {{ color: transparent !important; text-shadow: none !important; caret-color: transparent !important; }}"
-_PAYS = re.compile(r"\b(pay( now)?|place (your )?order|purchase|buy now|complete (the )?(purchase|order|payment)|"
-                   r"confirm (and )?pay|submit payment|checkout and pay)\b", re.I)
-_CARD_FIELD = r"card.?num|cc-?num|cardnumber|\bcvv|\bcvc|security.?code|expir|\bexp\b|card.?holder|name.?on.?card"
 
 
 @dataclass
@@ -106,6 +104,7 @@ def _acting(call: Call) -> tuple[Any, Evidence]:
     before = _capture(call, "before", evidence, snapshot=True)
     result: Any = None
     element: dict[str, Any] = {}
+    refused_before = len(call.session.blocked)
     try:
         if call.kind == "browse":
             result, element = _browse(call, url), {}
@@ -120,18 +119,44 @@ def _acting(call: Call) -> tuple[Any, Evidence]:
         else:
             result, element = _pick(call, evidence)
         _settle(call)
+        _hold_origins(call, refused_before)
     except StepFailed as exc:
         exc.evidence = _merge(evidence, exc.evidence, element)
         _capture(call, "after", exc.evidence)
         exc.evidence.data.update(_where(call.page))
         raise
     except PlaywrightError as exc:
-        failure = _failure(call, _playwright_message(exc))
+        refused = _refused_since(call, refused_before)
+        failure = refused or _failure(call, _playwright_message(exc))
         failure.evidence = _merge(evidence, failure.evidence, element)
         raise failure from exc
     _capture(call, "after", evidence)
     evidence.data.update({**before, **_where(call.page), **({"element": element} if element else {})})
     return result, evidence
+
+
+def _refused_since(call: Call, mark: int) -> StepFailed | None:
+    """The step failure for a page the origin guard refused during this action (a redirect, a
+    link, a form that led to another site), or None."""
+    refused = call.session.blocked[mark:]
+    if not refused:
+        return None
+    first = refused[0]
+    how = "a redirect led" if first.get("redirect") else "the page tried to go"
+    return StepFailed(f"{how} to {first['origin']}, which is not in constraints.origins; that page was not opened",
+                      evidence=Evidence({"refused": first["url"]}))
+
+
+def _hold_origins(call: Call, mark: int) -> None:
+    """After an action: the page is on an allowed site (or on the error page of a navigation the
+    guard refused, which is this step's failure)."""
+    main_refused = call.page.url.startswith("chrome-error:")
+    refused = _refused_since(call, mark) if main_refused else None
+    if refused is not None:
+        raise refused
+    if not origins.allowed(call.page.url, call.ctx.task.constraints):
+        raise StepFailed(f"the page is on {origins.origin_of(call.page.url)}, which is not in constraints.origins",
+                         evidence=Evidence({"refused": call.page.url[:500]}))
 
 
 def _browse(call: Call, url: str) -> dict[str, Any]:
@@ -149,8 +174,7 @@ def _fill(call: Call, evidence: Evidence) -> tuple[Any, dict[str, Any]]:
     element = describe(target)
     text = "" if call.value["value"] is None else str(call.value["value"])
     secret = _holds_secret(call, text)
-    if secret or _is_card_field(element) and text:
-        _guard_payment_fill(call, element, evidence)
+    _guard_payment_fill(call, element, text, secret, evidence)
     if secret:
         target.evaluate(f"e => e.setAttribute('{SECRET_MARK}', '')")
     if element.get("tag") == "select":
@@ -443,34 +467,6 @@ def _holds_secret(call: Call, text: str) -> bool:
     return any(s in text for s in secrets) or looks_like_card(text)
 
 
-def _is_card_field(element: dict[str, Any]) -> bool:
-    if str(element.get("autocomplete", "")).startswith("cc-"):
-        return True
-    words = " ".join(str(element.get(k, "")) for k in ("id", "name", "label", "ariaLabel", "placeholder"))
-    return re.search(_CARD_FIELD, words, re.I) is not None
-
-
-def is_payment_page(page: Page) -> bool:
-    found: bool = page.evaluate(
-        """(pattern) => {
-            const re = new RegExp(pattern, 'i');
-            return Array.from(document.querySelectorAll('input, select')).some(e => {
-                if ((e.getAttribute('autocomplete') || '').startsWith('cc-')) return true;
-                const label = e.labels && e.labels.length ? e.labels[0].innerText : '';
-                const words = [e.id, e.name, e.getAttribute('placeholder'), e.getAttribute('aria-label'), label].join(' ');
-                return re.test(words);
-            });
-        }""",
-        _CARD_FIELD,
-    )
-    return found
-
-
-def _pays(element: dict[str, Any]) -> bool:
-    words = " ".join(str(element.get(k, "")) for k in ("text", "ariaLabel", "name", "id"))
-    return _PAYS.search(words) is not None
-
-
 def _mode(call: Call) -> str:
     return str(call.ctx.task.constraints.get("payment", "stop_at_payment"))
 
@@ -478,28 +474,41 @@ def _mode(call: Call) -> str:
 def _guard_payment_click(call: Call, target: Locator, element: dict[str, Any], evidence: Evidence) -> None:
     """In front of a control that pays: stop (``stop_at_payment``), or ask the owner and press
     only with their OK (``fill_then_approve``)."""
-    if not (_pays(element) and is_payment_page(call.page)):
+    signals = payment.stops_before(call.page, element)
+    if signals is None:
         return
     here = origins.origin_of(call.page.url)
     label = element.get("text") or element.get("ariaLabel") or "the control that pays"
+    evidence.data["payment"] = signals
     if _mode(call) != "fill_then_approve":
-        raise PaymentStop(f"a payment page on {here}: paying is for a person; this task stops in front of '{label}'", evidence)
+        raise PaymentStop(f"a payment page on {here} ({', '.join(signals)}): paying is for a person; "
+                          f"this task stops in front of '{label}'", evidence)
     if not origins.named(call.page.url, call.ctx.task.constraints):
         raise StepFailed(f"{here} is not named in constraints.origins; the box pays only where the caller said")
     if call.approved:
         return
     raise NeedsApproval(ApprovalKind.PAYMENT, f"press '{label}' on {here} to pay",
                         guard={"kind": "click", "origin": here},
-                        detail={"action": "pay", "origin": here, "url": call.page.url, "control": element})
+                        detail={"action": "pay", "origin": here, "url": call.page.url, "control": element, "signals": signals})
 
 
-def _guard_payment_fill(call: Call, element: dict[str, Any], evidence: Evidence) -> None:
-    """Card details are typed only in ``fill_then_approve``, and only on an origin the caller named."""
+def _guard_payment_fill(call: Call, element: dict[str, Any], text: str, secret: bool, evidence: Evidence) -> None:
+    """Card data (a card field, or a card-looking number in any field) is typed only in
+    ``fill_then_approve``, and only on an origin the caller named. Another secret (a password)
+    stops only on a page with card fields or a payment provider's frame."""
+    if not text:
+        return
+    card = looks_like_card(text) or payment.looks_like_card_field(element)
+    if not card:
+        if not secret:
+            return
+        paying = [s for s in payment.page_signals(call.page) if "card" in s or "frame" in s]
+        if not paying:
+            return
+        evidence.data["payment"] = paying
     here = origins.origin_of(call.page.url)
-    if not (_is_card_field(element) or is_payment_page(call.page)):
-        return  # a secret that is not a card detail (a password) on a page that is not for paying
     if _mode(call) != "fill_then_approve":
-        raise PaymentStop(f"a payment form on {here}: the box types no card details in stop_at_payment; a person pays", evidence)
+        raise PaymentStop(f"card details on {here}: the box types no card details in stop_at_payment; a person pays", evidence)
     if not origins.named(call.page.url, call.ctx.task.constraints):
         raise StepFailed(f"{here} is not named in constraints.origins: card details are typed only on the sites the caller named")
 

@@ -44,6 +44,26 @@ PAY = """<h1>Payment</h1>
   <button type=submit>Pay now</button>
 </form>"""
 
+# Checkouts as real shops build them: the card fields in a provider's frame on another origin, a
+# saved-card review page with no card field at all, and checkouts in French and German.
+CARD_FRAME = """<label for=n>Card number</label> <input id=n name=number autocomplete=cc-number>
+<label for=e>MM / YY</label> <input id=e name=exp autocomplete=cc-exp>"""
+FRAMED = """<h1>Checkout</h1><p>Delivery to 1 High Street</p>
+<form method=post action=/framed><iframe title="Secure payment input" src="{frame}"></iframe>
+<button type=submit>Confirm</button></form>"""
+REVIEW = """<h1>Review your order</h1><p>Deliver to: 1 High Street</p><p>Visa ending in 4242</p>
+<p>Order total: $42.00</p><form method=post action=/review><button type=submit>Book now</button></form>"""
+FRENCH = """<h1>Paiement</h1><p>Total à payer : 12,00 €</p>
+<form method=post action=/fr><button type=submit>Payer</button></form>"""
+GERMAN = """<h1>Bestellung überprüfen</h1><p>Gesamtsumme: 12,00 €</p>
+<form method=post action=/de><button type=submit>Zahlungspflichtig bestellen</button></form>"""
+NOTE = """<h1>Leave a note</h1><form method=post action=/note><label for=ref>Reference</label> <input id=ref name=ref>
+<button type=submit>Save</button></form>"""
+# A page that links elsewhere, one that says whether it may register a service worker, and one
+# whose script may be cached for an hour.
+AWAY = """<h1>Leaving</h1><a href="{to}">Go on</a>"""
+WORKER = """<h1 id=sw>?</h1><script>document.getElementById('sw').innerText = 'serviceWorker' in navigator ? 'can register' : 'none';</script>"""
+CACHED = """<h1 id=c>?</h1><script src=/cached.js></script>"""
 
 # A site that remembers who signed in, in a cookie (a persistent one) and in local storage.
 SIGNED_IN = """<h1>Welcome</h1><script>localStorage.setItem('greeting', 'hello again');</script>"""
@@ -65,7 +85,9 @@ class Site:
 
 def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
     pages = {"/shop": ("Shop", SHOP), "/form": ("Form", FORM), "/login": ("Sign in", LOGIN),
-             "/captcha": ("Check", CAPTCHA), "/otp": ("Code", OTP), "/pay": ("Pay", PAY)}
+             "/captcha": ("Check", CAPTCHA), "/otp": ("Code", OTP), "/pay": ("Pay", PAY),
+             "/card-frame": ("Card", CARD_FRAME), "/review": ("Review", REVIEW), "/fr": ("Paiement", FRENCH),
+             "/de": ("Kasse", GERMAN), "/note": ("Note", NOTE), "/worker": ("Worker", WORKER), "/cached": ("Cached", CACHED)}
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: str, kind: str = "text/html; charset=utf-8") -> None:
@@ -97,6 +119,25 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
                 cookies = dict(c.strip().split("=", 1) for c in (self.headers.get("Cookie") or "").split(";") if "=" in c)
                 who = f"Signed in as {cookies['session']}" if "session" in cookies else "Not signed in"
                 self._send(200, PAGE.format(title="Account", body=ACCOUNT.format(who=who)))
+            elif path == "/framed":
+                frame = parse_qs(query).get("frame", [""])[0]
+                self._send(200, PAGE.format(title="Checkout", body=FRAMED.format(frame=frame)))
+            elif path == "/away":
+                to = parse_qs(query).get("to", ["/"])[0]
+                self._send(200, PAGE.format(title="Away", body=AWAY.format(to=to)))
+            elif path == "/cached.js":
+                data = b"document.getElementById('c').innerText = 'script ran';"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/javascript")
+                self.send_header("Cache-Control", "public, max-age=3600")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            elif path == "/to":
+                self.send_response(302)
+                self.send_header("Location", parse_qs(query).get("url", ["/"])[0])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
             elif path == "/chosen":
                 name = parse_qs(query).get("name", [""])[0]
                 self._send(200, PAGE.format(title="Chosen", body=f"<h1>You chose {name}</h1>"))
