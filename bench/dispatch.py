@@ -329,7 +329,7 @@ def print_phases(title: str, tables: dict[str, list[tuple[str, float]]]) -> None
 
 # The two floors the overhead is measured against: the design's (a task's own user made and
 # removed by the system's tools, as a sandbox without a pool pays it) and the pool's (a claim,
-# what this box pays per task instead). docs/internals/decisions.md says why both are printed.
+# what this box pays per task instead). docs/internals/decisions-performance.md#performance says why both are printed.
 FLOORS = {"design's floor (unshare + mount + useradd/userdel)": ("unshare", "overlay mount", "user made (useradd + userdel)"),
           "pool floor (unshare + mount + pool claim)": ("unshare", "overlay mount", "user claim")}
 

@@ -139,7 +139,7 @@ if DATABASE_URL:
     # A connection the database dropped (a restart, a terminated backend) is replaced before use.
     _db["CONN_HEALTH_CHECKS"] = True
     # Every commit waits for PostgreSQL to flush its log to disk unless the owner chooses
-    # otherwise (docs/internals/decisions.md, Performance): without the flush, a crash of the server alone
+    # otherwise (docs/internals/decisions-performance.md#performance): without the flush, a crash of the server alone
     # may lose a run's claim while the worker that made it runs on.
     if not env_bool("BOX_DB_SYNCHRONOUS_COMMIT", True):
         # libpq's ``options`` replaces its PGOPTIONS variable, and DATABASE_URL may have set it
@@ -208,7 +208,7 @@ Q_CLUSTER: dict[str, object] = {
 # machine) would be cut, the pop sent again and, after redis-py's retries, the consumer would
 # end, and with it the page's live stream. Reads get this long instead; the layer's connections
 # keep a cancellation that Python 3.11's wait_for swallows, which with reads this long nothing
-# else ends (docs/internals/decisions.md, "Portal, phone and live streams").
+# else ends (docs/internals/decisions-isolation.md#portal-phone-and-live-streams).
 LIVE_REDIS_READ_TIMEOUT_S = 30.0
 LIVE_REDIS_CONNECT_TIMEOUT_S = 5.0
 
