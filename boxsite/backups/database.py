@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -88,7 +89,7 @@ def _pg_dbname() -> str:
 
 def _pg_env() -> dict[str, str]:
     """libpq's own variables for the configured database, so no password is on a command line."""
-    db = settings.DATABASES["default"]
+    db: dict[str, Any] = dict(settings.DATABASES["default"])
     env = dict(os.environ)
     for key, name in (("HOST", "PGHOST"), ("PORT", "PGPORT"), ("USER", "PGUSER"), ("PASSWORD", "PGPASSWORD")):
         if db.get(key):
