@@ -43,7 +43,7 @@ def top_level(data: Path) -> Iterator[Path]:
     skip = database_files()
     for entry in sorted(os.scandir(data), key=lambda e: e.name):
         path = Path(entry.path)
-        if entry.name in RUNNING_STATE or entry.name == "layers" or path in skip:
+        if entry.name in RUNNING_STATE or entry.name in ("layers", "flats") or path in skip:
             continue
         if entry.name.startswith(("test.sqlite3", ".")):  # a test run's database; temporary files
             continue
@@ -62,9 +62,21 @@ def layers(data: Path) -> Iterator[LayerDir]:
             yield LayerDir(entry.name, Path(entry.path))
 
 
+def flats(data: Path) -> Iterator[tuple[int, Path]]:
+    """Each workspace's compacted layers (``flats/<workspace id>/``)."""
+    try:
+        entries = sorted(os.scandir(data / "flats"), key=lambda e: e.name)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
+            yield int(entry.name), Path(entry.path)
+
+
 def walk(top: Path, *, skip_in_top: frozenset[str] = frozenset()) -> Iterator[Path]:
-    """``top`` and everything under it, parents before children, symlinks not followed; a file
-    that vanishes meanwhile is not an error (the box goes on while it is backed up)."""
+    """``top`` and everything under it, parents before children, symlinks not followed, and
+    nothing whose name starts with a dot at ``top``'s own level when ``skip_in_top`` holds ".";
+    a file that vanishes meanwhile is not an error (the box goes on while it is backed up)."""
     yield top
     if not top.is_dir() or top.is_symlink():
         return
@@ -76,7 +88,7 @@ def walk(top: Path, *, skip_in_top: frozenset[str] = frozenset()) -> Iterator[Pa
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in reversed(entries):
-            if entry.name in skip:
+            if entry.name in skip or ("." in skip and entry.name.startswith(".")):
                 continue
             path = Path(entry.path)
             yield path

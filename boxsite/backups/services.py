@@ -4,7 +4,7 @@ The order makes the copy consistent with the database: the tasks that have ended
 first, then the database snapshot is taken, then the files are copied. Every task that ended
 before the snapshot is final in it, and its layer no longer changes but by the owner's verbs
 and the retention sweep, which take the layer's lock: the backup holds that lock while it copies
-the layer. A task still active at the snapshot comes back as after a crash of the box at that
+the layer (and a workspace's lock while it copies its compacted layers, which are swept under it). A task still active at the snapshot comes back as after a crash of the box at that
 moment: its layer is copied as it stands while the copy passes (a disk-limited task's changes
 so far stay in its image and are not copied), and the restored box's recovery runs it again.
 """
@@ -23,7 +23,7 @@ from django.db.migrations.recorder import MigrationRecorder
 
 from boxsite.backups import archive, database, datadir
 from boxsite.core import beats
-from tasks.layers.locks import layer_lock
+from tasks.layers.locks import layer_lock, workspace_lock
 from tasks.models import Task
 from tasks.states import FINAL
 from tasks.vault import crypto
@@ -78,6 +78,11 @@ def take_backup(output: Path) -> BackupTaken:
         writer.add_path(archive.DATA, data)
         for top in datadir.top_level(data):
             writer.add_tree(datadir.walk(top), data)
+        # A workspace's flats are swept under its lock; one being built (a dot) is not whole yet.
+        writer.add_path(f"{archive.DATA}/flats", data / "flats")
+        for workspace_id, path in datadir.flats(data):
+            with workspace_lock(workspace_id):
+                writer.add_tree(datadir.walk(path, skip_in_top=frozenset({"."})), data)
         writer.add_path(f"{archive.DATA}/layers", data / "layers")
         count = active = 0
         for layer in datadir.layers(data):
