@@ -367,10 +367,14 @@ LOGIN_URL = "/login"
 # BOX_SIGNIN_LOCKOUT_SECONDS; an address is locked at 4x (any names), a name at 10x (any address).
 BOX_SIGNIN_MAX_FAILURES = env_int("BOX_SIGNIN_MAX_FAILURES", 5, minimum=1)
 BOX_SIGNIN_LOCKOUT_SECONDS = env_int("BOX_SIGNIN_LOCKOUT_SECONDS", 900, minimum=1)
-# In production the box sits behind a TLS-terminating proxy (daphne speaks plain HTTP): trust its
-# X-Forwarded-Proto to know a request came over HTTPS, and tell browsers to use HTTPS only.
-# BOX_HSTS_SECONDS=0 turns HSTS off explicitly (while moving a box to its final name).
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BOX_PRODUCTION else None
+# Behind a TLS-terminating proxy (daphne speaks plain HTTP; deploy/Caddyfile) the box trusts the
+# proxy's X-Forwarded-Proto to know a request came over HTTPS, and the address it appended last to
+# X-Forwarded-For as the client's (boxsite.core.signin). Only a box whose port nothing but the
+# proxy reaches may trust them: anyone else could claim any address. On in production, which
+# also tells browsers to use HTTPS only; BOX_HSTS_SECONDS=0 turns HSTS off explicitly (while
+# moving a box to its final name).
+BOX_TRUSTED_PROXY = env_bool("BOX_TRUSTED_PROXY", BOX_PRODUCTION)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BOX_TRUSTED_PROXY else None
 SECURE_HSTS_SECONDS = env_int("BOX_HSTS_SECONDS", 31536000 if BOX_PRODUCTION else 0, minimum=0)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
