@@ -1,7 +1,7 @@
 """Consequential actions: the one writer of ``Action`` and ``ActionDay`` rows.
 
 A call that acts for good (a tool marked irreversible, a flow's ``http`` step with
-``stop_before``) is an action (docs/architecture.md#consequential-actions):
+``stop_before``) is an action (docs/internals/task-graph.md#consequential-actions):
 
 1. ``propose`` finds it by its idempotency key (task, position, real arguments) or creates it,
    with its arguments redacted and a snapshot of the task's version and the policy that lets it

@@ -10,7 +10,7 @@ none remains (``resume_if_clear``).
 
 What the owner may decide, and how a body is checked, is ``approvals.services``; moving the task
 is ``tasks.services``. ``tasks``, below this app, reaches it through ``tasks.pauses.blockers()``.
-See "A pause's life" in docs/architecture.md.
+See docs/internals/approvals.md#a-pauses-life.
 """
 from __future__ import annotations
 

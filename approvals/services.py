@@ -145,7 +145,7 @@ def answer_question(principal: Principal, question_id: int | str, body: Any) -> 
 
 
 def continue_task(principal: Principal, task_id: str, body: Any) -> Task:
-    """Answer what a waiting task asked for (docs/architecture.md#a-pauses-life).
+    """Answer what a waiting task asked for (docs/internals/approvals.md#a-pauses-life).
 
     ``input``: ``{"inputs": {...}}`` merges the values, checks everything again (a value may make
     a name secret) and asks again for what is still missing, or goes on. ``approval`` and a

@@ -4,7 +4,7 @@ and flow steps per second within one task.
 The box runs with its default queue poll, so the figures are what a default box gives.
 
 Runs a real box (daphne + qcluster + scheduler) for the embedded default and for
-PostgreSQL + Redis, and prints the figures beside the targets in docs/performance.md.
+PostgreSQL + Redis, and prints the figures beside the targets in docs/internals/performance.md.
 Usage: .venv/bin/python bench/dispatch.py [--latency N] [--throughput N] [--steps N] [--chain N]
 [--configs embedded,pg] [--skip-chain] [--workers N] [--rounds N]
 Also the chained case: N trivial tasks chained by ``dependsOn`` (all posted at once), end to end,
@@ -329,7 +329,7 @@ def print_phases(title: str, tables: dict[str, list[tuple[str, float]]]) -> None
 
 # The two floors the overhead is measured against: the design's (a task's own user made and
 # removed by the system's tools, as a sandbox without a pool pays it) and the pool's (a claim,
-# what this box pays per task instead). docs/decisions.md says why both are printed.
+# what this box pays per task instead). docs/internals/decisions-performance.md#performance says why both are printed.
 FLOORS = {"design's floor (unshare + mount + useradd/userdel)": ("unshare", "overlay mount", "user made (useradd + userdel)"),
           "pool floor (unshare + mount + pool claim)": ("unshare", "overlay mount", "user claim")}
 

@@ -1,7 +1,7 @@
 """Memory of a running box, and paging a 10,000-event task log.
 
 A real box (daphne + the worker cluster as ``runbox`` starts it + scheduler), on the embedded
-default and on PostgreSQL + Redis. For each it prints, beside the targets of docs/performance.md:
+default and on PostgreSQL + Redis. For each it prints, beside the targets of docs/internals/performance.md:
 
 - the web process's RSS after start, and after N API requests and N portal page loads;
 - each cluster worker's RSS, PSS and USS (``/proc/<pid>/smaps_rollup``) idle at start, and idle

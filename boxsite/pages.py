@@ -1,4 +1,4 @@
-"""The portal and phone pages (docs/portal.md): server-rendered shells that the API fills and the live
+"""The portal and phone pages (docs/guide/portal.md): server-rendered shells that the API fills and the live
 streams keep current. Pages only read; every change goes through the API (and its services)."""
 from __future__ import annotations
 

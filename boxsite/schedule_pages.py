@@ -1,4 +1,4 @@
-"""The owner's Schedules and Triggers pages (docs/portal.md): server-rendered shells that
+"""The owner's Schedules and Triggers pages (docs/guide/portal.md): server-rendered shells that
 ``static/js/schedules.js`` and ``static/js/triggers.js`` fill from the schedules API. Like every
 portal page they only read; each change is an API call. They sit behind ``login_required``, as
 settings does: a paired phone holds a device cookie, never a session, so it is sent to sign in."""

@@ -24,7 +24,7 @@ if BOX_DATA_DIR.exists() and not BOX_DATA_DIR.is_dir():
     raise ImproperlyConfigured(f"BOX_DATA_DIR={BOX_DATA_DIR} is not a directory: move what is there away, "
                                "or point BOX_DATA_DIR at a directory")
 BOX_DATA_DIR.mkdir(parents=True, exist_ok=True)
-# What belongs to this machine alone when several machines share BOX_DATA_DIR (docs/scaling.md):
+# What belongs to this machine alone when several machines share BOX_DATA_DIR (docs/internals/scaling.md):
 # task views, sandbox runtime directories, id-mapped mounts, the pool of task users. By default
 # the data directory itself (None: follow BOX_DATA_DIR).
 BOX_LOCAL_DIR = env_path("BOX_LOCAL_DIR", "") if env_str("BOX_LOCAL_DIR") else None
@@ -139,7 +139,7 @@ if DATABASE_URL:
     # A connection the database dropped (a restart, a terminated backend) is replaced before use.
     _db["CONN_HEALTH_CHECKS"] = True
     # Every commit waits for PostgreSQL to flush its log to disk unless the owner chooses
-    # otherwise (docs/decisions.md, Performance): without the flush, a crash of the server alone
+    # otherwise (docs/internals/decisions-performance.md#performance): without the flush, a crash of the server alone
     # may lose a run's claim while the worker that made it runs on.
     if not env_bool("BOX_DB_SYNCHRONOUS_COMMIT", True):
         # libpq's ``options`` replaces its PGOPTIONS variable, and DATABASE_URL may have set it
@@ -208,7 +208,7 @@ Q_CLUSTER: dict[str, object] = {
 # machine) would be cut, the pop sent again and, after redis-py's retries, the consumer would
 # end, and with it the page's live stream. Reads get this long instead; the layer's connections
 # keep a cancellation that Python 3.11's wait_for swallows, which with reads this long nothing
-# else ends (docs/decisions.md, "Portal, phone and live streams").
+# else ends (docs/internals/decisions-isolation.md#portal-phone-and-live-streams).
 LIVE_REDIS_READ_TIMEOUT_S = 30.0
 LIVE_REDIS_CONNECT_TIMEOUT_S = 5.0
 
@@ -254,7 +254,7 @@ BOX_BEAT_S = env_float("BOX_BEAT_S", 5.0)
 BOX_BEAT_STALE_S = env_float("BOX_BEAT_STALE_S", 30.0)
 # How long a thread of a box process keeps the GIL while another waits for it, in ms (Python's
 # default is 5). A worker's run and its janitor's release, or a request and the publisher, take
-# turns: a statement's reply waits up to this long before its thread runs again (docs/decisions.md).
+# turns: a statement's reply waits up to this long before its thread runs again (docs/internals/decisions.md).
 BOX_GIL_SWITCH_MS = env_float("BOX_GIL_SWITCH_MS", 1.0)
 if not 0 < BOX_GIL_SWITCH_MS <= 1000:
     raise ImproperlyConfigured(f"BOX_GIL_SWITCH_MS must be above 0 and at most 1000, not {BOX_GIL_SWITCH_MS}")
@@ -367,10 +367,14 @@ LOGIN_URL = "/login"
 # BOX_SIGNIN_LOCKOUT_SECONDS; an address is locked at 4x (any names), a name at 10x (any address).
 BOX_SIGNIN_MAX_FAILURES = env_int("BOX_SIGNIN_MAX_FAILURES", 5, minimum=1)
 BOX_SIGNIN_LOCKOUT_SECONDS = env_int("BOX_SIGNIN_LOCKOUT_SECONDS", 900, minimum=1)
-# In production the box sits behind a TLS-terminating proxy (daphne speaks plain HTTP): trust its
-# X-Forwarded-Proto to know a request came over HTTPS, and tell browsers to use HTTPS only.
-# BOX_HSTS_SECONDS=0 turns HSTS off explicitly (while moving a box to its final name).
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BOX_PRODUCTION else None
+# Behind a TLS-terminating proxy (daphne speaks plain HTTP; deploy/Caddyfile) the box trusts the
+# proxy's X-Forwarded-Proto to know a request came over HTTPS, and the address it appended last to
+# X-Forwarded-For as the client's (boxsite.core.signin). Only a box whose port nothing but the
+# proxy reaches may trust them: anyone else could claim any address. On in production, which
+# also tells browsers to use HTTPS only; BOX_HSTS_SECONDS=0 turns HSTS off explicitly (while
+# moving a box to its final name).
+BOX_TRUSTED_PROXY = env_bool("BOX_TRUSTED_PROXY", BOX_PRODUCTION)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BOX_TRUSTED_PROXY else None
 SECURE_HSTS_SECONDS = env_int("BOX_HSTS_SECONDS", 31536000 if BOX_PRODUCTION else 0, minimum=0)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"

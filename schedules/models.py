@@ -1,4 +1,4 @@
-"""Schedules and triggers (docs/schedules.md): fields and read-only questions. Changes live in services."""
+"""Schedules and triggers (docs/guide/schedules.md): fields and read-only questions. Changes live in services."""
 from __future__ import annotations
 
 from datetime import datetime

@@ -1,6 +1,6 @@
 """Task templates of schedules and triggers: checked when saved, filled in when they fire.
 
-A template is an ordinary task spec (docs/architecture.md#the-task-spec) without ``source`` (the box sets it). Facts a
+A template is an ordinary task spec (docs/internals/task-lifecycle.md#the-task-spec) without ``source`` (the box sets it). Facts a
 firing supplies (a webhook's payload, an arrived file's path) are added to the template's own
 facts; the template's facts win on a name clash, so a payload cannot override what the owner
 wrote. ``${name}`` in the title and prompt is filled from the non-secret facts when the task is

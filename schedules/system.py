@@ -1,4 +1,4 @@
-"""The box's own schedules (docs/schedules.md#built-in-schedules): jobs the box runs for itself,
+"""The box's own schedules (docs/guide/schedules.md#built-in-schedules): jobs the box runs for itself,
 kept as system schedules so they show on the Schedules page (built in, read-only, with attention
 when they keep failing) and fire through the same exactly-once tick as the owner's.
 

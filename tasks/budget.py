@@ -1,4 +1,4 @@
-"""Cost and budget (docs/architecture.md#facts-secrets-and-budgets): every paid call is admitted against ``budgetCents`` first.
+"""Cost and budget (docs/internals/approvals.md#facts-secrets-and-budgets): every paid call is admitted against ``budgetCents`` first.
 
 Admission is one transaction on the task's row: check the budget, count the call against its
 limit, and record the ``cost`` event (which adds to ``cost_cents``). A call that would cross the

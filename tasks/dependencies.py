@@ -1,4 +1,4 @@
-"""Dependency edges between tasks (docs/architecture.md#dependencies).
+"""Dependency edges between tasks (docs/internals/task-graph.md#dependencies).
 
 An edge says: ``task`` starts only once ``on`` has ended, and (when the edge is ``required``)
 ended the way its ``condition`` asks: ``success`` (done), ``completion`` (any final state) or

@@ -33,7 +33,7 @@ class Workspace(models.Model):
 
 
 class TaskQuerySet(models.QuerySet["Task"]):
-    """The one access rule (docs/decisions.md, "Who may see and act on a task").
+    """The one access rule (docs/internals/decisions.md#foundation, "Who may see and act on a task").
 
     The owner, signed in or with an API token, reaches every task of theirs; so does the box
     acting for them (schedules, triggers). A running task creating work (``tasks.tools.delegation``)

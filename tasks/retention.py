@@ -26,6 +26,7 @@ from django.utils import timezone
 from boxsite.models import BoxSettings
 from tasks.events import record_event
 from tasks.layers import paths
+from tasks.layers.locks import drop_layer_lock, layer_lock
 from tasks.models import EventKind, Run, Task, TaskEvent
 from tasks.run import artifacts, lifecycle
 from tasks.states import ACTIVE, FINAL, State
@@ -87,8 +88,12 @@ def _forget(task_id: str) -> bool:
         deleted, _ = Task.objects.filter(pk=task_id, state__in=FORGETTABLE).delete()
     if not deleted:
         return False
-    for directory in (paths.task_dir(task_id), paths.layer_dir(task_id)):
-        shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(paths.task_dir(task_id), ignore_errors=True)
+    # Under the layer's lock, as every other change of a layer: a backup copying it meanwhile
+    # (boxsite.backups) copies it whole, then it goes.
+    with layer_lock(task_id):
+        shutil.rmtree(paths.layer_dir(task_id), ignore_errors=True)
+    drop_layer_lock(task_id)
     artifacts.remove_artifacts(task_id)
     return True
 

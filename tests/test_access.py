@@ -1,4 +1,4 @@
-"""The one access rule, on every route and stream of a task (docs/decisions.md: "Who may see
+"""The one access rule, on every route and stream of a task (docs/internals/decisions.md: "Who may see
 and act on a task"): the owner reaches every task; a paired phone reaches the tasks it started,
 never a folder task, and answers the approvals and questions of its inbox."""
 from __future__ import annotations

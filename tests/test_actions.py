@@ -1,4 +1,4 @@
-"""Consequential actions (docs/architecture.md#consequential-actions): an http step with
+"""Consequential actions (docs/internals/task-graph.md#consequential-actions): an http step with
 stop_before or an irreversible tool goes through an action record, reaches its provider at most
 once, keeps a redacted receipt, waits for the owner when its outcome is unknown, and shows in
 GET /api/tasks/<id>/actions."""

@@ -1,4 +1,4 @@
-"""A commit's durability on PostgreSQL (docs/decisions.md, Performance): by default every commit
+"""A commit's durability on PostgreSQL (docs/internals/decisions-performance.md#performance): by default every commit
 waits for the server's log flush; ``BOX_DB_SYNCHRONOUS_COMMIT=0`` lets a commit go without it."""
 from __future__ import annotations
 

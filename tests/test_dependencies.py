@@ -1,4 +1,4 @@
-"""Dependencies (docs/architecture.md#dependencies): a task starts only when the tasks it depends
+"""Dependencies (docs/internals/task-graph.md#dependencies): a task starts only when the tasks it depends
 on allow it, fails with the reason when they never can, and sees their done layers."""
 from __future__ import annotations
 

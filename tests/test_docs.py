@@ -1,5 +1,5 @@
-"""The repository explains itself: code and docs point only at the project's own docs, and every
-link to a section of them lands on a heading that exists."""
+"""The repository explains itself: code and docs point only at the project's own docs, every
+link to a section of them lands on a heading that exists, and no page is too long to read."""
 from __future__ import annotations
 
 import os
@@ -10,11 +10,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SKIP_DIRS = {".git", ".venv", "var", "node_modules", "__pycache__"}
 TEXT_SUFFIXES = {".py", ".md", ".html", ".js", ".css", ".ini", ".txt"}
+MAX_WORDS = 5000
 
 # Spelled in pieces so this file does not match itself.
 OUTSIDE = re.compile("DESIG" + r"N\b|" + "shar" + r"ed/|\u00a7")
-# docs/<page>.md#anchor in code, (<page>.md#anchor) or (#anchor) in the docs themselves
-DOC_LINK = re.compile(r"(?:docs/)?([a-z_]+\.md)?#([a-z0-9-]+)")
+# In code: docs/<folder>/<page>.md#anchor, read from the repository's root.
+CODE_LINK = re.compile(r"\bdocs/((?:[a-z_-]+/)*[a-z_-]+\.md)#([a-z0-9-]+)")
+# In Markdown: ](<relative page>.md#anchor) or ](#anchor), read from the page's own folder.
+MD_LINK = re.compile(r"\]\(((?:\.\./|\./|[a-z_-]+/)*[A-Za-z_-]+\.md)?#([a-z0-9-]+)\)")
+# Any relative Markdown link target (not a URL, not an in-page anchor).
+MD_TARGET = re.compile(r"\]\((?![a-z]+:|#)([^)\s]+)\)")
 
 
 def _project_files() -> list[Path]:
@@ -39,6 +44,15 @@ def _anchors(page: Path) -> set[str]:
     return {_slug(line.lstrip("#")) for line in page.read_text().splitlines() if line.startswith("#")}
 
 
+def _pages_over(limit: int, docs: Path) -> list[str]:
+    """Docs pages longer than `limit` words, counted as `wc -w` counts them."""
+    return [
+        f"{page.relative_to(docs)}: {words} words"
+        for page in sorted(docs.rglob("*.md"))
+        if (words := len(page.read_text().split())) > limit
+    ]
+
+
 def test_nothing_points_outside_the_repository() -> None:
     offenders = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
@@ -46,24 +60,41 @@ def test_nothing_points_outside_the_repository() -> None:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
         if OUTSIDE.search(line)
     ]
+    for path in _project_files():
+        if path.suffix != ".md":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in MD_TARGET.finditer(line):
+                target = (path.parent / match.group(1).split("#")[0]).resolve()
+                if not target.is_relative_to(ROOT):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {match.group(0)}")
     assert offenders == []
 
 
 def test_every_link_to_a_docs_section_lands_on_a_heading() -> None:
-    anchors = {page.name: _anchors(page) for page in DOCS.glob("*.md")}
+    anchors = {page.resolve(): _anchors(page) for page in [*DOCS.rglob("*.md"), ROOT / "README.md"]}
     broken = []
     for path in _project_files():
-        in_docs = path.parent == DOCS
+        in_docs = path.is_relative_to(DOCS) and path.suffix == ".md"
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            for match in re.finditer(r"(docs/[a-z_]+\.md#[a-z0-9-]+|\]\((?:[a-z_]+\.md)?#[a-z0-9-]+\))", line):
-                link = match.group(0)
-                page_match = DOC_LINK.search(link)
-                assert page_match is not None
-                page, anchor = page_match.group(1), page_match.group(2)
-                if page is None:
-                    if not in_docs:
-                        continue  # an in-page anchor outside docs/ (a template's #id) is not ours
-                    page = path.name
-                if page not in anchors or anchor not in anchors[page]:
+            links = [((DOCS / m.group(1)).resolve(), m.group(2), m.group(0)) for m in CODE_LINK.finditer(line)]
+            if in_docs:
+                links += [
+                    ((path.parent / m.group(1)).resolve() if m.group(1) else path.resolve(), m.group(2), m.group(0))
+                    for m in MD_LINK.finditer(line)
+                ]
+            for page, anchor, link in links:
+                if anchor not in anchors.get(page, set()):
                     broken.append(f"{path.relative_to(ROOT)}:{number}: {link}")
     assert broken == []
+
+
+def test_no_docs_page_is_longer_than_a_sitting() -> None:
+    assert _pages_over(MAX_WORDS, DOCS) == []
+
+
+def test_the_length_check_finds_a_long_page(tmp_path: Path) -> None:
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "long.md").write_text("word " * (MAX_WORDS + 1))
+    (tmp_path / "short.md").write_text("word " * MAX_WORDS)
+    assert _pages_over(MAX_WORDS, tmp_path) == [f"guide/long.md: {MAX_WORDS + 1} words"]

@@ -1,4 +1,4 @@
-"""A box process's threads take turns at the GIL every ``BOX_GIL_SWITCH_MS`` (docs/decisions.md,
+"""A box process's threads take turns at the GIL every ``BOX_GIL_SWITCH_MS`` (docs/internals/decisions-performance.md#performance,
 Performance): a worker's run and its janitor's release, a request and the publisher."""
 from __future__ import annotations
 

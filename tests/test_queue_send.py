@@ -1,6 +1,6 @@
 """Sending runs to the queue (``tasks.run.leases.send``): every run sent arrives as its job, and on Redis
-the process's sends share one connection instead of making one each (docs/performance.md,
-"Sixth day: the web's and the queue's CPU per task")."""
+the process's sends share one connection instead of making one each
+(docs/internals/decisions-performance.md#performance)."""
 from __future__ import annotations
 
 import multiprocessing

@@ -6,7 +6,7 @@ and to the operation, and lives for ``LIFETIME``. The same key with another body
 (409): the client reused a key for a different request, and guessing which one it meant would be
 wrong either way. A creation that fails takes no key: its rollback removes the key's row too.
 
-A replay is presented from the created object as it is now (docs/decisions.md), with
+A replay is presented from the created object as it is now (docs/internals/decisions.md), with
 ``Idempotent-Replayed: true``.
 
 Two requests with one key at once create once. The key's row is inserted first, in the

@@ -9,7 +9,7 @@ when the cancellation comes after the send finished but before the waiting task 
 cancel that lands while a receive starts its pop often does): the cancellation is gone, and the
 receive goes on popping. With a read timeout above the pop, as the live streams need, nothing
 else ends that loop, and an event loop's close waits for it for good. The connections here raise
-the swallowed cancellation again (docs/decisions.md, "Portal, phone and live streams").
+the swallowed cancellation again (docs/internals/decisions-isolation.md#portal-phone-and-live-streams).
 """
 from __future__ import annotations
 

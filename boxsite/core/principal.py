@@ -52,7 +52,7 @@ class Principal:
     @property
     def can_upload(self) -> bool:
         """Files go into a workspace from the owner's session or any of their API tokens: a
-        token may already write any file through a task's ``write`` step (docs/decisions.md)."""
+        token may already write any file through a task's ``write`` step (docs/internals/decisions.md)."""
         return self.via in (Via.SESSION, Via.TOKEN)
 
     @property

@@ -1,4 +1,4 @@
-"""The one-time setup code that guards a fresh box's first visit (docs/portal.md).
+"""The one-time setup code that guards a fresh box's first visit (docs/guide/portal.md).
 
 Until the box has an owner, whoever opens ``/setup`` first would become it, and a box listening
 on the network is open to anyone there. So the box's start prints a code on its console and in its

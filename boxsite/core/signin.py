@@ -4,7 +4,7 @@ attempt it covers, right password or not, until the lock expires. The owner is t
 successful sign-in (and the log says so at once).
 
 The default cache is per process, which is what the box runs (one web process). The client's
-address is ``REMOTE_ADDR``, or behind the production proxy the address that proxy appended last
+address is ``REMOTE_ADDR``, or behind a trusted proxy (``BOX_TRUSTED_PROXY``) the address that proxy appended last
 to ``X-Forwarded-For`` (earlier entries are the client's to choose).
 """
 from __future__ import annotations

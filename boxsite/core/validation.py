@@ -12,7 +12,7 @@ state is a method ``check_<field>(value, seen)`` on the body: it runs right afte
 own check, for every declared field whether given or not (``value`` is ``MISSING`` when absent),
 sees the fields before it in ``seen`` and returns the value to keep (``MISSING`` keeps nothing).
 Adding a field to a body is therefore one declaration (plus its ``check_`` method when it needs
-context) — see docs/architecture.md#adding-a-field-to-the-task-spec.
+context) — see docs/internals/task-lifecycle.md#adding-a-field-to-the-task-spec.
 """
 from __future__ import annotations
 

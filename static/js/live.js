@@ -1,4 +1,4 @@
-// Live streams from the box (docs/architecture.md#live-updates). The database's order is the truth: a task stream
+// Live streams from the box (docs/internals/live-log.md#live-updates). The database's order is the truth: a task stream
 // delivers events strictly in seq order, fills any gap from the REST log, and reconnects with
 // its last seq so nothing is lost or repeated. The list stream reconnects with its cursor.
 

@@ -1,4 +1,4 @@
-"""Live streams of the action log (docs/architecture.md#live-updates).
+"""Live streams of the action log (docs/internals/live-log.md#live-updates).
 
 ``/ws/tasks/<id>/?after=<seq>`` streams one task's events; ``/ws/tasks/?after=<event id>`` streams
 the owner's task list (one frame per changed task). Both follow one rule: the database is the

@@ -1,4 +1,4 @@
-"""The broker (docs/architecture.md#broker-and-tools): a per-task Unix socket speaking JSON lines.
+"""The broker (docs/internals/run-path.md#broker-and-tools): a per-task Unix socket speaking JSON lines.
 
 A task's processes reach the box only through it, with the ``box`` client: report a step, call a
 tool, ask for a value, ask for approval, report spending, ask for a person. One broker serves one

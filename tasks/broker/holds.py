@@ -1,4 +1,4 @@
-"""Pausing a task while a live process waits on the owner (see docs/decisions.md).
+"""Pausing a task while a live process waits on the owner (see docs/internals/decisions.md).
 
 A command worker's process cannot be resumed once it exits, so a pause asked for from inside it
 (``box approve``, an irreversible or over-budget tool call, ``box spend`` over budget, ``box

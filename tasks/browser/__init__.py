@@ -1,4 +1,4 @@
-"""A task's browser (docs/architecture.md#browser-steps): Chromium as the task's own process,
+"""A task's browser (docs/internals/browser.md#browser-steps): Chromium as the task's own process,
 driven by Playwright over CDP.
 
 Modules, one per noun: ``session`` (starting, reaching and releasing the task's Chromium),

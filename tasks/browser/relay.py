@@ -1,4 +1,4 @@
-"""Reaching a sandboxed Chromium's DevTools port from the worker (docs/decisions.md, "A task's
+"""Reaching a sandboxed Chromium's DevTools port from the worker (docs/internals/decisions-isolation.md#a-tasks-browser, "A task's
 browser").
 
 Chromium listens for DevTools on 127.0.0.1 of the task's own network namespace, which nothing

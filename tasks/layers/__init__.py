@@ -1,4 +1,4 @@
-"""Workspaces and layers (docs/architecture.md#layers).
+"""Workspaces and layers (docs/internals/layers.md#layers).
 
 Every task works on its own copy-on-write layer over its workspace's stack (the base plus the
 layers of done tasks, newest first). The hooks the rest of the box calls:

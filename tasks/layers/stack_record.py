@@ -37,7 +37,7 @@ def record_layer(task: Task) -> Layer:
     plainly, with no ``get_or_create`` (on PostgreSQL, with the stack, in one statement).
 
     The stack is the workspace's applied layers, newest first, less those the task may do
-    without (docs/decisions.md, "A start leaves out a layer that finished after its task was
+    without (docs/internals/decisions-performance.md#performance, "A start leaves out a layer that finished after its task was
     asked for"): a layer whose seal is not complete, of a task that finished after this task was
     created and that this task does not depend on. ``seal_stack`` then waits for (or does) the
     seal of every layer kept, as before; a layer left out is neither waited for nor sealed, and

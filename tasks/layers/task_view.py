@@ -403,7 +403,7 @@ def _not_stacked(task: Task, rows: list[Row]) -> list[Row]:
 
 
 def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None:
-    """Tasks that overlap on one workspace: the last to finish wins (docs/decisions.md). When
+    """Tasks that overlap on one workspace: the last to finish wins (docs/internals/decisions.md). When
     ``task`` finished over the layers of tasks that ended after it was created and are not in its
     view, its log says which of their paths its own layer now replaces or hides, so nothing is
     overridden silently.

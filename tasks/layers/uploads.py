@@ -4,7 +4,7 @@ workspace's current view.
 
 An upload's layer is written sealed, in the format the box's driver stacks, before its task's
 row exists: the file, and each directory above it as the view has it (so the layer holds
-exactly the path whose state changes, docs/architecture.md#layers). Its task is then moved to
+exactly the path whose state changes, docs/internals/layers.md#layers). Its task is then moved to
 done in one transaction with its layer's row, applied and sealed, and from there it is any done
 task: it shows in the workspace's history, its diff names the file, undo takes its layer out of
 the stack and leaves later tasks' changes where they are. A crash before that commit leaves a

@@ -109,7 +109,7 @@ def _try_tools(config: ModelConfig, key: str, timeout_s: float, errors: list[str
     if any(call.name == "report_ready" for call in decision.tool_calls):
         return {"name": "tools", "ok": True, "reason": "called the tool"}, decision.cost_cents
     return {"name": "tools", "ok": False, "reason": "does not support tools: it answered in text instead of calling the tool "
-            "(a local server may need its tool-call option: see docs/models.md)"}, decision.cost_cents
+            "(a local server may need its tool-call option: see docs/guide/models.md)"}, decision.cost_cents
 
 
 def _try_json(config: ModelConfig, key: str, timeout_s: float, errors: list[str]) -> tuple[Check, float]:
@@ -132,7 +132,7 @@ def _try_json(config: ModelConfig, key: str, timeout_s: float, errors: list[str]
 def _context_check(tokens: int) -> Check:
     if tokens < MIN_AGENT_CONTEXT:
         return {"name": "context", "ok": False, "reason": f"context {tokens}: too small for agent tasks (they need at least "
-                f"{MIN_AGENT_CONTEXT} tokens; docs/models.md says how to raise it)"}
+                f"{MIN_AGENT_CONTEXT} tokens; docs/guide/models.md says how to raise it)"}
     return {"name": "context", "ok": True, "reason": f"context {tokens} tokens"}
 
 

@@ -1,4 +1,4 @@
-"""Completion contracts (docs/architecture.md#completion-contracts): ``criteria`` a task must
+"""Completion contracts (docs/internals/task-graph.md#completion-contracts): ``criteria`` a task must
 meet before it may become done, checked by the box from what actually happened.
 
 Receipts come from the box's own records, never from a worker's claim: a ``command_exit``

@@ -1,7 +1,7 @@
 """What a task holds while it runs, set up before its first step and released when it ends.
 
 ``prepare`` gives a run its working directory; ``release`` frees everything a task held, in the
-order docs/architecture.md#states gives ("When a task ends"). Both are idempotent: ``release``
+order docs/internals/task-lifecycle.md#states gives ("When a task ends"). Both are idempotent: ``release``
 runs after every final move and again when the box starts, for tasks a crash left behind.
 
 The release after a final move is not on the path of whoever made the move: ``release_soon``

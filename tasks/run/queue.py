@@ -10,7 +10,7 @@ Pushers register as files named by their pid in ``BOX_LOCAL_DIR/queue-wake/<queu
 box's own) and listen on an abstract Unix socket named after the directory and pid: a task in
 its own network namespace cannot reach it, and a dead pusher's socket is gone (the sender gets
 ECONNREFUSED and removes the stale file). Only this machine's pushers are woken; the ORM queue
-serves one machine (docs/scaling.md).
+serves one machine (docs/internals/scaling.md).
 """
 from __future__ import annotations
 

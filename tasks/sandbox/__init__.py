@@ -1,4 +1,4 @@
-"""The sandbox (docs/sandbox.md): a Linux user, PID, network and mount namespace per task.
+"""The sandbox (docs/internals/sandbox.md): a Linux user, PID, network and mount namespace per task.
 
 Modules, one per noun: ``support`` (can this box sandbox?), ``users`` (box-<id> users and their
 processes), ``paths`` (the per-task runtime directory, data-dir permissions), ``idmap`` (the

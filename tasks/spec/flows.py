@@ -1,4 +1,4 @@
-"""The flow language (docs/architecture.md#flows): validation and the names a flow uses.
+"""The flow language (docs/internals/run-path.md#flows): validation and the names a flow uses.
 
 A flow is ``{"vars": {...}, "steps": [...]}``. A step has exactly one kind key plus optional
 ``name``, ``save``, ``stop_before`` and ``timeout_s``.

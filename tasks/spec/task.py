@@ -1,9 +1,9 @@
-"""The task spec (docs/architecture.md#the-task-spec): checked whole before anything is created.
+"""The task spec (docs/internals/task-lifecycle.md#the-task-spec): checked whole before anything is created.
 
 ``TaskSpecBody`` declares the spec: each field, its check, and (through drf-spectacular) its
 schema. ``parse_spec`` turns a request body into a ``TaskSpec`` (the values of the task's model
 fields) or raises a ``BoxError`` naming the problem. It creates nothing; the service creates the
-task only from a parsed spec. Adding a field: docs/architecture.md#adding-a-field-to-the-task-spec.
+task only from a parsed spec. Adding a field: docs/internals/task-lifecycle.md#adding-a-field-to-the-task-spec.
 """
 from __future__ import annotations
 

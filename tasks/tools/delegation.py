@@ -1,5 +1,5 @@
 """What a running task may create: child tasks and schedules, within the owner's policy
-(docs/architecture.md#tasks-that-create-work).
+(docs/internals/task-graph.md#tasks-that-create-work).
 
 A task reaches these through its broker (``box task``, ``box schedule``) or as the built-in tools
 ``task.create`` and ``schedule.create`` (the agent's and a flow's way). Schedules are the

@@ -10,7 +10,7 @@ command tool's keys and model keys are handed to a run at different moments (som
 ``box ask``), and none of them may reach the log in clear, so all of them are in every redactor.
 
 Secret values are sealed (Fernet) inside ``Task.facts`` so a copy of the database does not hold
-them in clear; ``Facts.of(task)`` is the one reader that opens them (docs/decisions.md).
+them in clear; ``Facts.of(task)`` is the one reader that opens them (docs/internals/decisions.md).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The flow worker: interprets a task's flow (docs/architecture.md#flows), one step at a time.
+"""The flow worker: interprets a task's flow (docs/internals/run-path.md#flows), one step at a time.
 
 Each step's event is persisted before the next step begins, and so is the resume point, so a
 retried run picks up at the first step not yet finished.

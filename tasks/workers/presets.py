@@ -35,7 +35,7 @@ BUILTIN_PRESETS = {
 }
 
 
-# How to install each built-in agent's real CLI, as its makers document it (docs/agents.md).
+# How to install each built-in agent's real CLI, as its makers document it (docs/guide/agents.md).
 INSTALL = {
     "droid": "npm install -g droid",
     "claude": "npm install -g @anthropic-ai/claude-code",

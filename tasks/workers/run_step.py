@@ -20,7 +20,7 @@ def run_step(ctx: RunContext, value: Any, step: dict[str, Any], known: dict[str,
     evidence, ``StepFailed`` when it failed."""
     timeout = step.get("timeout_s")
     # Values go in as environment variables, not as text of the command (flow authors:
-    # docs/api.md, "Values in a run command").
+    # docs/reference/api.md, "Values in a run command").
     written = value if isinstance(value, str) else value["cmd"]  # as the flow has it: ${name}, no values
     cmd, values = shell_command(written, known)
     env = process.base_env(ctx)

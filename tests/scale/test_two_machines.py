@@ -1,4 +1,4 @@
-"""Two worker machines sharing one database and queue (docs/scaling.md).
+"""Two worker machines sharing one database and queue (docs/internals/scaling.md).
 
 Each "machine" is a worker cluster with a data directory of its own for what belongs to one
 machine (``BOX_LOCAL_DIR``: views, sandbox runtime, mounts, its pool of task users) and the
