@@ -69,7 +69,7 @@ def _system_missing() -> tuple[str, ...]:
     found = []
     if not os.path.exists("/proc/self/ns/net"):
         found.append("this system has no Linux namespaces")
-    found += [f"'{tool}' is not installed" for tool in _TOOLS if shutil.which(tool) is None]
+    found += [f"'{tool}' is not found on PATH" for tool in _TOOLS if shutil.which(tool) is None]
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         found.append(f"{SYSTEM_PYTHON} is missing (the sandbox's init runs on it)")
     problem = syscall_filter.unavailable()

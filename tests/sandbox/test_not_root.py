@@ -2,8 +2,8 @@
 
 The whole box (``runbox``: web, worker, scheduler) runs as ``nobody`` on an embedded database in
 a data directory of its own. Until the owner sets ``BOX_SANDBOX=off`` a task fails at its start
-with the reason and the fix, and nothing of it runs; the banner, ``/api/health`` and Settings
-say which mode the box is in. With ``BOX_SANDBOX=off`` the same task, retried, runs as ``nobody``.
+with the reason and the fix, and nothing of it runs; the banner, ``/api/health``, Settings and
+``doctor`` say which mode the box is in. With ``BOX_SANDBOX=off`` the same task, retried, runs as ``nobody``.
 """
 from __future__ import annotations
 
@@ -86,9 +86,12 @@ class OrdinaryBox:
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", AS_USER, "sh",
                 sys.executable, str(ROOT / "manage.py"), *args]
 
-    def manage(self, *args: str, **env: str) -> str:
-        done = subprocess.run(self._argv(*args), env={**self.env, **self.wrapper, **env}, capture_output=True,
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self._argv(*args), env={**self.env, **self.wrapper, **env}, capture_output=True,
                               text=True, timeout=180, cwd=ROOT)
+
+    def manage(self, *args: str, **env: str) -> str:
+        done = self.run(*args, **env)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
@@ -154,6 +157,14 @@ def test_a_box_that_is_not_root_refuses_tasks_until_told_and_says_so_everywhere(
     marker = box.data / "ran"
     spec = {"title": "who am I", "prompt": "p", "worker": "command",
             "command": ["/bin/sh", "-c", f"id -u; touch {marker}"]}
+
+    doctor = box.run("doctor")
+    assert doctor.returncode != 0, doctor.stdout
+    assert "FAIL sandbox: tasks are refused: the box cannot sandbox them (the box is not running as root" in doctor.stdout
+    assert "fix: run the box as root (sudo), or set BOX_SANDBOX=off" in doctor.stdout
+    doctor = box.run("doctor", BOX_SANDBOX="off")
+    assert "ok   sandbox: off, as set (BOX_SANDBOX=off): tasks run as the box's own user (the sandbox would lack: " \
+           "the box is not running as root" in doctor.stdout, doctor.stdout
 
     log = tmp_path / "refused.log"
     proc = box.start(log)
