@@ -23,6 +23,7 @@ from boxsite.core import sql
 from tasks.browser import binary
 from tasks.llm.client import NoModel, current_config
 from tasks.sandbox import cgroups, support
+from tasks.sandbox import syscall_filter as filter_binding
 from tasks.sandbox.isolation import layer_driver
 
 NAMESPACES = ("pid", "net", "mnt", "ipc", "uts")
@@ -45,13 +46,13 @@ def run_checks() -> list[Check]:
 
 
 def sandbox() -> Check:
-    reason = support.missing_reason()
-    if reason is None:
+    found = support.standing()
+    if found.sandboxed:
         return Check("sandbox", True, "tasks run sandboxed (root: a user and namespaces per task)")
-    if settings.BOX_SANDBOX == "off":
-        return Check("sandbox", True, f"off, as set: {reason}; tasks run as the box's own user")
-    return Check("sandbox", False, f"tasks cannot be sandboxed: {reason}",
-                 "run the box as root (sudo), or set BOX_SANDBOX=off to run tasks unsandboxed knowingly")
+    if found.mode == "off":
+        lacks = f" (the sandbox would lack: {'; '.join(found.missing)})" if found.missing else ""
+        return Check("sandbox", True, f"off, as set (BOX_SANDBOX=off): tasks run as the box's own user{lacks}")
+    return Check("sandbox", False, f"tasks are refused: the box cannot sandbox them ({found.reason})", support.FIX)
 
 
 def namespaces() -> Check:
@@ -64,11 +65,11 @@ def namespaces() -> Check:
 
 
 def syscall_filter() -> Check:
-    found = support.syscall_filter_dir()
-    if found:
-        return Check("syscall filter", True, f"libseccomp's Python module in {found}", required=False)
-    return Check("syscall filter", False, "no seccomp module: sandboxed tasks run without the system-call filter",
-                 "apt install python3-seccomp", required=False)
+    problem = filter_binding.unavailable()
+    if problem is None:
+        return Check("syscall filter", True, f"{filter_binding.LIBRARY} loads (the box's own binding)", required=False)
+    return Check("syscall filter", False, f"{problem}: the sandbox cannot start tasks without the filter",
+                 "apt install libseccomp2 (or your distribution's libseccomp)", required=False)
 
 
 def cgroup_limits() -> Check:

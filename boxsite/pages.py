@@ -28,6 +28,7 @@ from tasks.api.consumers import TaskListConsumer
 from tasks.api.presenters import present_task
 from tasks.llm.client import present_settings as model_settings
 from tasks.models import Task, Workspace
+from tasks.sandbox import support
 from tasks.services import get_task_for
 from tasks.spec.task import BUILTIN_WORKERS
 from tasks.tools.registry import all_tools
@@ -223,7 +224,8 @@ def settings_page(request: HttpRequest) -> HttpResponse:
     return render(request, "portal/settings.html", {
         "active": "settings", "box": BoxSettings.current(), "model": model_settings(), "agents": installed_presets(),
         "notify_text": "\n".join(notify.masked(url) for url in notify.stored_urls()),
-        "notify_env": [notify.masked(url) for url in notify.environment_urls()]})
+        "notify_env": [notify.masked(url) for url in notify.environment_urls()],
+        "sandbox": support.standing(), "sandbox_fix": support.FIX})
 
 
 def _phone_principal(request: HttpRequest) -> Principal | None:

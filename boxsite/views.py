@@ -30,8 +30,10 @@ class Health(TypedDict):
     database: Literal["postgresql", "sqlite"]
     queue: Literal["redis", "orm"]
     live: Literal["redis", "polling"]
-    isolation: Annotated[dict[str, Any], Doc("what isolation is in force: sandbox (true or false), then what it means "
-                                             "for users, namespaces, files, network, layers and limits")]
+    isolation: Annotated[dict[str, Any], Doc("what isolation is in force: sandbox (true or false), mode (root: "
+                                             "sandboxed as root; off: BOX_SANDBOX=off; refused: tasks fail at their "
+                                             "start, with reason and fix), missing (what the sandbox lacks), then "
+                                             "what it means for users, namespaces, files, network, layers and limits")]
     worker: Annotated[Liveness, Doc("the worker cluster's heartbeat: alive, stale (older than BOX_BEAT_STALE_S) "
                                     "or never seen")]
     scheduler: Annotated[Liveness, Doc("the scheduler's heartbeat, the same way")]

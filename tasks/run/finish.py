@@ -13,6 +13,7 @@ from tasks.models import EventKind, Run, RunKind, Task
 from tasks.run import completion, lifecycle
 from tasks.run import leases as runs
 from tasks.run.recorder import TRANSIENT_DB_ERRORS, LeaseLost, StepRecorder, retried_within_lease
+from tasks.sandbox import support
 from tasks.sandbox.isolation import isolation_note, isolation_of
 from tasks.states import Review, State, WaitingFor
 from tasks.vault.facts import Redactor, redactor_for, refreshed
@@ -76,6 +77,13 @@ def _claim_and_begin(run_id: int, *, task_locked: bool = False) -> Begun | None:
         # Another run still holds a live process that waits on the owner in its broker
         # (tasks.broker.holds); it goes on by itself once the pause is decided.
         runs.finish(run.pk, token, "superseded", "a held run of this task is still running", charged=False)
+        return Begun(run, token, False, None)
+    refused = support.refusal()
+    if refused is not None:
+        # Never unsandboxed without being told: the task fails before anything of it runs, and a
+        # retry once the owner fixed the box (root, or BOX_SANDBOX=off) starts it.
+        runs.finish(run.pk, token, "failed", refused)
+        services.fail_task(task, refused, recoverable=True, hint=support.FIX)
         return Begun(run, token, False, None)
     redactor = redactor_for(task)
     if task.state == State.QUEUED and task.started_at is None:

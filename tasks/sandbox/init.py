@@ -11,8 +11,8 @@ Started as root by ``unshare`` (new PID, network, mount, IPC and UTS namespaces)
 3. drops to the task's user for good: no supplementary groups, no_new_privs (setuid binaries
    and file capabilities give nothing), a cap on processes; joins a fresh session keyring and
    empties the user's keyrings (a recycled uid finds nothing of an earlier task);
-4. installs the seccomp filter (libseccomp's own Python binding, ``python3-seccomp``): no new
-   user namespaces, no mounts, no ptrace, no bpf, no keyctl on the user's shared keyrings;
+4. installs the seccomp filter (``syscall_filter``, the box's own ctypes binding of libseccomp):
+   no new user namespaces, no mounts, no ptrace, no bpf, no keyctl on the user's shared keyrings;
 5. with hosts, serves the in-namespace HTTP(S) proxy on 127.0.0.1, relaying every connection
    over a Unix socket to the box's egress proxy, which decides;
 6. starts the task's command in a new session (no controlling terminal) and reaps orphans until
@@ -26,15 +26,15 @@ Started as root by ``unshare`` (new PID, network, mount, IPC and UTS namespaces)
    the command's exit. The files were opened by the box (root's, in its spool directory) and
    reach us as descriptors the command never inherits.
 
-Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library and the system's
-``seccomp`` module: it must not import the box (the task's user cannot read the box's
-virtualenv, and it starts fast).
+Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library and the filter's
+binding beside it (``syscall_filter.py``, loaded by path): it must not import the box (the task's
+user cannot read the box's virtualenv, and it starts fast).
 """
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
+import importlib.util
 import json
 import os
 import resource
@@ -46,6 +46,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -62,19 +63,8 @@ _SYS_MOVE_MOUNT, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 429, 0x4, -100
 _PR_SET_NO_NEW_PRIVS = 38
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _SYS_KEYCTL, _KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR = 250, 0, 1, 7
-_KEYCTL_LINK, _KEYCTL_UNLINK, _KEYCTL_READ, _KEYCTL_INVALIDATE, _KEYCTL_GET_PERSISTENT = 8, 9, 11, 21, 22
+_KEYCTL_LINK, _KEYCTL_UNLINK, _KEYCTL_READ, _KEYCTL_INVALIDATE = 8, 9, 11, 21
 _KEY_SPEC_SESSION_KEYRING, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
-_CLONE_NEWUSER = 0x10000000
-# Denied outright: mounting and moving mounts, entering or making namespaces, tracing other
-# processes, loading programs or modules into the kernel.
-_DENIED_SYSCALLS = (
-    "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
-    "mount_setattr", "setns", "ptrace", "process_vm_readv", "process_vm_writev", "bpf", "perf_event_open",
-    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "open_by_handle_at",
-    "swapon", "swapoff", "reboot", "acct", "quotactl", "userfaultfd",
-)
-
-
 def _fail(message: str) -> None:
     sys.stderr.write(f"box sandbox: {message}\n")
     sys.stderr.flush()
@@ -267,42 +257,29 @@ def empty_keyrings_of(uid: int, gid: int) -> None:
     fresh_keyrings()
 
 
-def install_syscall_filter(module_dir: str) -> None:
-    """Deny, with EPERM, the system calls a task never needs and an attacker would use.
+def load_syscall_filter() -> Callable[[], None]:
+    """The filter's binding of libseccomp (``syscall_filter.py``, beside this file), loaded as root
+    before the host's tree is gone (the isolated interpreter has no package to import it from);
+    returns what installs the filter. Either failing stops the start: a task never runs without it."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "syscall_filter.py")
+    spec = importlib.util.spec_from_file_location("box_syscall_filter", path)
+    if spec is None or spec.loader is None:
+        _fail(f"the system-call filter's binding is missing ({path})")
+        raise AssertionError("unreachable")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        lib = module.load()
+    except module.FilterError as exc:
+        _fail(f"the system-call filter cannot be had: {exc}")
 
-    Everything else is allowed (a default-deny list would break ordinary programs). The filter
-    is inherited by every process the task starts and cannot be removed.
-    """
-    sys.path.append(module_dir)
-    # reason: the system's libseccomp binding lives outside the isolated interpreter's path,
-    # and only the sandbox's init (not the box) imports it.
-    import seccomp  # noqa: PLC0415
-
-    denied = seccomp.ERRNO(errno.EPERM)
-    flt = seccomp.SyscallFilter(seccomp.ALLOW)
-    for name in _DENIED_SYSCALLS:
+    def install() -> None:
         try:
-            flt.add_rule(denied, name)
-        except (RuntimeError, ValueError):
-            continue  # not a system call on this architecture
-    # New user namespaces (root inside one): unshare and clone with CLONE_NEWUSER. clone3 passes
-    # its flags in memory a filter cannot read, so it says "not implemented" and C libraries
-    # fall back to clone.
-    for name in ("unshare", "clone"):
-        flt.add_rule(denied, name, seccomp.Arg(0, seccomp.MASKED_EQ, _CLONE_NEWUSER, _CLONE_NEWUSER))
-    flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    # Keyrings: only the task's own session keyring. The user's keyrings (shared by every
-    # process of the uid), persistent keyrings and joining another session keyring are refused.
-    low32 = 0xFFFFFFFF
-    for op in (_KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_GET_PERSISTENT):
-        flt.add_rule(denied, "keyctl", seccomp.Arg(0, seccomp.EQ, op))
-    for spec in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING):
-        value = spec & low32  # key serials are 32-bit: compare only the low half of the register
-        for index in (1, 2):
-            flt.add_rule(denied, "keyctl", seccomp.Arg(index, seccomp.MASKED_EQ, low32, value))
-        flt.add_rule(denied, "add_key", seccomp.Arg(4, seccomp.MASKED_EQ, low32, value))
-        flt.add_rule(denied, "request_key", seccomp.Arg(3, seccomp.MASKED_EQ, low32, value))
-    flt.load()
+            module.install(lib)
+        except module.FilterError as exc:
+            _fail(f"the system-call filter cannot be installed: {exc}")
+
+    return install
 
 
 def _pipe(source: socket.socket, sink: socket.socket) -> None:
@@ -502,12 +479,12 @@ def main() -> None:
         for fd in (keep["ending"], *keep["spool"]):
             os.set_inheritable(fd, False)
     join_groups(config.get("cgroups") or [])
+    install_syscall_filter = load_syscall_filter()  # before the pivot: the binding's file is the box's
     loopback_up()
     build_root(config)
     drop_privileges(config["uid"], config["gid"], config["nproc"])
     fresh_keyrings()
-    if config.get("seccomp"):
-        install_syscall_filter(config["seccomp"])
+    install_syscall_filter()
     listener = None
     forward = config.get("forward")
     if forward:

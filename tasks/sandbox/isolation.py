@@ -12,9 +12,8 @@ from django.conf import settings
 from tasks.layers import disk
 from tasks.layers.base import driver_name
 from tasks.models import Task
-from tasks.sandbox import cgroups
+from tasks.sandbox import cgroups, support
 from tasks.sandbox.launcher import MAX_PROCESSES
-from tasks.sandbox.support import missing_reason, syscall_filter_dir
 
 
 def layer_driver() -> str:
@@ -50,13 +49,15 @@ def _disk(sandboxed: bool) -> dict[str, Any]:
 
 
 def describe_isolation() -> dict[str, Any]:
-    reason = missing_reason()
-    if reason is None:
+    """What confines a task on this box: its mode (``support.standing``: root, off or refused),
+    what it lacks to sandbox and the fix, then what the mode means for each part."""
+    found = support.standing()
+    mode = {"mode": found.mode, "missing": list(found.missing)}
+    if found.sandboxed:
         return {
             "sandbox": True,
-            "syscalls": ("a seccomp filter: no new user namespaces, mounts, ptrace, bpf or keyctl on shared keyrings"
-                         if syscall_filter_dir() else
-                         "not filtered: the system Python's seccomp module (Debian's python3-seccomp) is missing"),
+            **mode,
+            "syscalls": "a seccomp filter: no new user namespaces, mounts, ptrace, bpf or keyctl on shared keyrings",
             "keyrings": "a fresh session keyring per task; the uid's user keyrings emptied at start and at release",
             "user": "a Linux user per task (box-<id>), no supplementary groups, no_new_privs",
             "namespaces": ["pid", "network", "mount", "ipc", "uts"],
@@ -67,9 +68,20 @@ def describe_isolation() -> dict[str, Any]:
             "limits": describe_limits(True),
             "summary": "sandboxed: own user, PID, network and mount namespaces; network only to listed hosts",
         }
+    if found.mode == "refused":
+        return {
+            "sandbox": False,
+            **mode,
+            "reason": found.reason,
+            "fix": support.FIX,
+            "layers": layer_driver(),
+            "limits": describe_limits(False),
+            "summary": f"tasks are refused: the box cannot sandbox them ({found.reason}); {support.FIX}",
+        }
     return {
         "sandbox": False,
-        "reason": reason,
+        **mode,
+        "reason": found.reason,
         "user": "the box's own user",
         "namespaces": [],
         "session": "a new session per process",
@@ -77,7 +89,7 @@ def describe_isolation() -> dict[str, Any]:
         "network": "listed hosts offered through proxy environment variables only; a program that ignores them is not stopped",
         "layers": layer_driver(),
         "limits": describe_limits(False),
-        "summary": f"not sandboxed ({reason}): the copy driver and proxy environment variables only",
+        "summary": f"not sandboxed ({found.reason}): the copy driver and proxy environment variables only",
     }
 
 

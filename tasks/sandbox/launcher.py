@@ -5,9 +5,10 @@ new PID, network, mount, IPC and UTS namespaces, in a new session with no contro
 with no_new_privs, in the task's view (mounted for it alone, id-mapped so the user owns its
 files). Listed hosts are reachable only through the egress proxy, via the in-namespace forwarder.
 
-Without it (not root, or turned off) a process runs as the box's user in its own session in the
+Turned off by the owner (``BOX_SANDBOX=off``), a process runs as the box's user in its own session in the
 task's directory, and listed hosts are offered through the proxy environment variables only:
 a program that ignores them is not stopped. ``tasks.sandbox.isolation`` says so to the owner.
+A box that cannot sandbox and was not told to go without starts nothing (``support.refusal``).
 """
 from __future__ import annotations
 
@@ -81,8 +82,11 @@ def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
         raise FileNotFoundError(errno.ENOENT, "no command given")
     if ctx.before_process is not None:
         ctx.before_process()  # the run's broker, there before the process can call it
-    if support.available():
+    found = support.standing()
+    if found.sandboxed:
         return _popen_sandboxed(ctx, argv, env=env, cwd=cwd, script=script, profile=profile, keep=keep)
+    if found.mode != "off":  # never unsandboxed unless the owner said so (the run's start refuses first)
+        raise accounts.SandboxError(support.refusal() or found.summary)
     return _popen_plain(ctx, argv, env=env, cwd=cwd, script=script)
 
 
@@ -165,7 +169,7 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
             "uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES,
             "user": name, "view_fd": view_fd, "view": str(view), "runtime": str(runtime),
             "cwd": str(inner_cwd), "argv": argv, "script": script, "forward": forward,
-            "seccomp": support.syscall_filter_dir(), "cgroups": groups,
+            "cgroups": groups,
             "profile_fd": profile_fd if profile_fd >= 0 else None, "profile": PROFILE_MOUNT,
         }
         if keep is not None:

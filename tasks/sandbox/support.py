@@ -1,51 +1,96 @@
-"""Whether this box can sandbox tasks, and if not, why (said plainly; never pretended)."""
+"""Whether this box can sandbox tasks, and if not, why (said plainly; never pretended).
+
+A box is in one of three modes (``standing()``): ``root`` (every task sandboxed), ``off`` (the
+owner set ``BOX_SANDBOX=off``: tasks run as the box's own user, knowingly) or ``refused`` (it
+cannot sandbox and was not told to run without: every task fails at its start with ``refusal()``
+and nothing of it runs). The banner of ``runbox``, Settings, ``/api/health`` and ``doctor`` all
+say the mode from here.
+"""
 from __future__ import annotations
 
 import functools
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 
+from tasks.sandbox import syscall_filter
+
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 INIT = Path(__file__).with_name("init.py")  # the sandbox's PID 1 (and its keyring sweeper)
-# Where Debian's python3-seccomp (libseccomp's own binding) puts its module for the system Python.
-SECCOMP_MODULE_DIRS = (Path("/usr/lib/python3/dist-packages"),)
 _TOOLS = ("unshare", "useradd", "userdel", "groupdel")
+OFF_REASON = "the sandbox is turned off (BOX_SANDBOX=off)"
+FIX = "run the box as root (sudo), or set BOX_SANDBOX=off to run tasks unsandboxed, as the box's own user, knowingly"
+
+
+@dataclass(frozen=True)
+class Standing:
+    """The box's sandbox mode; ``missing``: what it lacks to sandbox (also when it is off)."""
+
+    mode: str  # "root", "off" or "refused"
+    missing: tuple[str, ...]
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.mode == "root"
+
+    @property
+    def reason(self) -> str | None:
+        """None when tasks are sandboxed; else why not, in one line."""
+        if self.mode == "off":
+            return OFF_REASON
+        return "; ".join(self.missing) or None
+
+    @property
+    def summary(self) -> str:
+        if self.mode == "root":
+            return "sandboxed as root: a Linux user and namespaces per task, the system-call filter"
+        if self.mode == "off":
+            return "off by the owner (BOX_SANDBOX=off): tasks run unsandboxed, as the box's own user"
+        return f"refused: tasks do not run, since the box cannot sandbox them ({self.reason})"
+
+
+def standing() -> Standing:
+    missing = tuple(_missing())
+    if getattr(settings, "BOX_SANDBOX", "auto") == "off":
+        return Standing("off", missing)
+    return Standing("refused" if missing else "root", missing)
+
+
+def _missing() -> list[str]:
+    found = [] if os.geteuid() == 0 else ["the box is not running as root"]
+    return found + list(_system_missing())
+
+
+@functools.cache
+def _system_missing() -> tuple[str, ...]:
+    found = []
+    if not os.path.exists("/proc/self/ns/net"):
+        found.append("this system has no Linux namespaces")
+    found += [f"'{tool}' is not found on PATH" for tool in _TOOLS if shutil.which(tool) is None]
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        found.append(f"{SYSTEM_PYTHON} is missing (the sandbox's init runs on it)")
+    problem = syscall_filter.unavailable()
+    if problem is not None:
+        found.append(f"the system-call filter cannot be had: {problem} (apt install libseccomp2)")
+    return tuple(found)
 
 
 def missing_reason() -> str | None:
     """None when the sandbox is in force; otherwise the reason it is not."""
-    mode = getattr(settings, "BOX_SANDBOX", "auto")
-    if mode == "off":
-        return "the sandbox is turned off (BOX_SANDBOX=off)"
-    if os.geteuid() != 0:
-        return "the box is not running as root"
-    return _system_reason()
-
-
-@functools.cache
-def _system_reason() -> str | None:
-    if not os.path.exists("/proc/self/ns/net"):
-        return "this system has no Linux namespaces"
-    for tool in _TOOLS:
-        if shutil.which(tool) is None:
-            return f"'{tool}' is not installed"
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        return f"{SYSTEM_PYTHON} is missing (the sandbox's init runs on it)"
-    return None
+    return standing().reason
 
 
 def available() -> bool:
-    return missing_reason() is None
+    return standing().sandboxed
 
 
-@functools.cache
-def syscall_filter_dir() -> str | None:
-    """The directory holding the system Python's ``seccomp`` module, or None when it is missing
-    (then tasks run without the system-call filter, and ``/api/health`` says so)."""
-    for directory in SECCOMP_MODULE_DIRS:
-        if any(directory.glob("seccomp*.so")):
-            return str(directory)
-    return None
+def refusal() -> str | None:
+    """The error a task gets at its start on a box that refuses to run tasks, or None."""
+    found = standing()
+    if found.mode != "refused":
+        return None
+    return (f"not run: this box cannot sandbox tasks ({found.reason}) and runs none unsandboxed unless told; "
+            f"to run tasks, {FIX}")

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from tasks.sandbox import support, syscall_filter
 from tests.sandbox.conftest import results
 from tests.sandbox.test_network import host_server  # noqa: F401 - a fixture
 
@@ -37,7 +38,7 @@ def unsandboxed(box, settings):
 def test_health_says_when_there_is_no_sandbox_and_why(unsandboxed):
     body = unsandboxed.api.get("/api/health").json()
     isolation = body["isolation"]
-    assert isolation["sandbox"] is False
+    assert isolation["sandbox"] is False and isolation["mode"] == "off"
     assert isolation["reason"] == "the sandbox is turned off (BOX_SANDBOX=off)"
     assert "proxy environment variables only" in isolation["summary"]
     assert isolation["limits"]["memory"]["enforced"] is False and isolation["limits"]["cpu"]["enforced"] is False
@@ -58,6 +59,30 @@ def test_health_says_so_when_tasks_are_sandboxed(box, settings):
     settings.BOX_SANDBOX = "auto"
     isolation = box.api.get("/api/health").json()["isolation"]
     assert isolation["sandbox"] is True and "network" in isolation["namespaces"]
+    assert isolation["mode"] == "root" and isolation["missing"] == []
+    assert "seccomp filter" in isolation["syscalls"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root box can sandbox")
+def test_without_libseccomp_the_box_refuses_tasks_and_says_why(box, settings, monkeypatch):
+    settings.BOX_SANDBOX = "auto"
+    monkeypatch.setattr(syscall_filter, "LIBRARY", "libseccomp-missing.so.2")
+    support._system_missing.cache_clear()
+    try:
+        isolation = box.api.get("/api/health").json()["isolation"]
+        assert isolation["mode"] == "refused", isolation
+        assert isolation["missing"] == ["the system-call filter cannot be had: libseccomp-missing.so.2 cannot be loaded "
+                                        "(libseccomp-missing.so.2: cannot open shared object file: No such file or "
+                                        "directory) (apt install libseccomp2)"]
+        task = box.create(title="t", prompt="p", worker="command", command=["/bin/true"])
+        view = box.wait_state(task["id"], "done", "failed")
+        assert view["state"] == "failed" and view["error"].startswith("not run: this box cannot sandbox tasks (the "
+                                                                      "system-call filter cannot be had"), view
+        assert "set BOX_SANDBOX=off" in view["error"] and view["hint"] == support.FIX
+        assert not [e for e in box.events(task["id"]) if e["kind"] == "output"]
+    finally:
+        monkeypatch.undo()
+        support._system_missing.cache_clear()
 
 
 def test_an_unsandboxed_task_says_so_first_and_uses_the_proxy_environment(unsandboxed, host_server):  # noqa: F811

@@ -28,6 +28,7 @@ from django.db import close_old_connections
 from boxsite.core import hostnames, setup_code
 from tasks.run import leases as runs
 from tasks.run import lifecycle
+from tasks.sandbox import support
 
 log = logging.getLogger("box.supervisor")
 
@@ -93,6 +94,11 @@ class Command(BaseCommand):
         procs = {name: start(argv) for name, argv in children.items()}
         url = f"http://{host}:{port}/"
         self.stdout.write(f"\nThe box is running at {url}  (data: {settings.BOX_DATA_DIR})")
+        sandbox = support.standing()
+        self.stdout.write(f"  Sandbox: {sandbox.summary}")
+        if sandbox.mode == "refused":
+            self.stdout.write(f"  To run tasks: {support.FIX}")
+            log.warning("tasks are refused: the box cannot sandbox them (%s); %s", sandbox.reason, support.FIX)
         if host.strip("[]") in ("0.0.0.0", "::"):
             for address in hostnames.own_addresses()[:3]:
                 self.stdout.write(f"  on your network: http://{hostnames.as_host(address)}:{port}/")
