@@ -3,7 +3,7 @@ and the ``notify.owner`` tool's message, sent to the Apprise URLs of ``BOX_NOTIF
 Settings → Notifications (ntfy, Telegram, email, Slack, Matrix, ``json://`` to any webhook...).
 
 Apprise does the sending: each service's protocol is its makers' to keep right. Other channels
-(a paired phone's Web Push, ``boxsite.push``) sit above this floor and install themselves
+(a paired phone's Web Push, ``approvals.push``) sit above this floor and install themselves
 (``install_channel``); each message goes to them too. A move only
 queues its notice after commit (``queue_move``); one daemon thread per process sends them, so
 no move waits for a slow service and none fails because one is down. A delivery that fails is
