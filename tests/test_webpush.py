@@ -12,6 +12,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import http_ece
@@ -21,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from approvals import push
+from approvals import links, push
 from boxsite.models import PushSubscription
 from tasks.notify import SENDER
 from tests.conftest import wait_for
@@ -148,21 +149,19 @@ def test_a_deny_link_denies_and_a_forged_or_changed_one_is_refused(box: Any, pus
     subscribe(phone, push_service, browser)
     task = box.create(title="guarded", flow=GUARDED)
     box.wait_state(task["id"], "waiting")
-    links = {a["action"]: a["url"] for a in browser.read(wait_pushes(push_service)[0])["actions"]}
+    urls = {a["action"]: a["url"] for a in browser.read(wait_pushes(push_service)[0])["actions"]}
     stranger = APIClient()
-    token = links["approve"].rsplit("/", 1)[1]
-    claims, rest = token.split(":", 1)
-    for forged in ("/api/approval-links/made-up", links["approve"][:-2] + ("AA" if not links["approve"].endswith("AA") else "BB"),
+    rest = urls["approve"].rsplit("/", 1)[1].split(":", 1)[1]  # the signature, kept under other claims
+    for forged in ("/api/approval-links/made-up", urls["approve"][:-2] + ("AA" if not urls["approve"].endswith("AA") else "BB"),
                    "/api/approval-links/" + b64(json.dumps({"a": 1, "d": "approve"}).encode()) + ":" + rest):
         refused = stranger.post(forged)
         assert refused.status_code == 404 and refused.json()["field"] == "token", forged
     assert box.task(task["id"])["state"] == "waiting"
-    denied = stranger.post(links["deny"])
+    denied = stranger.post(urls["deny"])
     assert denied.status_code == 200 and denied.json()["state"] == "denied"
     box.wait_state(task["id"], "cancelled")
-    late = stranger.post(links["approve"])  # the other link of a decided approval
+    late = stranger.post(urls["approve"])  # the other link of a decided approval
     assert late.status_code == 409 and "no longer pending" in late.json()["message"]
-    del claims
 
 
 def test_the_link_page_asks_before_it_decides(box: Any, push_service: PushService) -> None:
@@ -206,12 +205,32 @@ def test_a_failure_and_an_asked_for_end_reach_the_phone(box: Any, push_service: 
     assert "“told” is done" in notice["title"] and notice["actions"] == []
 
 
-def test_revoking_the_phone_removes_its_subscriptions(box: Any, push_service: PushService) -> None:
+def test_revoking_the_phone_removes_its_subscriptions_and_stops_its_links(box: Any, push_service: PushService) -> None:
     phone, device_id = paired_phone(box)
-    subscribe(phone, push_service, Browser())
+    browser = Browser()
+    subscribe(phone, push_service, browser)
     assert box.api.get("/api/push/subscriptions").json()["results"][0]["deviceName"] == "phone"
+    task = box.create(title="guarded", flow=GUARDED)
+    box.wait_state(task["id"], "waiting")
+    approve = {a["action"]: a for a in browser.read(wait_pushes(push_service)[0])["actions"]}["approve"]
     assert box.api.post(f"/api/devices/{device_id}/revoke").status_code == 200
     assert box.api.get("/api/push/subscriptions").json()["results"] == []
+    refused = APIClient().post(approve["url"])
+    assert refused.status_code == 404 and "no longer paired" in refused.json()["message"]
+    assert box.task(task["id"])["state"] == "waiting"
+
+
+def test_an_expired_link_is_refused(box: Any, push_service: PushService, monkeypatch: pytest.MonkeyPatch) -> None:
+    phone, _ = paired_phone(box)
+    browser = Browser()
+    subscribe(phone, push_service, browser)
+    task = box.create(title="guarded", flow=GUARDED)
+    box.wait_state(task["id"], "waiting")
+    approve = {a["action"]: a for a in browser.read(wait_pushes(push_service)[0])["actions"]}["approve"]
+    monkeypatch.setattr(links, "TTL", timedelta(seconds=-1))  # every link is older than that
+    refused = APIClient().post(approve["url"])
+    assert refused.status_code == 409 and refused.json()["code"] == "LINK_EXPIRED"
+    assert box.task(task["id"])["state"] == "waiting"
 
 
 @pytest.mark.parametrize(("body", "field_name"), [
