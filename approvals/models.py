@@ -28,6 +28,14 @@ class Approval(models.Model):
         indexes = [models.Index(fields=["state", "created_at"], name="approval_state_created")]
 
 
+class SpentLink(models.Model):
+    """A signed approve or deny link (``approvals.links``) that was used: a link works once."""
+
+    nonce = models.CharField(max_length=32, primary_key=True)
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="spent_links")
+    spent_at = models.DateTimeField(auto_now_add=True)
+
+
 class Question(models.Model):
     """A blocker in the human inbox: staged during a run, opened when the run ends waiting."""
 

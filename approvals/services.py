@@ -14,14 +14,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals import actions, blockers
-from approvals.models import Approval, ApprovalKind, ApprovalState, Question, QuestionKind, QuestionState, Reconciliation
+from approvals import actions, blockers, links
+from approvals.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalState,
+    Question,
+    QuestionKind,
+    QuestionState,
+    Reconciliation,
+    SpentLink,
+)
 from boxsite.core.errors import Conflict, InvalidRequest, NotFound, StaleApproval
 from boxsite.core.principal import Principal, Via
 from boxsite.core.validation import AnyText, Body, Flag, Names, Obj, Whole
+from boxsite.models import Device
 from tasks.budget import raise_budget
 from tasks.events import record_event
 from tasks.models import EventKind, Task
@@ -124,6 +134,32 @@ def decide_approval(principal: Principal, approval_id: int | str, *, approve: bo
         raise StaleApproval(stale.message, field="approval") from None
     approval.refresh_from_db()
     return approval
+
+
+def decide_by_link(token: str) -> Approval:
+    """Decide the one approval a signed link names (``approvals.links``), as the phone it was
+    sent to: no session, the signature is the credential, and the phone's limits apply. A link
+    works once, only while its phone is paired and its approval pending."""
+    link = links.read(token)
+    device = Device.objects.filter(pk=link.device, revoked_at__isnull=True).select_related("user").first()
+    if device is None or not device.user.is_active:
+        raise NotFound("the phone this link was sent to is no longer paired with the box", field="token")
+    if SpentLink.objects.filter(nonce=link.nonce).exists():
+        raise Conflict("this link was used already: it works once; open the box to see the task", field="token",
+                       code="LINK_USED")
+    principal = Principal.phone(device)
+    approval = get_approval_for(principal, link.approval)
+    if approval.state != ApprovalState.PENDING:
+        raise Conflict(f"this approval is no longer pending (it is {approval.state}); nothing was decided",
+                       field="approval", state=approval.state)
+    decided = decide_approval(principal, approval.pk, approve=link.approve)
+    try:
+        with transaction.atomic():
+            SpentLink.objects.create(nonce=link.nonce, approval=decided)
+    except IntegrityError:
+        # The same link raced itself: the other use decided (deciding twice decides once).
+        raise Conflict("this link was used already: it works once", field="token", code="LINK_USED") from None
+    return decided
 
 
 def answer_question(principal: Principal, question_id: int | str, body: Any) -> Question:

@@ -9,6 +9,7 @@ urlpatterns = [
     path("approvals/<str:approval_id>", views.approval_detail, name="approval-detail"),
     path("approvals/<str:approval_id>/approve", views.approval_approve, name="approval-approve"),
     path("approvals/<str:approval_id>/deny", views.approval_deny, name="approval-deny"),
+    path("approval-links/<str:token>", views.approval_link, name="approval-link"),
     path("questions/<str:question_id>", views.question_detail, name="question-detail"),
     path("questions/<str:question_id>/answer", views.question_answer, name="question-answer"),
 ]

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -50,6 +51,17 @@ def inbox(request: Request) -> Response:
 @api_view(["GET"])
 def approval_detail(request: Request, approval_id: str) -> Response:
     return Response(present_approval(services.get_approval_for(Principal.of(request), approval_id), with_task=True))
+
+
+@extend_schema(request=None, responses={200: shape(ApprovalView)})
+@api_view(["POST"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+def approval_link(request: Request, token: str) -> Response:
+    """Use a signed approve or deny link from a phone's notification: it decides its one
+    approval, once, with no session (the signature is the credential). A used link is
+    LINK_USED, an old one LINK_EXPIRED, one the box did not sign NOT_FOUND."""
+    return Response(present_approval(services.decide_by_link(token), with_task=True))
 
 
 def _decide(request: Request, approval_id: str, approve: bool) -> Response:

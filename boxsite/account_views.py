@@ -1,4 +1,4 @@
-"""The account API: settings, API tokens, paired devices and pairing. Each view checks input,
+"""The account API: settings, API tokens, paired devices, pairing and Web Push subscriptions. Each view checks input,
 calls one service in ``boxsite.services`` and presents the result."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from approvals import push
 from approvals.actions import actions_today
 from boxsite import services
 from boxsite.core.auth import DEVICE_COOKIE
@@ -21,7 +22,7 @@ from boxsite.core.hostnames import as_host, is_loopback, listens_wide, own_addre
 from boxsite.core.principal import Principal
 from boxsite.core.qr import qr_svg
 from boxsite.core.shapes import DateTime, Doc, shape
-from boxsite.models import ApiToken, BoxSettings, Device
+from boxsite.models import ApiToken, BoxSettings, Device, PushSubscription
 from tasks import notify
 
 DEVICE_COOKIE_AGE = 400 * 24 * 3600  # browsers cap cookie lifetimes at about 400 days
@@ -87,6 +88,23 @@ class Pairing(TypedDict):
     expiresAt: DateTime | None
     qrSvg: str
     reachWarning: Annotated[str | None, Doc("why a phone could not open the link, and the fix; null when it can")]
+
+
+class PushKey(TypedDict):
+    publicKey: Annotated[str, Doc("the box's VAPID public key: PushManager.subscribe's applicationServerKey (base64url)")]
+
+
+class PushSubscriptionView(TypedDict):
+    id: int
+    device: Annotated[int | None, Doc("the paired phone it belongs to; null: the owner's signed-in browser")]
+    deviceName: str | None
+    endpointHost: Annotated[str, Doc("the push service's host (the endpoint itself is the browser's capability)")]
+    createdAt: DateTime | None
+    lastSentAt: DateTime | None
+
+
+class PushSubscriptionPage(TypedDict):
+    results: list[PushSubscriptionView]
 
 
 def present_settings(row: BoxSettings) -> SettingsView:
@@ -193,6 +211,49 @@ def device_delete(request: Request, device_id: int) -> Response:
 @api_view(["POST"])
 def device_revoke(request: Request, device_id: int) -> Response:
     return Response(present_device(services.revoke_device(Principal.of(request), device_id)))
+
+
+def present_subscription(row: PushSubscription) -> PushSubscriptionView:
+    return {
+        "id": row.pk,
+        "device": row.device_id,
+        "deviceName": row.device.name if row.device else None,
+        "endpointHost": urlsplit(row.endpoint).hostname or "",
+        "createdAt": _iso(row.created_at),
+        "lastSentAt": _iso(row.last_sent_at),
+    }
+
+
+@extend_schema(responses={200: shape(PushKey)})
+@api_view(["GET"])
+def push_key(request: Request) -> Response:
+    """The box's VAPID public key, generated on first use, for a browser subscribing to Web Push."""
+    Principal.of(request)
+    key: PushKey = {"publicKey": push.public_key()}
+    return Response(key)
+
+
+@extend_schema(methods=["GET"], responses={200: shape(PushSubscriptionPage)})
+@extend_schema(methods=["POST"], request=services.PushSubscriptionBody,
+               responses={200: shape(PushSubscriptionView), 201: shape(PushSubscriptionView)})
+@api_view(["GET", "POST"])
+def push_subscriptions(request: Request) -> Response:
+    """Register this browser's push subscription (a paired phone's or the owner's browser's):
+    the box's notices then reach it as Web Push. 201 when new, 200 when it updated one."""
+    principal = Principal.of(request)
+    if request.method == "POST":
+        row, created = services.subscribe_push(principal, request.data)
+        return Response(present_subscription(row), status=201 if created else 200)
+    listed: PushSubscriptionPage = {"results": [present_subscription(r) for r in services.push_subscriptions_for(principal)]}
+    return Response(listed)
+
+
+@extend_schema(request=None, responses={204: None})
+@api_view(["DELETE"])
+def push_subscription_delete(request: Request, subscription_id: int) -> Response:
+    """Stop Web Push to one subscription (a phone may stop only its own)."""
+    services.unsubscribe_push(Principal.of(request), subscription_id)
+    return Response(status=204)
 
 
 def pairing_url(request: HttpRequest, code: str) -> str:

@@ -38,6 +38,21 @@ class Device(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
 
+class PushSubscription(models.Model):
+    """Where a browser's push service takes the box's Web Push for it (``boxsite.push``): a
+    paired phone's (``device``) or the owner's signed-in browser's. The keys encrypt each
+    message for that browser alone; the endpoint is its push service's capability URL."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="push_subscriptions")
+    # A revoked phone's subscriptions are deleted with the revocation (``boxsite.services``).
+    device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.CASCADE, related_name="push_subscriptions")
+    endpoint = models.URLField(max_length=2000, unique=True)
+    p256dh = models.CharField(max_length=200)  # the browser's P-256 public key, base64url
+    auth = models.CharField(max_length=64)  # its authentication secret, base64url
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_sent_at = models.DateTimeField(null=True, blank=True)
+
+
 class PairingCode(models.Model):
     """A one-time code shown in settings (QR and short form) that pairs one phone."""
 

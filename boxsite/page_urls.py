@@ -18,4 +18,7 @@ urlpatterns = [
     path("triggers", schedule_pages.triggers_page, name="triggers-page"),
     path("ask", pages.ask, name="ask"),
     path("pair", pages.pair, name="pair"),
+    path("manifest.webmanifest", pages.manifest, name="manifest"),
+    path("sw.js", pages.service_worker, name="service-worker"),
+    path("approval-links/<str:token>", pages.approval_link, name="approval-link-page"),
 ]

@@ -9,12 +9,17 @@ from django.contrib.auth import get_user_model, login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import LoginView
+from django.contrib.staticfiles import finders
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from approvals.models import Action
+from approvals import links
+from approvals import services as approval_services
+from approvals.models import Action, Approval, ApprovalState
 from approvals.presenters import present_action
 from boxsite import services
 from boxsite.account_views import set_device_cookie
@@ -267,3 +272,50 @@ def pair(request: HttpRequest) -> HttpResponse:
             return response
     return render(request, "phone/pair.html", {"code": code, "errors": errors}, status=400 if errors else 200)
 
+
+
+def manifest(request: HttpRequest) -> HttpResponse:
+    """The web app manifest: the phone page installs to the home screen as "The box"."""
+    icons = [{"src": static(f"icon-{size}.png"), "sizes": f"{size}x{size}", "type": "image/png", "purpose": "any maskable"}
+             for size in (192, 512)]
+    body = {"name": "The box", "short_name": "The box", "start_url": "/ask", "scope": "/", "display": "standalone",
+            "background_color": "#f4f6f8", "theme_color": "#1f3a5f", "icons": icons}
+    return JsonResponse(body, content_type="application/manifest+json")
+
+
+def service_worker(request: HttpRequest) -> HttpResponse:
+    """``static/js/sw.js`` at the root, so its scope is the whole site (a worker under /static/
+    would control /static/ only). Never cached: a new box's worker replaces the old at once."""
+    found = finders.find("js/sw.js")
+    if not found:
+        raise Http404("no service worker")
+    with open(str(found), "rb") as handle:
+        response = HttpResponse(handle.read(), content_type="text/javascript; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+@csrf_exempt  # no cookie acts here: the signed link is the whole credential (approvals.links)
+@require_http_methods(["GET", "POST"])
+def approval_link(request: HttpRequest, token: str) -> HttpResponse:
+    """A signed approve or deny link as a page: a GET shows what it would decide and a button;
+    the button's POST decides (once). A GET decides nothing, so a prefetching client cannot."""
+    context: dict[str, Any] = {"heading": "Decide a step", "can_act": False}
+    try:
+        link = links.read(token)
+        context["approve"] = link.approve
+        approval = Approval.objects.filter(pk=link.approval).select_related("task").first()
+        if approval is not None and not approval.task.folders:
+            context["summary"], context["task_title"] = approval.summary, approval.task.title
+        if request.method == "POST":
+            decided = approval_services.decide_by_link(token)
+            context["heading"] = "Approved" if decided.state == ApprovalState.APPROVED else "Denied"
+            return render(request, "phone/link.html", context)
+        context["heading"] = "Approve this step?" if link.approve else "Deny this step?"
+        context["can_act"] = approval is not None and approval.state == ApprovalState.PENDING
+        if not context["can_act"]:
+            context["error"] = "This step no longer waits for you: nothing to decide."
+    except BoxError as exc:
+        context["error"] = exc.message
+        return render(request, "phone/link.html", context, status=exc.status)
+    return render(request, "phone/link.html", context)

@@ -1,16 +1,22 @@
-"""Every change to the owner's account: settings, API tokens, paired devices and pairing codes.
+"""Every change to the owner's account: settings, API tokens, paired devices, pairing codes
+and Web Push subscriptions.
 
-Views call one of these; nothing else writes ``BoxSettings``, ``ApiToken``, ``Device`` or
-``PairingCode``. Raw secrets (token values, device keys, pairing codes) are returned once and
+Views call one of these; nothing else writes ``BoxSettings``, ``ApiToken``, ``Device``,
+``PairingCode`` or ``PushSubscription`` (``approvals.push`` only forgets a subscription its push
+service no longer knows). Raw secrets (token values, device keys, pairing codes) are returned once and
 only their hashes are stored.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import secrets
 from datetime import timedelta
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -18,14 +24,16 @@ from django.utils import timezone
 from boxsite.core import setup_code
 from boxsite.core.auth import issue_api_token
 from boxsite.core.errors import Forbidden, InvalidRequest, NotFound
+from boxsite.core.hostnames import is_loopback
 from boxsite.core.principal import Principal
-from boxsite.core.validation import MISSING, Body, Choice, Flag, Names, Problem, Text, Whole, time_zone_named
+from boxsite.core.validation import MISSING, Body, Choice, Flag, Names, Obj, Problem, Text, Whole, time_zone_named
 from boxsite.models import (
     ApiToken,
     BoxSettings,
     Device,
     NetworkDefault,
     PairingCode,
+    PushSubscription,
     hash_key,
 )
 from tasks import notify
@@ -111,6 +119,47 @@ class PairingClaimBody(Body):
 
     code = Text(invalid="type the code shown in the box's settings")
     name = Text(required=False, max_length=100_000, invalid="'name' must be text", help_text="default Phone")
+
+
+class PushSubscriptionBody(Body):
+    """``POST /api/push/subscriptions``: what the browser's ``PushSubscription`` holds."""
+
+    what = "a push subscription"
+    endpoint = Text(max_length=2000, invalid="'endpoint' is the push service's URL the browser gave",
+                    help_text="the push service's URL for this browser (PushSubscription.endpoint)")
+    keys = Obj(help_text="{p256dh, auth}: the browser's P-256 public key and auth secret, base64url")
+
+    def check_endpoint(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING:
+            return value
+        parts = urlsplit(value)
+        secure = parts.scheme == "https" or (parts.scheme == "http" and is_loopback(parts.hostname or ""))
+        if not secure or not parts.hostname:
+            raise Problem("'endpoint' must be an https URL (a push service's)")
+        return value
+
+    def check_keys(self, value: Any, seen: dict[str, Any]) -> Any:
+        if value is MISSING:
+            return value
+        if not isinstance(value, dict) or set(value) != {"p256dh", "auth"}:
+            raise Problem("'keys' must be {\"p256dh\": ..., \"auth\": ...}, as the browser gives them")
+        point, secret = _b64url(value["p256dh"]), _b64url(value["auth"])
+        try:
+            ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), point or b"")
+        except ValueError:
+            raise Problem("'keys.p256dh' is not a P-256 public key (base64url, uncompressed)") from None
+        if secret is None or len(secret) != 16:
+            raise Problem("'keys.auth' is not a 16-byte auth secret (base64url)")
+        return value
+
+
+def _b64url(value: Any) -> bytes | None:
+    if not isinstance(value, str) or len(value) > 200:
+        return None
+    try:
+        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except (binascii.Error, ValueError):
+        return None
 
 
 MIN_OWNER_PASSWORD = 10
@@ -261,5 +310,38 @@ def pair_device(raw_code: str, name: str) -> tuple[Device, str]:
     return device, key
 
 
+@transaction.atomic
 def revoke_device(principal: Principal, device_id: int) -> Device:
-    return _revoke(principal, Device, device_id, "device")
+    """Revoke a phone; its Web Push subscriptions go with it."""
+    device = _revoke(principal, Device, device_id, "device")
+    PushSubscription.objects.filter(device=device).delete()
+    return device
+
+
+# --- Web Push subscriptions ---------------------------------------------------------------
+def subscribe_push(principal: Principal, body: Any) -> tuple[PushSubscription, bool]:
+    """Keep a browser's push subscription (a paired phone's is its device's; one sent with the
+    owner's session or token is the owner's), so the box's notices reach it by Web Push. The same endpoint again updates it. True when new."""
+    fields = PushSubscriptionBody.parse(body)
+    with transaction.atomic():
+        row, created = PushSubscription.objects.update_or_create(
+            endpoint=fields["endpoint"],
+            defaults={"user": principal.user, "device": principal.device, "p256dh": fields["keys"]["p256dh"],
+                      "auth": fields["keys"]["auth"]})
+    return row, created
+
+
+def push_subscriptions_for(principal: Principal) -> list[PushSubscription]:
+    """A phone sees its own subscriptions; the owner sees every one of theirs."""
+    rows = PushSubscription.objects.filter(user=principal.user)
+    if principal.is_phone:
+        rows = rows.filter(device=principal.device)
+    return list(rows.select_related("device").order_by("-created_at", "-pk"))
+
+
+def unsubscribe_push(principal: Principal, subscription_id: int) -> None:
+    """Stop Web Push to one subscription (a phone may stop only its own)."""
+    found = [row for row in push_subscriptions_for(principal) if row.pk == subscription_id]
+    if not found:
+        raise NotFound(f"no push subscription {subscription_id}")
+    found[0].delete()

@@ -2,7 +2,9 @@
 and the ``notify.owner`` tool's message, sent to the Apprise URLs of ``BOX_NOTIFY_URLS`` and
 Settings → Notifications (ntfy, Telegram, email, Slack, Matrix, ``json://`` to any webhook...).
 
-Apprise does the sending: each service's protocol is its makers' to keep right. A move only
+Apprise does the sending: each service's protocol is its makers' to keep right. Other channels
+(a paired phone's Web Push, ``approvals.push``) sit above this floor and install themselves
+(``install_channel``); each message goes to them too. A move only
 queues its notice after commit (``queue_move``); one daemon thread per process sends them, so
 no move waits for a slow service and none fails because one is down. A delivery that fails is
 logged and recorded as a note on the task. Every text passes through the task's redaction, so
@@ -17,7 +19,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import apprise
 from django.conf import settings
@@ -125,13 +127,34 @@ def send(title: str, body: str, urls: list[str] | None = None) -> Delivery:
     return delivery
 
 
+class Channel(Protocol):
+    """A way to the owner besides Apprise, installed by the app that keeps it."""
+
+    def wanted(self) -> bool:
+        """Whether there is anyone to tell through it (a cheap check, made before a task is read)."""
+        ...
+
+    def tell(self, task: Task, title: str, detail: str) -> Delivery:
+        """Send ``title`` and ``detail`` (both redacted) about ``task``; never raises for a service."""
+        ...
+
+
+_CHANNELS: list[Channel] = []
+
+
+def install_channel(channel: Channel) -> None:
+    """Called once by the app keeping ``channel`` when the apps are ready."""
+    if channel not in _CHANNELS:
+        _CHANNELS.append(channel)
+
+
 def task_link(task_id: str) -> str:
     base = settings.BOX_PUBLIC_URL or f"http://{settings.BOX_HOST}:{settings.BOX_PORT}"
     return f"{base.rstrip('/')}/tasks/{task_id}"
 
 
 def message_for(task: Task, *, redactor: Redactor | None = None) -> tuple[str, str] | None:
-    """The title and body telling the owner where ``task`` stands, or None when it is nothing to
+    """The title and detail telling the owner where ``task`` stands, or None when it is nothing to
     tell (running, or done without the owner asking to be told)."""
     if task.state == State.WAITING:
         what = WAITING_WORDS.get(task.waiting_for, f"waits for you ({task.waiting_for or 'something'})")
@@ -143,22 +166,25 @@ def message_for(task: Task, *, redactor: Redactor | None = None) -> tuple[str, s
     else:
         return None
     redact = redactor or redactor_for(task)
-    title = redact.text(f"Task “{task.title}” {what}")
-    body = redact.text("\n".join(part for part in (detail, f"Open it: {task_link(task.pk)}") if part))
-    return title, body
+    return redact.text(f"Task “{task.title}” {what}"), redact.text(detail)
 
 
 def wants_done(task: Task) -> bool:
     return bool((task.notify or {}).get("done"))
 
 
-def deliver_for_task(task: Task, title: str, body: str, *, redactor: Redactor | None = None,
+def deliver_for_task(task: Task, title: str, detail: str, *, redactor: Redactor | None = None,
                      note_failure: bool = True) -> Delivery:
-    """Send a message about ``task`` (redacted); a failure becomes a note on the task
+    """Send a message about ``task`` (redacted) to the Apprise URLs, its link after ``detail``,
+    and through every installed channel; a failure becomes a note on the task
     (``note_failure=False``: the caller records it, as a run's tool call does under its lease)."""
     redact = redactor or redactor_for(task)
-    title, body = redact.text(title), redact.text(body)
-    delivery = send(title, body)
+    title, detail = redact.text(title), redact.text(detail)
+    delivery = send(title, "\n".join(part for part in (detail, f"Open it: {task_link(task.pk)}") if part))
+    for channel in _CHANNELS:
+        told = channel.tell(task, title, detail)
+        delivery.sent += told.sent
+        delivery.failed += told.failed
     if delivery.failed and note_failure:
         try:
             with transaction.atomic():
@@ -170,7 +196,7 @@ def deliver_for_task(task: Task, title: str, body: str, *, redactor: Redactor | 
 
 
 def _notify_move(task_id: str, version: int) -> None:
-    if not configured_urls():
+    if not configured_urls() and not any(channel.wanted() for channel in _CHANNELS):
         return
     task = Task.objects.filter(pk=task_id).first()
     if task is None or task.version != version:

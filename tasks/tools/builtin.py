@@ -41,11 +41,12 @@ def _notify_owner(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     where it went; with none set it stays in the task's log only, and says so."""
     message = str(args["message"])
     delivery = notify.deliver_for_task(ctx.task, f"Task “{ctx.task.title}”: a message for you",
-                                       f"{message}\nOpen it: {notify.task_link(ctx.task.pk)}",
+                                       message,
                                        redactor=ctx.recorder.redactor, note_failure=False)
     result = notify.describe(delivery)
     if not delivery.sent and not delivery.failed:
-        result["why"] = "no notification URL is set (BOX_NOTIFY_URLS or Settings → Notifications): it is in the log only"
+        result["why"] = ("no notification URL is set (BOX_NOTIFY_URLS or Settings → Notifications) and no phone "
+                         "gets Web Push: it is in the log only")
     ctx.note(f"message for the owner: {message}", {"message": message, "notify": result})
     return result
 

@@ -22,6 +22,9 @@ from tests.schema_check import Schema
 
 GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
                {"run": "true"})
+# A browser's subscription keys: a P-256 point (the generator's) and a 16-byte auth secret, base64url.
+PUSH_KEYS = {"p256dh": "BGsX0fLhLEJH-Lzm5WOkQPJ3A32BLeszoPShOUXYmMKWT-NC4v4af5uO5-tKfA-eFivOM1drMV7Oy7ZAaDe_UfU",
+             "auth": "AAAAAAAAAAAAAAAAAAAAAA"}
 ASKING = flow({"ask": {"name": "colour", "why": "which colour"}}, {"write": {"path": "c.txt", "content": "${colour}"}})
 
 
@@ -165,6 +168,12 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
         phone = CheckedClient(APIClient(), schema)
         devices.append(phone.call("POST", "/api/pairing/claim", {"code": code, "name": "phone"}).json())
         api.seen |= phone.seen
+    ok(api.call("GET", "/api/push/key"))
+    subscription = api.call("POST", "/api/push/subscriptions", {"endpoint": "https://push.example/s/1", "keys": PUSH_KEYS})
+    ok(subscription, 201)
+    ok(api.call("GET", "/api/push/subscriptions"))
+    ok(api.call("DELETE", f"/api/push/subscriptions/{subscription.json()['id']}"), 204)
+    ok(api.call("POST", "/api/approval-links/not-signed-by-the-box"), 404)
     ok(api.call("GET", "/api/devices"))
     ok(api.call("DELETE", f"/api/devices/{devices[0]['id']}"))
     ok(api.call("POST", f"/api/devices/{devices[1]['id']}/revoke"))
