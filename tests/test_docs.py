@@ -98,3 +98,28 @@ def test_the_length_check_finds_a_long_page(tmp_path: Path) -> None:
     (tmp_path / "guide" / "long.md").write_text("word " * (MAX_WORDS + 1))
     (tmp_path / "short.md").write_text("word " * MAX_WORDS)
     assert _pages_over(MAX_WORDS, tmp_path) == [f"guide/long.md: {MAX_WORDS + 1} words"]
+
+
+def _missing_targets(root: Path) -> list[str]:
+    """Relative links in Markdown pages (README and docs) whose file does not exist."""
+    missing = []
+    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        if not path.exists():
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in MD_TARGET.finditer(line):
+                target = match.group(1).split("#")[0]
+                if target and "://" not in target and not (path.parent / target).exists():
+                    missing.append(f"{path.relative_to(root)}:{number}: {target}")
+    return missing
+
+
+def test_every_linked_page_exists() -> None:
+    assert _missing_targets(ROOT) == []
+
+
+def test_the_link_check_finds_a_missing_page(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("[there](docs/there.md) and [gone](docs/" + "gone.md#x)\n")
+    (tmp_path / "docs" / "there.md").write_text("# There\n")
+    assert _missing_targets(tmp_path) == ["README.md:1: docs/gone.md"]
