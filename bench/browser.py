@@ -267,7 +267,7 @@ def main() -> None:
         extra = f"{with_evidence:>15.0f}" if with_evidence is not None else f"{'':>15}"
         print(f"{name:<40} {boxed:>9.0f} {raw:>9.0f} {ratio:>7.1f}× {extra}")
 
-    row("start (driver running)", med([r["start"] for r in box_rounds]), raw_all("start"))
+    row("start (driver running)", med([r["start"] for r in box_rounds]), med([r["start"] for r in raw_rounds]))
     row("start (driver starts too)", cold["start"], med([r["start_driver"] for r in raw_rounds]))
     row("click (step, with evidence)", box_all("click"), raw_all("click"), med([v for r in raw_rounds for v in r["with_evidence"][:args.actions]]))
     row("fill (step, with evidence)", box_all("fill"), raw_all("fill"), med([v for r in raw_rounds for v in r["with_evidence"][args.actions:]]))
