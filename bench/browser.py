@@ -1,15 +1,28 @@
-"""Browser steps: the cost of a task's own sandboxed browser against raw Playwright.
+"""Browser steps: the cost of a task's own sandboxed browser against raw Playwright, in one run.
 
-Measures, on one local page: starting the browser for a task (Chromium in the task's sandbox,
-Playwright attached over CDP through the namespace relay) against Playwright launching Chromium
-itself; the per-step time of `browse` and `click` in a flow against the same calls in raw
-Playwright; and what the evidence of one acting step costs (two screenshots and the
-accessibility snapshot), measured in raw Playwright.
-Usage: .venv/bin/python bench/browser.py [--clicks N]
+On one local page (a counter button, a text field, a table), beside raw Playwright launching the
+same Chromium binary itself (no sandbox, no evidence, doing nothing but the call):
+
+- start: the task's browser (Chromium in the task's sandbox, Playwright attached over CDP through
+  the namespace relay), with the worker's Playwright driver already running and, once, with the
+  driver started too; against ``launch`` + ``new_page`` (driver running) and the same with the
+  driver's start;
+- click, fill, extract: a step's duration as the task's log records it (the action, its
+  evidence, its result event) against the bare call; raw also with the evidence a box step stores
+  (a screenshot and the accessibility snapshot);
+- evidence: a ``screenshot`` step (masked, stored) against a bare ``page.screenshot``;
+- memory: the RSS of one browser's process tree (the box's parked at a payment checkpoint; raw
+  launched), and of the Playwright driver process each side keeps;
+- four tasks with a browser each at once (a box with four workers) against four raw threads:
+  the wall clock from the first request to the last result, and the median click meanwhile.
+
+Figures are medians of ``--rounds`` tasks (box) and as many raw browsers, alternating.
+Usage: .venv/bin/python bench/browser.py [--rounds N] [--actions N]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -21,15 +34,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import BenchBox, stop_on_signals  # noqa: E402
-from playwright.sync_api import sync_playwright  # noqa: E402
+from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
 PAGE = b"""<!doctype html><html><head><meta charset=utf-8><title>Counter</title></head><body>
 <h1>Counter</h1><p id=n>0</p><button id=more>More</button>
+<label>Name <input id=name></label>
+<table id=fares><tr><th>Route</th><th>Fare</th></tr><tr><td>DEL-BOM</td><td>4321</td></tr><tr><td>DEL-BLR</td><td>5120</td></tr></table>
 <script src=/counter.js></script></body></html>"""
 SCRIPT = b"document.getElementById('more').addEventListener('click', () => { const n = document.getElementById('n'); n.textContent = String(Number(n.textContent) + 1); });"
 CHROMIUM = "/usr/lib/chromium/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
         "--disable-component-update", "--no-first-run"]
+TABLE_JS = "t => Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.innerText.trim()))"
+CONCURRENT = 4
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -45,71 +62,221 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-def box_figures(box: BenchBox, url: str, clicks: int) -> dict[str, float]:
-    steps: list[dict[str, Any]] = [{"browse": url}] + [{"click": "#more"} for _ in range(clicks)] + [{"browse": url}]
-    task = box.post("/api/tasks", {"title": "browser bench", "hosts": ["127.0.0.1"], "flow": {"steps": steps}})
+# -- memory ----------------------------------------------------------------------------------------
+def _processes() -> dict[int, tuple[int, str, int]]:
+    """pid -> (ppid, command line, RSS in kB) of every process."""
+    found: dict[int, tuple[int, str, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as handle:
+                status = dict(line.split(":", 1) for line in handle if ":" in line)
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        rss = int(status.get("VmRSS", "0 kB").split()[0])
+        found[int(entry)] = (int(status["PPid"]), cmdline, rss)
+    return found
+
+
+def tree_mb(marks: tuple[str, ...]) -> list[float]:
+    """The RSS of each process tree whose root's command line holds every one of ``marks``."""
+    procs = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    roots = [pid for pid, (ppid, cmd, _) in procs.items()
+             if all(m in cmd for m in marks) and not all(m in procs.get(ppid, (0, "", 0))[1] for m in marks)]
+    sizes = []
+    for root in roots:
+        total, todo = 0, [root]
+        while todo:
+            pid = todo.pop()
+            total += procs[pid][2]
+            todo.extend(children.get(pid, []))
+        sizes.append(total / 1024)
+    return sizes
+
+
+# -- the box ---------------------------------------------------------------------------------------
+def wait_done(box: BenchBox, task_id: str, *states: str) -> dict[str, Any]:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        view = box.get(f"/api/tasks/{task['id']}")
-        if view["state"] in ("done", "failed", "cancelled"):
-            break
-        time.sleep(0.2)
+        view = box.get(f"/api/tasks/{task_id}")
+        if view["state"] in states:
+            return view
+        time.sleep(0.1)
+    raise RuntimeError(f"task {task_id} did not reach {states}")
+
+
+def flow_steps(url: str, actions: int) -> list[dict[str, Any]]:
+    return ([{"browse": url}] + [{"click": "#more"} for _ in range(actions)]
+            + [{"fill": {"selector": "#name", "value": f"name {i}"}} for i in range(actions)]
+            + [{"extract": {"selector": "#fares"}}, {"screenshot": {}}])
+
+
+def box_task(box: BenchBox, url: str, actions: int) -> dict[str, Any]:
+    task = box.post("/api/tasks", {"title": "browser bench", "hosts": ["127.0.0.1"], "flow": {"steps": flow_steps(url, actions)}})
+    return task
+
+
+def box_figures(box: BenchBox, task_id: str) -> dict[str, Any]:
+    view = wait_done(box, task_id, "done", "failed", "cancelled")
     if view["state"] != "done":
         raise RuntimeError(f"the bench task ended {view['state']}: {view['error']}")
-    events = box.get(f"/api/tasks/{task['id']}/events?limit=1000")["events"]
-    start = next(e["data"]["startMs"] for e in events if e["kind"] == "note" and e["data"].get("browser"))
+    events = box.get(f"/api/tasks/{task_id}/events?limit=1000")["events"]
+    start = next(e["data"]["startMs"] for e in events if e["kind"] == "note" and e["data"].get("startMs") is not None)
     results = [e["data"] for e in events if e["kind"] == "step_result"]
-    clicks_ms = [r["durationMs"] for r in results if r["kind"] == "click"]
-    browse_ms = results[-1]["durationMs"]  # the second browse: the browser is already up
-    return {"start": start, "browse": browse_ms, "click": statistics.median(clicks_ms)}
+
+    def of(kind: str) -> list[float]:
+        return [r["durationMs"] for r in results if r["kind"] == kind]
+
+    return {"start": start, "click": of("click"), "fill": of("fill"), "extract": of("extract"), "evidence": of("screenshot")}
 
 
-def raw_figures(url: str, clicks: int) -> dict[str, float]:
+def box_memory(box: BenchBox, url: str) -> float:
+    """A browser parked at a payment checkpoint: its process tree, measured while it waits."""
+    task = box.post("/api/tasks", {"title": "browser memory", "hosts": ["127.0.0.1"], "flow": {"steps": [
+        {"browse": url}, {"click": "#more"}, {"checkpoint": {"reason": "pay", "payment": True}}]}})
+    wait_done(box, task["id"], "waiting", "failed", "done")
+    sizes = tree_mb(("box-browser", "--remote-debugging-port"))
+    box.post(f"/api/tasks/{task['id']}/cancel", {})
+    return max(sizes) if sizes else float("nan")
+
+
+def driver_mb(ancestor_pids: list[int]) -> float:
+    """The RSS of the Playwright driver processes below ``ancestor_pids`` (one per worker)."""
+    procs = _processes()
+
+    def below(pid: int) -> bool:
+        while pid > 1:
+            if pid in ancestor_pids:
+                return True
+            pid = procs.get(pid, (1, "", 0))[0]
+        return False
+
+    drivers = [rss for pid, (_, cmd, rss) in procs.items() if "run-driver" in cmd and below(pid)]
+    return max(drivers) / 1024 if drivers else float("nan")
+
+
+# -- raw Playwright --------------------------------------------------------------------------------
+def raw_round(url: str, actions: int, *, started: bool = True, memory: bool = False) -> dict[str, Any]:
+    """One browser: launch, the same actions, the bare calls timed (and each with the evidence)."""
+    out: dict[str, Any] = {"click": [], "fill": [], "extract": [], "evidence": [], "with_evidence": []}
+    began = time.perf_counter()
     with sync_playwright() as playwright:
-        began = time.monotonic()
+        up = time.perf_counter()
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        start = (time.monotonic() - began) * 1000
+        out["start"] = (time.perf_counter() - up) * 1000
+        out["start_driver"] = (time.perf_counter() - began) * 1000
         page.goto(url)
-        began = time.monotonic()
-        page.goto(url, wait_until="load")
-        browse = (time.monotonic() - began) * 1000
-        times = []
-        for _ in range(clicks):
-            began = time.monotonic()
-            page.locator("#more").first.click()
-            times.append((time.monotonic() - began) * 1000)
-        evidence = []
-        for _ in range(clicks):
-            began = time.monotonic()
-            page.screenshot(type="png")
-            page.locator("body").aria_snapshot()
-            page.screenshot(type="png")
-            evidence.append((time.monotonic() - began) * 1000)
+
+        def timed(kind: str, act: Any) -> None:
+            t = time.perf_counter()
+            act()
+            out[kind].append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            evidence(page)
+            out["with_evidence"].append(out[kind][-1] + (time.perf_counter() - t) * 1000)
+
+        for _ in range(actions):
+            timed("click", lambda: page.locator("#more").first.click())
+        for i in range(actions):
+            timed("fill", lambda i=i: page.locator("#name").first.fill(f"name {i}"))
+        t = time.perf_counter()
+        page.locator("#fares").first.evaluate(TABLE_JS)
+        out["extract"].append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        page.screenshot(type="png")
+        out["evidence"].append((time.perf_counter() - t) * 1000)
+        if memory:
+            out["memory"] = max(tree_mb((CHROMIUM, "--remote-debugging-pipe")) or [float("nan")])
+            out["driver"] = driver_mb([os.getpid()])
         browser.close()
-    return {"start": start, "browse": browse, "click": statistics.median(times), "evidence": statistics.median(evidence)}
+    return out
+
+
+def evidence(page: Page) -> None:
+    page.screenshot(type="png")
+    page.locator("body").aria_snapshot()
+
+
+def raw_concurrent(url: str, actions: int) -> dict[str, Any]:
+    rounds: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=lambda: rounds.append(raw_round(url, actions))) for _ in range(CONCURRENT)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"wall": (time.perf_counter() - began) * 1000, "click": [c for r in rounds for c in r["click"]]}
+
+
+def box_concurrent(box: BenchBox, url: str, actions: int) -> dict[str, Any]:
+    began = time.perf_counter()
+    tasks = [box_task(box, url, actions) for _ in range(CONCURRENT)]
+    figures = [box_figures(box, t["id"]) for t in tasks]
+    return {"wall": (time.perf_counter() - began) * 1000, "click": [c for f in figures for c in f["click"]]}
+
+
+# -- report ----------------------------------------------------------------------------------------
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--clicks", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5, help="tasks (and raw browsers) per figure")
+    parser.add_argument("--actions", type=int, default=5, help="clicks and fills per task")
     args = parser.parse_args()
     stop_on_signals()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"
+    box_rounds: list[dict[str, Any]] = []
+    raw_rounds: list[dict[str, Any]] = []
     try:
-        raw = raw_figures(url, args.clicks)
-        with BenchBox() as box:
-            boxed = box_figures(box, url, args.clicks)
+        with BenchBox(workers=CONCURRENT) as box:
+            cold = box_figures(box, box_task(box, url, args.actions)["id"])  # this worker's first browser: its driver starts too
+            box_parallel = box_concurrent(box, url, args.actions)  # every worker's driver is up after this
+            raw_parallel = raw_concurrent(url, args.actions)
+            for _ in range(args.rounds):
+                box_rounds.append(box_figures(box, box_task(box, url, args.actions)["id"]))
+                raw_rounds.append(raw_round(url, args.actions))
+            memory = box_memory(box, url)
+            box_driver = driver_mb([p.pid for p in box.procs])
+            raw_memory = raw_round(url, 1, memory=True)
     finally:
         server.shutdown()
-    print(f"browser steps on one local page (milliseconds; clicks: median of {args.clicks})")
-    print(f"{'':<34} {'box (sandboxed, with evidence)':>31} {'raw Playwright':>15}")
-    print(f"{'start a browser':<34} {boxed['start']:>31.0f} {raw['start']:>15.0f}")
-    print(f"{'browse (page already open)':<34} {boxed['browse']:>31.0f} {raw['browse']:>15.0f}")
-    print(f"{'click':<34} {boxed['click']:>31.0f} {raw['click']:>15.0f}")
-    print(f"{'evidence: 2 screenshots + snapshot':<34} {'(in the rows above)':>31} {raw['evidence']:>15.0f}")
+
+    def box_all(kind: str) -> float:
+        return med([v for r in box_rounds for v in r[kind]])
+
+    def raw_all(kind: str) -> float:
+        return med([v for r in raw_rounds for v in r[kind]])
+
+    print(f"browser steps on one local page (ms, medians of {args.rounds} tasks × {args.actions} actions; MB for memory)")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    print(f"{'':<40} {'box':>9} {'raw':>9} {'box/raw':>8} {'raw + evidence':>15}")
+
+    def row(name: str, boxed: float, raw: float, with_evidence: float | None = None) -> None:
+        ratio = boxed / raw if raw else float("nan")
+        extra = f"{with_evidence:>15.0f}" if with_evidence is not None else f"{'':>15}"
+        print(f"{name:<40} {boxed:>9.0f} {raw:>9.0f} {ratio:>7.1f}× {extra}")
+
+    row("start (driver running)", med([r["start"] for r in box_rounds]), med([r["start"] for r in raw_rounds]))
+    row("start (driver starts too)", cold["start"], med([r["start_driver"] for r in raw_rounds]))
+    row("click (step, with evidence)", box_all("click"), raw_all("click"), med([v for r in raw_rounds for v in r["with_evidence"][:args.actions]]))
+    row("fill (step, with evidence)", box_all("fill"), raw_all("fill"), med([v for r in raw_rounds for v in r["with_evidence"][args.actions:]]))
+    row("extract (a table)", box_all("extract"), raw_all("extract"))
+    row("evidence: a masked, stored screenshot", box_all("evidence"), raw_all("evidence"))
+    row("memory: one browser's process tree (MB)", memory, raw_memory["memory"])
+    row("memory: the Playwright driver (MB)", box_driver, raw_memory["driver"])
+    row(f"{CONCURRENT} at once: wall, first request to last", box_parallel["wall"], raw_parallel["wall"])
+    row(f"{CONCURRENT} at once: click (median)", med(box_parallel["click"]), med(raw_parallel["click"]))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class DevtoolsRelay:
             client.close()
             return
         client.settimeout(None)
+        # DevTools is many small messages, each answered before the next is sent: Nagle's
+        # algorithm would hold one back until the last is acknowledged.
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
             self._conns += [client, upstream]
         upstream.sendall(head)

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from django.db import connection
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright
 
-from tasks.browser import origins
+from tasks.browser import driver, origins
 from tasks.browser.binary import executable, missing_reason
 from tasks.browser.relay import DevtoolsRelay
 from tasks.run.evidence import StepFailed
@@ -86,9 +86,10 @@ class BrowserSession:
     """Chromium for one run of one task, and the Playwright objects that drive it.
 
     Playwright's sync API keeps an event loop running in the thread that uses it, where Django
-    refuses database calls; so every Playwright call happens on the session's own thread
-    (``call``), and the worker's thread keeps the database (but for the launcher's one query
-    as Chromium starts, whose connection ``_start`` closes). What the browser thread learns for
+    refuses database calls; so every Playwright call happens on the driver's thread (``call``,
+    ``tasks.browser.driver``: one driver per worker process, kept across runs), and the worker's
+    thread keeps the database. Chromium is started from the session's own thread (the
+    launcher's queries, whose connection ``_start`` closes), which stays its parent. What the browser thread learns for
     the log (a page refused by ``origins``) waits in ``blocked`` until the worker records it.
     """
 
@@ -109,6 +110,7 @@ class BrowserSession:
         self._parked = threading.Event()
         self._devtools: tuple[str, str] | None = None  # the DevTools URL and path Chromium printed
         self.attached: dict[str, Any] | None = None  # the parked browser this run attached to
+        self.last_shot: tuple[str, bytes] | None = None  # the last acting step's after-image (tasks.browser.steps)
         self._profile_lock = -1  # the lock on constraints.browser_profile while Chromium runs
 
     @property
@@ -117,7 +119,7 @@ class BrowserSession:
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the session's thread (where Playwright lives); its result or exception."""
-        return self._thread.submit(fn).result()
+        return driver.call(fn)
 
     def take_blocked(self) -> list[dict[str, Any]]:
         taken, self.blocked = self.blocked, []
@@ -125,7 +127,7 @@ class BrowserSession:
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> None:
-        self.call(self._start)
+        self._thread.submit(self._start).result()
 
     def _start(self) -> None:
         reason = missing_reason()
@@ -156,29 +158,27 @@ class BrowserSession:
             # The launcher's check (has the task ended meanwhile?) opened this thread's own
             # connection. Nothing else closes it: the thread outlives the run while its browser
             # is parked, and a wrapper of a thread that ended holds its backend until a full
-            # garbage collection. Closed now, while Django still allows it here (not once
-            # Playwright's loop runs in this thread).
+            # garbage collection. Closed now.
             connection.close()
         try:
             devtools = self._read_output()
-            # Playwright's driver (a process of its own) starts while Chromium does: the two
-            # start-ups overlap instead of adding up.
-            self.playwright = sync_playwright().start()
+            # Playwright's driver (a process of its own), when not running yet, starts while
+            # Chromium does: the two start-ups overlap instead of adding up.
+            driver.warm()
             url, path = devtools()
             self._devtools = (url, path)
             if sandboxed:
                 self.relay = DevtoolsRelay(self.proc.pid, DEVTOOLS_PORT, path)
                 url = self.relay.url
-            self._connect(url)
+            self.call(lambda: self._connect(url))
         except BaseException:
-            self._close()
+            self.call(self._close)
             raise
         self.started_ms = int((time.monotonic() - clock) * 1000)
         threading.Thread(target=self._stop_when_the_run_stops, name="box-browser-stop", daemon=True).start()
 
     def _connect(self, url: str) -> None:
-        if self.playwright is None:
-            self.playwright = sync_playwright().start()
+        self.playwright = driver.playwright()
         self.browser = self.playwright.chromium.connect_over_cdp(url, timeout=START_TIMEOUT_S * 1000)
         self.context = self.browser.contexts[0] if self.browser.contexts else self.browser.new_context()
         self.context.set_default_timeout(15_000)
@@ -198,7 +198,7 @@ class BrowserSession:
             return
         self._parked.set()
         try:
-            self._thread.submit(self._let_go).result(timeout=CLOSE_TIMEOUT_S)
+            driver.submit(self._let_go).result(timeout=CLOSE_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - a browser Playwright cannot let go of is not kept
             log.warning("parking task %s's browser failed", self.ctx.task.pk, exc_info=True)
             self._parked.clear()
@@ -217,8 +217,11 @@ class BrowserSession:
         threading.Thread(target=self._keep, args=(proc,), name=f"box-browser-kept-{self.ctx.task.pk}", daemon=True).start()
 
     def _let_go(self) -> None:
-        self._stop_playwright()  # not Browser.close: over CDP that may close the browser itself
-        self.browser = self.context = self._page = None
+        browser, self.browser = self.browser, None
+        if browser is not None:
+            browser.close()  # over CDP: Playwright lets go of Chromium, which runs on
+        self._stop_playwright()
+        self.context = self._page = None
         if self.relay is not None:
             self.relay.stop()
             self.relay = None
@@ -335,7 +338,7 @@ class BrowserSession:
         even when Playwright's thread is stuck in a call."""
         self._closed.set()
         try:
-            self._thread.submit(self._close).result(timeout=CLOSE_TIMEOUT_S)
+            driver.submit(self._close).result(timeout=CLOSE_TIMEOUT_S)
         except Exception:  # noqa: BLE001, S110 - killing the browser below is what matters
             pass
         finally:
@@ -377,9 +380,7 @@ class BrowserSession:
         browser.close()
 
     def _stop_playwright(self) -> None:
-        if self.playwright is not None:
-            playwright, self.playwright = self.playwright, None
-            playwright.stop()
+        self.playwright = None  # the driver is the process's, kept for its next session
 
     def _kill(self) -> None:
         proc, self.proc = self.proc, None

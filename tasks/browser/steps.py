@@ -82,9 +82,12 @@ def execute(ctx: RunContext, session: BrowserSession, kind: str, value: Any, ste
 
 def _execute(call: Call) -> tuple[Any, Evidence]:
     """On the session's thread: no database here (``BrowserSession``)."""
+    # The last acting step's after-image stands for this step's before-image only when nothing
+    # ran in the browser between the two.
+    shot, call.session.last_shot = call.session.last_shot, None
     try:
         if call.kind in ACTING:
-            return _acting(call)
+            return _acting(call, shot)
         if call.kind == "extract":
             return _extract(call)
         return _screenshot(call)
@@ -93,7 +96,7 @@ def _execute(call: Call) -> tuple[Any, Evidence]:
 
 
 # -- acting steps ------------------------------------------------------------------------------
-def _acting(call: Call) -> tuple[Any, Evidence]:
+def _acting(call: Call, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evidence]:
     evidence = Evidence()
     if call.kind == "browse":
         url = call.value if isinstance(call.value, str) else str(call.value["url"])
@@ -101,7 +104,7 @@ def _acting(call: Call) -> tuple[Any, Evidence]:
             _record_blocked(call, url)
             raise StepFailed(f"{origins.origin_of(url)} is not in constraints.origins; the page was not opened",
                              evidence=Evidence({"url": url, "blocked": "not in constraints.origins"}))
-    before = _capture(call, "before", evidence, snapshot=True)
+    before = _capture(call, "before", evidence, snapshot=True, shot=shot)
     result: Any = None
     element: dict[str, Any] = {}
     refused_before = len(call.session.blocked)
@@ -130,7 +133,7 @@ def _acting(call: Call) -> tuple[Any, Evidence]:
         failure = refused or _failure(call, _playwright_message(exc))
         failure.evidence = _merge(evidence, failure.evidence, element)
         raise failure from exc
-    _capture(call, "after", evidence)
+    _capture(call, "after", evidence, keep=True)
     evidence.data.update({**before, **_where(call.page), **({"element": element} if element else {})})
     return result, evidence
 
@@ -313,15 +316,23 @@ def _mark_secret_fields(call: Call) -> None:
     )
 
 
-def _capture(call: Call, moment: str, evidence: Evidence, *, snapshot: bool = False) -> dict[str, Any]:
+def _capture(call: Call, moment: str, evidence: Evidence, *, snapshot: bool = False,
+             shot: tuple[str, bytes] | None = None, keep: bool = False) -> dict[str, Any]:
     """Store the page as it is now (``before``/``after``): a screenshot, and with ``snapshot``
-    its accessibility tree. Returns the fields for the result event."""
+    its accessibility tree. Returns the fields for the result event.
+
+    ``shot`` is the previous acting step's after-image (its URL and PNG): the page as that step
+    left it, drawn with the same masking, so a step whose page is still there stores it as its
+    before-image instead of drawing the page again. ``keep`` leaves this image for the next step.
+    """
     shown: dict[str, Any] = {}
     if call.replay:
         return shown
     try:
-        data = take_screenshot(call)
+        data = shot[1] if shot is not None and shot[0] == call.page.url else take_screenshot(call)
         evidence.artifacts.append(artifacts.save_bytes(call.ctx.task.pk, call.artifact(f"{moment}.png"), data))
+        if keep:
+            call.session.last_shot = (call.page.url, data)
         if snapshot:
             tree = call.page.locator("body").aria_snapshot(timeout=call.timeout_ms)
             saved = artifacts.save_text(call.ctx.task.pk, call.artifact("snapshot.txt"), tree, call.ctx.recorder.redactor)
