@@ -42,21 +42,25 @@ def flights() -> Iterator[Flights]:
 
 
 def offers_in(body: dict[str, Any]) -> list[tuple[str, str, int]]:
-    """(ref, flight, price) of each Select button in the elements the box sent the model."""
+    """(ref, flight, price) of each Select button in the elements the box sent the model to
+    find one; none in any other request (a failed step's rescue)."""
     prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
     found = re.findall(r'\[(\d+)\] button "Select" — in: (\w+ [\d:]+) ₹([\d,]+)', prompt)
-    assert found, prompt
     return [(ref, name, int(price.replace(",", ""))) for ref, name, price in found]
 
 
 def pick_play(body: dict[str, Any]) -> Answer:
-    [ref] = [ref for ref, name, _ in offers_in(body) if name.startswith("Play")]
-    return say(f'{{"ref": {ref}, "why": "the Play flight"}}')
+    refs = [ref for ref, name, _ in offers_in(body) if name.startswith("Play")]
+    return say(f'{{"ref": {refs[0]}, "why": "the Play flight"}}' if refs else "no idea")
 
 
 def pick_cheapest(body: dict[str, Any]) -> Answer:
-    ref = min(offers_in(body), key=lambda offer: offer[2])[0]
-    return say(f'{{"ref": {ref}, "why": "lowest fare"}}')
+    return say(f'{{"ref": {min(offers_in(body), key=lambda offer: offer[2])[0]}, "why": "lowest fare"}}')
+
+
+def asked_to_find(model: Any) -> int:  # noqa: F811
+    """How many times the box asked the model to find an element."""
+    return sum(1 for r in model.received if any(str(m.get("content", "")).startswith("Step: ") for m in r.messages))
 
 
 def run(box: Any, site: Flights, instruction: str, *, page: str = "/flights", kind: str = "click",
@@ -129,7 +133,7 @@ def test_a_failed_action_keeps_nothing(sandboxed, flights, model):  # noqa: F811
     assert grounding_of(sandboxed, failed["id"])["from"] == "model"
     assert entries(sandboxed) == [] and not GroundingEntry.objects.exists()
     again = run(sandboxed, flights, PLAY)
-    assert grounding_of(sandboxed, again["id"])["from"] == "model" and len(model.received) == 2
+    assert grounding_of(sandboxed, again["id"])["from"] == "model" and asked_to_find(model) == 2
 
 
 def test_an_expired_entry_is_not_used(sandboxed, flights, model, settings):  # noqa: F811
