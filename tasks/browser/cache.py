@@ -1,5 +1,5 @@
 """The grounding cache: what a ``describe`` target turned out to be, kept for the next run of the
-same instruction on the same page (docs/internals/browser.md#grounding).
+same instruction on the same page (docs/internals/browser.md#grounding-and-its-cache).
 
 An entry (``tasks.models.GroundingEntry``) belongs to one owner and one workspace and is keyed by
 the page's origin and path and the instruction. It holds a Playwright selector (role and
