@@ -6,11 +6,14 @@ alone lists and clears entries (API and Settings)."""
 from __future__ import annotations
 
 import re
+import threading
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -150,13 +153,14 @@ def test_an_expired_entry_is_not_used(sandboxed, flights, model, settings):  # n
 def test_one_workspaces_entries_are_not_used_by_another(sandboxed, flights, model):  # noqa: F811
     model.fallback = pick_play
     run(sandboxed, flights, PLAY)
-    assert sandboxed.api.post("/api/workspaces", {"name": "other"}, format="json").status_code == 201
-    elsewhere = run(sandboxed, flights, PLAY, workspace="other")
+    other = f"other-{uuid.uuid4().hex[:8]}"  # the box's workspaces directory outlives the test database
+    assert sandboxed.api.post("/api/workspaces", {"name": other}, format="json").status_code == 201
+    elsewhere = run(sandboxed, flights, PLAY, workspace=other)
     assert grounding_of(sandboxed, elsewhere["id"])["from"] == "model" and len(model.received) == 2
     home = run(sandboxed, flights, PLAY)
     assert grounding_of(sandboxed, home["id"])["from"] == "cache" and len(model.received) == 2
-    assert {e["workspace"] for e in entries(sandboxed)} == {"home", "other"}
-    assert [e["workspace"] for e in entries(sandboxed, workspace="other")] == ["other"]
+    assert {e["workspace"] for e in entries(sandboxed)} == {"home", other}
+    assert [e["workspace"] for e in entries(sandboxed, workspace=other)] == [other]
 
 
 # -- the owner's API -----------------------------------------------------------------------------
@@ -194,3 +198,28 @@ def test_the_owner_lists_and_clears_entries_and_a_phone_or_another_user_cannot(b
     assert [(e["workspace"], e["instruction"]) for e in entries(box)] == [("home", "the Play flight")]
     assert box.api.delete("/api/browser/cache").json() == {"cleared": 1}
     assert entries(box) == []
+
+
+def test_workers_writing_the_same_entry_at_once_leave_one(box):
+    task = Task.objects.create(owner=box.owner, title="t", workspace=Workspace.objects.get(name="home"), worker="flow")
+    start = threading.Barrier(6)
+    failures: list[BaseException] = []
+
+    def write(n: int) -> None:
+        try:
+            start.wait(timeout=10)
+            remember(task, "http://shop.example/flights", "the Play flight", kind="click",
+                     selector=f'role=button[name="Select {n}" s]', fingerprint={"role": "button", "name": f"Select {n}"})
+        except BaseException as exc:  # noqa: BLE001 - reported below, whatever it is
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    [entry] = entries(box)
+    assert entry["selector"] == f'role=button[name="{entry["fingerprint"]["name"]}" s]'  # one write, whole
