@@ -17,7 +17,7 @@ the log); page work on the browser's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -119,7 +119,11 @@ def ground(ctx: RunContext, session: BrowserSession, kind: str, value: dict[str,
     url = session.call(lambda: session.page.url)
     page = page_key(url)
     base = {"instruction": instruction, "page": page}
-    found = dict(rest=rest, instruction=instruction, url=url, kind=kind)
+    blank = Grounded({}, {}, instruction, url, kind)
+
+    def found(selector: str, shown: dict[str, Any], **learned: Any) -> Grounded:
+        return replace(blank, value={**rest, "selector": selector}, shown=shown, **learned)
+
     fresh = cache.depends_on_data(instruction)
     gone: list[str] = []
     checked: list[dict[str, str]] = []
@@ -129,14 +133,14 @@ def ground(ctx: RunContext, session: BrowserSession, kind: str, value: dict[str,
                  if m.get("instruction") == instruction and m.get("selector") and m.get("page") in (None, page)]
         for selector in hints:
             if session.call(lambda s=selector: _unique(session.page, s, timeout_s)):  # type: ignore[misc]
-                return _found(found, selector, {**base, "from": "memory", "selector": selector})
+                return found(selector, {**base, "from": "memory", "selector": selector})
             gone.append(selector)
         entry = cache.find(ctx.task, url, instruction)
         if entry is not None:
             now = session.call(lambda: _fingerprint_of(session.page, entry.selector, timeout_s))
             why = _mismatch(entry.fingerprint, ctx.recorder.redactor.redact(now) if isinstance(now, dict) else now)
             if why is None:
-                return _found(found, entry.selector, {**base, "from": "cache", "selector": entry.selector}, entry=entry.pk)
+                return found(entry.selector, {**base, "from": "cache", "selector": entry.selector}, entry=entry.pk)
             gone.append(entry.selector)
             checked.append({"selector": entry.selector, "why": why})
     candidates, title = session.call(lambda: _candidates(session.page))
@@ -164,13 +168,7 @@ def ground(ctx: RunContext, session: BrowserSession, kind: str, value: dict[str,
         how["trace"] = {"messages": messages, "answer": decision.content}
     # A data-dependent instruction is never replayed, so it is not kept either.
     kept = None if fresh else ctx.recorder.redactor.redact(fingerprint)
-    return _found(found, selector, how, fingerprint=kept)
-
-
-def _found(found: dict[str, Any], selector: str, shown: dict[str, Any], *, fingerprint: dict[str, Any] | None = None,
-           entry: int | None = None) -> Grounded:
-    return Grounded({**found["rest"], "selector": selector}, shown, found["instruction"], found["url"], found["kind"],
-                    fingerprint=fingerprint, entry=entry)
+    return found(selector, how, fingerprint=kept)
 
 
 def _mismatch(kept: dict[str, Any], now: dict[str, Any] | str) -> str | None:
