@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth.decorators import login_required
@@ -230,7 +231,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         "active": "settings", "box": BoxSettings.current(), "model": model_settings(), "agents": installed_presets(),
         "notify_text": "\n".join(notify.masked(url) for url in notify.stored_urls()),
         "notify_env": [notify.masked(url) for url in notify.environment_urls()],
-        "sandbox": support.standing(), "sandbox_fix": support.FIX})
+        "sandbox": support.standing(), "sandbox_fix": support.FIX, "grounding_days": settings.BOX_GROUNDING_CACHE_DAYS})
 
 
 def _phone_principal(request: HttpRequest) -> Principal | None:

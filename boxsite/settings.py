@@ -326,6 +326,11 @@ BOX_MODEL_CONTEXT_TOKENS = env_int("BOX_MODEL_CONTEXT_TOKENS", 32768, minimum=20
 BOX_AGENT_COMMAND_TIMEOUT_S = env_float("BOX_AGENT_COMMAND_TIMEOUT_S", 300.0)
 # The Chromium a task's browser steps run (Debian's package; its binary is started directly).
 BOX_BROWSER_EXECUTABLE = env_str("BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium") or "/usr/bin/chromium"
+# How long what the model found for a ``describe`` target is replayed before it asks again; 0
+# turns the grounding cache off (tasks.browser.cache).
+BOX_GROUNDING_CACHE_DAYS = env_float("BOX_GROUNDING_CACHE_DAYS", 30.0)
+if BOX_GROUNDING_CACHE_DAYS < 0:
+    raise ImproperlyConfigured(f"BOX_GROUNDING_CACHE_DAYS={BOX_GROUNDING_CACHE_DAYS}: 0 or more days")
 
 # --- API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {

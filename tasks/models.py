@@ -310,3 +310,29 @@ class VaultSecret(models.Model):
 
     class Meta:
         db_table = "boxsite_vaultsecret"  # the table it had in the boxsite app; moved without a copy
+
+
+class GroundingEntry(models.Model):
+    """What a ``describe`` target turned out to be on one page, for the next run of the same
+    instruction (``tasks.browser.cache``): written only by that module, after the action on the
+    element succeeded. One per owner, workspace, page (origin and path) and instruction."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="grounding_entries")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="grounding_entries")
+    origin = models.CharField(max_length=300)
+    path = models.CharField(max_length=1000)
+    instruction = models.CharField(max_length=500)
+    # sha256 of origin, path and instruction: the unique key stays small whatever their lengths
+    key = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16)  # the step that acted: click or fill
+    selector = models.CharField(max_length=2000)  # a Playwright selector: role and name first, a CSS path last
+    fingerprint = models.JSONField(default=dict)  # role, name, text, label, row, heading (redacted)
+    task_id = models.CharField(max_length=24, blank=True)  # the task whose action confirmed it last
+    grounded_at = models.DateTimeField()  # when the model chose it: its age, for BOX_GROUNDING_CACHE_DAYS
+    used_at = models.DateTimeField(null=True, blank=True)
+    uses = models.PositiveIntegerField(default=0)  # replays that verified and acted with no model call
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "workspace", "key"],
+                                               name="grounding_entry_key_unique")]
+        indexes = [models.Index(fields=["owner", "-grounded_at"], name="grounding_owner_recent")]

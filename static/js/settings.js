@@ -1,4 +1,4 @@
-// Settings: defaults, vault names, API tokens, paired phones and pairing.
+// Settings: defaults, vault names, remembered page elements, API tokens, paired phones and pairing.
 import { api, clearErrors, el, say, showError, when, put } from "./api.js";
 import { confirmThen } from "./render.js";
 
@@ -135,6 +135,36 @@ vaultForm.addEventListener("submit", async (event) => {
   }
 });
 
+// --- remembered page elements (the grounding cache) -------------------------------------------
+async function loadCache() {
+  const list = $("cache-list");
+  try {
+    const cache = await api("GET", "/api/browser/cache?limit=200");
+    const rows = cache.results.map((entry) =>
+      rowWith(`“${entry.instruction}”`, `${entry.origin}${entry.path} · ${entry.workspace} · ${entry.fingerprint.role || entry.fingerprint.tag || "element"} “${entry.fingerprint.name || entry.fingerprint.text || ""}” · found ${when(entry.groundedAt)} · replayed ${entry.uses}×`,
+        `Forget “${entry.instruction}”`, async () => {
+          await api("DELETE", `/api/browser/cache/${entry.id}`);
+          say("Forgotten");
+          loadCache();
+        }));
+    put(list, ...(rows.length ? rows : [el("li", { class: "empty" }, "Nothing is remembered.")]));
+    $("cache-clear").hidden = !rows.length;
+  } catch (err) {
+    put(list, el("li", { class: "error" }, err.message));
+  }
+}
+$("cache-clear").addEventListener("click", async () => {
+  const label = "Clear remembered elements";
+  if (!(await confirmThen(`${label}?`, "Each instruction asks the model again on its next run.", label))) return;
+  try {
+    const done = await api("DELETE", "/api/browser/cache");
+    say(`Cleared ${done.cleared}`);
+    loadCache();
+  } catch (err) {
+    say(err.message);
+  }
+});
+
 // --- API tokens -----------------------------------------------------------------------------
 async function loadTokens() {
   const tokens = await api("GET", "/api/tokens");
@@ -214,5 +244,6 @@ function pollDevices(until) {
 }
 
 loadVault();
+loadCache();
 loadTokens().catch((err) => say(err.message));
 loadDevices().catch((err) => say(err.message));

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from tasks.api import browser_cache
 from tasks.api import model as model_views
 from tasks.api import vault as vault_views
 
@@ -10,4 +11,6 @@ urlpatterns = [
     path("settings/model", model_views.model_settings, name="model-settings"),
     path("settings/model/test", model_views.model_test, name="model-test"),
     path("describe", model_views.describe, name="describe"),
+    path("browser/cache", browser_cache.cache_list, name="browser-cache"),
+    path("browser/cache/<str:entry_id>", browser_cache.cache_entry, name="browser-cache-entry"),
 ]

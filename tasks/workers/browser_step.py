@@ -12,6 +12,7 @@ from tasks.tools.registry import NeedsApproval
 from tasks.workers.values import substitute
 
 if TYPE_CHECKING:
+    from tasks.browser.grounding import Grounded
     from tasks.browser.session import BrowserSession
 
 
@@ -41,15 +42,16 @@ class RunBrowser:
         from tasks.browser import steps as browser_steps  # noqa: PLC0415 - Playwright: only for a browser step
 
         session = self.session(ctx, index, known)
-        value, grounding = ground_target(ctx, session, kind, value, step, index)
+        value, grounded = ground_target(ctx, session, kind, value, step, index)
         try:
             result, evidence = browser_steps.execute(ctx, session, kind, value, step, index=index, approved=approved)
         except StepFailed as exc:
-            if grounding:
-                exc.evidence.data["grounding"] = grounding
+            if grounded:
+                exc.evidence.data["grounding"] = grounded.shown
             raise
-        if grounding:
-            evidence.data["grounding"] = grounding
+        if grounded:
+            grounded.confirm(ctx.task)  # the action succeeded: only now is what was found kept
+            evidence.data["grounding"] = grounded.shown
         return result, evidence
 
     def session(self, ctx: RunContext, index: int, known: dict[str, Any]) -> BrowserSession:
@@ -89,8 +91,9 @@ class RunBrowser:
 
 
 def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: Any, step: dict[str, Any],
-                  index: int) -> tuple[Any, dict[str, Any] | None]:
-    """A target described in plain words becomes a selector (``tasks.browser.grounding``)."""
+                  index: int) -> tuple[Any, Grounded | None]:
+    """A target described in plain words becomes a selector (``tasks.browser.grounding``);
+    the step's value, and how it was found."""
     if not (isinstance(value, dict) and "describe" in value):
         return value, None
     if kind not in ("click", "fill"):
@@ -98,6 +101,6 @@ def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: An
     timeout_s = float(step.get("timeout_s") or browser_kinds.DEFAULT_TIMEOUT_S)
     from tasks.browser import grounding  # noqa: PLC0415 - Playwright: only for a browser step
 
-    found, how = grounding.ground(ctx, session, kind, value, index=index, timeout_s=timeout_s,
-                                  trace=bool((ctx.task.flow or {}).get("trace")))
-    return found, how
+    grounded = grounding.ground(ctx, session, kind, value, index=index, timeout_s=timeout_s,
+                                trace=bool((ctx.task.flow or {}).get("trace")))
+    return grounded.value, grounded

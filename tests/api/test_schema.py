@@ -16,6 +16,8 @@ from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
+from tasks.browser.cache import remember
+from tasks.models import Task
 from tests.conftest import Box, wait_for
 from tests.factories import flow
 from tests.schema_check import Schema
@@ -131,6 +133,13 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("POST", "/api/vault", {"name": "KEY", "value": "v"}), 201)
     ok(api.call("GET", "/api/vault"))
     ok(api.call("DELETE", "/api/vault/KEY"), 204)
+    for instruction in ("the Play flight", "the Sky flight"):  # what a browser step's action confirmed
+        remember(Task.objects.get(pk=guarded["id"]), "http://shop.example/flights", instruction, kind="click",
+                 selector='role=button[name="Select" s]', fingerprint={"role": "button", "name": "Select"})
+    remembered = api.call("GET", "/api/browser/cache", workspace="home").json()["results"]
+    ok(api.call("DELETE", f"/api/browser/cache/{remembered[0]['id']}"), 204)
+    ok(api.call("DELETE", f"/api/browser/cache/{remembered[0]['id']}"), 404)
+    ok(api.call("DELETE", "/api/browser/cache"))
     ok(api.call("GET", "/api/settings/model"))
     ok(api.call("GET", "/api/describe"))
     ok(api.call("PATCH", "/api/settings/model", {"baseUrl": "http://127.0.0.1:9/v1", "model": "m", "keyName": ""}))

@@ -1,12 +1,12 @@
 """A target described in plain words: the model picks it from the page (against a real local
 chat-completions server), the choice is logged with its prompt and decision, and what worked is
-replayed from memory with no model call, or grounded again when the remembered element is gone."""
+replayed from memory or the box's cache with no model call, or grounded again when the remembered
+element is gone (the cache's own guarantees: tests/browser/test_grounding_cache.py)."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from tasks.browser.grounding import cache_path
 from tests.factories import flow
 from tests.fakemodel import (
     Answer,
@@ -16,6 +16,7 @@ from tests.fakemodel import (
 from tests.model.conftest import model  # noqa: F401 - fixture
 
 CHEAPEST = "the cheapest flight's Select button"
+PLAY = "the Play flight's Select button"
 
 
 def pick_cheapest(body: dict[str, Any]) -> Answer:
@@ -42,7 +43,6 @@ def grounding_of(box: Any, task_id: str) -> dict[str, Any]:
 
 
 def test_the_model_finds_the_element_then_memory_replays_it_with_no_model_call(sandboxed, site, model):  # noqa: F811
-    cache_path().unlink(missing_ok=True)
     model.fallback = pick_cheapest
     first = run(sandboxed, site, CHEAPEST, trace=True)
     assert len(model.received) == 1
@@ -54,16 +54,23 @@ def test_the_model_finds_the_element_then_memory_replays_it_with_no_model_call(s
     assert report["records"]["heading"] == [{"value": "You chose Play 09:10"}]
     assert report["memory"] == [{"instruction": CHEAPEST, "page": f"{site.url}/shop", "selector": found["selector"]}]
 
-    second = run(sandboxed, site, CHEAPEST)  # the box's own cache: no model call
-    assert len(model.received) == 1
+    # "The cheapest" is a question about the page's prices now: the model is asked every time.
+    again = run(sandboxed, site, CHEAPEST)
+    assert len(model.received) == 2 and "cheapest" in grounding_of(sandboxed, again["id"])["fresh"]
+
+    # An instruction that names its element is replayed from the box's own cache: no model call.
+    named = run(sandboxed, site, PLAY)
+    assert len(model.received) == 3 and grounding_of(sandboxed, named["id"])["selector"] == found["selector"]
+    second = run(sandboxed, site, PLAY)
+    assert len(model.received) == 3
     assert grounding_of(sandboxed, second["id"])["from"] == "cache"
     assert sandboxed.api.get(f"/api/tasks/{second['id']}/report").json()["records"]["heading"] == [{"value": "You chose Play 09:10"}]
 
     # Hints a flow brings from an earlier run: one that still finds its element is used as it is...
     hinted = run(sandboxed, site, "the Play flight", memory=[{"instruction": "the Play flight", "selector": found["selector"]}])
-    assert len(model.received) == 1 and grounding_of(sandboxed, hinted["id"])["from"] == "memory"
+    assert len(model.received) == 3 and grounding_of(sandboxed, hinted["id"])["from"] == "memory"
     # ...and one whose element is gone is grounded again.
-    stale = run(sandboxed, site, "the lowest fare's button", memory=[{"instruction": "the lowest fare's button", "selector": "#gone"}])
-    assert len(model.received) == 2
-    again = grounding_of(sandboxed, stale["id"])
-    assert again["from"] == "model" and again["forgotten"] == ["#gone"] and again["selector"] == found["selector"]
+    stale = run(sandboxed, site, "the Play fare's button", memory=[{"instruction": "the Play fare's button", "selector": "#gone"}])
+    assert len(model.received) == 4
+    grounded = grounding_of(sandboxed, stale["id"])
+    assert grounded["from"] == "model" and grounded["forgotten"] == ["#gone"] and grounded["selector"] == found["selector"]
