@@ -109,6 +109,7 @@ class Watch:
     downloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     history: list[Page] = field(default_factory=list)  # the pages acted on before, newest last
     limit: int = MAX_DOWNLOAD_BYTES
+    staging: Path | None = None  # the copy's staging folder, there while a step acts
 
     def install(self) -> None:
         context = self.session.context
@@ -156,8 +157,12 @@ class Watch:
         if not staging.is_dir():
             if staging.is_symlink() or staging.exists():
                 raise StepFailed(f"'{STAGING}' in the task's files is not a folder the box made; remove it")
-            staging.mkdir()
+            try:
+                staging.mkdir()
+            except OSError:
+                return  # a copy that takes no folder now takes no download either: one fails its step
             give_to_task_user(Path(ctx.workdir), [staging])
+        self.staging = staging
         if self.cdp is not None:
             return
         browser = self.session.browser
@@ -206,8 +211,6 @@ class Watch:
                 problems.append(f"the download of '{name}' {why}")
                 continue
             saved.append(_keep(ctx, staged, name, self.limit, problems, prefix))
-        if staging.is_dir() and not any(staging.iterdir()):
-            staging.rmdir()
         if problems:
             raise StepFailed("; ".join(problems))
         return [s for s in saved if s]
@@ -245,10 +248,7 @@ class Watch:
             if saved:
                 met["downloads"] = saved
         finally:
-            self.acting = False
-            self.answer = None
-            if self.dialogs:
-                met["dialogs"] = list(self.dialogs)
+            met.update(self.stop())
         return met
 
     def stop(self) -> dict[str, Any]:
@@ -256,7 +256,18 @@ class Watch:
         dialogs from now on."""
         self.acting = False
         self.answer = None
+        self._tidy()
         return {"dialogs": list(self.dialogs)} if self.dialogs else {}
+
+    def _tidy(self) -> None:
+        """The staging folder goes once empty: the task's files show only what it downloaded."""
+        staging, self.staging = self.staging, None
+        if staging is None or self.downloads:
+            return
+        try:
+            staging.rmdir()
+        except OSError:
+            pass  # not empty (a download still arriving) or gone: the next step tidies it
 
     def unexpected(self) -> list[dict[str, Any]]:
         """The dialogs dismissed because no step said how to answer them, since the last ask."""

@@ -70,6 +70,8 @@ class RunBrowser:
         self._session.start()
         ctx.recorder.note(f"browser started in {self._session.started_ms} ms", {"browser": True, "startMs": self._session.started_ms})
         steps: list[dict[str, Any]] = (ctx.task.flow or {}).get("steps", [])
+        if index >= len(steps):  # the agent's browser calls: the agent opens the page again itself
+            return self._session
         opened = [i for i in range(index) if step_kind(steps[i]) == "browse"]
         if step_kind(steps[index]) == "browse" or not opened:
             return self._session

@@ -3,6 +3,8 @@ select, upload, downloads, dialogs, popups, a form in a frame, a button in a sha
 waiting for text that appears later."""
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,8 +12,19 @@ import pytest
 
 from tasks.browser import pages
 from tasks.browser.binary import missing_reason
+from tasks.sandbox.accounts import running_processes_of
 from tests.browser.sites_actions import REPORT, Site, serve
+from tests.browser.test_walls_payment import chromium_of
+from tests.conftest import wait_for
 from tests.factories import flow
+from tests.fakemodel import (
+    Answer,
+    call,
+    fake_model,  # noqa: F401 - fixture
+    say,
+)
+from tests.model.conftest import model  # noqa: F401 - fixture
+from tests.sandbox.conftest import uid_of
 
 
 @pytest.fixture
@@ -96,7 +109,9 @@ def test_a_download_is_saved_into_the_copy_with_a_safe_name(sandboxed, web):
     view, report = run(sandboxed, web,
                        {"browse": f"{web.url}/download"},
                        {"click": {"text": "Export the report"}},
-                       {"run": "ls downloads && cat downloads/*.csv", "save": "listing"})
+                       {"run": "ls downloads && cat downloads/*.csv", "save": "listing"},
+                       {"run": "ls -A", "save": "top"})
+    assert report["records"]["top"] == "downloads"  # the staging folder is gone
     listing = report["records"]["listing"]
     assert listing == "bashrc report.csv\n" + REPORT.strip(), listing
     click = results(sandboxed, view["id"])[1]
@@ -182,3 +197,64 @@ def test_a_wait_that_times_out_fails_the_step(sandboxed, web):
     view, _ = run(sandboxed, web, {"browse": f"{web.url}/late"}, {"wait": {"text": "Sold out"}, "timeout_s": 0.5},
                   state="failed")
     assert "waited 0.5 s for text 'Sold out'" in view["error"]
+
+
+BAGS = {"type": "object", "properties": {"kg": {"type": "number"}}, "required": ["kg"], "additionalProperties": False}
+
+
+def read_bags(body: dict[str, Any]) -> Answer:
+    """Answer from the page text the box sent, as a model reading it would."""
+    prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    found = re.search(r"Bags: (\d+) kg", prompt.partition("Text of the page:")[2])
+    assert found, prompt
+    return say(json.dumps({"kg": int(found.group(1))}))
+
+
+def test_extract_from_plain_words_follows_the_schema(sandboxed, web, model):  # noqa: F811
+    model.fallback = read_bags
+    view, report = run(sandboxed, web,
+                       {"browse": f"{web.url}/terms"},
+                       {"extract": {"describe": "the checked bag allowance in kg", "schema": BAGS}, "save": "bags"},
+                       budgetCents=100)
+    assert report["records"]["bags"] == {"kg": 15} and len(model.received) == 1
+    extract = results(sandboxed, view["id"])[1]
+    assert extract["data"]["instruction"] == "the checked bag allowance in kg" and extract["data"]["answer"] == {"kg": 15}
+
+
+def test_extract_from_plain_words_without_a_model_says_it_needs_one(sandboxed, web):
+    view, _ = run(sandboxed, web, {"browse": f"{web.url}/terms"}, {"extract": {"describe": "the bag allowance"}},
+                  state="failed")
+    assert "needs a model to read the page" in view["error"]
+
+
+def test_the_agent_drives_the_browser_through_its_tools(sandboxed, web, model):  # noqa: F811
+    model.answer(call("browser_open", url=f"{web.url}/search"),
+                 call("browser_act", action="fill", target={"label": "Search flights"}, value="${route}"),
+                 call("browser_act", action="press", target={"label": "Search flights"}, keys="Enter"),
+                 call("browser_extract", target="h1"),
+                 call("browser_screenshot"),
+                 call("finish", answer="found it"))
+    task = sandboxed.create(title="agent", prompt="search for my route", hosts=["127.0.0.1"], budgetCents=100,
+                            facts={"route": "DEL BOM"})
+    view = sandboxed.wait_state(task["id"], "done", "failed", "waiting", timeout=90)
+    assert view["state"] == "done", (view, [e["summary"] for e in sandboxed.events(task["id"])])
+    assert web.gets["/results"] == 1
+    assert "Results for DEL BOM" in model.received[4].messages[-1]["content"]
+    events = sandboxed.events(task["id"])
+    shots = [a for e in events if e["kind"] == "tool_result" for a in e["artifacts"] if a["type"] == "image/png"]
+    assert len(shots) >= 7  # before and after each acting call, and the screenshot
+
+
+def test_the_agents_browser_stops_in_front_of_a_payment(sandboxed, web, model):  # noqa: F811
+    model.answer(call("browser_open", url=f"{web.url}/card"),
+                 call("browser_act", action="click", target={"label": "Card number"}),
+                 call("browser_act", action="press", keys="Enter"))
+    task = sandboxed.create(title="agent", prompt="pay", hosts=["127.0.0.1"], budgetCents=100)
+    view = sandboxed.wait_state(task["id"], "done", "failed", "waiting", timeout=90)
+    assert (view["state"], view["waitingFor"], view["continuable"]) == ("waiting", "checkpoint", False), view
+    assert web.posts == {}
+    # The checkpoint keeps the browser on the page until cancel, which ends it.
+    assert chromium_of(task["id"])
+    uid = uid_of(task["id"])
+    assert sandboxed.api.post(f"/api/tasks/{task['id']}/cancel").status_code == 200
+    wait_for(lambda: not running_processes_of(uid), timeout=30, what="every process of the task's user to go")
