@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tasks.run.evidence import Evidence
 
-ACTING = ("browse", "click", "fill", "pick")
-KINDS = (*ACTING, "extract", "screenshot")
+# Acting steps store before/after evidence and run again when a fresh browser re-opens the page
+# (``tab`` changes nothing out there, but the steps after it act on the tab it chose).
+ACTING = ("browse", "click", "fill", "pick", "press", "select", "upload", "tab")
+KINDS = (*ACTING, "wait", "extract", "screenshot")
 
 DEFAULT_TIMEOUT_S = 15.0
 

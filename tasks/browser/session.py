@@ -403,6 +403,11 @@ class BrowserSession:
             self._page = self.context.pages[-1] if self.context.pages else self.context.new_page()
         return self._page
 
+    def use_page(self, page: Page) -> None:
+        """The steps from now on act on ``page`` (a tab the page opened, or one a step chose)."""
+        self._page = page
+        page.bring_to_front()
+
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Locator, Page
+from playwright.sync_api import Frame, FrameLocator, Locator, Page
 
 from boxsite.core.cards import looks_like_card
-from tasks.browser import origins, payment
+from tasks.browser import origins, pages, payment
 from tasks.browser.kinds import ACTING, DEFAULT_TIMEOUT_S, KINDS, PaymentStop
 from tasks.browser.session import BrowserSession
 from tasks.models import EventKind
@@ -57,6 +58,7 @@ class Call:
     timeout_s: float
     approved: bool
     replay: bool = False  # re-opening the page in a new run: act, store no evidence
+    dialog: Any = None  # the step's answer to a dialog the page opens while it acts (tasks.browser.pages)
 
     @property
     def page(self) -> Page:
@@ -70,24 +72,39 @@ class Call:
         return f"step-{self.index + 1}-run-{self.ctx.run.number}-{suffix}"
 
 
+# How a step of a kind of its own acts (``tasks.browser.actions``): on the session's thread, with
+# the step's evidence to add to; the step's result and the element it acted on.
+Act = Callable[["Call", Evidence], tuple[Any, dict[str, Any]]]
+# How a reading step of a kind of its own runs; its result and evidence.
+Read = Callable[["Call"], tuple[Any, Evidence]]
+
+
 def execute(ctx: RunContext, session: BrowserSession, kind: str, value: Any, step: dict[str, Any], *,
-            index: int, approved: bool, replay: bool = False) -> tuple[Any, Evidence]:
-    """Run browser step ``kind`` with its resolved ``value``; its result and evidence."""
-    call = Call(ctx, session, kind, value, index, float(step.get("timeout_s") or DEFAULT_TIMEOUT_S), approved, replay)
+            index: int, approved: bool, replay: bool = False, act: Act | None = None,
+            read: Read | None = None) -> tuple[Any, Evidence]:
+    """Run browser step ``kind`` with its resolved ``value``; its result and evidence. ``act``
+    (an acting step) or ``read`` runs a kind this module does not know, inside the same guards
+    and evidence."""
+    call = Call(ctx, session, kind, value, index, float(step.get("timeout_s") or DEFAULT_TIMEOUT_S), approved, replay,
+                dialog=step.get("dialog"))
     try:
-        return session.call(lambda: _execute(call))
+        return session.call(lambda: _execute(call, act, read))
     finally:
         record_blocked(ctx, session)
+        record_dialogs(ctx, session)
 
 
-def _execute(call: Call) -> tuple[Any, Evidence]:
+def _execute(call: Call, act: Act | None, read: Read | None) -> tuple[Any, Evidence]:
     """On the session's thread: no database here (``BrowserSession``)."""
     # The last acting step's after-image stands for this step's before-image only when nothing
     # ran in the browser between the two.
     shot, call.session.last_shot = call.session.last_shot, None
     try:
+        pages.watch(call.session)  # before anything: no dialog of the page is left unanswered
+        if read is not None:
+            return read(call)
         if call.kind in ACTING:
-            return _acting(call, shot)
+            return _acting(call, act, shot)
         if call.kind == "extract":
             return _extract(call)
         return _screenshot(call)
@@ -96,7 +113,7 @@ def _execute(call: Call) -> tuple[Any, Evidence]:
 
 
 # -- acting steps ------------------------------------------------------------------------------
-def _acting(call: Call, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evidence]:
+def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evidence]:
     evidence = Evidence()
     if call.kind == "browse":
         url = call.value if isinstance(call.value, str) else str(call.value["url"])
@@ -108,8 +125,12 @@ def _acting(call: Call, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evi
     result: Any = None
     element: dict[str, Any] = {}
     refused_before = len(call.session.blocked)
+    watch = pages.watch(call.session)
+    watch.before(call.ctx, call.dialog)
     try:
-        if call.kind == "browse":
+        if act is not None:
+            result, element = act(call, evidence)
+        elif call.kind == "browse":
             result, element = _browse(call, url), {}
         elif call.kind == "click":
             target = _target(call, call.value)
@@ -122,9 +143,11 @@ def _acting(call: Call, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evi
         else:
             result, element = _pick(call, evidence)
         _settle(call)
+        evidence.data.update(watch.after(call.ctx, call.timeout_ms, call.artifact("")))
         _hold_origins(call, refused_before)
     except StepFailed as exc:
         exc.evidence = _merge(evidence, exc.evidence, element)
+        exc.evidence.data.update(watch.stop())
         _capture(call, "after", exc.evidence)
         exc.evidence.data.update(_where(call.page))
         raise
@@ -132,7 +155,10 @@ def _acting(call: Call, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evi
         refused = _refused_since(call, refused_before)
         failure = refused or _failure(call, _playwright_message(exc))
         failure.evidence = _merge(evidence, failure.evidence, element)
+        failure.evidence.data.update(watch.stop())
         raise failure from exc
+    finally:
+        watch.stop()
     _capture(call, "after", evidence, keep=True)
     evidence.data.update({**before, **_where(call.page), **({"element": element} if element else {})})
     return result, evidence
@@ -197,11 +223,9 @@ def _pick(call: Call, evidence: Evidence) -> tuple[Any, dict[str, Any]]:
         option = spec.get("option")
         if option is None:
             raise StepFailed("'pick' on a list box needs 'option' (its label or value)")
-        try:
-            chosen = first.select_option(label=str(option), timeout=call.timeout_ms)
-        except PlaywrightError:
-            chosen = first.select_option(value=str(option), timeout=call.timeout_ms)
-        return {"value": str(option)}, {**describe(first), "chose": chosen}
+        element = describe(first)
+        chosen = pages.choose_options(first, [str(option)], call.timeout_ms)
+        return {"value": chosen[0]}, {**element, "chose": chosen}
     items = [target.nth(i) for i in range(target.count())]
     texts = [_visible_text(item) for item in items]
     where = spec.get("where")
@@ -386,7 +410,7 @@ def _playwright_message(exc: PlaywrightError) -> str:
 # -- targets -----------------------------------------------------------------------------------
 def _target(call: Call, spec: Any, *, first: bool = True) -> Locator:
     """The element(s) ``spec`` names on the page; waits up to the step's timeout for the first."""
-    locator = _locate(call.page, spec)
+    locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec)
     if first:
         locator = locator.first
         try:
@@ -401,7 +425,7 @@ def _target(call: Call, spec: Any, *, first: bool = True) -> Locator:
     return locator
 
 
-def _locate(root: Page | Locator, spec: Any) -> Locator:
+def _locate(root: Page | Frame | FrameLocator | Locator, spec: Any) -> Locator:
     if isinstance(spec, str):
         return root.locator(spec)
     if not isinstance(spec, dict):
@@ -418,6 +442,26 @@ def _locate(root: Page | Locator, spec: Any) -> Locator:
     if "placeholder" in spec:
         return root.get_by_placeholder(str(spec["placeholder"]), exact=bool(spec.get("exact", False)))
     raise StepFailed("a target needs one of selector, text, role, label or placeholder")
+
+
+def find_target(call: Call, spec: Any, *, first: bool = True) -> Locator:
+    """The element(s) a step names (``_target``), for the kinds of ``tasks.browser.actions``."""
+    return _target(call, spec, first=first)
+
+
+def locate(root: Page | Frame | FrameLocator | Locator, spec: Any) -> Locator:
+    """What ``spec`` names under ``root``, without waiting (``_locate``)."""
+    return _locate(root, spec)
+
+
+def guard_payment_click(call: Call, element: dict[str, Any], evidence: Evidence) -> None:
+    """Stop or ask before pressing ``element`` on a payment page (``_guard_payment_click``)."""
+    _guard_payment_click(call, call.page.locator("body"), element, evidence)
+
+
+def guard_payment_fill(call: Call, element: dict[str, Any], text: str, evidence: Evidence) -> None:
+    """Card data goes only where ``_guard_payment_fill`` lets it."""
+    _guard_payment_fill(call, element, text, _holds_secret(call, text), evidence)
 
 
 def _target_in(item: Locator, spec: Any) -> Locator:
@@ -488,6 +532,12 @@ def _guard_payment_click(call: Call, target: Locator, element: dict[str, Any], e
     signals = payment.stops_before(call.page, element)
     if signals is None:
         return
+    stop_before_paying(call, signals, element, evidence)
+
+
+def stop_before_paying(call: Call, signals: list[str], element: dict[str, Any], evidence: Evidence) -> None:
+    """The page would pay if the step acted (``signals`` say why): stop (``stop_at_payment``), or
+    ask the owner and go on only with their OK (``fill_then_approve``)."""
     here = origins.origin_of(call.page.url)
     label = element.get("text") or element.get("ariaLabel") or "the control that pays"
     evidence.data["payment"] = signals
@@ -527,6 +577,13 @@ def _guard_payment_fill(call: Call, element: dict[str, Any], text: str, secret: 
 def _record_blocked(call: Call, url: str) -> None:
     call.session.blocked.append({"url": url[:500], "origin": origins.origin_of(url), "reason": "not in constraints.origins",
                                  "via": "browser"})
+
+
+def record_dialogs(ctx: RunContext, session: BrowserSession) -> None:
+    """Log the dialogs dismissed because no step said how to answer them (on the worker's thread)."""
+    for dialog in pages.watch_of(session).unexpected():
+        ctx.recorder.note(f"an unexpected {dialog['type']} was dismissed: {dialog['message'][:200]}",
+                          {"dialog": dialog})
 
 
 def record_blocked(ctx: RunContext, session: BrowserSession) -> None:

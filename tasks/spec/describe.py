@@ -36,11 +36,22 @@ WHAT = {
     "http": "an HTTP request through the task's host policy: a URL, or {url, method, headers, body}",
     "tool": "call a broker tool the task lists: the tool's name, with 'args' beside it",
     "browse": "open a page in the task's browser: a URL, or {url}",
-    "click": "click an element: a selector, or {selector|text|role|label|placeholder}",
-    "fill": "type into a field: {selector|text|role|label|placeholder, value}",
-    "pick": "choose an option: a selector, or {selector|..., value}",
-    "extract": "read the page into records: a description or {selector, ...}",
-    "screenshot": "take a screenshot of the page",
+    "click": "click an element: a selector, or a target {selector|text|role (+name)|label|placeholder|describe, frame?}; "
+             "a download it starts is saved to downloads/ of the task's files, a tab it opens becomes the page",
+    "fill": "type into a field: {<target>, value}; a <select> gets the option with that label",
+    "pick": "choose one of several elements: {<target of the items>, by: first|last|cheapest|highest, where?, price?, "
+            "click? (a target inside the item, or false)}; on a <select>, {<target>, option}",
+    "press": "press keys: \"Enter\", \"Control+A\", or {keys (one or a list), <target>?} (without a target, on the "
+             "focused element); Enter in a form submits it and is guarded like a click on its submit button",
+    "select": "choose options of a <select>: {<target>, option (a label or value, or a list for a multiple select)}",
+    "upload": "put files of the task's files into a file input (or the chooser a button opens): {<target>, file (a "
+              "relative path, or a list)}; no '..', no absolute path, no link out",
+    "wait": "wait until something is so: a selector, \"network\" (idle) or \"load\"; or {<target>, state?: "
+            "visible|hidden|attached|detached} or {url: part of the address}; timeout_s bounds it",
+    "tab": "act on another tab from now on: \"first\", \"last\", \"previous\", {index (from 1)} or {url: part of its address}",
+    "extract": "read the page into records: a selector, or {<target>, fields?, limit?}; or {describe: what to read in plain "
+               "words, schema?: JSON Schema of the answer} (the model reads the page)",
+    "screenshot": "take a screenshot of the page: true, or {full_page}",
     "model": "one model call: a prompt, or {prompt, schema (JSON Schema of the answer), system}",
     "ask": "ask the owner for a named value: a name, or {name, why, kind, options}",
     "approve": "wait for the owner's OK: a reason",
@@ -62,6 +73,16 @@ EXAMPLES: list[Example] = [
                         {"write": {"path": "summary.md", "content": "${summary}"}}]}},
     {"task": "Delete the build directory after the owner agrees",
      "flow": {"steps": [{"delete": "build", "stop_before": "this deletes the build directory"}]}},
+    {"task": "Search a shop for a flight, open the first offer's terms in their new tab and read the bag allowance",
+     "flow": {"steps": [{"browse": "https://shop.example/search"},
+                        {"fill": {"label": "Search flights", "value": "DEL BOM"}},
+                        {"press": {"label": "Search flights", "keys": "Enter"}},
+                        {"wait": {"text": "Results"}},
+                        {"click": {"text": "Terms"}},
+                        {"extract": {"describe": "the checked bag allowance in kg",
+                                     "schema": {"type": "object", "properties": {"kg": {"type": "number"}}}},
+                         "save": "bags"},
+                        {"tab": "first"}]}},
     {"task": "Send the report to an address the owner gives",
      "flow": {"steps": [{"ask": {"name": "email", "why": "where the report goes"}},
                         {"tool": "mail.send", "args": {"to": "${email}", "subject": "Report"}, "stop_before": "it sends mail"}]}},
@@ -73,7 +94,19 @@ RULES = [
     "Secret values reach a model only as ${name}; write ${name} where one is needed.",
     "Put stop_before on every step that deletes, sends, publishes or pays.",
     "Paying is never automatic: a payment page is a checkpoint with payment: true.",
+    "A browser step's <target> is one of selector (CSS, piercing open shadow roots), text, role (with name), label, "
+    "placeholder or describe (plain words); add frame (the selector of an <iframe>, or {url: part of its address}) "
+    "for an element inside a frame.",
+    "An acting browser step may carry dialog: \"accept\", \"dismiss\" or {accept: text for a prompt}; a dialog no "
+    "step answers is dismissed and logged.",
 ]
+# The keys beside a kind key that belong to it (flows.EXTRA_KEYS).
+EXTRA_SCHEMAS: dict[str, dict[str, Any]] = {
+    "args": {"type": "object"},
+    "dialog": {"anyOf": [{"enum": ["accept", "dismiss"]},
+                         {"type": "object", "properties": {"accept": {"type": "string"}}, "required": ["accept"],
+                          "additionalProperties": False}]},
+}
 
 
 def step_schema(kind: str) -> dict[str, Any]:
@@ -95,7 +128,7 @@ def step_schema(kind: str) -> dict[str, Any]:
     if spec.acts:
         properties["stop_before"] = {"type": "string"}
     for extra in EXTRA_KEYS.get(kind, set()):
-        properties[extra] = {"type": "object"}
+        properties[extra] = EXTRA_SCHEMAS[extra]
     return {"type": "object", "description": WHAT.get(kind, kind), "properties": properties, "required": [kind],
             "additionalProperties": False}
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-
 from boxsite.core.errors import InvalidFlow
+from tasks.spec.browser_steps import TARGET_KEYS, check_browser_step
+from tasks.spec.schemas import schema_problem
 from tasks.vault.facts import names_in
 
 
@@ -36,6 +35,11 @@ STEP_KINDS: dict[str, StepKind] = {
         StepKind("click", True, ("str", "object")),
         StepKind("fill", True, ("object",), ("value",)),
         StepKind("pick", True, ("str", "object")),
+        StepKind("press", True, ("str", "object"), ("keys",)),
+        StepKind("select", True, ("object",), ("option",)),
+        StepKind("upload", True, ("object",), ("file",)),
+        StepKind("wait", False, ("str", "object")),
+        StepKind("tab", False, ("str", "object")),
         StepKind("extract", False, ("str", "object")),
         StepKind("screenshot", False, ("str", "object", "bool")),
         StepKind("model", False, ("str", "object"), ("prompt",)),
@@ -45,15 +49,15 @@ STEP_KINDS: dict[str, StepKind] = {
     )
 }
 COMMON_KEYS = {"name", "save", "stop_before", "timeout_s"}
-EXTRA_KEYS = {"tool": {"args"}}  # keys beside the kind key that belong to that kind
+# Keys beside the kind key that belong to that kind: a tool's arguments; how a browser step
+# answers a dialog the page opens while it acts (tasks/spec/browser_steps.py).
+EXTRA_KEYS = {"tool": {"args"}, **{k: {"dialog"} for k in ("browse", "click", "fill", "pick", "press", "select", "upload")}}
 # Kinds the flow worker executes now; the rest validate but are refused at run time.
 EXECUTABLE_KINDS = {"run", "write", "delete", "http", "tool", "model", "ask", "approve", "checkpoint",
-                    "browse", "click", "fill", "pick", "extract", "screenshot"}
+                    "browse", "click", "fill", "pick", "press", "select", "upload", "wait", "tab", "extract", "screenshot"}
 
 _SHAPE_TYPES = {"str": str, "object": dict, "bool": bool}
-# How a browser step names its element (tasks/browser/steps.py): one of these keys.
-TARGET_KEYS = ("selector", "text", "role", "label", "placeholder", "describe")
-TARGETED_KINDS = ("click", "fill", "pick")
+TARGETED_KINDS = ("click", "fill", "pick", "select", "upload")
 
 
 def step_kind(step: dict[str, Any]) -> str:
@@ -124,6 +128,8 @@ def validate_flow(flow: Any, field: str = "flow") -> dict[str, Any]:
             _check_model_step(step["model"], where)
         if kind.name in ("write", "delete"):
             _check_path(step[kind.name], where, kind.name)
+        if kind.name in BROWSER_KINDS:
+            check_browser_step(kind.name, step, where)
         if "args" in step and not isinstance(step["args"], dict):
             raise InvalidFlow(f"{where}: 'args' must be an object", field=f"{where}.args")
         if "stop_before" in step:
@@ -182,18 +188,7 @@ def _check_model_step(value: Any, where: str) -> None:
             raise InvalidFlow(f"{where}: 'model.schema' is not a usable JSON Schema: {problem}", field=f"{where}.model.schema")
 
 
-def schema_problem(schema: Any) -> str | None:
-    """Why ``schema`` is not a JSON Schema the box can check an answer against, or None."""
-    if not isinstance(schema, dict):
-        return "a schema is an object"
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        return exc.message
-    return None
-
-
-BROWSER_KINDS = ("browse", "click", "fill", "pick", "extract", "screenshot")
+BROWSER_KINDS = ("browse", "click", "fill", "pick", "press", "select", "upload", "wait", "tab", "extract", "screenshot")
 
 
 def uses_browser(flow: dict[str, Any]) -> bool:

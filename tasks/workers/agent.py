@@ -29,6 +29,9 @@ from django.utils import timezone
 
 from boxsite.core.errors import NotFound
 from tasks import budget, pauses
+from tasks.browser.kinds import ACTING as BROWSER_ACTING
+from tasks.browser.kinds import KINDS as BROWSER_KINDS
+from tasks.browser.kinds import PaymentStop
 from tasks.llm.client import (
     Decision,
     KeyMissing,
@@ -48,7 +51,7 @@ from tasks.run.evidence import TAIL_CHARS, TAIL_LINES, Evidence, StepFailed, bou
 from tasks.states import WaitingFor
 from tasks.tools.registry import NeedsApproval, get_tool
 from tasks.vault.facts import guess_kind
-from tasks.workers import agent_files, context_window
+from tasks.workers import agent_browser, agent_files, context_window
 from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, check_time, needs_key
 from tasks.workers.file_steps import inside
 from tasks.workers.flow import FlowWorker
@@ -193,7 +196,7 @@ class AgentWorker:
         return text[:AGENTS_MD_CHARS] + (" … (cut)" if len(text) > AGENTS_MD_CHARS else "")
 
     def _functions(self, ctx: RunContext) -> list[dict[str, Any]]:
-        functions = list(BUILTIN_FUNCTIONS)
+        functions = [*BUILTIN_FUNCTIONS, *agent_browser.functions(ctx)]
         for name in ctx.task.tools or []:
             tool = get_tool(name)
             if tool is None:
@@ -215,6 +218,7 @@ class AgentLoop:
         self.state = state
         self.by_function = {tool_function_name(n): n for n in ctx.task.tools or []}
         self.by_name = {t["function"]["name"]: t["function"] for t in tools}
+        self.flow = FlowWorker()  # its browser is the run's, shared by the browser tools' calls
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -222,6 +226,16 @@ class AgentLoop:
         return messages
 
     def go(self) -> Outcome:
+        """The loop; the run's browser (if a call started one) is released as the run ends, and
+        kept only at a pause in front of a payment."""
+        outcome: Outcome | None = None
+        try:
+            outcome = self._go()
+            return outcome
+        finally:
+            self.flow.release_browser(paused=isinstance(outcome, Paused))
+
+    def _go(self) -> Outcome:
         ended = self._pending()
         if ended is not None:
             return ended
@@ -431,14 +445,23 @@ class AgentLoop:
         known = dict(ctx.facts.values)
         ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(args)}", {"call": call.id, "tool": call.name, "args": bounded(args)},
                            doing_now=True)
-        if kind in ("run", "write", "edit", "http"):
+        if kind in ("run", "write", "edit", "http") or (kind in BROWSER_ACTING and kind != "tab"):
             ctx.recorder.count("actions", "max_actions")
         try:
             result, evidence = self._run(kind, step, known, approved=approved, call=call.id)
         except NeedsApproval as need:
+            if need.kind == ApprovalKind.PAYMENT:
+                self.flow.at_payment()  # the page waits for the owner's OK in the kept browser
             return Turn(outcome=Paused(
                 WaitingFor.APPROVAL, need.summary, approval=ApprovalRequest(
                     need.kind, need.summary, {**need.detail, "call": call.id}, {**need.guard, "tool_call": call.id}, need.amount_cents)))
+        except PaymentStop as stop:
+            # Paying is never automatic: a person pays, and only cancel ends the task.
+            self.flow.at_payment()
+            ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} stopped: {stop.message}"[:300],
+                               {"call": call.id, "tool": call.name, "ok": False, "error": stop.message, **stop.evidence.data},
+                               artifacts=stop.evidence.artifacts)
+            return Turn(outcome=Paused(WaitingFor.CHECKPOINT, stop.message, continuable=False))
         except pauses.ActionUnknown as unknown:
             # Never called again by itself: the owner says what happened; the next run comes
             # back to this call and answers from what they said.
@@ -479,6 +502,8 @@ class AgentLoop:
             if sends(spec.get("method")):  # sent at most once, on the owner's OK (tasks.workers.http_step)
                 return {"http": spec, "stop_before": "the agent's request changes something"}, "http"
             return {"http": spec}, "http"
+        if call.name in agent_browser.NAMES:
+            return agent_browser.as_step(call.name, args)
         if call.name in self.by_function:
             return {"tool": self.by_function[call.name], "args": args}, "tool"
         return None, f"there is no tool '{call.name}' with those arguments; use the tools you were given"
@@ -520,11 +545,13 @@ class AgentLoop:
         if kind != "run":
             value = substitute(value, known)
         index = self.state["turn"] - 1
+        if kind in BROWSER_KINDS:  # each browser call its own evidence names
+            self.state["browser_calls"] = index = int(self.state.get("browser_calls", 0)) + 1
         # A lost run whose command had ended left its receipt: the command is not run again.
         receipt = receipts.find(ctx, index, call=call) if kind == "run" and ctx.run.number > 1 else None
         if receipt is not None:
             return from_step_receipt(ctx, step, receipt)
-        return FlowWorker()._execute(ctx, kind, value, step, known=known, approved=approved, index=index, call=call)
+        return self.flow._execute(ctx, kind, value, step, known=known, approved=approved, index=index, call=call)
 
     def _ask(self, call: ToolCall) -> Turn:
         name = str(call.arguments.get("name", "")).strip()[:100] or "answer"

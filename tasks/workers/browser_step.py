@@ -39,12 +39,12 @@ class RunBrowser:
     def execute(self, ctx: RunContext, kind: str, value: Any, step: dict[str, Any], *, known: dict[str, Any],
                 approved: bool, index: int) -> tuple[Any, Evidence]:
         """Run browser step ``index`` in the run's session; its result and evidence."""
-        from tasks.browser import steps as browser_steps  # noqa: PLC0415 - Playwright: only for a browser step
+        from tasks.browser import actions  # noqa: PLC0415 - Playwright: only for a browser step
 
         session = self.session(ctx, index, known)
         value, grounded = ground_target(ctx, session, kind, value, step, index)
         try:
-            result, evidence = browser_steps.execute(ctx, session, kind, value, step, index=index, approved=approved)
+            result, evidence = actions.execute(ctx, session, kind, value, step, index=index, approved=approved)
         except StepFailed as exc:
             if grounded:
                 exc.evidence.data["grounding"] = grounded.shown
@@ -72,10 +72,12 @@ class RunBrowser:
         self._session.start()
         ctx.recorder.note(f"browser started in {self._session.started_ms} ms", {"browser": True, "startMs": self._session.started_ms})
         steps: list[dict[str, Any]] = (ctx.task.flow or {}).get("steps", [])
+        if index >= len(steps):  # the agent's browser calls: the agent opens the page again itself
+            return self._session
         opened = [i for i in range(index) if step_kind(steps[i]) == "browse"]
         if step_kind(steps[index]) == "browse" or not opened:
             return self._session
-        from tasks.browser import steps as browser_steps  # noqa: PLC0415 - as above
+        from tasks.browser import actions  # noqa: PLC0415 - as above
 
         replay = [i for i in range(opened[-1], index) if step_kind(steps[i]) in browser_kinds.ACTING]
         ctx.recorder.note(f"re-opening the page: steps {', '.join(str(i + 1) for i in replay)} again",
@@ -84,7 +86,7 @@ class RunBrowser:
             kind = step_kind(steps[i])
             try:
                 value, _ = ground_target(ctx, self._session, kind, substitute(steps[i][kind], known), steps[i], i)
-                browser_steps.execute(ctx, self._session, kind, value, steps[i], index=i, approved=False, replay=True)
+                actions.execute(ctx, self._session, kind, value, steps[i], index=i, approved=False, replay=True)
             except (StepFailed, browser_kinds.PaymentStop, NeedsApproval) as exc:
                 raise StepFailed(f"re-opening the page failed at step {i + 1}: {exc}") from exc
         return self._session
@@ -94,10 +96,10 @@ def ground_target(ctx: RunContext, session: BrowserSession, kind: str, value: An
                   index: int) -> tuple[Any, Grounded | None]:
     """A target described in plain words becomes a selector (``tasks.browser.grounding``);
     the step's value, and how it was found."""
-    if not (isinstance(value, dict) and "describe" in value):
+    if not (isinstance(value, dict) and "describe" in value) or kind == "extract":  # an extract's describe is read by the model
         return value, None
-    if kind not in ("click", "fill"):
-        raise StepFailed(f"'describe' finds the element of a click or fill step, not of a '{kind}' step")
+    if kind not in ("click", "fill", "press", "select", "upload"):
+        raise StepFailed(f"'describe' finds the element of a click, fill, press, select or upload step, not of a '{kind}' step")
     timeout_s = float(step.get("timeout_s") or browser_kinds.DEFAULT_TIMEOUT_S)
     from tasks.browser import grounding  # noqa: PLC0415 - Playwright: only for a browser step
 

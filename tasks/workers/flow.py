@@ -56,6 +56,14 @@ class FlowWorker:
     def __init__(self) -> None:
         self._browser = RunBrowser()
 
+    def release_browser(self, paused: bool) -> None:
+        """For a worker that runs steps through this one (the agent): its run is over."""
+        self._browser.release(paused=paused)
+
+    def at_payment(self) -> None:
+        """The run pauses in front of a payment: its browser is kept for the next run."""
+        self._browser.at_payment = True
+
     def run(self, ctx: RunContext) -> Outcome:
         """Run the flow; the run's browser (if a step started one) is released whatever happens,
         except at a pause in front of a payment (``RunBrowser.release``)."""
