@@ -264,7 +264,7 @@ function fieldInput(question, field) {
   } else {
     const type = INPUT_TYPES[field.kind] ?? "text";
     input = el("input", {
-      id, name: field.name, type, required: true, "aria-describedby": describedBy,
+      id, name: field.name, type, required: !field.optional, "aria-describedby": describedBy,
       autocomplete: type === "email" ? "email" : type === "tel" ? "tel" : "off",
       inputmode: type === "number" ? "decimal" : null, step: type === "number" ? "any" : null,
     });
