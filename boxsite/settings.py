@@ -326,6 +326,9 @@ BOX_MODEL_CONTEXT_TOKENS = env_int("BOX_MODEL_CONTEXT_TOKENS", 32768, minimum=20
 BOX_AGENT_COMMAND_TIMEOUT_S = env_float("BOX_AGENT_COMMAND_TIMEOUT_S", 300.0)
 # The Chromium a task's browser steps run (Debian's package; its binary is started directly).
 BOX_BROWSER_EXECUTABLE = env_str("BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium") or "/usr/bin/chromium"
+# How long a browser kept across a pause may sit unused (no run, no input from the live view)
+# before it is closed; 0 keeps it until the task ends.
+BOX_BROWSER_IDLE_SECONDS = env_float("BOX_BROWSER_IDLE_SECONDS", 900.0)
 
 # --- API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {
