@@ -205,3 +205,19 @@ def test_the_inputs_a_viewer_may_relay_are_bounded():
         with pytest.raises(InvalidRequest) as refused_input:
             screencast.parse_input(bad)
         assert refused_input.value.field == field
+
+
+@pytest.mark.parametrize(("page", "wall"), [("/captcha-frame", "a captcha"), ("/quiet-password", "a login form"),
+                                            ("/hidden-password", None)])
+def test_a_wall_is_read_from_the_pages_dom_and_frames_not_only_its_words(sandboxed, walls, page, wall):
+    """No page here says "captcha" or "sign in": a captcha provider's frame and a password field a
+    person can see are the signs; a password field nobody can see is not a wall."""
+    task = sandboxed.create(title=page, hosts=["127.0.0.1"], flow=flow(
+        {"browse": f"{walls.url}{page}"}, {"click": {"text": "Continue to checkout"}, "timeout_s": 0.5}))
+    view = sandboxed.wait_state(task["id"], "waiting", "failed", timeout=90)
+    if wall is None:
+        assert view["state"] == "failed", view
+        return
+    assert view["waitingFor"] == "human", view
+    [question] = open_questions(sandboxed, task["id"])
+    assert wall in question["prompt"]
