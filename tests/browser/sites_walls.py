@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
 PAGE = "<!doctype html><html><head><meta charset=utf-8><title>{title}</title></head><body style='margin:0'>{body}</body></html>"
