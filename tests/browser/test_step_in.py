@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connections
 
 from boxsite.core.errors import InvalidRequest
 from tasks.browser import screencast
@@ -22,6 +24,19 @@ from tests.conftest import wait_for
 from tests.factories import flow, make_owner
 from tests.pauses.helpers import cont, open_questions, post, report
 from tests.portal.conftest import pair_device, session_cookie, ws
+
+
+def run(coroutine: Any) -> Any:
+    """Run a WebSocket client's coroutine; the connection the consumer's database reads opened in
+    asgiref's thread is closed after it, so the test database can be dropped."""
+
+    async def then_close() -> Any:
+        try:
+            return await coroutine
+        finally:
+            await database_sync_to_async(connections.close_all)()
+
+    return asyncio.run(then_close())
 
 
 @pytest.fixture
@@ -105,7 +120,7 @@ def test_a_login_wall_is_passed_by_a_person_through_the_live_view_and_nothing_is
         await next_frame(client, "frame")  # the view goes on with the page the person reached
         await client.disconnect()
 
-    asyncio.run(sign_in())
+    run(sign_in())
     assert walls.bodies["/members/login"] == [{"user": ["alice"], "password": ["s3cret"]}]
     assert cont(sandboxed, task_id, answer="signed in").status_code == 200
     view = sandboxed.wait_state(task_id, "done", "failed", timeout=90)
@@ -146,7 +161,7 @@ def test_an_idle_kept_browser_is_closed_with_a_note(sandboxed, walls, settings):
     assert "nobody used it for 1 s" in note["summary"]
     # The live view says there is nothing to see; continuing opens the page again.
     cookie = session_cookie(sandboxed.owner)
-    assert asyncio.run(refused(ws(f"/ws/tasks/{task_id}/browser/", session=cookie))) == 4404
+    assert run(refused(ws(f"/ws/tasks/{task_id}/browser/", session=cookie))) == 4404
     assert cont(sandboxed, task_id, answer="go on").status_code == 200
     view = sandboxed.wait_state(task_id, "waiting", "failed", timeout=90)
     assert view["waitingFor"] == "human" and walls.gets["/members"] == 2
@@ -184,7 +199,7 @@ def test_only_the_owner_or_their_phone_may_view_or_drive_the_kept_browser(sandbo
         assert (await next_frame(phone, "error"))["error"]["code"] == "INVALID_REQUEST"
         await phone.disconnect()
 
-    asyncio.run(check())
+    run(check())
     assert walls.posts["/members/login"] == 0
 
 
