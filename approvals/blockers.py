@@ -114,14 +114,15 @@ def open_blockers_for_pause(task: Task, run: Run, outcome: Paused) -> None:
     if outcome.approval is not None:
         asked = outcome.approval
         request_approval(task, asked.kind, asked.summary, asked.detail, asked.guard, asked.amount_cents)
-    if outcome.fields:
+    if outcome.fields and outcome.waiting_for != WaitingFor.HUMAN:
         stage_question(task, run, QuestionKind.INPUT, outcome.message, outcome.fields)
     if outcome.reconcile is not None:
         # A person's word on an action whose outcome is unknown, instead of a wall to get past.
         question = stage_question(task, run, QuestionKind.ACTION, outcome.message, actions.reconcile_fields())
         actions.link_question(outcome.reconcile, question)
     elif outcome.waiting_for == WaitingFor.HUMAN:
-        stage_question(task, run, QuestionKind.HUMAN, outcome.message)
+        # A wall's question may ask for a value too (a one-time code), answered with it.
+        stage_question(task, run, QuestionKind.HUMAN, outcome.message, outcome.fields)
     staged = list(Question.objects.filter(task=task, state=QuestionState.STAGED).order_by("pk"))
     for question in staged:
         record_event(task, EventKind.QUESTION, f"question: {question.prompt}",
@@ -132,12 +133,14 @@ def open_blockers_for_pause(task: Task, run: Run, outcome: Paused) -> None:
 
 
 def _clean_fields(fields: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input fields in one shape: name, why, kind (guessed from the name), options."""
+    """Input fields in one shape: name, why, kind (guessed from the name), options; ``optional``
+    on a field that may be left empty."""
     out = []
     for f in fields:
         name = str(f["name"])
         out.append({"name": name, "why": str(f.get("why") or f"the task needs {name}"),
-                    "kind": str(f.get("kind") or guess_kind(name)), "options": list(f.get("options") or [])})
+                    "kind": str(f.get("kind") or guess_kind(name)), "options": list(f.get("options") or []),
+                    **({"optional": True} if f.get("optional") else {})})
     return out
 
 

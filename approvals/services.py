@@ -327,7 +327,7 @@ def still_missing(task: Task, facts: Facts, asked: list[dict[str, Any]]) -> list
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for field in asked:
-        if field["name"] not in have and field["name"] not in seen:
+        if field["name"] not in have and field["name"] not in seen and not field.get("optional"):
             seen.add(field["name"])
             out.append(field)
     if task.flow:

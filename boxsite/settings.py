@@ -331,6 +331,9 @@ BOX_BROWSER_EXECUTABLE = env_str("BOX_BROWSER_EXECUTABLE", "/usr/bin/chromium") 
 BOX_GROUNDING_CACHE_DAYS = env_float("BOX_GROUNDING_CACHE_DAYS", 30.0)
 if BOX_GROUNDING_CACHE_DAYS < 0:
     raise ImproperlyConfigured(f"BOX_GROUNDING_CACHE_DAYS={BOX_GROUNDING_CACHE_DAYS}: 0 or more days")
+# How long a browser kept across a pause may sit unused (no run, no input from the live view)
+# before it is closed; 0 keeps it until the task ends.
+BOX_BROWSER_IDLE_SECONDS = env_float("BOX_BROWSER_IDLE_SECONDS", 900.0)
 
 # --- API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {

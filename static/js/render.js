@@ -1,6 +1,7 @@
 // Pieces several pages draw: task rows, state badges, approval and question cards, the confirm
 // dialog (its markup is templates/_confirm.html).
 import { api, cents, clearErrors, el, put, say, showError, when } from "./api.js";
+import { BrowserView } from "./browser-view.js";
 
 const PAUSE_WORDS = {
   input: "waiting for values",
@@ -264,7 +265,7 @@ function fieldInput(question, field) {
   } else {
     const type = INPUT_TYPES[field.kind] ?? "text";
     input = el("input", {
-      id, name: field.name, type, required: true, "aria-describedby": describedBy,
+      id, name: field.name, type, required: !field.optional, "aria-describedby": describedBy,
       autocomplete: type === "email" ? "email" : type === "tel" ? "tel" : "off",
       inputmode: type === "number" ? "decimal" : null, step: type === "number" ? "any" : null,
     });
@@ -323,6 +324,9 @@ export function questionCard(question, { version, onDone, showTask = false, big 
     el("h3", { id: `question-${question.id}` }, question.prompt || "The task needs an answer"),
     showTask && task ? el("p", { class: "task-link" }, "Task: ", el("a", { href: `/tasks/${task.id}` }, task.title)) : null,
     question.screenshot ? shotThumb(question.screenshot, "The page now") : null,
+    // In the inbox and on the phone a wall's card carries the kept browser, live (the task
+    // window shows it beside its blockers).
+    question.kind === "human" && showTask && task ? new BrowserView(task.id, { big }).start().node : null,
     form);
 }
 

@@ -1,6 +1,7 @@
 // The task window: header, blockers, live action log, Diff and Report tabs, and every button
 // the task's `next` list offers (the page never guesses the state machine).
 import { api, cents, el, refreshInboxCount, say, time, put } from "./api.js";
+import { BrowserView } from "./browser-view.js";
 import { statusBadge, TaskStream } from "./live.js";
 import { approvalCard, confirmThen, costText, isImage, questionCard, retryForm, shotThumbs, stateText } from "./render.js";
 
@@ -51,6 +52,26 @@ function renderHeader(t) {
   put(error, ...(t.error ? [el("strong", {}, "Error: "), t.error, t.hint ? el("p", { class: "hint" }, t.hint) : null] : []));
   renderReview(t);
   renderActions(t);
+  renderBrowser(t);
+}
+
+// --- the kept browser, live (any pause of a task with a browser keeps it) -----------------------
+let browserView = null;
+let browserVersion = null;
+
+function renderBrowser(t) {
+  if (t.state !== "waiting") {
+    browserView?.stop();
+    browserVersion = null;
+    return;
+  }
+  if (browserVersion === t.version) return; // asked once per pause; the box says 4404 when nothing is kept
+  browserVersion = t.version;
+  if (!browserView) {
+    browserView = new BrowserView(taskId);
+    put($("browser-live"), browserView.node);
+  }
+  browserView.start();
 }
 
 // Keep answers with the conflicting paths, and the log keeps them (the event that recorded the

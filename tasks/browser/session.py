@@ -7,10 +7,10 @@ runs as the box's user with the same proxy. Its profile lives in a private tempo
 never in the task's files, unless the task keeps one (``constraints.browser_profile``: the
 owner's folder, mounted for it and locked for one browser at a time). Playwright connects over CDP (``relay`` explains how the worker reaches
 a port inside the namespace). One session lives across the steps of one run and is closed when
-the run ends, except at a pause in front of a payment (``park``): then Chromium stays, with the
-page as it was, kept by the process that started it, and the task's next run attaches to it
-(``attach``) from whichever worker process runs it. ``tasks.sandbox.release`` kills whatever is
-left of it when the task ends.
+the run ends, except at a pause (``park``): then Chromium stays, with the page as it was, kept
+by the process that started it (``kept``: closed after an idle limit), a person may see and
+drive it (``screencast``), and the task's next run attaches to it (``attach``) from whichever
+worker process runs it. ``tasks.sandbox.release`` kills whatever is left of it when the task ends.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from django.db import connection
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright
 
-from tasks.browser import driver, origins
+from tasks.browser import driver, kept, origins
 from tasks.browser.binary import executable, missing_reason
 from tasks.browser.relay import DevtoolsRelay
 from tasks.run.evidence import StepFailed
@@ -205,6 +205,7 @@ class BrowserSession:
             self.close()
             return
         if self.attached is not None:  # kept by the process that started it; its record stands
+            kept.touch(self.ctx.task.pk)  # idle from now on, not from the pause before
             self._thread.shutdown(wait=False)
             return
         assert self.proc is not None and self._devtools is not None
@@ -227,9 +228,10 @@ class BrowserSession:
             self.relay = None
 
     def _keep(self, proc: subprocess.Popen[bytes]) -> None:
-        """Until the parked Chromium exits; then what held it goes too."""
-        proc.wait()
+        """Until the parked Chromium exits (or sits idle too long, ``kept.watch``); then what
+        held it goes too."""
         task_id = self.ctx.task.pk
+        kept.watch(task_id, proc)
         with _KEPT_LOCK:
             if _KEPT.get(task_id) is self:
                 del _KEPT[task_id]
@@ -252,6 +254,7 @@ class BrowserSession:
         if not _same_process(record):
             remove_record(self.ctx.task.pk)
             return False
+        kept.touch(self.ctx.task.pk)  # a run holds it now: not idle
         try:
             self.call(lambda: self._attach(record))
         except Exception:  # noqa: BLE001 - not there any more: the caller starts a fresh one

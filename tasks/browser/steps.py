@@ -25,7 +25,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Frame, FrameLocator, Locator, Page
 
 from boxsite.core.cards import looks_like_card
-from tasks.browser import origins, pages, payment
+from tasks.browser import origins, pages, payment, walls
 from tasks.browser.kinds import ACTING, DEFAULT_TIMEOUT_S, KINDS, PaymentStop
 from tasks.browser.session import BrowserSession
 from tasks.models import EventKind
@@ -392,13 +392,11 @@ def _failure(call: Call, message: str) -> StepFailed:
 
 
 def page_text(page: Page) -> str:
-    """What a person sees on the page (for walls), plus a sign of a password field."""
-    text: str = page.evaluate("""() => {
-        const body = document.body ? document.body.innerText : '';
-        const password = document.querySelector('input[type=password]') ? '\\n<input type=password>' : '';
-        return body + password;
-    }""")
-    return text[:PAGE_TEXT_CHARS]
+    """What a person sees on the page (for walls), then the wall marks of its DOM and frames
+    (``walls.page_marks``: a captcha's frame, a one-time-code field, a visible password field)."""
+    text: str = page.evaluate("() => document.body ? document.body.innerText : ''")
+    marks = walls.page_marks(page)
+    return (text[:PAGE_TEXT_CHARS] + "".join(f"\n{m}" for m in marks))
 
 
 def _playwright_message(exc: PlaywrightError) -> str:

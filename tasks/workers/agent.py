@@ -450,14 +450,11 @@ class AgentLoop:
         try:
             result, evidence = self._run(kind, step, known, approved=approved, call=call.id)
         except NeedsApproval as need:
-            if need.kind == ApprovalKind.PAYMENT:
-                self.flow.at_payment()  # the page waits for the owner's OK in the kept browser
             return Turn(outcome=Paused(
                 WaitingFor.APPROVAL, need.summary, approval=ApprovalRequest(
                     need.kind, need.summary, {**need.detail, "call": call.id}, {**need.guard, "tool_call": call.id}, need.amount_cents)))
         except PaymentStop as stop:
             # Paying is never automatic: a person pays, and only cancel ends the task.
-            self.flow.at_payment()
             ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} stopped: {stop.message}"[:300],
                                {"call": call.id, "tool": call.name, "ok": False, "error": stop.message, **stop.evidence.data},
                                artifacts=stop.evidence.artifacts)

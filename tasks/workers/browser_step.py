@@ -17,20 +17,20 @@ if TYPE_CHECKING:
 
 
 class RunBrowser:
-    """A flow run's browser: the session its browser steps share, and whether the run pauses in
-    front of a payment (``at_payment``), which keeps the session for the next run."""
+    """A flow run's browser: the session its browser steps share, kept for the next run when
+    the run pauses (a wall, a payment, any other pause)."""
 
     def __init__(self) -> None:
         self._session: BrowserSession | None = None
-        self.at_payment = False  # the run pauses in front of a payment: its browser is kept
 
     def release(self, paused: bool) -> None:
-        """The run is over: its browser (if a step started one) is closed, except at a pause in
-        front of a payment (``paused``), which keeps it (``BrowserSession.park``) until the next
-        run attaches to it, the task is cancelled or it ends."""
+        """The run is over: its browser (if a step started one) is closed, except at a pause
+        (``paused``), which keeps it on its page (``BrowserSession.park``) for a person to look
+        at and drive, until the next run attaches to it, it sits idle too long, the task is
+        cancelled or it ends."""
         if self._session is None:
             return
-        if self.at_payment and paused:
+        if paused:
             self._session.park()
         else:
             self._session.close()
@@ -42,6 +42,13 @@ class RunBrowser:
         from tasks.browser import actions  # noqa: PLC0415 - Playwright: only for a browser step
 
         session = self.session(ctx, index, known)
+        wall = ctx.resume.get("wall") if ctx.resume.get("step") == index else None
+        if isinstance(wall, dict) and session.attached is not None:
+            from tasks.browser import stepin  # noqa: PLC0415 - as above
+
+            passed = stepin.past_wall(ctx, session, kind, wall)
+            if passed is not None:
+                return passed
         value, grounded = ground_target(ctx, session, kind, value, step, index)
         try:
             result, evidence = actions.execute(ctx, session, kind, value, step, index=index, approved=approved)
@@ -54,10 +61,19 @@ class RunBrowser:
             evidence.data["grounding"] = grounded.shown
         return result, evidence
 
+    def at_wall(self, wall: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The pause at a wall: what its resume keeps (the wall, the code field it showed) and
+        the fields its question asks (``tasks.browser.stepin.at_wall``)."""
+        if self._session is None:
+            return {}, []
+        from tasks.browser import stepin  # noqa: PLC0415 - Playwright: only for a flow with a browser step
+
+        return stepin.at_wall(self._session, wall)
+
     def session(self, ctx: RunContext, index: int, known: dict[str, Any]) -> BrowserSession:
-        """The run's browser session, started by the first browser step. A run after a pause in
-        front of a payment attaches to the browser that pause kept, on the page as it was. Any
-        other run that starts in the middle of the flow (after a pause, a retry) opens a fresh
+        """The run's browser session, started by the first browser step. A run after a pause
+        attaches to the browser that pause kept, on the page as it was. Any
+        other run that starts in the middle of the flow (a retry, a kept browser gone) opens a fresh
         browser, so it first re-opens the page: the steps since the last ``browse`` run again,
         without evidence."""
         from tasks.browser.session import BrowserSession  # noqa: PLC0415 - Playwright: only for a flow with a browser step

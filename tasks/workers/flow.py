@@ -60,13 +60,9 @@ class FlowWorker:
         """For a worker that runs steps through this one (the agent): its run is over."""
         self._browser.release(paused=paused)
 
-    def at_payment(self) -> None:
-        """The run pauses in front of a payment: its browser is kept for the next run."""
-        self._browser.at_payment = True
-
     def run(self, ctx: RunContext) -> Outcome:
-        """Run the flow; the run's browser (if a step started one) is released whatever happens,
-        except at a pause in front of a payment (``RunBrowser.release``)."""
+        """Run the flow; the run's browser (if a step started one) is closed whatever happens,
+        except at a pause, which keeps it on its page (``RunBrowser.release``)."""
         outcome: Outcome | None = None
         try:
             outcome = self._run(ctx)
@@ -163,12 +159,10 @@ class FlowWorker:
             except KeyMissing as no_key:
                 return needs_key(no_key.key_name, "the configured model", {"step": index})
             except NeedsApproval as need:
-                self._browser.at_payment = need.kind == ApprovalKind.PAYMENT
                 guard = {**guard, **need.guard, "step": index}
                 detail = {**planned_action(ctx, kind, resolved, step, known), **(need.detail or {})}
                 return self._ask_approval(index, need.kind, need.summary, guard, detail=detail, amount_cents=need.amount_cents)
             except browser_kinds.PaymentStop as stop:
-                self._browser.at_payment = True
                 record_result(ctx, index, total, kind, began, clock, stop.evidence, error=stop.message)
                 # Paying is never automatic: a person pays, and only cancel ends the task.
                 return Paused(WaitingFor.CHECKPOINT, stop.message, resume={"step": index}, continuable=False)
@@ -178,12 +172,15 @@ class FlowWorker:
                 record_result(ctx, index, total, kind, began, clock, exc.evidence, error=exc.message)
                 wall = looks_like_human_wall(f"{exc.message}\n{exc.page_text}")
                 if wall:
-                    # Continuing re-runs this step; an OK the owner gave for it still holds.
-                    retry: dict[str, Any] = {"step": index}
+                    # Continuing re-runs this step, on the page the kept browser shows
+                    # (tasks.browser.stepin); an OK the owner gave for it still holds.
+                    kept, fields = self._browser.at_wall(wall)
+                    retry: dict[str, Any] = {"step": index, **kept}
                     if is_approved:
                         retry.update(approved_step=index, only=only)
-                    return Paused(WaitingFor.HUMAN, f"step {index + 1} hit {wall}; a person must get past it, then continue",
-                                  resume=retry)
+                    how = "a person must get past it (in the live view), then continue" if kept else \
+                        "a person must get past it, then continue"
+                    return Paused(WaitingFor.HUMAN, f"step {index + 1} hit {wall}; {how}", resume=retry, fields=fields)
                 rescued = rescue(ctx, steps, index, exc.message, exc.evidence.data, resume)
                 if rescued is not None:
                     return rescued
@@ -260,7 +257,6 @@ class FlowWorker:
         spec = value if isinstance(value, dict) else {"reason": value}
         reason = spec.get("reason", "checkpoint")
         if spec.get("payment"):
-            self._browser.at_payment = not approved
             if ctx.task.constraints.get("payment", "stop_at_payment") == "stop_at_payment":
                 # Paying is never automatic: a person pays, and only cancel releases the task.
                 return Paused(WaitingFor.CHECKPOINT, f"{reason}: paying is for a person; this task stops here",
