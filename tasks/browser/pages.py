@@ -110,6 +110,7 @@ class Watch:
     history: list[Page] = field(default_factory=list)  # the pages acted on before, newest last
     limit: int = MAX_DOWNLOAD_BYTES
     staging: Path | None = None  # the copy's staging folder, there while a step acts
+    navigating: set[Any] = field(default_factory=set)  # navigations the acting step started, not yet ended
 
     def install(self) -> None:
         context = self.session.context
@@ -119,8 +120,36 @@ class Watch:
         for page in context.pages:
             page.on("dialog", self._dialog)
         context.on("page", self._page)
+        context.on("request", self._request)
+        context.on("requestfinished", self._request_ended)
+        context.on("requestfailed", self._request_ended)
         self.cdp = None
         self.downloads.clear()
+        self.navigating.clear()
+
+    def _request(self, request: Any) -> None:
+        if self.acting and request.is_navigation_request():
+            self.navigating.add(request)
+
+    def _request_ended(self, request: Any) -> None:
+        self.navigating.discard(request)
+
+    def _pages_pending(self) -> bool:
+        """Has the browser a page Playwright has not announced yet (a popup still attaching)?"""
+        if self.cdp is None or self.context is None:
+            return False
+        try:
+            targets = self.cdp.send("Target.getTargets")["targetInfos"]
+        except PlaywrightError:
+            return False
+        return sum(1 for t in targets if t.get("type") == "page") > len(self.context.pages)
+
+    def _let_arrive(self, page: Page, deadline: float) -> None:
+        """What the action set going arrives before the step looks for it: a navigation it
+        started ends (a download begins as its response comes) and a popup is announced. Waits
+        on events, to the step's deadline."""
+        while (self.navigating or self._pages_pending()) and time.monotonic() < deadline:
+            page.wait_for_timeout(_POLL_MS)  # DevTools events arrive while Playwright waits
 
     def _page(self, page: Page) -> None:
         page.on("dialog", self._dialog)
@@ -223,6 +252,7 @@ class Watch:
         self.acting = True
         self.dialogs = []
         self.opened = []
+        self.navigating.clear()
         disk_mb = ctx.task.limit("disk_mb")
         self.limit = min(MAX_DOWNLOAD_BYTES, disk_mb * 1024 * 1024) if disk_mb else MAX_DOWNLOAD_BYTES
         self._downloads_ready(ctx)
@@ -234,6 +264,7 @@ class Watch:
         met: dict[str, Any] = {}
         try:
             page = self.session.page
+            self._let_arrive(page, deadline)
             opened = [p for p in self.opened if not p.is_closed()]
             if opened:
                 self.history.append(page)
