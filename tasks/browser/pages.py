@@ -44,6 +44,7 @@ MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
 STAGING = ".box-downloads"
 DOWNLOADS = "downloads"
 _POLL_MS = 100
+_DOWNLOAD_GRACE_S = 2.0
 
 
 # -- frames --------------------------------------------------------------------------------------
@@ -111,6 +112,7 @@ class Watch:
     limit: int = MAX_DOWNLOAD_BYTES
     staging: Path | None = None  # the copy's staging folder, there while a step acts
     navigating: set[Any] = field(default_factory=set)  # navigations the acting step started, not yet ended
+    aborted: float | None = None  # when a navigation of the acting step was aborted (a download's is)
 
     def install(self) -> None:
         context = self.session.context
@@ -132,6 +134,8 @@ class Watch:
             self.navigating.add(request)
 
     def _request_ended(self, request: Any) -> None:
+        if request in self.navigating and "ERR_ABORTED" in str(request.failure or ""):
+            self.aborted = time.monotonic()
         self.navigating.discard(request)
 
     def _pages_pending(self) -> bool:
@@ -148,8 +152,13 @@ class Watch:
         """What the action set going arrives before the step looks for it: a navigation it
         started ends (a download begins as its response comes) and a popup is announced. Waits
         on events, to the step's deadline."""
-        while (self.navigating or self._pages_pending()) and time.monotonic() < deadline:
+        while (self.navigating or self._pages_pending() or self._download_due()) and time.monotonic() < deadline:
             page.wait_for_timeout(_POLL_MS)  # DevTools events arrive while Playwright waits
+
+    def _download_due(self) -> bool:
+        """A navigation the step started was aborted, as a download's is, and no download has
+        been announced yet: the browser's event and the page's come on separate channels."""
+        return self.aborted is not None and not self.downloads and time.monotonic() - self.aborted < _DOWNLOAD_GRACE_S
 
     def _page(self, page: Page) -> None:
         page.on("dialog", self._dialog)
@@ -210,6 +219,8 @@ class Watch:
 
     def _progress(self, event: dict[str, Any]) -> None:
         entry = self.downloads.setdefault(str(event["guid"]), {"url": "", "suggested": "", "state": "inProgress"})
+        if entry["state"] == "too big":
+            return  # cancelled by the box for its size: that, not "canceled", is what the step says
         entry["state"] = str(event.get("state", "inProgress"))
         entry["bytes"] = int(event.get("receivedBytes") or 0)
         total = int(event.get("totalBytes") or 0)
@@ -253,6 +264,7 @@ class Watch:
         self.dialogs = []
         self.opened = []
         self.navigating.clear()
+        self.aborted = None
         disk_mb = ctx.task.limit("disk_mb")
         self.limit = min(MAX_DOWNLOAD_BYTES, disk_mb * 1024 * 1024) if disk_mb else MAX_DOWNLOAD_BYTES
         self._downloads_ready(ctx)

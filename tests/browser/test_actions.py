@@ -39,7 +39,7 @@ def web() -> Iterator[Site]:
 def run(box: Any, web: Site, *steps: dict[str, Any], state: str = "done", **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     task = box.create(title="actions", hosts=["127.0.0.1"], flow=flow(*steps), **spec)
     view = box.wait_state(task["id"], "done", "failed", "waiting", timeout=90)
-    assert view["state"] == state, (view, [e["summary"] for e in box.events(task["id"])])
+    assert view["state"] == state, (view.get("error"), [e["summary"] for e in box.events(task["id"])], view)
     return view, box.api.get(f"/api/tasks/{task['id']}/report").json()
 
 
