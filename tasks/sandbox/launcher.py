@@ -22,7 +22,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.db import connection
 
@@ -154,15 +154,19 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     env.setdefault("BOX_BROKER_SOCKET", str(paths.broker_socket(task.pk)))
     if task.hosts:
         env.update(_proxy_env(f"http://127.0.0.1:{FORWARD_PORT}"))
+    # A command with a receipt (a run step, an agent's command, the command worker's process) is
+    # forked by the run's resident init; anything else (a browser, long-lived and joined from
+    # outside by its pid) gets an init of its own.
     slot: resident.Slot | None = getattr(ctx, "resident", None)
-    if slot is not None and profile is None:
-        proc = _run_resident(ctx, slot, ident, argv, env=env, cwd=inner_cwd, script=script, keep=keep,
-                             runtime=runtime, view=view)
+    if slot is not None and keep is not None and profile is None:
+        forked = _run_resident(ctx, slot, ident, argv, env=env, cwd=inner_cwd, script=script, keep=keep,
+                               runtime=runtime, view=view)
         if _has_ended(task.pk):  # as below: a cancel from another process while it started
-            kill(proc)
+            kill(forked)
             users.mark_ran(ident)
             release(task.pk)
-        return proc
+        # What the box uses of a Popen (its streams, pid, poll, wait, kill), a Command has.
+        return cast("subprocess.Popen[bytes]", forked)
     forward = None
     if task.hosts:
         socket_path = paths.egress_socket(task.pk)
