@@ -259,9 +259,13 @@ def floors(n: int) -> dict[str, tuple[float, float]]:
     return found
 
 
-def flow_steps(box: BenchBox, n: int) -> float:
-    """Steps per second within one task: ``n`` write steps, first step started -> last finished."""
-    flow = {"steps": [{"write": {"path": f"s{i}.txt", "content": str(i)}} for i in range(n)]}
+def flow_steps(box: BenchBox, n: int, kind: str = "write") -> float:
+    """Steps per second within one task: ``n`` write steps (or ``run: true`` steps, each a
+    sandboxed process), first step started -> last started."""
+    if kind == "run":
+        flow = {"steps": [{"run": "true"} for _ in range(n)]}
+    else:
+        flow = {"steps": [{"write": {"path": f"s{i}.txt", "content": str(i)}} for i in range(n)]}
     task = box.post("/api/tasks", {"title": "steps", "flow": flow})
     while not box.get(f"/api/tasks/{task['id']}")["finishedAt"]:
         time.sleep(0.05)
@@ -334,6 +338,29 @@ FLOORS = {"design's floor (unshare + mount + useradd/userdel)": ("unshare", "ove
           "pool floor (unshare + mount + pool claim)": ("unshare", "overlay mount", "user claim")}
 
 
+def command_floor(n: int) -> tuple[float, float]:
+    """A sandboxed command's floor now: a bare ``unshare`` with the task's namespaces running a
+    system ``python3 -I -S`` that starts ``/bin/true`` (what any sandbox with an init of its own
+    pays per command), median wall ms and mean CPU ms."""
+    argv = [*_UNSHARE[:-1], "/usr/bin/python3", "-I", "-S", "-c", "import subprocess; subprocess.run(['/bin/true'])"]
+    wall, before = [], _cpu_ms()
+    for _ in range(n):
+        start = time.perf_counter()
+        subprocess.run(argv, check=True)
+        wall.append((time.perf_counter() - start) * 1000)
+    return percentile(wall, 50), (_cpu_ms() - before) / n
+
+
+def print_run_steps(rows: list[tuple[str, float, float]], n: int) -> None:
+    """Run steps beside the floor of a sandboxed command measured now: the box's overhead per
+    command (the agent's commands take the same path: a ``run`` step each)."""
+    wall, cpu = command_floor(n)
+    print(f"\nrun steps beside a sandboxed command's floor (unshare + python3 + /bin/true: {wall:.1f} ms wall, {cpu:.1f} ms CPU)")
+    print(f"  {'configuration':50} {'ms/step':>8} {'over floor':>10} {'target':>7} {'cpu ms':>7}")
+    for label, rate, step_cpu in rows:
+        print(f"  {label:50} {1000 / rate:8.1f} {1000 / rate - wall:10.1f} {'<= 25':>7} {step_cpu:7.1f}")
+
+
 def print_overhead(floor: dict[str, tuple[float, float]], rows: list[tuple[str, float, float]]) -> None:
     """The box's cost per trivial task beyond the sandbox's floors, as a multiple of them: wall
     (a task's POST -> done, one at a time) and CPU (the burst's CPU per task)."""
@@ -355,6 +382,7 @@ def main() -> None:
     parser.add_argument("--throughput", type=int, default=200)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--chain", type=int, default=40)
+    parser.add_argument("--run-steps", type=int, default=40, help="run: true steps in one task, for run steps/s")
     parser.add_argument("--configs", default="embedded,pg", help="embedded, pg, or both (comma separated)")
     parser.add_argument("--skip-chain", action="store_true")
     parser.add_argument("--workers", type=int, default=2, help="the cluster's worker processes (BOX_WORKERS)")
@@ -367,6 +395,7 @@ def main() -> None:
     print(f"\n{'configuration':40} {'p50 ms':>8} {'p95 ms':>8} {'target p50/p95':>15} {'done p50':>9} {'tasks/s':>8} {'target':>7}"
           f" {'cpu ms/task':>12} {'steps/s':>8} {'target':>7} {'load':>5}")
     phases: dict[str, list[tuple[str, float]]] = {}
+    run_floors: list[tuple[str, float, float]] = []
     overheads: list[tuple[str, float, float]] = []
     for label, pg, redis, target in configs:
         with BenchBox(postgres=pg, redis=redis, workers=args.workers) as box:
@@ -379,6 +408,13 @@ def main() -> None:
             steps = flow_steps(box, args.steps)
             cpu_after = box_cpu_s(box)
             cpu_by_step = {role: (cpu_after[role] - cpu_before[role]) * 1000 / args.steps for role in cpu_after}
+            run_rounds = []
+            for _ in range(args.rounds):
+                cpu_before = box_cpu_s(box)
+                rate_run = flow_steps(box, args.run_steps, "run")
+                cpu_after = box_cpu_s(box)
+                run_rounds.append((rate_run, sum(cpu_after[r] - cpu_before[r] for r in cpu_after if r != "postgres")
+                                   * 1000 / args.run_steps))
         p50, p95, done_p50 = percentile(lat, 50), percentile(lat, 95), percentile(done, 50)
         phases[label.split(" ")[0]] = phase_table(marks)
         overheads.append((label, done_p50, cpu_per_task))
@@ -389,10 +425,15 @@ def main() -> None:
               + ", ".join(f"{r:.1f} ({sum(c.values()) - c.get('postgres', 0):.0f})" for r, c in bursts), flush=True)
         print(f"{'  cpu ms/step by process (steps/s task)':40} " + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu_by_step.items()),
               flush=True)
+        run_rate, run_cpu = sorted(run_rounds)[len(run_rounds) // 2]
+        print(f"{'  run steps/s in one task (target >= 40)':40} {run_rate:.1f} (median of "
+              + ", ".join(f"{r:.1f}" for r, _ in run_rounds) + f"); box cpu {run_cpu:.1f} ms/step", flush=True)
+        run_floors.append((label, run_rate, run_cpu))
     print(f"\n({args.latency} sequential tasks for latency; {args.throughput} trivial flow tasks posted at once for throughput,"
           f" {args.rounds} times (the median burst shown, by tasks/s);"
           f" one task of {args.steps} write steps for steps/s; load: the 1-minute load average after each row)")
     print_phases("a trivial task, median ms per phase (latency tasks)", phases)
+    print_run_steps(run_floors, args.latency)
     print_overhead(floors(args.latency), overheads)
     if args.skip_chain:
         return

@@ -4,9 +4,13 @@ Measures, on this machine, N times each:
   plain start          Popen(/bin/true) in its own session (what runs without the sandbox)
   bare unshare         unshare --pid --fork --net --mount --ipc --uts --mount-proc /bin/true
   bare useradd/userdel the account tools alone
+  unshare + python     a bare unshare running a system python3 that starts /bin/true: the floor of
+                       a sandboxed command with an init of its own
   sandboxed start      tasks.sandbox.launcher.popen(/bin/true) + wait, the task's user existing
                        (every step after the first): namespaces, id-mapped view, init (its own
                        root, fresh keyrings, the seccomp filter, the task's control group), setuid
+  a run's next command the same through the run's resident init (tasks.sandbox.resident), as every
+                       command of a run after its first starts (its init's own start not counted)
   first start          the same plus creating the task's user
   release              kill sweep, disown files, userdel (after a task ends)
   with hosts           a sandboxed start that also starts the egress proxy and forwarder
@@ -34,17 +38,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def timed(fn: Callable[[], object], n: int) -> tuple[list[float], list[float]]:
+def timed(fn: Callable[[], object], n: int, also: Callable[[], float] = lambda: 0.0) -> tuple[list[float], list[float]]:
     """Wall-clock ms per call, and CPU ms per call (this process and every child it waited for:
-    the launcher, unshare, init and the command), which shared-machine load barely moves."""
+    the launcher, unshare, init and the command; ``also``: CPU ms of a process still running, a
+    run's resident init), which shared-machine load barely moves."""
     wall, cpu = [], []
     for _ in range(n):
-        before = _cpu_ms()
+        before = _cpu_ms() + also()
         start = time.perf_counter()
         fn()
         wall.append((time.perf_counter() - start) * 1000)
-        cpu.append(_cpu_ms() - before)
+        cpu.append(_cpu_ms() + also() - before)
     return wall, cpu
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_ms(pid: int) -> float:
+    """CPU ms of ``pid``'s children (a run's init under its ``unshare``), with what they waited for."""
+    total = 0.0
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        fields = Path(f"/proc/{child}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15]) * 1000 / _TICK
+    return total
 
 
 def _cpu_ms() -> float:
@@ -76,7 +93,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from tasks.models import Task, Workspace
-    from tasks.sandbox import cleanup, launcher, users
+    from tasks.sandbox import cleanup, launcher, resident, users
     from tests.factories import make_owner
 
     owner = make_owner("bench")
@@ -90,14 +107,16 @@ def main() -> None:
     def context(hosts: list[str]) -> SimpleNamespace:
         task = Task.objects.create(owner=owner, title="bench", workspace=workspace, worker="command", hosts=hosts,
                                    state="running")
-        return SimpleNamespace(task=task, workdir=work, recorder=None)
+        return SimpleNamespace(task=task, workdir=work, recorder=None, before_process=None, resident=None)
 
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8"}
 
     def run_in(ctx: SimpleNamespace) -> None:
         proc = launcher.popen(ctx, ["/bin/true"], env=env, cwd=work)  # type: ignore[arg-type]
-        proc.communicate()
-        assert proc.returncode == 0, proc.returncode
+        for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
+            stream.read()
+        assert proc.wait() == 0, proc.returncode
 
     warm = context([])
     users.ensure_user(warm.task.pk)
@@ -112,7 +131,16 @@ def main() -> None:
         ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", next(adds)], check=True), n)))
     dels = iter(names)
     results.append(row("bare userdel", timed(lambda: subprocess.run(["userdel", next(dels)], check=True), n)))
+    results.append(row("bare unshare + python3 -I -S + /bin/true", timed(lambda: subprocess.run(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--ipc", "--uts",
+         "/usr/bin/python3", "-I", "-S", "-c", "import subprocess; subprocess.run(['/bin/true'])"], check=True), n)))
     results.append(row("sandboxed start (user exists)", timed(lambda: run_in(warm), n)))
+    with resident.serving(warm):
+        run_in(warm)  # the run's init starts with its first command
+        init = warm.resident.init
+        assert init is not None
+        results.append(row("a run's next command (resident init)", timed(lambda: run_in(warm), n,
+                                                                           lambda: tree_cpu_ms(init.proc.pid))))
 
     cold = [context([]) for _ in range(n)]
     queue = iter(cold)

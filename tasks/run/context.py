@@ -30,6 +30,9 @@ class RunContext:
     # Called before each process the run starts (tasks.sandbox.launcher): opens the run's broker
     # the first time (tasks.broker.server.serving).
     before_process: Callable[[], None] | None = None
+    # The run's resident sandbox init (tasks.sandbox.resident.serving): its commands are forked
+    # by one init inside the task's namespaces instead of each starting its own.
+    resident: Any = None
 
     @property
     def resume(self) -> dict[str, Any]:

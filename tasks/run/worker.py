@@ -43,6 +43,7 @@ from tasks.run.recorder import (
     first_line,
     retried_within_lease,
 )
+from tasks.sandbox import resident
 from tasks.states import FINAL
 from tasks.vault.facts import Facts
 from tasks.workers import worker_for
@@ -202,7 +203,7 @@ def _run(begun: Begun, before: lifecycle.Held, started: float) -> Ran | None:
         ctx = RunContext(task=task, run=run, workdir=workdir, facts=Facts.of(task).with_vault(task.vault_secrets or []), recorder=recorder, deadline=deadline,
                          stop=stop)
         # The task's processes reach the box through this run's broker, open while the worker works.
-        with broker_serving(ctx) as broker:
+        with broker_serving(ctx) as broker, resident.serving(ctx):
             outcome = _work(ctx)
         if broker.limit_reached is not None:  # a broker call ran out of a limit: that ends the task
             outcome = Failed(broker.limit_reached.message, recoverable=True, hint=broker.limit_reached.hint)

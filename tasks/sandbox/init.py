@@ -482,6 +482,15 @@ def main() -> None:
     install_syscall_filter = load_syscall_filter()  # before the pivot: the binding's file is the box's
     loopback_up()
     build_root(config)
+    if config.get("serve") is not None:
+        serve(config, install_syscall_filter)
+    run_command(config, install_syscall_filter)
+
+
+def run_command(config: dict[str, Any], install_syscall_filter: Callable[[], None]) -> None:
+    """Become the task's user, start its command and reap until it exits; then exit with its
+    status (as PID 1 of its namespace: everything left in it dies with us). Never returns."""
+    keep = config.get("keep")
     drop_privileges(config["uid"], config["gid"], config["nproc"])
     fresh_keyrings()
     install_syscall_filter()
@@ -516,6 +525,219 @@ def main() -> None:
             if keep is not None:
                 keep_ending(keep, status, relays, worker_gone)
             os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+# --- a run's long-lived init ---------------------------------------------------------------------
+#
+# With ``serve`` (a run's first command, ``launcher.TaskInit``) init stays, as root, PID 1 of the
+# task's namespaces for the whole run, and starts each of the run's commands on a request over its
+# control socket, which only the worker holds. Each command gets a PID, mount, IPC and UTS
+# namespace of its own inside the task's (``_command``): it sees only its own processes and its own
+# fresh /proc, /tmp, /var/tmp, /dev/shm and /run, exactly as a command with an init of its own did,
+# and everything it started dies with it. The network namespace (loopback and the forwarder) is the
+# run's. The root, the view and the control groups are built and joined once.
+
+_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWPID = 0x20000, 0x4000000, 0x8000000, 0x20000000
+_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
+_PR_SET_PDEATHSIG = 1
+_COMMAND_FDS = ("config", "stdout", "stderr", "reply")  # what each request passes, in this order
+
+
+def serve(config: dict[str, Any], install_syscall_filter: Callable[[], None]) -> None:
+    """Start the run's commands until the worker closes the control socket (the run ended, or
+    the worker died), then wait for the commands still ending (each writes its own receipt) and
+    exit. Never returns."""
+    control = socket.socket(fileno=int(config["serve"]))
+    # A worker's death must not take the namespace with it at once: a command that exited just
+    # before must still write its receipt (``keep_ending``). The control socket says it is gone.
+    _libc.prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    forwarder = _start_forwarder(config, install_syscall_filter) if config.get("forward") else None
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
+    while True:
+        for fd, _events in poller.poll():
+            if fd == wake_read:
+                _drain(wake_read)
+                _reap()
+                continue
+            try:
+                message, fds, _flags, _address = socket.recv_fds(control, 4096, 16)
+            except InterruptedError:
+                continue
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                for fd_ in fds:
+                    os.close(fd_)
+                _stop(forwarder)
+            _fork_command(message, fds, install_syscall_filter, (control.fileno(), wake_read, wake_write))
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _stop(forwarder: int | None) -> None:
+    """The worker let go: stop the forwarder, let every command finish its ending, exit."""
+    if forwarder is not None:
+        try:
+            os.kill(forwarder, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+
+
+def _start_forwarder(config: dict[str, Any], install_syscall_filter: Callable[[], None]) -> int:
+    """The in-namespace proxy, for the whole run: a process of the task's user, under the filter."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", config["forward"]["port"]))
+    listener.listen(64)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(int(config["serve"]))
+            drop_privileges(config["uid"], config["gid"], config["nproc"])
+            fresh_keyrings()
+            install_syscall_filter()
+            serve_forwarder(listener, config["forward"]["socket"])
+        finally:
+            os._exit(1)
+    listener.close()
+    return pid
+
+
+def _fork_command(message: bytes, fds: list[int], install_syscall_filter: Callable[[], None],
+                  ours: tuple[int, ...]) -> None:
+    """Start one command (``_command``) for a request, and let go of the request's descriptors."""
+    try:
+        if message != b"run" or len(fds) < len(_COMMAND_FDS):
+            return  # not a request the launcher sends: its reply socket closes unanswered
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for fd in ours:
+                    os.close(fd)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _command(fds, install_syscall_filter)
+            except BaseException as exc:  # noqa: BLE001 - said where the step's stderr shows it
+                os.write(fds[2], f"box sandbox: starting the command: {type(exc).__name__}: {exc}\n".encode())
+            finally:
+                os._exit(126)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _command(fds: list[int], install_syscall_filter: Callable[[], None]) -> None:
+    """One command's keeper, in the run's namespaces: make the command's own namespaces, start
+    their PID 1 (``_command_init``), hand the worker its pidfd, then how it ended."""
+    config_fd, stdout, stderr, reply_fd = fds[:4]
+    reply = socket.socket(fileno=reply_fd)
+    if _libc.unshare(_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS) != 0:
+        os.write(stderr, f"box sandbox: a command's namespaces: {os.strerror(ctypes.get_errno())}\n".encode())
+        reply.sendall(b"126")
+        os._exit(126)
+    pid = os.fork()
+    if pid == 0:
+        reply.close()
+        _command_init(config_fd, stdout, stderr, fds[4:], install_syscall_filter)
+    pidfd = os.pidfd_open(pid)
+    socket.send_fds(reply, [b"pid"], [pidfd])
+    os.close(pidfd)
+    for fd in fds:
+        if fd != reply_fd:
+            os.close(fd)
+    while True:
+        try:
+            _pid, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)  # negative: the signal that killed it, as Popen says
+    try:
+        reply.sendall(str(code).encode())
+    except OSError:
+        pass  # the worker is gone
+    os._exit(0)
+
+
+def _command_init(config_fd: int, stdout: int, stderr: int, kept: list[int],
+                  install_syscall_filter: Callable[[], None]) -> None:
+    """PID 1 of one command's namespaces: its own /proc and fresh temporary directories (nothing
+    of an earlier command's), then ``run_command``. Never returns."""
+    os.dup2(stdout, 1)
+    os.dup2(stderr, 2)
+    os.close(stdout)
+    os.close(stderr)
+    config = read_config(config_fd)
+    keep = config.get("keep")
+    if keep is not None:  # the receipt's files arrive in the request, after the four fixed ones
+        keep["ending"], keep["spool"] = kept[0], kept[1:3]
+        for fd in kept:
+            os.set_inheritable(fd, False)
+    os.environ.clear()
+    os.environ.update(config["env"])
+    _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    fresh_scratch(config["runtime"])
+    run_command(config, install_syscall_filter)
+
+
+_SYS_OPEN_TREE, _OPEN_TREE_CLONE, _AT_RECURSIVE = 428, 0x1, 0x8000
+_SCRATCH = (("/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
+            ("/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"),
+            ("/var/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"),
+            ("/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"),
+            ("/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64m"))
+
+
+def fresh_scratch(runtime: str) -> None:
+    """Replace the run's /proc (this namespace's own now) and its temporary directories with new,
+    empty ones, as ``build_root`` made them. The runtime directory (the view in it) may live under
+    one of them (a data directory under /tmp): it is cloned first and put back at its path."""
+    inside = next((path for path, *_ in _SCRATCH if runtime.startswith(path + "/")), None)
+    tree = -1
+    if inside is not None:
+        tree = _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, runtime.encode(),
+                             _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)
+        _check(tree, f"keep the runtime directory {runtime}")
+    for path, kind, flags, data in _SCRATCH:
+        _check(_libc.umount2(path.encode(), _MNT_DETACH), f"detach the run's {path}")
+        _mount(kind, path, kind, flags, data)
+    if inside is not None:
+        parent = ""
+        for part in runtime.strip("/").split("/")[:-1]:
+            parent = f"{parent}/{part}"
+            if not os.path.isdir(parent):
+                os.mkdir(parent, 0o711)
+        os.mkdir(runtime, 0o700)
+        _check(_libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, runtime.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
+               f"put the runtime directory back at {runtime}")
+        os.close(tree)
 
 
 if __name__ == "__main__":

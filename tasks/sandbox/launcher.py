@@ -22,7 +22,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.db import connection
 
@@ -30,7 +30,7 @@ from tasks.broker.paths import client_dir
 from tasks.layers import disk
 from tasks.models import EventKind, Task
 from tasks.run.recorder import LeaseLost, LimitReached
-from tasks.sandbox import accounts, cgroups, egress, idmap, paths, support, users
+from tasks.sandbox import accounts, cgroups, egress, idmap, paths, resident, support, users
 from tasks.sandbox.cleanup import release
 from tasks.states import FINAL
 
@@ -90,8 +90,11 @@ def popen(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
     return _popen_plain(ctx, argv, env=env, cwd=cwd, script=script)
 
 
-def kill(proc: subprocess.Popen[bytes]) -> None:
+def kill(proc: subprocess.Popen[bytes] | resident.Command) -> None:
     """Stop a process started here and everything it started (its whole PID namespace)."""
+    if isinstance(proc, resident.Command):
+        proc.kill()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -149,12 +152,26 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     name = task.user or f"{accounts.PREFIX}{task.pk}"
     env.update({"PATH": search, "TMPDIR": "/tmp", "USER": name, "LOGNAME": name})
     env.setdefault("BOX_BROKER_SOCKET", str(paths.broker_socket(task.pk)))
+    if task.hosts:
+        env.update(_proxy_env(f"http://127.0.0.1:{FORWARD_PORT}"))
+    # A command with a receipt (a run step, an agent's command, the command worker's process) is
+    # forked by the run's resident init; anything else (a browser, long-lived and joined from
+    # outside by its pid) gets an init of its own.
+    slot: resident.Slot | None = getattr(ctx, "resident", None)
+    if slot is not None and keep is not None and profile is None:
+        forked = _run_resident(ctx, slot, ident, argv, env=env, cwd=inner_cwd, script=script, keep=keep,
+                               runtime=runtime, view=view)
+        if _has_ended(task.pk):  # as below: a cancel from another process while it started
+            kill(forked)
+            users.mark_ran(ident)
+            release(task.pk)
+        # What the box uses of a Popen (its streams, pid, poll, wait, kill), a Command has.
+        return cast("subprocess.Popen[bytes]", forked)
     forward = None
     if task.hosts:
         socket_path = paths.egress_socket(task.pk)
         egress.acquire(task.pk, lambda: _unix_proxy(ctx, socket_path, ident))
         forward = {"port": FORWARD_PORT, "socket": str(socket_path)}
-        env.update(_proxy_env(f"http://127.0.0.1:{FORWARD_PORT}"))
 
     view_fd = config_read = config_write = profile_fd = -1
     kept: list[int] = []  # the receipt's files, opened here (root's): init writes them, the task never sees them
@@ -206,6 +223,55 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
         users.mark_ran(ident)  # a release that ran meanwhile cleared the mark before this process started
         release(task.pk)
     return proc
+
+
+def _run_resident(ctx: RunContext, slot: resident.Slot, ident: accounts.Identity, argv: list[str], *, env: dict[str, str],
+                  cwd: Path, script: str | None, keep: Keep | None, runtime: Path, view: Path) -> resident.Command:
+    """Start the command through the run's resident init (``tasks.sandbox.resident``), starting
+    that first when the run has none yet (or it died)."""
+    name = env["USER"]
+    if slot.init is None or not slot.init.alive():
+        if slot.init is not None:
+            slot.init.close()
+            slot.init = None
+        slot.init = _start_resident(ctx, slot, ident, name, runtime=runtime, view=view)
+    config: dict[str, object] = {"uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES, "user": name,
+                                 "runtime": str(runtime), "cwd": str(cwd), "argv": argv,
+                                 "script": script, "env": env}
+    kept: list[int] = []
+    try:
+        if keep is not None:
+            kept.append(os.open(keep.ending, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))  # its header is there
+            kept.extend(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600) for path in keep.spool)
+            config["keep"] = {"limit": keep.limit, "hold": keep.hold}
+        return slot.init.run(argv, config, kept)
+    finally:
+        for fd in kept:
+            os.close(fd)
+
+
+def _start_resident(ctx: RunContext, slot: resident.Slot, ident: accounts.Identity, name: str, *, runtime: Path,
+                    view: Path) -> resident.ResidentInit:
+    """The run's init: its namespaces, root, view and control groups, made once for its commands."""
+    task = ctx.task
+    view_fd = -1
+    forward = None
+    if task.hosts:
+        socket_path = paths.egress_socket(task.pk)
+        egress.acquire(task.pk, lambda: _unix_proxy(ctx, socket_path, ident))
+        slot.on_close.append(lambda: egress.release(task.pk))
+        forward = {"port": FORWARD_PORT, "socket": str(socket_path)}
+    try:
+        groups = cgroups.prepare(task.pk, cgroups.Limits(memory_mb=_limit(task, "memory_mb"),
+                                                         cpu_percent=_limit(task, "cpu_percent")))
+        view_fd = _view_tree(ctx.workdir, ident)
+        config = {"uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES, "user": name, "view_fd": view_fd,
+                  "view": str(view), "runtime": str(runtime),
+                  "forward": forward, "cgroups": groups, "profile_fd": None, "profile": PROFILE_MOUNT}
+        return resident.ResidentInit.start(config, (view_fd,))
+    finally:
+        if view_fd >= 0:
+            os.close(view_fd)
 
 
 def check_limits(ctx: RunContext) -> None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 MAX_CAPTURE = 64 * 1024  # kept in memory: the tail the log shows
 MAX_SPOOL = 8 * 1024 * 1024  # written to the spool: the whole output, for an artifact
+WATCH_S = 0.05  # how often a process's wait looks at the run's stop and the time left
 
 
 @dataclass
@@ -119,7 +120,10 @@ def wait(ctx: RunContext, proc: subprocess.Popen[bytes], *, timeout_s: float | N
         if stopped or timed_out:
             kill_group(proc)
             break
-        ctx.stop.wait(0.05)
+        try:  # back the moment it exits; a lost lease or a timeout is seen within the interval
+            proc.wait(timeout=WATCH_S)
+        except subprocess.TimeoutExpired:
+            pass
     code = proc.wait()
     for pump in pumps:
         pump.join(timeout=5)
