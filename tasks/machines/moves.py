@@ -166,7 +166,9 @@ def _copy_from(source: str, workspace: Workspace) -> None:
             _pump(stream, unpack.stdin)
         finally:
             unpack.stdin.close()
-        _, error = unpack.communicate(timeout=MOVE_TIMEOUT_S)
+        assert unpack.stderr is not None
+        error = unpack.stderr.read()
+        unpack.wait(timeout=MOVE_TIMEOUT_S)
     if unpack.returncode != 0:
         raise subprocess.SubprocessError(f"tar -x failed: {error.decode(errors='replace')[-500:]}")
 
