@@ -9,12 +9,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from django.conf import settings
 from django.db import close_old_connections
 
 from schedules.files import scan_all
 from schedules.system import reconcile as reconcile_system_schedules
 from schedules.tick import fire_due
 from tasks import layers
+from tasks.machines import moves
 from tasks.run.leases import dispatch_due, resend_unclaimed
 from tasks.run.lifecycle import reconcile
 from tasks.run.reaper import reap_expired, resume_after_restart
@@ -49,6 +51,9 @@ PHASES: list[tuple[str, Callable[[], object]]] = [
     ("scan file-arrival folders", scan_all),
     ("built-in schedules", _builtin_schedules),
 ]
+if settings.BOX_MACHINE:
+    # Several machines: the workspaces of a machine gone silent move to a live one.
+    PHASES.append(("hand over gone machines' workspaces", moves.hand_over))
 
 
 def run_phases(phases: list[tuple[str, Callable[[], object]]]) -> list[tuple[str, Callable[[], object]]]:

@@ -6,6 +6,7 @@ Production: DATABASE_URL (PostgreSQL through psycopg 3) and REDIS_URL.
 """
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,29 @@ else:
     # django-q2's ORM queue, whose pusher is woken by each enqueue instead of waiting out its poll.
     Q_CLUSTER["broker_class"] = "tasks.run.queue.WakingORM"
     CHANNEL_LAYERS = {}
+
+# --- several machines (docs/internals/scaling.md) ---------------------------------------
+# Unset (the default): one machine, one queue, and nothing below is read again. Set, this
+# machine's worker cluster takes only the runs of the workspaces homed on it, from a queue of its
+# own (``<BOX_QUEUE_NAME>.<BOX_MACHINE>``), and its web process serves the other machines' reads
+# of those workspaces at BOX_MACHINE_URL, to callers that prove BOX_MACHINE_SECRET.
+BOX_MACHINE = (env_str("BOX_MACHINE", "") or "").strip()
+BOX_MACHINE_URL = env_url("BOX_MACHINE_URL")
+BOX_MACHINE_SECRET = env_str("BOX_MACHINE_SECRET", "") or ""
+# A machine whose worker cluster has not beaten for this long is gone: its workspaces move.
+BOX_MACHINE_GONE_S = env_float("BOX_MACHINE_GONE_S", 120.0)
+if BOX_MACHINE:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", BOX_MACHINE):
+        raise ImproperlyConfigured(f"BOX_MACHINE={BOX_MACHINE!r}: use lowercase letters, digits and '-' (at most 31)")
+    if not DB_IS_POSTGRES or not REDIS_URL:
+        raise ImproperlyConfigured("BOX_MACHINE needs DATABASE_URL=postgres://... and REDIS_URL shared by every machine")
+    if not BOX_MACHINE_URL:
+        raise ImproperlyConfigured("BOX_MACHINE needs BOX_MACHINE_URL: where the other machines reach this one's web process")
+    if len(BOX_MACHINE_SECRET) < 32:
+        raise ImproperlyConfigured("BOX_MACHINE needs BOX_MACHINE_SECRET (at least 32 characters), the same on every machine")
+    if not env_str("DJANGO_SECRET_KEY"):
+        raise ImproperlyConfigured("BOX_MACHINE needs DJANGO_SECRET_KEY, the same on every machine (jobs are signed with it)")
+    Q_CLUSTER["cluster_name"] = f"{Q_CLUSTER['name']}.{BOX_MACHINE}"
 
 # --- the box's own knobs ----------------------------------------------------------------
 BOX_LEASE_SECONDS = env_int("BOX_LEASE_SECONDS", 30, minimum=2)

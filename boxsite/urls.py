@@ -16,6 +16,8 @@ urlpatterns = [
         renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer]), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("tasks.api.urls")),
+    # Several machines: what one asks another, signed with the shared secret (tasks.api.machine_views).
+    path("internal/machine/", include("tasks.api.machine_urls")),
     path("api/", include("tasks.api.vault_urls")),
     path("api/", include("approvals.urls")),
     path("api/", include("schedules.urls")),

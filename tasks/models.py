@@ -20,6 +20,12 @@ class Workspace(models.Model):
     name = models.SlugField(max_length=64, unique=True)
     base_dir = models.CharField(max_length=1024)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Several machines (``BOX_MACHINE``): the machine whose disk holds the workspace and runs its
+    # tasks ('' until a machine first uses it; always '' on one machine), and while its layers are
+    # copied to another, that one (its tasks wait meanwhile; ``tasks.machines``).
+    machine = models.CharField(max_length=32, blank=True, default="")
+    moving_to = models.CharField(max_length=32, blank=True, default="")
+    moving_since = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.name
@@ -89,6 +95,9 @@ class Task(models.Model):
     criteria = models.JSONField(null=True, blank=True)  # the completion contract (tasks.run.completion)
     notify = models.JSONField(default=dict, blank=True)  # what the owner asked to be told of besides waits and failures
     folders = models.JSONField(default=list)
+    # Several machines: a folder task runs on the machine that has its folders, the one that
+    # made the task ('' otherwise: its workspace's machine).
+    machine = models.CharField(max_length=32, blank=True, default="")
     depends_on = models.JSONField(default=list)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="subtasks")
     # Provenance of a task a running task created through its broker (tasks.tools.delegation): that
@@ -336,3 +345,16 @@ class GroundingEntry(models.Model):
         constraints = [models.UniqueConstraint(fields=["owner", "workspace", "key"],
                                                name="grounding_entry_key_unique")]
         indexes = [models.Index(fields=["owner", "-grounded_at"], name="grounding_owner_recent")]
+
+
+class Machine(models.Model):
+    """A machine of a box of several (``BOX_MACHINE``): where its web process answers the others
+    (``url``), and when its worker cluster last said it is alive. Written by its cluster leader
+    every ``BOX_BEAT_S``; one machine has no row."""
+
+    name = models.CharField(primary_key=True, max_length=32)
+    url = models.CharField(max_length=300)
+    beat_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.name

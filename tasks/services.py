@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
@@ -435,6 +436,8 @@ def _insert_task(spec: TaskSpec, principal: Principal) -> Task:
     task = Task(owner=principal.user, device=principal.device, review="",
                 created_by_task=principal.task, created_by_run=principal.run, **fields)
     task.user = f"box-{task.pk}"  # the id is made before the insert (``new_task_id``)
+    if task.folders:
+        task.machine = settings.BOX_MACHINE  # several machines: the folders are on this one's disk
     # The log's first number is taken by the insert itself: no other writer can see the row yet,
     # so the ``UPDATE … RETURNING event_seq`` that numbers a later event is not needed here.
     task.event_seq = 1

@@ -4,8 +4,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
 from django.http import FileResponse
+from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import api_view
@@ -32,6 +34,7 @@ from tasks.api.presenters import (
     present_task,
 )
 from tasks.api.report import Report, build_report
+from tasks.machines import calls, homes
 from tasks.models import Run, Task, TaskEvent
 from tasks.run import artifacts
 from tasks.spec.task import RerunBody, RetryBody, TaskSpecBody
@@ -223,9 +226,17 @@ def task_report(request: Request, task_id: str) -> Response:
 @extend_schema(responses={(200, "application/octet-stream"): bytes})
 @api_view(["GET"])
 @answers_any_type
-def task_artifact(request: Request, task_id: str, name: str) -> FileResponse:
+def task_artifact(request: Request, task_id: str, name: str) -> HttpResponseBase:
     """A file a step carried (listed on its event's ``artifacts``), under the task's access rule."""
     task = services.get_task_for(Principal.of(request), task_id)
+    holder = homes.holder_of(task) if settings.BOX_MACHINE else ""
+    if homes.away(holder):  # its artifacts are on the disk of the machine that ran it
+        return calls.relay(holder, request)
+    return artifact_response(task, name)
+
+
+def artifact_response(task: Task, name: str) -> FileResponse:
+    """The artifact's bytes, read on this machine."""
     path = artifacts.artifact_file(task.pk, name)
     response = FileResponse(path.open("rb"), content_type=artifacts.content_type(name))
     if response["Content-Type"].startswith("text/"):

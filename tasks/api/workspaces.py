@@ -5,13 +5,16 @@ import io
 import os
 from typing import Annotated, TypedDict
 
+from django.conf import settings
 from django.http import FileResponse
+from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from boxsite.core.errors import Conflict
 from boxsite.core.negotiation import answers_any_type
 from boxsite.core.principal import Principal
 from boxsite.core.shapes import Doc, shape
@@ -20,6 +23,7 @@ from tasks.api.presenters import TaskView, present_task
 from tasks.layers import diff, uploads, workspaces
 from tasks.layers.roots import diff_body
 from tasks.layers.workspaces import WorkspaceBody, WorkspaceEntry, WorkspacePage, WorkspaceView
+from tasks.machines import calls, homes, moves
 from tasks.models import Layer, Task, Workspace
 from tasks.states import State
 from tasks.vault.facts import redactor_for
@@ -51,11 +55,23 @@ def workspace_detail(request: Request, name: str) -> Response:
     return Response(workspaces.present_workspace(workspaces.get_workspace(name)))
 
 
+@extend_schema(request=moves.MoveBody, responses={202: shape(WorkspaceView)},
+               description="Several machines: copy the workspace's layers to another machine and run its tasks "
+                           "there from then on. Its tasks wait while it moves (movingTo).")
+@api_view(["POST"])
+def workspace_move(request: Request, name: str) -> Response:
+    moved = moves.ask_move(Principal.of(request), workspaces.get_workspace(name), request.data)
+    return Response(workspaces.present_workspace(moved), status=202)
+
+
 @extend_schema(parameters=[OpenApiParameter("path", str, description="relative to the workspace root")],
                responses={200: shape(WorkspaceEntry)})
 @api_view(["GET"])
 def workspace_files(request: Request, name: str) -> Response:
     workspace = workspaces.get_workspace(name)
+    holder = homes.workspace_home(workspace) if settings.BOX_MACHINE else ""
+    if homes.away(holder):  # its files are on another machine's disk: that machine reads them
+        return Response(calls.read_json(holder, calls.internal_path(request.path, request.META.get("QUERY_STRING", ""))))
     return Response(workspaces.browse(workspace, request.query_params.get("path")))
 
 
@@ -82,13 +98,27 @@ FILE_PATH = OpenApiParameter("path", str, OpenApiParameter.PATH,
                request={"application/octet-stream": OpenApiTypes.BINARY}, responses={201: shape(Uploaded)})
 @api_view(["GET", "PUT"])
 @answers_any_type
-def workspace_file(request: Request, name: str, path: str) -> Response | FileResponse:
+def workspace_file(request: Request, name: str, path: str) -> Response | HttpResponseBase:
     """PUT: the raw body becomes the file at ``path``, as a layer of its own (at most
     ``BOX_UPLOAD_MAX_MB``). GET: the file's bytes as the workspace stands now."""
     if request.method == "PUT":
+        if settings.BOX_MACHINE:
+            holder = homes.workspace_home(workspaces.get_workspace(name))
+            if homes.away(holder):
+                raise Conflict(f"workspace '{name}' is on machine '{holder}': upload through that machine's web process",
+                               field="name", code="OTHER_MACHINE")
         done = uploads.upload_file(Principal.of(request), name, path, request.stream or io.BytesIO())
         written: Uploaded = {"workspace": name, "path": done.path, "size": done.size, "task": present_task(done.task)}
         return Response(written, status=201)
+    if settings.BOX_MACHINE:
+        holder = homes.workspace_home(workspaces.get_workspace(name))
+        if homes.away(holder):
+            return calls.relay(holder, request)
+    return file_response(name, path)
+
+
+def file_response(name: str, path: str) -> FileResponse:
+    """The bytes of the workspace's file as it stands now, read on this machine."""
     found = uploads.open_file(name, path)
     response = FileResponse(os.fdopen(found.fd, "rb"), content_type=found.content_type, as_attachment=True,
                             filename=found.name)
@@ -106,7 +136,16 @@ def task_diff(request: Request, task_id: str) -> Response:
 
 
 def diff_of(task: Task) -> diff.Diff:
-    """What ``task`` changed in its workspace, redacted."""
+    """What ``task`` changed in its workspace, redacted; read by the machine that holds its layer."""
+    holder = homes.holder_of(task) if settings.BOX_MACHINE else ""
+    if homes.away(holder):
+        asked: diff.Diff = calls.read_json(holder, calls.internal_path(f"/api/tasks/{task.pk}/diff"))
+        return asked
+    return local_diff(task)
+
+
+def local_diff(task: Task) -> diff.Diff:
+    """``diff_of`` read from this machine's disk."""
     layer = Layer.objects.filter(task=task).first()
     if layer is None or task.state == State.UNDONE:
         unchanged: diff.Diff = {"task": task.pk, **diff.empty()}

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotFound
@@ -68,7 +69,8 @@ def create_workspace(principal: Principal, body: Any) -> Workspace:
         building.mkdir(parents=True)
     try:
         with transaction.atomic():
-            workspace = Workspace.objects.create(name=name, base_dir=name)
+            # Several machines: its base is on this machine's disk, so this machine is its home.
+            workspace = Workspace.objects.create(name=name, base_dir=name, machine=settings.BOX_MACHINE)
     except IntegrityError as exc:
         shutil.rmtree(building, ignore_errors=True)
         raise Conflict(f"a workspace named '{name}' exists", field="name") from exc
@@ -110,6 +112,8 @@ class WorkspaceView(TypedDict):
     driver: str
     layers: list[str]
     stack: WorkspaceStack
+    machine: Annotated[str, Doc("several machines: the machine that holds the workspace and runs its tasks ('' on one machine, or before any ran)")]
+    movingTo: Annotated[str, Doc("several machines: the machine its layers are being copied to ('' when not moving); its tasks wait meanwhile")]
 
 
 class WorkspacePage(TypedDict):
@@ -153,6 +157,8 @@ def describe(workspace: Workspace) -> WorkspaceView:
         "layers": ids,
         "stack": {"separate": own, "compacted": compaction.layers_inside(flats), "flats": len(flats),
                   "depth": len(own) + len(flats) + 1},
+        "machine": workspace.machine,
+        "movingTo": workspace.moving_to,
     }
 
 

@@ -27,11 +27,12 @@ from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from tasks import sql
+from tasks.machines import homes
 from tasks.models import Run, RunState, Task
 
 log = logging.getLogger(__name__)
 
-_kept: tuple[tuple[str, int], Broker] | None = None  # ``_broker``'s: the queue's name and the process
+_kept: dict[tuple[str, int], Broker] = {}  # ``_broker``'s, by the queue's name and the process
 _kept_lock = threading.Lock()
 
 
@@ -39,7 +40,7 @@ def _forget_kept_broker() -> None:
     """In a forked child: the parent's broker is keyed by the parent's pid, and a thread of the
     parent may have held the lock at the fork (the child would wait for it for good)."""
     global _kept, _kept_lock
-    _kept, _kept_lock = None, threading.Lock()
+    _kept, _kept_lock = {}, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_kept_broker)
@@ -122,23 +123,30 @@ def enqueue(run_id: int) -> None:
 
 
 def send(run_id: int) -> None:
-    """Put run ``run_id`` on the queue (``tasks.jobs.execute_run``)."""
-    async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}", broker=_broker())
+    """Put run ``run_id`` on the queue (``tasks.jobs.execute_run``): with several machines, on
+    the queue of the machine that holds its workspace; not at all while the workspace moves (the
+    move sends it once done)."""
+    queue = None
+    if settings.BOX_MACHINE:
+        home = homes.home_of_run(run_id)
+        if home is None or home.moving:
+            return
+        queue = homes.queue_of(home.machine)
+    async_task("tasks.jobs.execute_run", run_id, task_name=f"run-{run_id}", broker=_broker(queue))
 
 
-def _broker() -> Broker:
+def _broker(queue: str | None = None) -> Broker:
     """The queue's broker, one per process and queue name. django-q2 makes a broker for each job
     it is given unless one is passed: on Redis a new client, so a new connection (its driver's
     version looked up in the installed packages, a connect and a handshake) for every job sent,
     about a sixth of a ``POST /api/tasks``'s CPU (docs/internals/decisions-performance.md#performance). redis-py's
     client is shared by threads and makes its connections again in a forked child; the ORM
     broker holds no connection of its own."""
-    global _kept
-    key = (Conf.CLUSTER_NAME, os.getpid())
+    key = (queue or Conf.CLUSTER_NAME, os.getpid())
     with _kept_lock:
-        if _kept is None or _kept[0] != key:
-            _kept = (key, get_broker())
-        return _kept[1]
+        if key not in _kept:
+            _kept[key] = get_broker(queue)
+        return _kept[key]
 
 
 @dataclasses.dataclass
@@ -186,6 +194,14 @@ def claim(run_id: int) -> tuple[Run, str] | None:
     The run comes with its task, and ``others_running``: whether another run of the task is
     running (a held one, ``tasks.run.finish``). Call inside the transaction that locked the task's
     row (``lock_task_of_queued``): other runs of the task change only under it."""
+    if settings.BOX_MACHINE:
+        # Several machines: a run of a workspace another machine holds (sent before it moved, or
+        # held by this worker's finish) is not taken here; it is sent where it belongs.
+        home = homes.home_of_run(run_id)
+        if home is None or not home.is_here:
+            if home is not None and not home.moving:
+                transaction.on_commit(functools.partial(send, run_id))
+            return None
     token = secrets.token_hex(16)
     now = timezone.now()
     claimed = sql.claim_run(run_id, token, now, now + lease_delta(), socket.gethostname()[:255], os.getpid())
@@ -274,9 +290,11 @@ def cluster_stuck(now: Any = None, *, for_s: float | None = None) -> bool:
     since = now - timedelta(seconds=settings.BOX_STUCK_S if for_s is None else for_s)
     if free_workers() <= 0:
         return False
-    if not Run.objects.filter(state=RunState.QUEUED, enqueued_at__isnull=False, available_at__lt=since).exists():
+    # Several machines: only the runs this machine takes say whether its cluster is stuck.
+    mine = Run.objects.filter(homes.runs_here_q()) if settings.BOX_MACHINE else Run.objects.all()
+    if not mine.filter(state=RunState.QUEUED, enqueued_at__isnull=False, available_at__lt=since).exists():
         return False
-    return not Run.objects.filter(started_at__gte=since).exists()
+    return not mine.filter(started_at__gte=since).exists()
 
 
 def resend_unclaimed() -> int:

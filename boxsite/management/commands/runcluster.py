@@ -34,6 +34,7 @@ from django_q.signals import post_spawn
 from boxsite.core.beats import Beat
 from boxsite.core.procs import descendants
 from tasks import jobs
+from tasks.machines.homes import MachineBeat
 from tasks.models import Run, RunState
 from tasks.run import leases as runs
 from tasks.run import lifecycle
@@ -177,6 +178,14 @@ class Watchdog:
         return stuck
 
 
+def _machine_beat(machine: MachineBeat) -> None:
+    close_old_connections()
+    try:
+        machine.due()
+    except Exception:  # noqa: BLE001 - a database hiccup: the next beat tries again
+        log.warning("could not write this machine's beat", exc_info=True)
+
+
 class Command(BaseCommand):
     help = "Run the worker cluster; SIGTERM/SIGINT hand running runs back and stop it."
     # Django's checks import the URLconf, and with it every view, DRF and the schema generator:
@@ -196,9 +205,12 @@ class Command(BaseCommand):
         cluster = start_cluster(on_stop)
         watchdog = Watchdog()
         beat = Beat("worker")  # the leader's loop: it beats while it watches a cluster it runs
+        machine = MachineBeat() if settings.BOX_MACHINE else None  # several machines: the others see it too
         beat.due()
         while not stopping.wait(WATCH_EVERY_S):
             beat.due()
+            if machine is not None:
+                _machine_beat(machine)
             sentinel_gone = cluster.sentinel is None or not cluster.sentinel.is_alive()
             if not sentinel_gone and not watchdog.stuck():
                 continue

@@ -1,0 +1,120 @@
+"""One machine asking another: reads of what the other holds, and a moving workspace's layers.
+
+A call is a plain HTTP GET to the holding machine's web process (its ``BOX_MACHINE_URL``) under
+``/internal/machine/``, signed with ``BOX_MACHINE_SECRET``: an HMAC of the time, the method and
+the full path, taken for 60 seconds. The caller has already checked who may read what; the
+holder checks only that the call comes from a machine of the box.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+
+from boxsite.core.errors import BoxError
+from tasks.machines import homes
+
+HEADER = "X-Box-Machine"
+PREFIX = "/internal/machine"
+FRESH_S = 60
+TIMEOUT_S = 30.0
+# What a relayed answer keeps of the holder's headers.
+KEPT_HEADERS = ("Content-Type", "Content-Disposition", "Content-Length", "X-Content-Type-Options",
+                "Content-Security-Policy")
+
+
+class MachineUnreachable(BoxError):
+    code = "MACHINE_UNREACHABLE"
+    status = 503
+
+
+def _signature(stamp: str, method: str, full_path: str) -> str:
+    message = f"{stamp}\n{method}\n{full_path}".encode()
+    return hmac.new(settings.BOX_MACHINE_SECRET.encode(), message, hashlib.sha256).hexdigest()
+
+
+def sign(method: str, full_path: str) -> str:
+    stamp = str(int(time.time()))
+    return f"{stamp}.{_signature(stamp, method, full_path)}"
+
+
+def verified(request: HttpRequest) -> bool:
+    """The request comes from a machine of this box (and the box has several)."""
+    if not settings.BOX_MACHINE:
+        return False
+    stamp, _, given = request.headers.get(HEADER, "").partition(".")
+    if not stamp.isdigit() or abs(time.time() - int(stamp)) > FRESH_S:
+        return False
+    return hmac.compare_digest(given, _signature(stamp, request.method or "GET", request.get_full_path()))
+
+
+def _open(machine: str, full_path: str, timeout: float) -> Any:
+    url = homes.url_of(machine)
+    if not url:
+        raise MachineUnreachable(f"machine '{machine}' has never said where it answers", field="machine")
+    request = urllib.request.Request(url + full_path, headers={HEADER: sign("GET", full_path)})
+    try:
+        return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - the box's own machine, http(s) only
+    except urllib.error.HTTPError as answer:
+        return answer  # the holder's own answer, in the error shape: passed on as it is
+    except OSError as exc:
+        raise MachineUnreachable(f"machine '{machine}', which holds this, does not answer: {exc}",
+                                 field="machine") from exc
+
+
+def internal_path(public_path: str, query: str = "") -> str:
+    """The holder's internal path for a public API path (``/api/...``)."""
+    rest = public_path.removeprefix("/api")
+    return f"{PREFIX}{rest}" + (f"?{query}" if query else "")
+
+
+def read_json(machine: str, full_path: str) -> Any:
+    """The holder's JSON answer to an internal GET; its error (in the API's shape) is raised as one here."""
+    with _open(machine, full_path, TIMEOUT_S) as answer:
+        body = answer.read()
+        status = answer.status
+    try:
+        parsed = json.loads(body)
+    except ValueError as exc:
+        raise MachineUnreachable(f"machine '{machine}' answered something that is not JSON", field="machine") from exc
+    if status >= 400:
+        error = BoxError(str(parsed.get("message", "")), field=parsed.get("field"), code=str(parsed.get("code", "")))
+        error.status = status
+        raise error
+    return parsed
+
+
+def relay(machine: str, request: HttpRequest) -> HttpResponseBase:
+    """The holder's answer to the same read, streamed through (a file, an artifact)."""
+    full_path = internal_path(request.path, request.META.get("QUERY_STRING", ""))
+    answer = _open(machine, full_path, TIMEOUT_S)
+
+    def chunks() -> Iterator[bytes]:
+        with answer:
+            while chunk := answer.read(1 << 16):
+                yield chunk
+
+    response = StreamingHttpResponse(chunks(), status=answer.status)
+    for name in KEPT_HEADERS:
+        if answer.headers.get(name) is not None:
+            response[name] = answer.headers[name]
+    return response
+
+
+def open_stream(machine: str, full_path: str, timeout: float) -> Any:
+    """An internal GET's answer as a file-like object (a workspace's export); an error answer raises."""
+    answer = _open(machine, full_path, timeout)
+    if answer.status >= 400:
+        body = answer.read()[:500]
+        answer.close()
+        raise MachineUnreachable(f"machine '{machine}' refused {full_path}: {answer.status} {body!r}", field="machine")
+    return answer
