@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol, TypeVar
 from urllib.parse import parse_qs
 
 PAGE = "<!doctype html><html><head><meta charset=utf-8><title>{title}</title></head><body>{body}</body></html>"
@@ -157,11 +158,18 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Port(Protocol):
+    port: int
+
+
+S = TypeVar("S", bound=Port)
+
+
 @contextmanager
-def serve() -> Iterator[Site]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Site(0)))
-    site = Site(server.server_address[1])
-    server.RequestHandlerClass = _handler(site)
+def running(site: S, handler: Callable[[S], type[BaseHTTPRequestHandler]]) -> Iterator[S]:
+    """Serve ``handler(site)`` on a free loopback port (given to ``site.port``) for the block."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(site))
+    site.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -169,3 +177,7 @@ def serve() -> Iterator[Site]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def serve() -> AbstractContextManager[Site]:
+    return running(Site(0), _handler)

@@ -3,13 +3,13 @@ popup, a form in a frame, a button in a shadow root, a search submitted with Ent
 appears later, list boxes, and a card form with no submit button."""
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
+
+from tests.browser.sites import running
 
 PAGE = "<!doctype html><html><head><meta charset=utf-8><title>{title}</title></head><body>{body}</body></html>"
 
@@ -119,15 +119,5 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@contextmanager
-def serve() -> Iterator[Site]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Site(0)))
-    site = Site(server.server_address[1])
-    server.RequestHandlerClass = _handler(site)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield site
-    finally:
-        server.shutdown()
-        server.server_close()
+def serve() -> AbstractContextManager[Site]:
+    return running(Site(0), _handler)

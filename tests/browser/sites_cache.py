@@ -4,12 +4,12 @@ plain boxes (no list, no row role: only a CSS path tells two "Select" buttons ap
 from __future__ import annotations
 
 import html
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
+
+from tests.browser.sites import running
 
 PAGE = "<!doctype html><html><head><meta charset=utf-8><title>{title}</title></head><body>{body}</body></html>"
 PICK = """<script>for (const b of document.querySelectorAll('.offer button')) {
@@ -60,17 +60,7 @@ def _handler(site: Flights) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@contextmanager
-def serve_flights() -> Iterator[Flights]:
-    site = Flights(0)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(site))
-    site.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield site
-    finally:
-        server.shutdown()
-        server.server_close()
+def serve_flights() -> AbstractContextManager[Flights]:
+    return running(Flights(0), _handler)
 
 

@@ -4,14 +4,14 @@ its ``autocomplete="one-time-code"`` field, and pages whose wall is only in thei
 provider's frame, a visible password field). Each counts what it was sent."""
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
+
+from tests.browser.sites import running
 
 PAGE = "<!doctype html><html><head><meta charset=utf-8><title>{title}</title></head><body style='margin:0'>{body}</body></html>"
 
@@ -106,15 +106,5 @@ def _handler(site: WallSite) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@contextmanager
-def serve() -> Iterator[WallSite]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(WallSite(0)))
-    site = WallSite(server.server_address[1])
-    server.RequestHandlerClass = _handler(site)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield site
-    finally:
-        server.shutdown()
-        server.server_close()
+def serve() -> AbstractContextManager[WallSite]:
+    return running(WallSite(0), _handler)
