@@ -13,10 +13,15 @@ from tests.sandbox.conftest import sandboxed  # noqa: F401 - fixture
 
 
 @pytest.fixture
-def site() -> Iterator[Site]:
+def chromium() -> None:
+    """The test starts a real browser: it skips where the box has none."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
+
+
+@pytest.fixture
+def site(chromium: None) -> Iterator[Site]:
     with serve() as running:
         yield running
 
@@ -25,8 +30,8 @@ def site() -> Iterator[Site]:
 def stand_in_browser(request: pytest.FixtureRequest, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
     """What a spec may ask of the browser is checked against the box's Chromium, which need only
     exist: where it is missing, a stand-in executable lets those checks run. A test that starts
-    a browser asks for ``site``, which skips instead."""
-    if "site" in request.fixturenames or missing_reason() is None:
+    a browser asks for ``chromium`` (its site does), which skips instead."""
+    if "chromium" in request.fixturenames or missing_reason() is None:
         return
     stand_in = tmp_path_factory.mktemp("browser") / "chromium"
     stand_in.write_text("#!/bin/sh\nexit 1\n")

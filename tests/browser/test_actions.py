@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from tasks.browser import pages
-from tasks.browser.binary import missing_reason
 from tasks.sandbox.accounts import running_processes_of
 from tests.browser.sites_actions import REPORT, Site, serve
 from tests.browser.test_walls_payment import chromium_of
@@ -28,10 +27,7 @@ from tests.sandbox.conftest import uid_of
 
 
 @pytest.fixture
-def web() -> Iterator[Site]:
-    reason = missing_reason()
-    if reason is not None:
-        pytest.skip(reason)
+def web(chromium: None) -> Iterator[Site]:
     with serve() as running:
         yield running
 

@@ -17,7 +17,6 @@ from django.db import connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from tasks.browser.binary import missing_reason
 from tasks.browser.cache import remember
 from tasks.models import GroundingEntry, Task, Workspace
 from tests.browser.sites_cache import Flights, serve_flights
@@ -36,10 +35,7 @@ CHEAPEST = "the cheapest flight's Select button"
 
 
 @pytest.fixture
-def flights() -> Iterator[Flights]:
-    reason = missing_reason()
-    if reason is not None:
-        pytest.skip(reason)
+def flights(chromium: None) -> Iterator[Flights]:
     with serve_flights() as running:
         yield running
 

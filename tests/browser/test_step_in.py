@@ -16,7 +16,6 @@ from django.db import connections
 
 from boxsite.core.errors import InvalidRequest
 from tasks.browser import screencast
-from tasks.browser.binary import missing_reason
 from tasks.browser.session import read_record
 from tests.browser.sites_walls import BUTTON_BOX, PASSWORD_BOX, USER_BOX, WallSite, middle, serve
 from tests.browser.test_walls_payment import chromium_of
@@ -40,10 +39,7 @@ def run(coroutine: Any) -> Any:
 
 
 @pytest.fixture
-def walls() -> Iterator[WallSite]:
-    reason = missing_reason()
-    if reason is not None:
-        pytest.skip(reason)
+def walls(chromium: None) -> Iterator[WallSite]:
     with serve() as running:
         yield running
 
