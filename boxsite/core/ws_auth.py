@@ -88,6 +88,16 @@ def principal_of_scope(scope: dict[str, Any]) -> Principal | None:
     return None
 
 
+def signed_in(scope: dict[str, Any]) -> tuple[Principal, str | None] | None:
+    """The connection's principal and its session's key (which ``still_signed_in`` re-checks
+    while it streams), or None when nobody signed in."""
+    principal = principal_of_scope(scope)
+    if principal is None:
+        return None
+    session = scope.get("session")
+    return principal, (session.session_key if session is not None else None)
+
+
 def still_signed_in(principal: Principal, session_key: str | None) -> bool:
     """Re-check a connection's credentials against the database (sync; call in a thread).
 

@@ -29,7 +29,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from boxsite.core.errors import BoxError, InvalidRequest
 from boxsite.core.principal import Principal, Via
-from boxsite.core.ws_auth import principal_of_scope, still_signed_in
+from boxsite.core.ws_auth import signed_in, still_signed_in
 from tasks.browser.cdp import CdpError
 from tasks.browser.screencast import NoBrowser, Screencast
 from tasks.models import Task
@@ -53,15 +53,13 @@ class BrowserViewConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self._tasks = []
-        principal = principal_of_scope(self.scope)
-        if principal is None:
+        who = signed_in(self.scope)
+        if who is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        self.principal = principal
-        session = self.scope.get("session")
-        self.session_key = session.session_key if session is not None else None
+        self.principal, self.session_key = who
         self.task_id = str(self.scope["url_route"]["kwargs"]["task_id"])
-        if principal.via == Via.TASK or not await database_sync_to_async(self.may_see)():
+        if self.principal.via == Via.TASK or not await database_sync_to_async(self.may_see)():
             await self.close(code=CLOSE_FORBIDDEN)
             return
         view = Screencast(self.task_id)

@@ -29,7 +29,7 @@ from django.db.models import Max, Q
 
 from boxsite.core.errors import NotFound
 from boxsite.core.principal import Principal
-from boxsite.core.ws_auth import principal_of_scope, still_signed_in
+from boxsite.core.ws_auth import signed_in, still_signed_in
 from tasks.api.presenters import present_event, present_task
 from tasks.events import owner_group, task_group
 from tasks.models import Task, TaskEvent
@@ -61,13 +61,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     session_key: str | None
 
     async def connect(self) -> None:
-        principal = principal_of_scope(self.scope)
-        if principal is None:
+        who = signed_in(self.scope)
+        if who is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        self.principal = principal
-        session = self.scope.get("session")
-        self.session_key = session.session_key if session is not None else None
+        self.principal, self.session_key = who
         self.lock = asyncio.Lock()
         self.poller: asyncio.Task[None] | None = None
         self.last_check = time.monotonic()
