@@ -105,6 +105,18 @@ def wait_pushes(service: PushService, count: int = 1) -> list[dict[str, Any]]:
                     what=f"{count} push message(s)")
 
 
+def links_of_a_waiting_task(box: Any, service: PushService) -> tuple[dict[str, Any], dict[str, dict[str, Any]], int]:
+    """A phone subscribed, a guarded task waiting for its OK: the task, its notice's actions by
+    name (approve, deny) and the phone's device id."""
+    phone, device_id = paired_phone(box)
+    browser = Browser()
+    subscribe(phone, service, browser)
+    task = box.create(title="guarded", flow=GUARDED)
+    box.wait_state(task["id"], "waiting")
+    actions = {a["action"]: a for a in browser.read(wait_pushes(service)[0])["actions"]}
+    return task, actions, device_id
+
+
 def test_a_waiting_task_reaches_the_phone_encrypted_naming_it_with_its_links(box: Any, push_service: PushService) -> None:
     phone, _ = paired_phone(box)
     browser = Browser()
@@ -126,12 +138,8 @@ def test_a_waiting_task_reaches_the_phone_encrypted_naming_it_with_its_links(box
 
 
 def test_a_signed_approve_link_works_once_without_a_session(box: Any, push_service: PushService) -> None:
-    phone, _ = paired_phone(box)
-    browser = Browser()
-    subscribe(phone, push_service, browser)
-    task = box.create(title="guarded", flow=GUARDED)
-    box.wait_state(task["id"], "waiting")
-    approve = {a["action"]: a for a in browser.read(wait_pushes(push_service)[0])["actions"]}["approve"]
+    task, actions, _ = links_of_a_waiting_task(box, push_service)
+    approve = actions["approve"]
 
     stranger = APIClient()  # no cookie, no token: the link is the credential
     assert stranger.get(approve["url"]).status_code == 405  # a GET decides nothing
@@ -144,12 +152,8 @@ def test_a_signed_approve_link_works_once_without_a_session(box: Any, push_servi
 
 
 def test_a_deny_link_denies_and_a_forged_or_changed_one_is_refused(box: Any, push_service: PushService) -> None:
-    phone, _ = paired_phone(box)
-    browser = Browser()
-    subscribe(phone, push_service, browser)
-    task = box.create(title="guarded", flow=GUARDED)
-    box.wait_state(task["id"], "waiting")
-    urls = {a["action"]: a["url"] for a in browser.read(wait_pushes(push_service)[0])["actions"]}
+    task, actions, _ = links_of_a_waiting_task(box, push_service)
+    urls = {name: action["url"] for name, action in actions.items()}
     stranger = APIClient()
     rest = urls["approve"].rsplit("/", 1)[1].split(":", 1)[1]  # the signature, kept under other claims
     for forged in ("/api/approval-links/made-up", urls["approve"][:-2] + ("AA" if not urls["approve"].endswith("AA") else "BB"),
@@ -165,12 +169,8 @@ def test_a_deny_link_denies_and_a_forged_or_changed_one_is_refused(box: Any, pus
 
 
 def test_the_link_page_asks_before_it_decides(box: Any, push_service: PushService) -> None:
-    phone, _ = paired_phone(box)
-    browser = Browser()
-    subscribe(phone, push_service, browser)
-    task = box.create(title="guarded", flow=GUARDED)
-    box.wait_state(task["id"], "waiting")
-    approve = {a["action"]: a for a in browser.read(wait_pushes(push_service)[0])["actions"]}["approve"]
+    task, actions, _ = links_of_a_waiting_task(box, push_service)
+    approve = actions["approve"]
     client = APIClient(enforce_csrf_checks=True)
     shown = client.get(approve["page"])
     assert shown.status_code == 200 and b"Approve</button>" in shown.content
@@ -206,13 +206,9 @@ def test_a_failure_and_an_asked_for_end_reach_the_phone(box: Any, push_service: 
 
 
 def test_revoking_the_phone_removes_its_subscriptions_and_stops_its_links(box: Any, push_service: PushService) -> None:
-    phone, device_id = paired_phone(box)
-    browser = Browser()
-    subscribe(phone, push_service, browser)
+    task, actions, device_id = links_of_a_waiting_task(box, push_service)
     assert box.api.get("/api/push/subscriptions").json()["results"][0]["deviceName"] == "phone"
-    task = box.create(title="guarded", flow=GUARDED)
-    box.wait_state(task["id"], "waiting")
-    approve = {a["action"]: a for a in browser.read(wait_pushes(push_service)[0])["actions"]}["approve"]
+    approve = actions["approve"]
     assert box.api.post(f"/api/devices/{device_id}/revoke").status_code == 200
     assert box.api.get("/api/push/subscriptions").json()["results"] == []
     refused = APIClient().post(approve["url"])
@@ -221,12 +217,8 @@ def test_revoking_the_phone_removes_its_subscriptions_and_stops_its_links(box: A
 
 
 def test_an_expired_link_is_refused(box: Any, push_service: PushService, monkeypatch: pytest.MonkeyPatch) -> None:
-    phone, _ = paired_phone(box)
-    browser = Browser()
-    subscribe(phone, push_service, browser)
-    task = box.create(title="guarded", flow=GUARDED)
-    box.wait_state(task["id"], "waiting")
-    approve = {a["action"]: a for a in browser.read(wait_pushes(push_service)[0])["actions"]}["approve"]
+    task, actions, _ = links_of_a_waiting_task(box, push_service)
+    approve = actions["approve"]
     monkeypatch.setattr(links, "TTL", timedelta(seconds=-1))  # every link is older than that
     refused = APIClient().post(approve["url"])
     assert refused.status_code == 409 and refused.json()["code"] == "LINK_EXPIRED"
