@@ -1,5 +1,5 @@
 """What one machine answers another (several machines, ``BOX_MACHINE``): reads of the tasks and
-workspaces it holds, and a moving workspace's copy. Plain views outside the API: no owner signs
+workspaces it holds, the owner's acts on them (undo, Keep, an upload), and a moving workspace's copy. Plain views outside the API: no owner signs
 in here, a machine proves the box's shared secret (``tasks.machines.calls``), and the machine
 that asked has already checked who may read what. Each reads this machine's disk, never asks
 another machine in turn."""
@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any, cast
 
 from django.http import Http404, HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
 
 from boxsite.core.errors import BoxError, NotFound
+from boxsite.core.principal import Principal
+from tasks import verbs
+from tasks.api.presenters import present_task
 from tasks.api.views import artifact_response
-from tasks.api.workspaces import file_response, local_diff
+from tasks.api.workspaces import file_response, local_diff, local_upload
 from tasks.layers import workspaces
 from tasks.machines import calls, moves
 from tasks.models import Task
@@ -28,15 +32,29 @@ def machine_only(view: View) -> View:
     @functools.wraps(view)
     @require_GET
     def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if not calls.verified(request):
-            return JsonResponse({"code": "FORBIDDEN", "message": "only a machine of this box may ask this",
-                                 "field": None}, status=403)
-        try:
-            return view(request, *args, **kwargs)
-        except BoxError as exc:
-            return JsonResponse(exc.as_dict(), status=exc.status)
-        except Http404 as exc:
-            return JsonResponse({"code": "NOT_FOUND", "message": str(exc) or "not found", "field": None}, status=404)
+        return _answered(request, lambda: view(request, *args, **kwargs))
+    return checked
+
+
+def _answered(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    if not calls.verified(request):
+        return JsonResponse({"code": "FORBIDDEN", "message": "only a machine of this box may ask this",
+                             "field": None}, status=403)
+    try:
+        return view()
+    except BoxError as exc:
+        return JsonResponse(exc.as_dict(), status=exc.status)
+    except Http404 as exc:
+        return JsonResponse({"code": "NOT_FOUND", "message": str(exc) or "not found", "field": None}, status=404)
+
+
+def machine_acts(view: Callable[..., HttpResponseBase]) -> View:
+    """An act another machine makes here for the principal it names (signed with it); no CSRF
+    token: no browser comes here, and the signature is the proof."""
+    @functools.wraps(view)
+    @csrf_exempt
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return _answered(request, lambda: view(request, calls.principal_of(request), *args, **kwargs))
     return checked
 
 
@@ -65,6 +83,30 @@ def workspace_files(request: HttpRequest, name: str) -> HttpResponseBase:
 @machine_only
 def workspace_file(request: HttpRequest, name: str, path: str) -> HttpResponseBase:
     return file_response(name, path)
+
+
+@require_POST
+@machine_acts
+def task_undo(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
+    return JsonResponse(dict(present_task(verbs.undo_task(principal, task_id))))
+
+
+@require_POST
+@machine_acts
+def task_keep(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
+    task, conflicts = verbs.keep_review(principal, task_id)
+    return JsonResponse({**present_task(task), "conflicts": conflicts})
+
+
+@csrf_exempt
+def workspace_file_write(request: HttpRequest, name: str, path: str) -> HttpResponseBase:
+    """An upload made here (``PUT``), or the file read (``GET``): one path, as in the API."""
+    if request.method == "PUT":
+        # A plain Django request reads its body as a file: the upload's bytes, as they come.
+        body = cast(IO[bytes], request)
+        return _answered(request, lambda: JsonResponse(
+            dict(local_upload(calls.principal_of(request), name, path, body)), status=201))
+    return workspace_file(request, name, path)
 
 
 @machine_only

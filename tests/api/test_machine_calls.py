@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.test import Client
 
+from boxsite.core.principal import Principal, Via
+from boxsite.models import ApiToken
 from tasks.machines import calls
 from tests.conftest import Box
+from tests.factories import make_owner
 
 SECRET = "s" * 40
 
@@ -34,3 +38,33 @@ def test_one_machine_answers_no_machine_call(box: Box, settings: Any) -> None:
     settings.BOX_MACHINE, settings.BOX_MACHINE_SECRET = "", SECRET
     path = "/internal/machine/workspaces/home/files"
     assert _get(path, calls.sign("GET", path)).status_code == 403
+
+
+def _act(method: str, path: str, principal: Principal, body: bytes = b"", *, who: str | None = None) -> Any:
+    signed_for = calls.principal_header(principal)
+    headers = {calls.HEADER: calls.sign(method, path, signed_for), calls.PRINCIPAL_HEADER: who or signed_for}
+    return Client().generic(method, path, body, content_type="application/octet-stream", headers=headers)
+
+
+def test_an_act_is_made_as_the_principal_it_was_signed_for_and_no_other(box: Box, settings: Any) -> None:
+    settings.BOX_MACHINE, settings.BOX_MACHINE_SECRET = "a", SECRET
+    owner = Principal.of_credential(box.owner, ApiToken.objects.get(user=box.owner))
+    path = "/internal/machine/workspaces/home/files/notes/up.txt"
+    made = _act("PUT", path, owner, b"uploaded\n")
+    assert made.status_code == 201, made.json()
+    assert made.json()["task"]["source"] == "upload"
+    assert box.api.get("/api/workspaces/home/files", {"path": "notes/up.txt"}).json()["content"] == "uploaded\n"
+
+    task_id = made.json()["task"]["id"]
+    undo = f"/internal/machine/tasks/{task_id}/undo"
+    # The principal swapped after signing (a paired phone's, say): the signature no longer holds.
+    stranger = calls.principal_header(Principal.session(make_owner()))
+    assert _act("POST", undo, owner, who=stranger).status_code == 403
+    assert box.task(task_id)["state"] == "done"
+    undone = _act("POST", undo, owner)
+    assert undone.status_code == 200 and undone.json()["state"] == "undone"
+    again = _act("POST", undo, owner)  # the verb's own refusal, in the error shape
+    assert again.status_code == 409 and again.json()["code"]
+    # A principal of no user of this box is refused, not guessed.
+    ghost = Principal(User(pk=10**9, username="ghost"), Via.TOKEN)
+    assert _act("POST", undo, ghost).json()["code"] == "FORBIDDEN"
