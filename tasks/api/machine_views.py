@@ -12,7 +12,6 @@ from typing import IO, Any, cast
 from django.http import Http404, HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 
 from boxsite.core.errors import BoxError, NotFound
 from boxsite.core.principal import Principal
@@ -28,15 +27,31 @@ View = Callable[..., HttpResponseBase]
 
 
 def machine_only(view: View) -> View:
-    """Only a machine of the box; every error in the API's shape."""
+    """A read only a machine of the box may ask; every error in the API's shape."""
     @functools.wraps(view)
-    @require_GET
     def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        return _answered(request, lambda: view(request, *args, **kwargs))
+        return _answered(request, ("GET",), lambda: view(request, *args, **kwargs))
     return checked
 
 
-def _answered(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+def machine_acts(method: str) -> Callable[[Callable[..., HttpResponseBase]], View]:
+    """An act another machine makes here for the principal it names (signed with it); no CSRF
+    token: no browser comes here, and the signature is the proof."""
+    def decorate(view: Callable[..., HttpResponseBase]) -> View:
+        @functools.wraps(view)
+        @csrf_exempt
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return _answered(request, (method,), lambda: view(request, calls.principal_of(request), *args, **kwargs))
+        return checked
+    return decorate
+
+
+def _answered(request: HttpRequest, methods: tuple[str, ...], view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    if request.method not in methods:
+        refused = JsonResponse({"code": "METHOD_NOT_ALLOWED", "message": f"use {' or '.join(methods)}",
+                                "field": None}, status=405)
+        refused["Allow"] = ", ".join(methods)
+        return refused
     if not calls.verified(request):
         return JsonResponse({"code": "FORBIDDEN", "message": "only a machine of this box may ask this",
                              "field": None}, status=403)
@@ -46,16 +61,6 @@ def _answered(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> Htt
         return JsonResponse(exc.as_dict(), status=exc.status)
     except Http404 as exc:
         return JsonResponse({"code": "NOT_FOUND", "message": str(exc) or "not found", "field": None}, status=404)
-
-
-def machine_acts(view: Callable[..., HttpResponseBase]) -> View:
-    """An act another machine makes here for the principal it names (signed with it); no CSRF
-    token: no browser comes here, and the signature is the proof."""
-    @functools.wraps(view)
-    @csrf_exempt
-    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        return _answered(request, lambda: view(request, calls.principal_of(request), *args, **kwargs))
-    return checked
 
 
 def _task(task_id: str) -> Task:
@@ -85,27 +90,28 @@ def workspace_file(request: HttpRequest, name: str, path: str) -> HttpResponseBa
     return file_response(name, path)
 
 
-@require_POST
-@machine_acts
+@machine_acts("POST")
 def task_undo(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
     return JsonResponse(dict(present_task(verbs.undo_task(principal, task_id))))
 
 
-@require_POST
-@machine_acts
+@machine_acts("POST")
 def task_keep(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
     task, conflicts = verbs.keep_review(principal, task_id)
     return JsonResponse({**present_task(task), "conflicts": conflicts})
+
+
+@machine_acts("PUT")
+def workspace_upload(request: HttpRequest, principal: Principal, name: str, path: str) -> HttpResponseBase:
+    # A plain Django request reads its body as a file: the upload's bytes, as they come.
+    return JsonResponse(dict(local_upload(principal, name, path, cast(IO[bytes], request))), status=201)
 
 
 @csrf_exempt
 def workspace_file_write(request: HttpRequest, name: str, path: str) -> HttpResponseBase:
     """An upload made here (``PUT``), or the file read (``GET``): one path, as in the API."""
     if request.method == "PUT":
-        # A plain Django request reads its body as a file: the upload's bytes, as they come.
-        body = cast(IO[bytes], request)
-        return _answered(request, lambda: JsonResponse(
-            dict(local_upload(calls.principal_of(request), name, path, body)), status=201))
+        return workspace_upload(request, name, path)
     return workspace_file(request, name, path)
 
 

@@ -11,7 +11,7 @@ from boxsite.core.principal import Principal, Via
 from boxsite.models import ApiToken
 from tasks.machines import calls
 from tests.conftest import Box
-from tests.factories import make_owner
+from tests.factories import flow, make_owner
 
 SECRET = "s" * 40
 
@@ -68,3 +68,16 @@ def test_an_act_is_made_as_the_principal_it_was_signed_for_and_no_other(box: Box
     # A principal of no user of this box is refused, not guessed.
     ghost = Principal(User(pk=10**9, username="ghost"), Via.TOKEN)
     assert _act("POST", undo, ghost).json()["code"] == "FORBIDDEN"
+
+
+def test_a_keep_act_answers_in_the_error_shape_and_a_wrong_method_too(box: Box, settings: Any) -> None:
+    task = box.create(title="plain", flow=flow({"run": "true"}))
+    box.wait_state(task["id"], "done", timeout=60)
+    settings.BOX_MACHINE, settings.BOX_MACHINE_SECRET = "a", SECRET
+    owner = Principal.of_credential(box.owner, ApiToken.objects.get(user=box.owner))
+    kept = _act("POST", f"/internal/machine/tasks/{task['id']}/keep", owner)
+    assert kept.status_code == 409 and kept.json()["field"] == "review"  # not a folder task: the verb's refusal
+    assert _act("POST", "/internal/machine/tasks/tknosuchtask/keep", owner).json()["code"] == "NOT_FOUND"
+    wrong = _act("GET", "/internal/machine/tasks/tknosuchtask/undo", owner)
+    assert wrong.status_code == 405 and wrong.json()["code"] == "METHOD_NOT_ALLOWED"
+    assert _act("DELETE", "/internal/machine/workspaces/home/files/a.txt", owner).status_code == 405
