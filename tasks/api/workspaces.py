@@ -64,6 +64,16 @@ def workspace_move(request: Request, name: str) -> Response:
     return Response(workspaces.present_workspace(moved), status=202)
 
 
+@extend_schema(request=moves.AbandonBody, responses={202: shape(WorkspaceView)},
+               description="Several machines: give up a workspace whose machine is gone with its disk. It "
+                           "starts afresh, empty, on a live machine; its done tasks are undone and those not "
+                           "over fail, each saying its work was lost. Refused while its machine is alive.")
+@api_view(["POST"])
+def workspace_abandon(request: Request, name: str) -> Response:
+    abandoned = moves.ask_abandon(Principal.of(request), workspaces.get_workspace(name), request.data)
+    return Response(workspaces.present_workspace(abandoned), status=202)
+
+
 @extend_schema(parameters=[OpenApiParameter("path", str, description="relative to the workspace root")],
                responses={200: shape(WorkspaceEntry)})
 @api_view(["GET"])

@@ -240,3 +240,42 @@ def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a
         assert a.ok("POST", f"/api/tasks/{uploaded}/undo")["state"] == "undone"
         assert a.call("GET", "/api/workspaces/wa/files?path=notes/up.txt")[0] == 404
         assert a.call("POST", f"/api/tasks/{uploaded}/undo")[0] == 409  # the holder's refusal, passed on
+
+
+def test_a_workspace_of_a_machine_gone_with_its_disk_is_abandoned_by_the_owner_and_starts_afresh(
+        box: Box, tmp_path: Path) -> None:
+    why = namespaces.available()
+    if why:
+        pytest.skip(why)
+    with started(tmp_path, ["a", "b"]) as (found, running):
+        a, b = Api(found["a"], box.token), Api(found["b"], box.token)
+        wait_for(lambda: a.answers() and b.answers(), timeout=90, what="both machines' web processes")
+        wait_for(lambda: Machine.objects.filter(name__in=["a", "b"]).count() == 2, timeout=60,
+                 what="both machines' beats")
+        assert a.ok("POST", "/api/workspaces", {"name": "wa"})["machine"] == "a"
+        done = a.ok("POST", "/api/tasks", {"title": "done", "workspace": "wa", "flow": flow({"run": "echo 1 > one.txt"})})["id"]
+        wait_for(lambda: a.state(done) in ("done", "failed"), timeout=120, what="the first task to end")
+        assert a.state(done) == "done"
+        status, refused = b.call("POST", "/api/workspaces/wa/abandon", {})
+        assert status == 409 and refused["code"] == "MACHINE_ALIVE", refused  # a live machine's is moved, not given up
+
+        # Machine a is gone with its disk: web process, worker cluster and scheduler.
+        for proc in running["a"].values():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        waiting = b.ok("POST", "/api/tasks", {"title": "waiting", "workspace": "wa", "flow": flow({"run": "ls > seen.txt"})})["id"]
+        wait_for(lambda: Workspace.objects.get(name="wa").moving_to == "b", timeout=120,
+                 what="the scheduler to try moving wa to b")
+        assert b.state(waiting) == "queued"  # its copy cannot be made: it waits for a's disk
+
+        assert b.ok("POST", "/api/workspaces/wa/abandon", {"machine": "b"})["movingTo"] == "b"
+        wait_for(lambda: Workspace.objects.get(name="wa").machine == "b", timeout=120, what="wa to start afresh on b")
+        # The lost tasks say so: the done one is undone, the one not over failed and may be retried.
+        assert b.state(done) == "undone" and b.state(waiting) == "failed"
+        for task_id in (done, waiting):
+            assert any("lost with machine 'a'" in event["summary"] for event in box.events(task_id))
+        assert b.ok("GET", "/api/workspaces/wa/files")["entries"] == []
+        b.ok("POST", f"/api/tasks/{waiting}/retry", {})
+        wait_for(lambda: b.state(waiting) in ("done", "failed"), timeout=120, what="the retried task to end on b")
+        assert b.state(waiting) == "done"
+        assert b.ok("GET", "/api/workspaces/wa/files?path=seen.txt")["content"] == "seen.txt\n"
