@@ -2,16 +2,21 @@
 shared secret, and always in the API's error shape."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from boxsite.core.principal import Principal, Via
+from boxsite.mcp import tools
 from boxsite.models import ApiToken
 from tasks.machines import calls
+from tasks.models import Machine, Workspace
 from tests.conftest import Box
 from tests.factories import flow, make_owner
+from tests.http_server import Handler, serving
 
 SECRET = "s" * 40
 
@@ -81,3 +86,24 @@ def test_a_keep_act_answers_in_the_error_shape_and_a_wrong_method_too(box: Box, 
     wrong = _act("GET", "/internal/machine/tasks/tknosuchtask/undo", owner)
     assert wrong.status_code == 405 and wrong.json()["code"] == "METHOD_NOT_ALLOWED"
     assert _act("DELETE", "/internal/machine/workspaces/home/files/a.txt", owner).status_code == 405
+
+
+def test_mcp_lists_another_machines_workspace_through_that_machine(box: Box, settings: Any) -> None:
+    settings.BOX_MACHINE, settings.BOX_MACHINE_SECRET = "a", SECRET
+    asked: list[tuple[str, bool]] = []
+
+    class Holder(Handler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            stamp, _, given = self.headers.get(calls.HEADER, "").partition(".")
+            asked.append((self.path, given == calls._signature(stamp, "GET", self.path)))
+            entry = {"workspace": "far", "path": "notes", "type": "dir", "entries": [
+                {"name": "on-b.txt", "path": "notes/on-b.txt", "type": "file", "size": 3}]}
+            self.reply(200, json.dumps(entry).encode(), {"Content-Type": "application/json"})
+
+    with serving(Holder) as port:
+        Machine.objects.create(name="b", url=f"http://127.0.0.1:{port}", beat_at=timezone.now())
+        Workspace.objects.create(name="far", base_dir="far", machine="b")
+        owner = Principal.of_credential(box.owner, ApiToken.objects.get(user=box.owner))
+        listed = tools.TOOLS["list_files"].run(owner, {"workspace": "far", "path": "notes"})
+    assert [entry["name"] for entry in listed["entries"]] == ["on-b.txt"]
+    assert asked == [("/internal/machine/workspaces/far/files?path=notes", True)]
