@@ -48,7 +48,10 @@ HIDDEN_TITLES = {
 
 
 def _private_pem() -> bytes:
-    """The box's VAPID key (P-256), generated into the data directory on first use (0600)."""
+    """The box's VAPID key (P-256): ``BOX_WEBPUSH_VAPID_KEY`` (several machines share it), else
+    generated into the data directory on first use (0600)."""
+    if settings.BOX_WEBPUSH_VAPID_KEY:
+        return f"{settings.BOX_WEBPUSH_VAPID_KEY}\n".encode()
     fresh = ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     return read_or_create(settings.BOX_DATA_DIR / KEY_FILE, fresh)

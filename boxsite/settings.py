@@ -256,7 +256,25 @@ if BOX_MACHINE:
         raise ImproperlyConfigured("BOX_MACHINE needs BOX_MACHINE_SECRET (at least 32 characters), the same on every machine")
     if not env_str("DJANGO_SECRET_KEY"):
         raise ImproperlyConfigured("BOX_MACHINE needs DJANGO_SECRET_KEY, the same on every machine (jobs are signed with it)")
+    if not env_str("BOX_WEBPUSH_VAPID_KEY"):
+        raise ImproperlyConfigured("BOX_MACHINE needs BOX_WEBPUSH_VAPID_KEY (a P-256 private key, PEM), the same on "
+                                   "every machine: phones take pushes signed by the key they subscribed with")
     Q_CLUSTER["cluster_name"] = f"{Q_CLUSTER['name']}.{BOX_MACHINE}"
+# Web Push's signing key: from the environment when set (several machines sign with one key),
+# else generated into the data directory on first use. Literal "\n" stand for newlines (one line
+# in an env file).
+BOX_WEBPUSH_VAPID_KEY = (env_str("BOX_WEBPUSH_VAPID_KEY", "") or "").replace("\\n", "\n").strip()
+if BOX_WEBPUSH_VAPID_KEY:
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    try:
+        _vapid = load_pem_private_key(BOX_WEBPUSH_VAPID_KEY.encode(), password=None)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"BOX_WEBPUSH_VAPID_KEY is not a PEM private key: {exc}") from exc
+    if not isinstance(_vapid, ec.EllipticCurvePrivateKey) or _vapid.curve.name != "secp256r1":
+        raise ImproperlyConfigured("BOX_WEBPUSH_VAPID_KEY must be a P-256 (prime256v1) key: "
+                                   "openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt")
+    del _vapid
 
 # --- the box's own knobs ----------------------------------------------------------------
 BOX_LEASE_SECONDS = env_int("BOX_LEASE_SECONDS", 30, minimum=2)

@@ -10,6 +10,10 @@ files and the usual partial-download names (``.part``, ``.tmp``, ``.crdownload``
 - A file that changed between scans gets a new settling record (the old one is dropped), so a
   file still being written is not picked up until it is stable.
 
+On a box of several machines (``BOX_MACHINE``) a trigger's folder is on one machine's disk
+(``Trigger.machine``), and only that machine's scheduler scans it: another would list a missing
+folder, or a different folder at the same path.
+
 The record's (trigger, path, size, mtime) is unique and kept, so the same file never starts a
 second task, across scans, restarts or a second scheduler. A file replaced by a different one
 (new size or mtime) is a new arrival. The task gets ``file.path`` (absolute), ``file.name``,
@@ -21,6 +25,7 @@ import logging
 import os
 from datetime import UTC, datetime
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -56,9 +61,17 @@ def _listing(folder: str) -> dict[str, tuple[int, int]]:
 
 
 def scan_all() -> int:
-    """Scan every active file trigger; how many tasks were started."""
+    """Scan every active file trigger; how many tasks were started. On a box of several machines,
+    only those whose folder is on this machine (a trigger named before the box had several is
+    taken by the first machine that has its folder)."""
+    triggers = Trigger.objects.filter(kind=TriggerKind.FILE, paused=False).select_related("owner")
+    if settings.BOX_MACHINE:
+        for trigger in triggers.filter(machine=""):
+            if os.path.isdir(trigger.folder):
+                Trigger.objects.filter(pk=trigger.pk, machine="").update(machine=settings.BOX_MACHINE)
+        triggers = triggers.filter(machine=settings.BOX_MACHINE)
     started = 0
-    for trigger in Trigger.objects.filter(kind=TriggerKind.FILE, paused=False).select_related("owner"):
+    for trigger in triggers:
         started += scan(trigger)
     return started
 

@@ -127,6 +127,9 @@ class Trigger(models.Model):
     # file: the folder watched, and how long a file's size+mtime must stay still.
     folder = models.CharField(max_length=1024, blank=True)
     settle_seconds = models.FloatField(default=2.0)
+    # Several machines (``BOX_MACHINE``): the machine whose disk has the folder (the one whose web
+    # process named it), the only one that scans it; '' on one machine.
+    machine = models.CharField(max_length=32, blank=True, default="")
 
     last_fired_at = models.DateTimeField(null=True, blank=True)
     last_task = models.ForeignKey("tasks.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -11,6 +11,7 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -115,6 +116,7 @@ def create_trigger(principal: Principal, body: Any, *, by_task: Any = None) -> t
         if by_task is not None:
             raise Forbidden("only the owner can watch a folder", field="folder")
         fields["folder"] = _folder(principal, body.get("folder"))
+        fields["machine"] = settings.BOX_MACHINE  # the folder was found on this machine's disk
         if "settleSeconds" in body:
             fields["settle_seconds"] = body["settleSeconds"]
     template = check_template(body.get("template"), principal.user, via=Via(kind), source=f"{kind}:{name}")
@@ -149,6 +151,7 @@ def update_trigger(principal: Principal, trigger_id: Any, body: Any) -> Trigger:
         name = body.get("name", trigger.name)
         if "folder" in body:
             trigger.folder = _folder(principal, body["folder"])
+            trigger.machine = settings.BOX_MACHINE
         if "settleSeconds" in body:
             trigger.settle_seconds = body["settleSeconds"]
         if "template" in body or "name" in body:

@@ -26,6 +26,9 @@ class Workspace(models.Model):
     machine = models.CharField(max_length=32, blank=True, default="")
     moving_to = models.CharField(max_length=32, blank=True, default="")
     moving_since = models.DateTimeField(null=True, blank=True)
+    # The owner gave up the layers on a gone machine (``moves.ask_abandon``): the move starts the
+    # workspace afresh instead of copying, and marks what was lost.
+    moving_lost = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return self.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -18,6 +19,7 @@ from tasks.layers.paths import show
 from tasks.layers.roots import changes_of
 from tasks.layers.task_view import seal_layer
 from tasks.layers.uploads import SOURCE as UPLOAD
+from tasks.machines import calls, homes
 from tasks.models import EventKind, Layer, LayerState, Run, RunKind, RunState, Task
 from tasks.run import leases as runs
 from tasks.run import lifecycle
@@ -175,8 +177,19 @@ def _descendants(task: Task) -> list[str]:
     return found
 
 
+def _holder_away(task: Task) -> str:
+    """The other machine that holds ``task``'s layer ('' when this one does, or on one machine):
+    an act on the layer is made there, where its files and locks are."""
+    holder = homes.holder_of(task) if settings.BOX_MACHINE else ""
+    return holder if homes.away(holder) else ""
+
+
 def undo_task(principal: Principal, task_id: str) -> Task:
     task = services.get_task_for(principal, task_id)
+    holder = _holder_away(task)
+    if holder:
+        calls.act(holder, "POST", f"{calls.PREFIX}/tasks/{task.pk}/undo", principal)
+        return services.get_task_for(principal, task_id)
     extra: dict[str, Any] = {}
     if task.folders:
         if task.review == Review.KEPT:
@@ -196,6 +209,10 @@ def _move_review(task: Task, review: Review, summary: str, data: dict[str, Any])
 def keep_review(principal: Principal, task_id: str) -> tuple[Task, list[str]]:
     """Apply a finished folder task's changes to the real folders, or report the conflicts."""
     task = services.get_task_for(principal, task_id)
+    holder = _holder_away(task)
+    if holder:
+        kept = calls.act(holder, "POST", f"{calls.PREFIX}/tasks/{task.pk}/keep", principal)
+        return services.get_task_for(principal, task_id), list(kept["conflicts"])
     if not task.folders:
         raise Conflict("only folder tasks wait for Keep; a workspace task joined its workspace when it finished",
                        field="review")

@@ -9,6 +9,8 @@ import json
 import os
 import secrets
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -259,3 +261,27 @@ def test_the_phone_page_links_the_manifest_and_the_service_worker_is_served_at_t
     phone, _ = paired_phone(box)
     page = phone.get("/ask")
     assert b'rel="manifest" href="/manifest.webmanifest"' in page.content and b"Notify this phone" in page.content
+
+
+def test_a_vapid_key_given_by_environment_is_the_one_used(box: Any, settings: Any) -> None:
+    # Several machines sign with one key (BOX_WEBPUSH_VAPID_KEY): a phone subscribed through one
+    # machine takes pushes from every other.
+    key = ec.generate_private_key(ec.SECP256R1())
+    settings.BOX_WEBPUSH_VAPID_KEY = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()).decode().strip()
+    point = key.public_key().public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    assert box.api.get("/api/push/key").json()["publicKey"] == base64.urlsafe_b64encode(point).rstrip(b"=").decode()
+
+
+def test_several_machines_refuse_to_start_without_a_shared_vapid_key(tmp_path: Any) -> None:
+    env = {**os.environ, "BOX_MACHINE": "a", "BOX_MACHINE_URL": "http://10.0.0.2:8000", "BOX_MACHINE_SECRET": "s" * 40,
+           "DATABASE_URL": "postgres://box@127.0.0.1:5432/box", "REDIS_URL": "redis://127.0.0.1:6379/0",
+           "DJANGO_SECRET_KEY": "k" * 50, "BOX_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "boxsite.settings"}
+    env.pop("BOX_WEBPUSH_VAPID_KEY", None)
+    started = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, cwd=settings.BASE_DIR,
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode != 0 and "BOX_MACHINE needs BOX_WEBPUSH_VAPID_KEY" in started.stderr
+    env["BOX_WEBPUSH_VAPID_KEY"] = "not a key"
+    started = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, cwd=settings.BASE_DIR,
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode != 0 and "BOX_WEBPUSH_VAPID_KEY is not a PEM private key" in started.stderr

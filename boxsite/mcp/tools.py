@@ -35,7 +35,7 @@ from boxsite.core.validation import (
 from tasks import services, verbs
 from tasks.api.presenters import detail_sections, present_task
 from tasks.api.views import EVENT_PAGE, channel_source, events_after, task_page
-from tasks.api.workspaces import diff_of, workspace_page
+from tasks.api.workspaces import browse_of, diff_of, workspace_page
 from tasks.layers import workspaces
 from tasks.spec.task import TaskSpecBody
 from tasks.states import State
@@ -181,7 +181,7 @@ def keep_task(principal: Principal, args: dict[str, Any]) -> Mapping[str, Any]:
 
 
 def list_files(principal: Principal, args: dict[str, Any]) -> Mapping[str, Any]:
-    return workspaces.browse(workspaces.get_workspace(args["workspace"]), args.get("path"))
+    return browse_of(workspaces.get_workspace(args["workspace"]), args.get("path"))
 
 
 TOOLS: dict[str, Tool] = {tool.name: tool for tool in (

@@ -1,5 +1,5 @@
 """What one machine answers another (several machines, ``BOX_MACHINE``): reads of the tasks and
-workspaces it holds, and a moving workspace's copy. Plain views outside the API: no owner signs
+workspaces it holds, the owner's acts on them (undo, Keep, an upload), and a moving workspace's copy. Plain views outside the API: no owner signs
 in here, a machine proves the box's shared secret (``tasks.machines.calls``), and the machine
 that asked has already checked who may read what. Each reads this machine's disk, never asks
 another machine in turn."""
@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any, cast
 
 from django.http import Http404, HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 
 from boxsite.core.errors import BoxError, NotFound
+from boxsite.core.principal import Principal
+from tasks import verbs
+from tasks.api.presenters import present_task
 from tasks.api.views import artifact_response
-from tasks.api.workspaces import file_response, local_diff
+from tasks.api.workspaces import file_response, local_diff, local_upload
 from tasks.layers import workspaces
 from tasks.machines import calls, moves
 from tasks.models import Task
@@ -24,20 +27,40 @@ View = Callable[..., HttpResponseBase]
 
 
 def machine_only(view: View) -> View:
-    """Only a machine of the box; every error in the API's shape."""
+    """A read only a machine of the box may ask; every error in the API's shape."""
     @functools.wraps(view)
-    @require_GET
     def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if not calls.verified(request):
-            return JsonResponse({"code": "FORBIDDEN", "message": "only a machine of this box may ask this",
-                                 "field": None}, status=403)
-        try:
-            return view(request, *args, **kwargs)
-        except BoxError as exc:
-            return JsonResponse(exc.as_dict(), status=exc.status)
-        except Http404 as exc:
-            return JsonResponse({"code": "NOT_FOUND", "message": str(exc) or "not found", "field": None}, status=404)
+        return _answered(request, ("GET",), lambda: view(request, *args, **kwargs))
     return checked
+
+
+def machine_acts(method: str) -> Callable[[Callable[..., HttpResponseBase]], View]:
+    """An act another machine makes here for the principal it names (signed with it); no CSRF
+    token: no browser comes here, and the signature is the proof."""
+    def decorate(view: Callable[..., HttpResponseBase]) -> View:
+        @functools.wraps(view)
+        @csrf_exempt
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return _answered(request, (method,), lambda: view(request, calls.principal_of(request), *args, **kwargs))
+        return checked
+    return decorate
+
+
+def _answered(request: HttpRequest, methods: tuple[str, ...], view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    if request.method not in methods:
+        refused = JsonResponse({"code": "METHOD_NOT_ALLOWED", "message": f"use {' or '.join(methods)}",
+                                "field": None}, status=405)
+        refused["Allow"] = ", ".join(methods)
+        return refused
+    if not calls.verified(request):
+        return JsonResponse({"code": "FORBIDDEN", "message": "only a machine of this box may ask this",
+                             "field": None}, status=403)
+    try:
+        return view()
+    except BoxError as exc:
+        return JsonResponse(exc.as_dict(), status=exc.status)
+    except Http404 as exc:
+        return JsonResponse({"code": "NOT_FOUND", "message": str(exc) or "not found", "field": None}, status=404)
 
 
 def _task(task_id: str) -> Task:
@@ -65,6 +88,31 @@ def workspace_files(request: HttpRequest, name: str) -> HttpResponseBase:
 @machine_only
 def workspace_file(request: HttpRequest, name: str, path: str) -> HttpResponseBase:
     return file_response(name, path)
+
+
+@machine_acts("POST")
+def task_undo(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
+    return JsonResponse(dict(present_task(verbs.undo_task(principal, task_id))))
+
+
+@machine_acts("POST")
+def task_keep(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
+    task, conflicts = verbs.keep_review(principal, task_id)
+    return JsonResponse({**present_task(task), "conflicts": conflicts})
+
+
+@machine_acts("PUT")
+def workspace_upload(request: HttpRequest, principal: Principal, name: str, path: str) -> HttpResponseBase:
+    # A plain Django request reads its body as a file: the upload's bytes, as they come.
+    return JsonResponse(dict(local_upload(principal, name, path, cast(IO[bytes], request))), status=201)
+
+
+@csrf_exempt
+def workspace_file_write(request: HttpRequest, name: str, path: str) -> HttpResponseBase:
+    """An upload made here (``PUT``), or the file read (``GET``): one path, as in the API."""
+    if request.method == "PUT":
+        return workspace_upload(request, name, path)
+    return workspace_file(request, name, path)
 
 
 @machine_only

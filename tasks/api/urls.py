@@ -14,6 +14,7 @@ urlpatterns = [
     path("workspaces", workspace_views.workspace_list, name="workspace-list"),
     path("workspaces/<str:name>", workspace_views.workspace_detail, name="workspace-detail"),
     path("workspaces/<str:name>/move", workspace_views.workspace_move, name="workspace-move"),
+    path("workspaces/<str:name>/abandon", workspace_views.workspace_abandon, name="workspace-abandon"),
     path("workspaces/<str:name>/files", workspace_views.workspace_files, name="workspace-files"),
     path("workspaces/<str:name>/files/<path:path>", workspace_views.workspace_file, name="workspace-file"),
     path("tasks/<str:task_id>/report", views.task_report, name="task-report"),

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Annotated, TypedDict
+from typing import IO, Annotated, Any, TypedDict
+from urllib.parse import quote, urlencode
 
 from django.conf import settings
 from django.http import FileResponse
@@ -14,7 +15,6 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from boxsite.core.errors import Conflict
 from boxsite.core.negotiation import answers_any_type
 from boxsite.core.principal import Principal
 from boxsite.core.shapes import Doc, shape
@@ -64,15 +64,32 @@ def workspace_move(request: Request, name: str) -> Response:
     return Response(workspaces.present_workspace(moved), status=202)
 
 
+@extend_schema(request=moves.AbandonBody, responses={202: shape(WorkspaceView)},
+               description="Several machines: give up a workspace whose machine is gone with its disk. It "
+                           "starts afresh, empty, on a live machine; its done tasks are undone and those not "
+                           "over fail, each saying its work was lost. Refused while its machine is alive.")
+@api_view(["POST"])
+def workspace_abandon(request: Request, name: str) -> Response:
+    abandoned = moves.ask_abandon(Principal.of(request), workspaces.get_workspace(name), request.data)
+    return Response(workspaces.present_workspace(abandoned), status=202)
+
+
 @extend_schema(parameters=[OpenApiParameter("path", str, description="relative to the workspace root")],
                responses={200: shape(WorkspaceEntry)})
 @api_view(["GET"])
 def workspace_files(request: Request, name: str) -> Response:
-    workspace = workspaces.get_workspace(name)
+    return Response(browse_of(workspaces.get_workspace(name), request.query_params.get("path")))
+
+
+def browse_of(workspace: Workspace, path: str | None) -> WorkspaceEntry:
+    """A listing or file of ``workspace`` as it stands now, read by the machine that holds it."""
     holder = homes.workspace_home(workspace) if settings.BOX_MACHINE else ""
     if homes.away(holder):  # its files are on another machine's disk: that machine reads them
-        return Response(calls.read_json(holder, calls.internal_path(request.path, request.META.get("QUERY_STRING", ""))))
-    return Response(workspaces.browse(workspace, request.query_params.get("path")))
+        query = urlencode({"path": path}) if path is not None else ""
+        asked: WorkspaceEntry = calls.read_json(holder, f"{calls.PREFIX}/workspaces/{workspace.name}/files"
+                                                  + (f"?{query}" if query else ""))
+        return asked
+    return workspaces.browse(workspace, path)
 
 
 class Uploaded(TypedDict):
@@ -102,19 +119,39 @@ def workspace_file(request: Request, name: str, path: str) -> Response | HttpRes
     """PUT: the raw body becomes the file at ``path``, as a layer of its own (at most
     ``BOX_UPLOAD_MAX_MB``). GET: the file's bytes as the workspace stands now."""
     if request.method == "PUT":
+        principal = Principal.of(request)
         if settings.BOX_MACHINE:
             holder = homes.workspace_home(workspaces.get_workspace(name))
-            if homes.away(holder):
-                raise Conflict(f"workspace '{name}' is on machine '{holder}': upload through that machine's web process",
-                               field="name", code="OTHER_MACHINE")
-        done = uploads.upload_file(Principal.of(request), name, path, request.stream or io.BytesIO())
-        written: Uploaded = {"workspace": name, "path": done.path, "size": done.size, "task": present_task(done.task)}
-        return Response(written, status=201)
+            if homes.away(holder):  # the file becomes a layer on the disk that holds the workspace
+                return Response(forward_upload(holder, principal, name, path, request), status=201)
+        return Response(local_upload(principal, name, path, request.stream or io.BytesIO()), status=201)
     if settings.BOX_MACHINE:
         holder = homes.workspace_home(workspaces.get_workspace(name))
         if homes.away(holder):
             return calls.relay(holder, request)
     return file_response(name, path)
+
+
+def local_upload(principal: Principal, name: str, path: str, body: IO[bytes]) -> Uploaded:
+    """An upload written on this machine's disk."""
+    done = uploads.upload_file(principal, name, path, body)
+    return {"workspace": name, "path": done.path, "size": done.size, "task": present_task(done.task)}
+
+
+def forward_upload(holder: str, principal: Principal, name: str, path: str, request: Request) -> Uploaded:
+    """An upload made by the machine that holds the workspace, the body passed on as it comes
+    (its length given), or read up to one byte past the limit (the holder refuses it then)."""
+    stream = request.stream or io.BytesIO()
+    length = request.META.get("CONTENT_LENGTH") or ""
+    if length.isdigit():
+        body: Any = stream
+    else:
+        body = stream.read(uploads.max_bytes() + 1)
+        length = str(len(body))
+    full_path = f"{calls.PREFIX}/workspaces/{name}/files/{quote(path)}"
+    answer: Uploaded = calls.act(holder, "PUT", full_path, principal, body,
+                                 headers={"Content-Type": "application/octet-stream", "Content-Length": length})
+    return answer
 
 
 def file_response(name: str, path: str) -> FileResponse:

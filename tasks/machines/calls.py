@@ -1,9 +1,12 @@
-"""One machine asking another: reads of what the other holds, and a moving workspace's layers.
+"""One machine asking another: reads of what the other holds, the owner's acts on its disk
+(undo, Keep, an upload), and a moving workspace's layers.
 
-A call is a plain HTTP GET to the holding machine's web process (its ``BOX_MACHINE_URL``) under
-``/internal/machine/``, signed with ``BOX_MACHINE_SECRET``: an HMAC of the time, the method and
-the full path, taken for 60 seconds. The caller has already checked who may read what; the
-holder checks only that the call comes from a machine of the box.
+A call is a plain HTTP request to the holding machine's web process (its ``BOX_MACHINE_URL``)
+under ``/internal/machine/``, signed with ``BOX_MACHINE_SECRET``: an HMAC of the time, the method,
+the full path and (for an act) the principal it is made for, taken for 60 seconds. For a read the
+caller has already checked who may read what; the holder checks only that the call comes from a
+machine of the box. An act carries its principal (``X-Box-Principal``), and the holder makes it
+as that principal, with every check it makes on one machine.
 """
 from __future__ import annotations
 
@@ -17,13 +20,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
-from boxsite.core.errors import BoxError
+from boxsite.core.errors import BoxError, Forbidden
+from boxsite.core.principal import Principal, Via
+from boxsite.models import ApiToken, Device
 from tasks.machines import homes
+from tasks.models import Task
 
 HEADER = "X-Box-Machine"
+PRINCIPAL_HEADER = "X-Box-Principal"
 PREFIX = "/internal/machine"
 FRESH_S = 60
 TIMEOUT_S = 30.0
@@ -37,14 +45,14 @@ class MachineUnreachable(BoxError):
     status = 503
 
 
-def _signature(stamp: str, method: str, full_path: str) -> str:
-    message = f"{stamp}\n{method}\n{full_path}".encode()
-    return hmac.new(settings.BOX_MACHINE_SECRET.encode(), message, hashlib.sha256).hexdigest()
+def _signature(stamp: str, method: str, full_path: str, who: str = "") -> str:
+    message = f"{stamp}\n{method}\n{full_path}" + (f"\n{who}" if who else "")
+    return hmac.new(settings.BOX_MACHINE_SECRET.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
-def sign(method: str, full_path: str) -> str:
+def sign(method: str, full_path: str, who: str = "") -> str:
     stamp = str(int(time.time()))
-    return f"{stamp}.{_signature(stamp, method, full_path)}"
+    return f"{stamp}.{_signature(stamp, method, full_path, who)}"
 
 
 def verified(request: HttpRequest) -> bool:
@@ -54,14 +62,42 @@ def verified(request: HttpRequest) -> bool:
     stamp, _, given = request.headers.get(HEADER, "").partition(".")
     if not stamp.isdigit() or abs(time.time() - int(stamp)) > FRESH_S:
         return False
-    return hmac.compare_digest(given, _signature(stamp, request.method or "GET", request.get_full_path()))
+    return hmac.compare_digest(given, _signature(stamp, request.method or "GET", request.get_full_path(),
+                                                 request.headers.get(PRINCIPAL_HEADER, "")))
 
 
-def _open(machine: str, full_path: str, timeout: float) -> Any:
+def principal_header(principal: Principal) -> str:
+    """Who an act is made for, as the holder rebuilds it (``principal_of``)."""
+    return json.dumps({"user": principal.user.pk, "via": str(principal.via),
+                       "token": principal.token.pk if principal.token else None,
+                       "device": principal.device.pk if principal.device else None,
+                       "task": principal.task.pk if principal.task is not None else None, "run": principal.run},
+                      separators=(",", ":"))
+
+
+def principal_of(request: HttpRequest) -> Principal:
+    """The principal a verified act is made for (``principal_header``)."""
+    try:
+        who = json.loads(request.headers.get(PRINCIPAL_HEADER, ""))
+        user = User.objects.get(pk=who["user"])
+        token = ApiToken.objects.get(pk=who["token"]) if who.get("token") is not None else None
+        device = Device.objects.get(pk=who["device"]) if who.get("device") is not None else None
+        task = Task.objects.get(pk=who["task"]) if who.get("task") is not None else None
+        return Principal(user, Via(who["via"]), token=token, device=device, task=task, run=who.get("run"))
+    except (ValueError, KeyError, TypeError, User.DoesNotExist, ApiToken.DoesNotExist, Device.DoesNotExist,
+            Task.DoesNotExist) as exc:
+        raise Forbidden("the act names no principal of this box", field=None) from exc
+
+
+def _open(machine: str, full_path: str, timeout: float, *, method: str = "GET", who: str = "",
+          body: Any = None, headers: dict[str, str] | None = None) -> Any:
     url = homes.url_of(machine)
     if not url:
         raise MachineUnreachable(f"machine '{machine}' has never said where it answers", field="machine")
-    request = urllib.request.Request(url + full_path, headers={HEADER: sign("GET", full_path)})
+    sent = {HEADER: sign(method, full_path, who), **(headers or {})}
+    if who:
+        sent[PRINCIPAL_HEADER] = who
+    request = urllib.request.Request(url + full_path, data=body, method=method, headers=sent)
     try:
         return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - the box's own machine, http(s) only
     except urllib.error.HTTPError as answer:
@@ -80,8 +116,19 @@ def internal_path(public_path: str, query: str = "") -> str:
 def read_json(machine: str, full_path: str) -> Any:
     """The holder's JSON answer to an internal GET; its error (in the API's shape) is raised as one here."""
     with _open(machine, full_path, TIMEOUT_S) as answer:
-        body = answer.read()
-        status = answer.status
+        return _json_answer(machine, answer.read(), answer.status)
+
+
+def act(machine: str, method: str, full_path: str, principal: Principal, body: Any = b"",
+        headers: dict[str, str] | None = None) -> Any:
+    """The holder makes an act on its own disk as ``principal`` (undo, Keep, an upload); its JSON
+    answer, or its error raised here as the same error."""
+    with _open(machine, full_path, TIMEOUT_S, method=method, who=principal_header(principal), body=body,
+               headers={"Content-Type": "application/json", **(headers or {})}) as answer:
+        return _json_answer(machine, answer.read(), answer.status)
+
+
+def _json_answer(machine: str, body: bytes, status: int) -> Any:
     try:
         parsed = json.loads(body)
     except ValueError as exc:

@@ -34,13 +34,14 @@ from django_q.tasks import async_task
 from boxsite.core.errors import Conflict, Forbidden, InvalidRequest, NotAvailable
 from boxsite.core.principal import Principal
 from boxsite.core.validation import AnyText, Body
+from tasks import services
 from tasks.events import record_event
 from tasks.layers import paths
 from tasks.machines import calls, homes
 from tasks.models import EventKind, Layer, Run, RunState, Task, Workspace
 from tasks.run import artifacts
 from tasks.run import leases as runs
-from tasks.states import FINAL
+from tasks.states import FINAL, State
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,8 @@ def receive(workspace_id: int) -> bool:
         log.info("workspace %s waits for its running runs to end before it moves", workspace.name)
         return False
     source = workspace.machine
+    if workspace.moving_lost:
+        return _start_afresh(workspace, source)
     if source and source != homes.here():
         try:
             _copy_from(source, workspace)
@@ -152,6 +155,31 @@ def receive(workspace_id: int) -> bool:
     for run_id in Run.objects.filter(task__workspace=workspace, state=RunState.QUEUED,
                                      available_at__lte=now).values_list("pk", flat=True):
         runs.enqueue(run_id)
+    return True
+
+
+def _start_afresh(workspace: Workspace, source: str) -> bool:
+    """An abandoned workspace homed here with an empty base: each of its tasks whose work was on
+    the lost disk says so. A done task is undone (its changes are gone, and nothing may stack
+    them), a task not over fails, to be retried by the owner over what the workspace holds now."""
+    base = workspace.base_path()
+    if not Path(workspace.base_dir).is_absolute():
+        paths.private_dir(base.parent)
+        base.mkdir(exist_ok=True)
+    lost = f"its work was lost with machine '{source}': the owner gave up workspace '{workspace.name}', " \
+           f"which starts afresh on '{homes.here()}'"
+    with transaction.atomic():
+        if not Workspace.objects.filter(pk=workspace.pk, moving_to=homes.here(), moving_lost=True).update(
+                machine=homes.here(), moving_to="", moving_since=None, moving_lost=False):
+            return False
+        for task in Task.objects.filter(workspace=workspace, machine="").exclude(
+                state__in=[State.UNDONE, State.FAILED, State.CANCELLED]):
+            if task.state == State.DONE:
+                services.transition(task, State.UNDONE, summary=lost, data={"lost": {"machine": source}})
+            else:
+                services.transition(task, State.FAILED, summary=lost, data={"lost": {"machine": source}},
+                                    error=lost, recoverable=True)
+    log.warning("workspace %s abandoned on %s, started afresh here", workspace.name, source)
     return True
 
 
@@ -178,6 +206,47 @@ def _pump(source: Any, sink: IO[bytes]) -> None:
 
 
 # --- the owner's move ---------------------------------------------------------------------------
+
+class AbandonBody(Body):
+    """``POST /api/workspaces/<name>/abandon``."""
+
+    machine = AnyText(required=False, help_text="the live machine to start the workspace afresh on (default: the one holding the "
+                                "fewest workspaces)")
+
+
+def ask_abandon(principal: Principal, workspace: Workspace, body: Any) -> Workspace:
+    """The owner gives up a gone machine's workspace: it starts afresh, empty, on a live machine
+    (``_start_afresh``). Refused while its machine is alive: a move copies everything then."""
+    target = AbandonBody.parse(body).get("machine")
+    if not principal.can_change_settings:
+        raise Forbidden("a paired device cannot abandon workspaces", field="machine")
+    if not settings.BOX_MACHINE:
+        raise NotAvailable("this box runs on one machine (BOX_MACHINE is not set): nothing is on a lost machine",
+                           field="machine")
+    source = workspace.machine
+    if not source or source not in homes.gone():
+        raise Conflict(f"workspace '{workspace.name}' is on machine '{source or '-'}', which is not gone: move it "
+                       "instead (POST /api/workspaces/<name>/move), which copies its files", field="machine",
+                       code="MACHINE_ALIVE")
+    live = homes.alive()
+    if target is None and live:
+        held = dict(Workspace.objects.filter(machine__in=live).values_list("machine").annotate(n=Count("pk")))
+        target = min(live, key=lambda name: (held.get(name, 0), name))
+    if not isinstance(target, str) or target not in live:
+        raise InvalidRequest(f"'machine' must name a machine of the box that is alive ({', '.join(live) or 'none'})",
+                             field="machine")
+    if any(task.folders for task in Task.objects.filter(workspace=workspace).exclude(state__in=FINAL).only("folders")):
+        raise Conflict("a folder task of this workspace is not over: its folders are on the lost machine",
+                       field="machine")
+    with transaction.atomic():
+        if Workspace.objects.filter(pk=workspace.pk, machine=source).update(
+                moving_to=target, moving_lost=True, moving_since=timezone.now()):
+            log.warning("workspace %s on gone machine %s abandoned by the owner: afresh on %s",
+                        workspace.name, source, target)
+            transaction.on_commit(lambda: _send_move(workspace.pk, target))
+    workspace.refresh_from_db()
+    return workspace
+
 
 class MoveBody(Body):
     """``POST /api/workspaces/<name>/move``."""

@@ -131,6 +131,7 @@ def test_every_endpoints_responses_match_the_served_schema(box: Box, schema: Sch
     ok(api.call("GET", "/api/workspaces/home/files/put/b.txt"))
     ok(api.call("GET", "/api/workspaces/home/files/put/none.txt"), 404)
     ok(api.call("POST", "/api/workspaces/home/move", {"machine": "b"}), 400)  # one machine: nowhere to move to
+    ok(api.call("POST", "/api/workspaces/home/abandon", {}), 400)  # one machine: nothing is lost
     ok(api.call("POST", "/api/vault", {"name": "KEY", "value": "v"}), 201)
     ok(api.call("GET", "/api/vault"))
     ok(api.call("DELETE", "/api/vault/KEY"), 204)

@@ -1,5 +1,6 @@
 """Two machines for real: each workspace lives on one machine, its runs go there, a running
-task's diff is read by the machine that runs it, and a dead machine's workspaces move
+task's diff, its artifacts and the workspace's files are read by the machine that holds them, an
+undo and an upload are made there whichever web process is asked, and a dead machine's workspaces move
 (docs/internals/scaling.md). The machines are simulated on this host (``tests.scale.namespaces``):
 separate network and mount namespaces, separate data directories, nothing shared but PostgreSQL,
 Redis and the keys given to both by their environment."""
@@ -21,6 +22,8 @@ from urllib.parse import urlsplit
 
 import pytest
 from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.conf import settings as django_settings
 
 from boxsite.core import procs
@@ -67,6 +70,16 @@ class Api:
         except urllib.error.HTTPError as answer:
             return answer.code, json.loads(answer.read() or b"null")
 
+    def raw(self, method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+        """The bytes of an answer (a file, an artifact), or of a body sent as they are (an upload)."""
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": "application/octet-stream"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as answer:
+            return answer.code, answer.read()
+
     def ok(self, method: str, path: str, body: Any = None) -> Any:
         status, found = self.call(method, path, body)
         assert status < 300, (method, path, status, found)
@@ -87,7 +100,7 @@ def started(tmp_path: Path, names: list[str]) -> Iterator[tuple[dict[str, Simula
     base = database_env()
     ports = [urlsplit(base["DATABASE_URL"]).port or 5432, urlsplit(base["REDIS_URL"]).port or 6379]
     shared = {"DJANGO_SECRET_KEY": django_settings.SECRET_KEY, "BOX_SECRET_KEY": Fernet.generate_key().decode(),
-              "BOX_MACHINE_SECRET": secrets.token_urlsafe(32)}
+              "BOX_MACHINE_SECRET": secrets.token_urlsafe(32), "BOX_WEBPUSH_VAPID_KEY": _vapid_key()}
     running: dict[str, dict[str, subprocess.Popen[bytes]]] = {}
     envs: dict[str, dict[str, str]] = {}
     with namespaces.machines(tmp_path, names, ports) as found:
@@ -121,6 +134,12 @@ def started(tmp_path: Path, names: list[str]) -> Iterator[tuple[dict[str, Simula
                 assert released.returncode == 0, released.stderr.decode(errors="replace")[-2000:]
 
 
+def _vapid_key() -> str:
+    key = ec.generate_private_key(ec.SECP256R1())
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
 def _peer_address(found: dict[str, SimulatedMachine], name: str) -> list[str]:
     """Where the other machines reach ``name`` (with two, one address)."""
     return [other.peers[name] for other in found.values() if other.name != name]
@@ -150,9 +169,9 @@ def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a
         assert a.ok("POST", "/api/workspaces", {"name": "wa"})["machine"] == "a"
         assert b.ok("POST", "/api/workspaces", {"name": "wb"})["machine"] == "b"
         made = {"wa": [b.ok("POST", "/api/tasks", {"title": f"wa{i}", "workspace": "wa",
-                                                   "flow": flow({"run": f"echo wa{i} > wa{i}.txt"})})["id"] for i in range(2)],
+                                                   "flow": flow({"run": f"echo wa{i} | tee wa{i}.txt"})})["id"] for i in range(2)],
                 "wb": [a.ok("POST", "/api/tasks", {"title": f"wb{i}", "workspace": "wb",
-                                                   "flow": flow({"run": f"echo wb{i} > wb{i}.txt"})})["id"] for i in range(2)]}
+                                                   "flow": flow({"run": f"echo wb{i} | tee wb{i}.txt"})})["id"] for i in range(2)]}
         for ids in made.values():
             for task_id in ids:
                 wait_for(lambda task_id=task_id: a.state(task_id) in ("done", "failed"), timeout=120,
@@ -162,6 +181,12 @@ def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a
         for workspace, home in (("wa", "a"), ("wb", "b")):
             pids = set(Run.objects.filter(task_id__in=made[workspace]).values_list("worker_pid", flat=True))
             assert pids <= clusters[home], (workspace, pids, clusters)
+
+        # A task's artifact read at the other machine's web process: the bytes its machine wrote.
+        artifact = "step-1-run-1-stdout.txt"
+        assert b.raw("GET", f"/api/tasks/{made['wa'][0]}/artifacts/{artifact}") == (200, b"wa0\n")
+        assert a.raw("GET", f"/api/tasks/{made['wb'][1]}/artifacts/{artifact}") == (200, b"wb1\n")
+        assert a.raw("GET", f"/api/tasks/{made['wb'][1]}/artifacts/no-such.txt")[0] == 404
 
         # A running task's diff, with its disk limit on, read at the other machine's web process:
         # the machine that runs it reads it, and the image is mounted by that machine alone.
@@ -200,3 +225,57 @@ def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a
         assert b.ok("GET", "/api/workspaces/wa")["machine"] == "b"
         # wb stayed where it was.
         assert Workspace.objects.get(name="wb").machine == "b"
+
+        # An upload and an undo asked of a's web process (its cluster dead) are made by b, which
+        # holds wa now: the upload's layer is on b's disk, the undone task's file is gone there.
+        status, body = a.raw("PUT", "/api/workspaces/wa/files/notes/up.txt", b"uploaded\n")
+        assert status == 201, body
+        uploaded = json.loads(body)["task"]["id"]
+        assert (found["b"].disk / "layers" / uploaded).is_dir()
+        assert not (found["a"].disk / "layers" / uploaded).exists()
+        assert b.ok("GET", "/api/workspaces/wa/files?path=notes/up.txt")["content"] == "uploaded\n"
+        assert a.raw("GET", "/api/workspaces/wa/files/notes/up.txt") == (200, b"uploaded\n")
+        assert a.ok("POST", f"/api/tasks/{later}/undo")["state"] == "undone"
+        assert b.call("GET", "/api/workspaces/wa/files?path=after.txt")[0] == 404
+        assert a.ok("POST", f"/api/tasks/{uploaded}/undo")["state"] == "undone"
+        assert a.call("GET", "/api/workspaces/wa/files?path=notes/up.txt")[0] == 404
+        assert a.call("POST", f"/api/tasks/{uploaded}/undo")[0] == 409  # the holder's refusal, passed on
+
+
+def test_a_workspace_of_a_machine_gone_with_its_disk_is_abandoned_by_the_owner_and_starts_afresh(
+        box: Box, tmp_path: Path) -> None:
+    why = namespaces.available()
+    if why:
+        pytest.skip(why)
+    with started(tmp_path, ["a", "b"]) as (found, running):
+        a, b = Api(found["a"], box.token), Api(found["b"], box.token)
+        wait_for(lambda: a.answers() and b.answers(), timeout=90, what="both machines' web processes")
+        wait_for(lambda: Machine.objects.filter(name__in=["a", "b"]).count() == 2, timeout=60,
+                 what="both machines' beats")
+        assert a.ok("POST", "/api/workspaces", {"name": "wa"})["machine"] == "a"
+        done = a.ok("POST", "/api/tasks", {"title": "done", "workspace": "wa", "flow": flow({"run": "echo 1 > one.txt"})})["id"]
+        wait_for(lambda: a.state(done) in ("done", "failed"), timeout=120, what="the first task to end")
+        assert a.state(done) == "done"
+        status, refused = b.call("POST", "/api/workspaces/wa/abandon", {})
+        assert status == 409 and refused["code"] == "MACHINE_ALIVE", refused  # a live machine's is moved, not given up
+
+        # Machine a is gone with its disk: web process, worker cluster and scheduler.
+        for proc in running["a"].values():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        waiting = b.ok("POST", "/api/tasks", {"title": "waiting", "workspace": "wa", "flow": flow({"run": "ls > seen.txt"})})["id"]
+        wait_for(lambda: Workspace.objects.get(name="wa").moving_to == "b", timeout=120,
+                 what="the scheduler to try moving wa to b")
+        assert b.state(waiting) == "queued"  # its copy cannot be made: it waits for a's disk
+
+        assert b.ok("POST", "/api/workspaces/wa/abandon", {"machine": "b"})["movingTo"] == "b"
+        wait_for(lambda: Workspace.objects.get(name="wa").machine == "b", timeout=120, what="wa to start afresh on b")
+        # The lost tasks say so: the done one is undone, the one not over failed and may be retried.
+        assert b.state(done) == "undone" and b.state(waiting) == "failed"
+        for task_id in (done, waiting):
+            assert any("lost with machine 'a'" in event["summary"] for event in box.events(task_id))
+        assert b.ok("GET", "/api/workspaces/wa/files")["entries"] == []
+        b.ok("POST", f"/api/tasks/{waiting}/retry", {})
+        wait_for(lambda: b.state(waiting) in ("done", "failed"), timeout=120, what="the retried task to end on b")
+        assert b.state(waiting) == "done"
+        assert b.ok("GET", "/api/workspaces/wa/files?path=seen.txt")["content"] == "seen.txt\n"

@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 
 from boxsite.core.auth import issue_api_token
 from schedules.files import scan_all
+from schedules.models import SeenFile, Trigger
 from tests.conftest import Box
 from tests.schedules.conftest import run_scheduler_once, tasks_from
 
@@ -96,3 +97,27 @@ def test_only_the_owner_may_watch_a_folder(box: Box, tmp_path: Path) -> None:
     relative = box.api.post("/api/triggers", {"name": "rel", "kind": "file", "folder": "inbox",
                                               "template": {"title": "t", "prompt": "p"}}, format="json")
     assert relative.status_code == 400 and relative.json()["field"] == "folder"
+
+
+def test_on_several_machines_only_the_machine_that_has_the_folder_scans_it(
+        box: Box, tmp_path: Path, settings: Any) -> None:
+    settings.BOX_MACHINE = "a"
+    made = watch(box, tmp_path)
+    (tmp_path / "a.csv").write_text("1\n")
+    assert Trigger.objects.get(pk=made["id"]).machine == "a"
+
+    settings.BOX_MACHINE = "b"  # another machine's scheduler: the folder at that path is not its
+    assert scan_all() == 0
+    assert not SeenFile.objects.exists()
+    settings.BOX_MACHINE = "a"
+    assert scan_all() == 0
+    assert list(SeenFile.objects.values_list("path", flat=True)) == [str((tmp_path / "a.csv").resolve())]
+
+    # A trigger named before the box had several machines goes to the first that has its folder.
+    Trigger.objects.filter(pk=made["id"]).update(machine="", folder=str(tmp_path / "elsewhere"))
+    settings.BOX_MACHINE = "b"
+    scan_all()
+    assert Trigger.objects.get(pk=made["id"]).machine == ""  # b has no such folder
+    (tmp_path / "elsewhere").mkdir()
+    scan_all()
+    assert Trigger.objects.get(pk=made["id"]).machine == "b"
