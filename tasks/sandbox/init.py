@@ -444,11 +444,13 @@ def keep_ending(keep: dict[str, Any], status: int, relays: list[Relay], worker_g
     if cut or any(relay.broken or relay.is_alive() for relay in relays):
         return
     code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-    for fd in keep["spool"]:
-        os.fsync(fd)
+    # The ending is written before anything is flushed, so one journal commit takes the three
+    # files together rather than one for the spool and another for the ending. An ending kept
+    # without its spool is no receipt (``receipts.find`` checks each spool file's size).
     ending = {"code": code, "bytes": [relay.spooled for relay in relays]}
     _write_all(keep["ending"], (json.dumps(ending) + "\n").encode())
-    os.fsync(keep["ending"])
+    for fd in (*keep["spool"], keep["ending"]):
+        os.fsync(fd)
 
 
 def die_with_worker(fd: int = 1, gone: threading.Event | None = None) -> None:
