@@ -718,9 +718,12 @@ _SCRATCH = (("/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
 
 
 def fresh_scratch(runtime: str) -> None:
-    """Replace the run's /proc (this namespace's own now) and its temporary directories with new,
-    empty ones, as ``build_root`` made them. The runtime directory (the view in it) may live under
-    one of them (a data directory under /tmp): it is cloned first and put back at its path."""
+    """Cover the run's /proc (this namespace's own now) and its temporary directories with new,
+    empty ones, as ``build_root`` made them. The run's own stay beneath, not detached: a detach is
+    most of this function's cost, and they go with the command's mount namespace; nothing reaches
+    them (the command cannot unmount, and no command writes to them: each has its own on top).
+    The runtime directory (the view in it) may live under one of them (a data directory under
+    /tmp): it is cloned first and put back at its path."""
     inside = next((path for path, *_ in _SCRATCH if runtime.startswith(path + "/")), None)
     tree = -1
     if inside is not None:
@@ -728,7 +731,6 @@ def fresh_scratch(runtime: str) -> None:
                              _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)
         _check(tree, f"keep the runtime directory {runtime}")
     for path, kind, flags, data in _SCRATCH:
-        _check(_libc.umount2(path.encode(), _MNT_DETACH), f"detach the run's {path}")
         _mount(kind, path, kind, flags, data)
     if inside is not None:
         parent = ""
