@@ -61,15 +61,19 @@ def begin(ctx: RunContext, index: int, name: str, spool: tuple[Path, Path], limi
     Call before the process starts; pass what it returns to ``process.start``.
 
     The file is new (written aside, then renamed): an earlier attempt's init, if one still
-    holds the receipt it was given, can only write to a file nobody reads any more."""
+    holds the receipt it was given, can only write to a file nobody reads any more.
+
+    The first line is not flushed to the disk here: a receipt counts only with its ending, and
+    the ending's ``fsync`` (init's, or ``end``'s) flushes the whole file, this line with it. A
+    worker's death loses nothing that is only in the page cache; a machine's loses the process
+    too, so a first line lost with it leaves what a process cut off mid-way leaves: no
+    receipt, and the step runs again."""
     target = path_of(ctx.task.pk, index)
     header = {"task": ctx.task.pk, "step": index + 1, "call": call, "run": ctx.run.pk, "runNumber": ctx.run.number,
               "name": name, "spool": [path.name for path in spool]}
     partial = target.with_suffix(".partial")
     with open(partial, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(header) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
     os.replace(partial, target)
     return Keep(target, spool, limit, hold=_hold_once(ctx.task.pk, "init"))
 

@@ -444,11 +444,13 @@ def keep_ending(keep: dict[str, Any], status: int, relays: list[Relay], worker_g
     if cut or any(relay.broken or relay.is_alive() for relay in relays):
         return
     code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-    for fd in keep["spool"]:
-        os.fsync(fd)
+    # The ending is written before anything is flushed, so one journal commit takes the three
+    # files together rather than one for the spool and another for the ending. An ending kept
+    # without its spool is no receipt (``receipts.find`` checks each spool file's size).
     ending = {"code": code, "bytes": [relay.spooled for relay in relays]}
     _write_all(keep["ending"], (json.dumps(ending) + "\n").encode())
-    os.fsync(keep["ending"])
+    for fd in (*keep["spool"], keep["ending"]):
+        os.fsync(fd)
 
 
 def die_with_worker(fd: int = 1, gone: threading.Event | None = None) -> None:
@@ -716,9 +718,12 @@ _SCRATCH = (("/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
 
 
 def fresh_scratch(runtime: str) -> None:
-    """Replace the run's /proc (this namespace's own now) and its temporary directories with new,
-    empty ones, as ``build_root`` made them. The runtime directory (the view in it) may live under
-    one of them (a data directory under /tmp): it is cloned first and put back at its path."""
+    """Cover the run's /proc (this namespace's own now) and its temporary directories with new,
+    empty ones, as ``build_root`` made them. The run's own stay beneath, not detached: a detach is
+    most of this function's cost, and they go with the command's mount namespace; nothing reaches
+    them (the command cannot unmount, and no command writes to them: each has its own on top).
+    The runtime directory (the view in it) may live under one of them (a data directory under
+    /tmp): it is cloned first and put back at its path."""
     inside = next((path for path, *_ in _SCRATCH if runtime.startswith(path + "/")), None)
     tree = -1
     if inside is not None:
@@ -726,7 +731,6 @@ def fresh_scratch(runtime: str) -> None:
                              _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)
         _check(tree, f"keep the runtime directory {runtime}")
     for path, kind, flags, data in _SCRATCH:
-        _check(_libc.umount2(path.encode(), _MNT_DETACH), f"detach the run's {path}")
         _mount(kind, path, kind, flags, data)
     if inside is not None:
         parent = ""
