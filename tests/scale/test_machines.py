@@ -153,8 +153,9 @@ def _mounts(machine: SimulatedMachine) -> str:
     return machine.read("cat", "/proc/self/mounts")
 
 
-def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a_dead_ones(
-        box: Box, tmp_path: Path) -> None:
+@contextmanager
+def two_machines(box: Box, tmp_path: Path) -> Iterator[tuple[Any, Any, Api, Api]]:
+    """Machines a and b started, each answering and beating: what each test begins with."""
     why = namespaces.available()
     if why:
         pytest.skip(why)
@@ -163,6 +164,12 @@ def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a
         wait_for(lambda: a.answers() and b.answers(), timeout=90, what="both machines' web processes")
         wait_for(lambda: Machine.objects.filter(name__in=["a", "b"]).count() == 2, timeout=60,
                  what="both machines' beats")
+        yield found, running, a, b
+
+
+def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a_dead_ones(
+        box: Box, tmp_path: Path) -> None:
+    with two_machines(box, tmp_path) as (found, running, a, b):
         assert a.ok("GET", "/api/health")["isolation"]["limits"]["disk"]["enforced"] is True
 
         # Each workspace is homed where it was made; each task runs there, whichever web took it.
@@ -244,14 +251,7 @@ def test_two_machines_run_each_workspace_at_home_serve_its_reads_and_take_over_a
 
 def test_a_workspace_of_a_machine_gone_with_its_disk_is_abandoned_by_the_owner_and_starts_afresh(
         box: Box, tmp_path: Path) -> None:
-    why = namespaces.available()
-    if why:
-        pytest.skip(why)
-    with started(tmp_path, ["a", "b"]) as (found, running):
-        a, b = Api(found["a"], box.token), Api(found["b"], box.token)
-        wait_for(lambda: a.answers() and b.answers(), timeout=90, what="both machines' web processes")
-        wait_for(lambda: Machine.objects.filter(name__in=["a", "b"]).count() == 2, timeout=60,
-                 what="both machines' beats")
+    with two_machines(box, tmp_path) as (found, running, a, b):
         assert a.ok("POST", "/api/workspaces", {"name": "wa"})["machine"] == "a"
         done = a.ok("POST", "/api/tasks", {"title": "done", "workspace": "wa", "flow": flow({"run": "echo 1 > one.txt"})})["id"]
         wait_for(lambda: a.state(done) in ("done", "failed"), timeout=120, what="the first task to end")
