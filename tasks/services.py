@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -23,6 +23,9 @@ from tasks.run import lifecycle
 from tasks.spec.task import TaskSpec, parse_spec
 from tasks.states import ACTIVE, FINAL, State, can_move, can_move_review
 from tasks.vault.facts import Redactor, redactor_for, seal_facts
+
+if TYPE_CHECKING:
+    from tasks.run.handover import Handover
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,7 @@ def transition(
     wake: bool = True,
     redactor: Redactor | None = None,
     notes: Sequence[Note] = (),
+    handover: Handover | None = None,
     **fields: Any,
 ) -> Task:
     """Move ``task`` to ``new_state`` if it is still where the caller saw it (``_write_task``).
@@ -119,6 +123,8 @@ def transition(
     The move must be in the table (``tasks.states.ALLOWED``). Appends a ``status`` event and runs
     the final-state cleanup when the task ends, which starts or fails the tasks waiting on it
     (``wake=False``: the caller wakes them later in its transaction, ``verbs.cancel_task``).
+    ``handover``: inside a finish, the runs the move makes due and the releases it asks for are
+    the finish's (``tasks.run.handover``).
 
     Lock order, everywhere: the task row first, then its run rows. This update takes the task
     row before the final-state cleanup closes the runs; a worker's lease-guarded writes, the
@@ -153,14 +159,14 @@ def transition(
         moved = _try_write_task(task, EventKind.STATUS, summary, detail, redactor=redactor, notes=notes,
                                 state=new_state, **fields)
         if moved:
-            _after_move(task, old_state, new_state, wake=wake)
+            _after_move(task, old_state, new_state, wake=wake, handover=handover)
             notify.queue_move(task)  # after commit, off this thread: a slow service never holds a move
     if not moved:
         raise _moved_on(task)
     return task
 
 
-def _after_move(task: Task, old_state: str, new_state: str, *, wake: bool) -> None:
+def _after_move(task: Task, old_state: str, new_state: str, *, wake: bool, handover: Handover | None) -> None:
     """What a move brings with it, in its transaction: the layer's move, the blockers and runs a
     final move closes, the dependents it wakes, and the release after commit."""
     readers = False
@@ -174,11 +180,11 @@ def _after_move(task: Task, old_state: str, new_state: str, *, wake: bool) -> No
         # the move that allows it and sent after commit. Those whose artifact edge reads this
         # task's layer wait for its release, which seals the layer.
         # ``wake=False``: the caller wakes them later; the readers are looked for after the release.
-        readers = wake_dependents(task.pk) if wake else True
+        readers = wake_dependents(task.pk, handover=handover) if wake else True
     if new_state in FINAL:
         task_id = task.pk  # also after done -> undone: the layer's files go, the view is rebuilt
         wake_readers = old_state in ACTIVE and readers
-        transaction.on_commit(lambda: release_task(task_id, wake_readers=wake_readers))
+        transaction.on_commit(lambda: release_task(task_id, wake_readers=wake_readers, handover=handover))
 
 
 def bump_version(task: Task, kind: str, summary: str, data: dict[str, Any], *, redactor: Redactor | None = None,
@@ -202,40 +208,41 @@ def _close_blockers(task: Task) -> None:
     runs.cancel_open_runs(task)
 
 
-def release_task(task_id: str, *, wake_readers: bool = False) -> None:
+def release_task(task_id: str, *, wake_readers: bool = False, handover: Handover | None = None) -> None:
     """After a task ended: free what it held (processes, sockets, mounts, its user), in the
-    background (``lifecycle.release_soon``); ``wake_readers``: then wake the dependents whose
-    artifact edge reads its layer, which the release has sealed."""
+    background (``lifecycle.release_soon``, or kept by a finish's ``handover``); ``wake_readers``:
+    then wake the dependents whose artifact edge reads its layer, which the release has sealed."""
 
     def wake_readers_now() -> None:
         wake_dependents(task_id, after_release=True)
 
-    lifecycle.release_soon(task_id, then=wake_readers_now if wake_readers else None)
+    lifecycle.release_soon(task_id, then=wake_readers_now if wake_readers else None, handover=handover)
 
 
 # --- dependencies (tasks.dependencies holds the edges; the moves are here) ----------------------
 
-def wake_dependents(task_id: str, *, after_release: bool = False) -> bool:
+def wake_dependents(task_id: str, *, after_release: bool = False, handover: Handover | None = None) -> bool:
     """``task_id`` ended: start, or fail, each task that waited on it. Called inside the
     transaction of the final move for those that do not read its layer (each in a savepoint of
     its own, so one that cannot be woken never undoes the move), and ``after_release`` for those
     whose artifact edge reads it. Best effort: the scheduler's sweep (``release_waiting``) repairs
     a wake-up lost to a crash or a failure here. True when, at the move, some read its layer:
-    only then are they looked for again after the release (one lookup for a task without them)."""
+    only then are they looked for again after the release (one lookup for a task without them).
+    ``handover``: the move is a finish's, which holds the runs made due (``tasks.run.handover``)."""
     found = dependencies.dependents_of(task_id, only_reading=after_release)
     readers = any(condition == Condition.ARTIFACT for _, condition in found)
     waking = {dependent for dependent, condition in found if after_release or condition != Condition.ARTIFACT}
     for dependent in sorted(waking):
         try:
-            release_if_ready(dependent, if_free=not after_release)
+            release_if_ready(dependent, if_free=not after_release, handover=handover)
         except Exception:  # noqa: BLE001 - the savepoint is rolled back; the sweep retries
             log.exception("waking task %s after its dependency %s ended failed; the scheduler retries", dependent, task_id)
     return readers
 
 
-def _release_logged(task_id: str) -> None:
+def _release_logged(task_id: str, handover: Handover | None) -> None:
     try:
-        release_if_ready(task_id)
+        release_if_ready(task_id, handover=handover)
     except Exception:  # noqa: BLE001 - after commit: the sweep retries
         log.exception("starting task %s after its dependency ended failed; the scheduler retries", task_id)
 
@@ -266,7 +273,7 @@ class _Busy(Exception):
     transaction, which is not waited for there."""
 
 
-def release_if_ready(task_id: str, *, if_free: bool = False) -> bool:
+def release_if_ready(task_id: str, *, if_free: bool = False, handover: Handover | None = None) -> bool:
     """Queue the first run of a held-back task whose edges are all resolved, or fail it when a
     required edge can never be satisfied (or open its recovery review). True when it moved.
 
@@ -274,19 +281,19 @@ def release_if_ready(task_id: str, *, if_free: bool = False) -> bool:
     waited for there, since whoever holds it may be waiting for the dependency's row (a cancel
     locks a parent, then its children; an edge writer holds the owner's lock), and no recovery
     review is opened there (it takes the settings row's lock first). The decision is then taken
-    again right after the move commits."""
+    again right after the move commits. ``handover``: see ``wake_dependents``."""
     try:
-        return _release_if_ready(task_id, creating=False, if_free=if_free)
+        return _release_if_ready(task_id, creating=False, if_free=if_free, handover=handover)
     except (_RecoveryNeedsLocks, _Busy) as why:
         if if_free:
-            transaction.on_commit(lambda: _release_logged(task_id))
+            transaction.on_commit(lambda: _release_logged(task_id, handover))
             return False
         if isinstance(why, _Busy):  # pragma: no cover - only ``if_free`` skips locks
             raise
-        return _release_if_ready(task_id, creating=True, if_free=False)
+        return _release_if_ready(task_id, creating=True, if_free=False, handover=handover)
 
 
-def _release_if_ready(task_id: str, *, creating: bool, if_free: bool) -> bool:
+def _release_if_ready(task_id: str, *, creating: bool, if_free: bool, handover: Handover | None) -> bool:
     skip = if_free and connection.features.has_select_for_update_skip_locked
     with transaction.atomic():
         if creating:
@@ -304,15 +311,15 @@ def _release_if_ready(task_id: str, *, creating: bool, if_free: bool) -> bool:
             return open_recovery_review(task, found.edge)
         if found.failure:
             runs.read_locked(task)  # the whole row, for the move
-            fail_task(task, f"cannot start: {found.failure}", recoverable=False)
+            fail_task(task, f"cannot start: {found.failure}", recoverable=False, handover=handover)
             return True
         if not found.ready:
             return False
-        _release(task)
+        _release(task, handover)
         return True
 
 
-def _release(task: Task) -> None:
+def _release(task: Task, handover: Handover | None) -> None:
     """A held-back task may start: its note and its first run, a ``start`` due now and written
     as sent (``sql.release_held``); the run is sent and the note published after commit. Call
     inside the transaction that holds the task's row and decided it."""
@@ -323,7 +330,7 @@ def _release(task: Task) -> None:
     released = sql.release_held(task.pk, note, run)
     task.event_seq = released.seq
     transaction.on_commit(functools.partial(publish_event, task.pk, task.owner_id, released.event_id, released.seq, EventKind.NOTE))
-    runs.send_after_commit(released.run_id)
+    runs.send_after_commit(released.run_id, handover)
 
 
 def _held_if_queued(task_id: str, *, skip: bool) -> Task | None:
@@ -482,8 +489,9 @@ def begin_box_task(principal: Principal, workspace_id: int, *, task_id: str, tit
 
 
 def fail_task(task: Task, error: str, *, recoverable: bool | None = None, hint: str = "",
-              redactor: Redactor | None = None) -> Task:
-    return transition(task, State.FAILED, error=error, recoverable=recoverable, hint=hint, redactor=redactor)
+              redactor: Redactor | None = None, handover: Handover | None = None) -> Task:
+    return transition(task, State.FAILED, error=error, recoverable=recoverable, hint=hint, redactor=redactor,
+                      handover=handover)
 
 
 def note(task: Task, summary: str, data: dict[str, Any] | None = None) -> None:

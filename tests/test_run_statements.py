@@ -257,7 +257,7 @@ def test_the_start_logs_its_move_then_its_isolation_numbered_by_the_moves_own_up
 def test_a_seal_reads_its_rows_in_one_statement_and_writes_them_in_one(box: Box, settings: Any, monkeypatch: Any) -> None:
     # A dependent's start seals the layer of the task before it (``task_view.seal_layer``); the
     # seal once read the task, the layer and the ids of every layer applied within a lease.
-    monkeypatch.setattr(lifecycle, "release_soon", lambda task_id, then=None: None)  # the seal left to the test
+    monkeypatch.setattr(lifecycle, "release_soon", lambda task_id, then=None, handover=None: None)  # the seal left to the test
     no_seal_beside_the_finish(monkeypatch)  # nor begun beside the finish
     for _ in range(3):
         run_counted(box, settings)  # layers applied within the lease, in the stack of the next

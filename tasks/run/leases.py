@@ -6,17 +6,14 @@ write. Runs that end without finishing (an expired lease, a hand-back) are ``tas
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import logging
 import os
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -29,6 +26,9 @@ from django_q.tasks import async_task
 from tasks import sql
 from tasks.machines import homes
 from tasks.models import Run, RunState, Task
+
+if TYPE_CHECKING:
+    from tasks.run.handover import Handover
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,13 @@ def lease_delta() -> timedelta:
 
 
 def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, delay_s: float = 0.0, attempt: int = 1,
-               first: bool = False) -> Run:
+               first: bool = False, handover: Handover | None = None) -> Run:
     """Create a queued run. Call inside the transaction that decided it; it is sent to the queue
     after commit. A run due now is written as sent (``enqueued_at``) in that transaction: if the
     process dies between the commit and the send, the scheduler sends it again after
     ``BOX_RESEND_S`` (``stranded_runs``), as it does for a message the queue lost. ``first``:
-    the task was inserted in this transaction, so it has no run yet (its number is 1, not asked)."""
+    the task was inserted in this transaction, so it has no run yet (its number is 1, not asked).
+    ``handover``: inside a finish, the run due now is the finish's to hold or send (``send_after_commit``)."""
     number = 1 if first else (Run.objects.filter(task=task).aggregate(n=Max("number"))["n"] or 0) + 1
     now = timezone.now()
     run = Run.objects.create(
@@ -101,19 +102,17 @@ def create_run(task: Task, kind: str, *, resume: dict[str, Any] | None = None, d
         available_at=now + timedelta(seconds=delay_s), enqueued_at=now if delay_s <= 0 else None,
     )
     if delay_s <= 0:
-        send_after_commit(run.pk)
+        send_after_commit(run.pk, handover)
     return run
 
 
-def send_after_commit(run_id: int) -> None:
-    """Run ``run_id``, created due now in this transaction, is sent once it commits; inside
-    ``collecting_due`` it is noted there, and the collector sends it (or holds it back)."""
-    due = _collecting.due
-    if due is None:
-        transaction.on_commit(functools.partial(send, run_id))
+def send_after_commit(run_id: int, handover: Handover | None = None) -> None:
+    """Run ``run_id``, created due now in this transaction, is sent once it commits; given a
+    finish's ``handover``, that notes it and sends it or holds it back (``Handover.committed``)."""
+    if handover is not None:
+        handover.send_after_commit(run_id)
         return
-    due.noted.append(run_id)
-    transaction.on_commit(functools.partial(due.committed, run_id))
+    transaction.on_commit(functools.partial(send, run_id))
 
 
 def enqueue(run_id: int) -> None:
@@ -147,46 +146,6 @@ def _broker(queue: str | None = None) -> Broker:
         if key not in _kept:
             _kept[key] = get_broker(queue)
         return _kept[key]
-
-
-@dataclasses.dataclass
-class DueRuns:
-    """The runs created due now while ``collecting_due`` is open (``noted``, in order: a run
-    created in a savepoint that was rolled back is noted too, and its claim finds nothing), and,
-    with ``hold_first``, the first of them to commit, held back from the queue (``held``)."""
-
-    hold_first: bool
-    noted: list[int] = dataclasses.field(default_factory=list)
-    held: int | None = None
-
-    def committed(self, run_id: int) -> None:
-        """The transaction that made run ``run_id`` committed: hold it, or send it."""
-        if self.hold_first and self.held is None:
-            self.held = run_id
-            return
-        send(run_id)
-
-
-class _Collecting(threading.local):
-    due: DueRuns | None = None
-
-
-_collecting = _Collecting()
-
-
-@contextlib.contextmanager
-def collecting_due(*, hold_first: bool) -> Iterator[DueRuns]:
-    """The runs this thread creates due now inside the block (``DueRuns``), for a caller that
-    claims the first in the same transaction (``finish.finish_run``). ``hold_first``: the first
-    to commit is held back from the queue instead of sent, for the caller to run next or else
-    ``send``: no second delivery to another worker, which only finds the run taken. It was
-    written as sent, so if the process dies holding it, the scheduler sends it again after
-    ``BOX_RESEND_S`` (``stranded_runs``)."""
-    due = _collecting.due = DueRuns(hold_first)
-    try:
-        yield due
-    finally:
-        _collecting.due = None
 
 
 def claim(run_id: int) -> tuple[Run, str] | None:
@@ -268,9 +227,9 @@ def stranded_runs(now: Any) -> list[int]:
     A queue message can die with a cluster (prefetched, or locked by a reader that is gone).
     Re-sending is safe because a second delivery of a claimed run does nothing; a run merely
     waiting its turn behind a busy queue is not sent again, nor while no worker is free: copies
-    would pile up in the queue (a burst sent 105 copies for 44 tasks when every run older than
-    ``BOX_RESEND_S`` was sent again). A dependent's run its dependency's worker took at once
-    (``collecting_due``) overtakes the queue too: a run waiting then is sent again, as before."""
+    would pile up in the queue (docs/internals/decisions.md#the-workers-path). A dependent's run
+    its dependency's worker took at once (``tasks.run.handover``) overtakes the queue too: a run
+    waiting then is sent again, and its claim runs it once."""
     if free_workers() <= 0:
         return []
     before = now - timedelta(seconds=settings.BOX_RESEND_S)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.db import connection
 
@@ -31,6 +31,9 @@ from tasks import layers, sandbox
 from tasks.models import Task
 from tasks.sandbox import users
 from tasks.states import ACTIVE, FINAL
+
+if TYPE_CHECKING:
+    from tasks.run.handover import Handover
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ RELEASE_RETRY_S = (0.5, 2.0)
 
 
 Then = Callable[[], None] | None  # what to do once a release is complete
-Held = list[tuple[str, Then]]  # releases kept by ``releases_held``: (task id, then)
+Held = list[tuple[str, Then]]  # releases a ``Handover`` kept: (task id, then)
 
 
 class Janitor:
@@ -122,45 +125,17 @@ class Janitor:
 janitor = Janitor()
 
 
-class _Held(threading.local):
-    releases: Held | None = None
-
-
-_held = _Held()
-
-
-def release_soon(task_id: str, *, then: Then = None) -> None:
+def release_soon(task_id: str, *, then: Then = None, handover: Handover | None = None) -> None:
     """After a final move commits: the janitor releases the task (see the module's docstring),
-    then calls ``then`` (also when a release step failed: ``release`` logged it). Inside
-    ``releases_held`` the release waits for the caller's ``submit_held``."""
-    if _held.releases is not None:
-        _held.releases.append((task_id, then))
+    then calls ``then`` (also when a release step failed: ``release`` logged it). Given a finish's
+    ``handover`` that keeps releases, the release waits there for the worker's ``submit_held``."""
+    if handover is not None and handover.keeps(task_id, then):
         return
     janitor.submit(task_id, then)
 
 
-@contextmanager
-def releases_held(*, keep: bool = True) -> Iterator[Held]:
-    """With ``keep``, the releases this thread asks for inside the block are kept for the caller
-    to hand to the janitor (``submit_held``). A worker that goes on with its ended task's
-    dependent opens the dependent's view first: that opening seals the ended task's layer itself
-    (the only part of its release the dependent needs), and a janitor releasing beside it would
-    only take turns with it at the interpreter and wait for the same layer's lock. Nothing waits on
-    a held release for correctness; one a process dies holding is finished by start-up
-    reconcile, as any release is."""
-    held: Held = []
-    if not keep:
-        yield held
-        return
-    _held.releases = held
-    try:
-        yield held
-    finally:
-        _held.releases = None
-
-
 def submit_held(held: Held) -> None:
-    """Hand the releases ``releases_held`` kept to the janitor; the list is emptied (a second call
+    """Hand the releases a ``Handover`` kept to the janitor; the list is emptied (a second call
     does nothing)."""
     while held:
         task_id, then = held.pop(0)
