@@ -21,7 +21,7 @@ from tasks.models import EventKind, Layer, Run, Task, TaskEvent, VaultSecret, Wo
 from tasks.run import leases as runs
 from tasks.run import lifecycle
 from tasks.run.finish import begin_run, finish_run
-from tasks.run.recorder import LeaseLost, LimitReached, StepRecorder
+from tasks.run.recorder import ACTIONS, LeaseLost, LimitReached, StepRecorder
 from tasks.vault.facts import Facts, refreshed
 from tasks.vault.store import set_secret
 from tasks.workers.base import Done, Failed
@@ -315,7 +315,7 @@ def test_a_steps_write_and_its_event_are_recorded_together_at_the_next_number(bo
     task, recorder = _recorder(box, settings)
     before = Task.objects.get(pk=task.pk).event_seq
     recorder.event(EventKind.STEP, f"step 1/1 uses {LATE}", {"key": LATE}, artifacts=[{"name": LATE}], doing_now=True,
-                   progress=0.5, counts=("actions", "max_actions"))
+                   progress=0.5, counts=ACTIONS)
     row = Task.objects.get(pk=task.pk)
     event = TaskEvent.objects.get(task_id=task.pk, seq=before + 1)
     assert row.event_seq == before + 1 == recorder.task.event_seq
@@ -329,7 +329,7 @@ def test_a_step_recorded_after_its_lease_was_taken_over_leaves_nothing_behind(bo
     before = Task.objects.get(pk=task.pk)
     Run.objects.filter(pk=recorder.run_id).update(lease_token="taken-over")
     with pytest.raises(LeaseLost):
-        recorder.event(EventKind.STEP, "step 1/1", doing_now=True, progress=0.5, counts=("actions", "max_actions"))
+        recorder.event(EventKind.STEP, "step 1/1", doing_now=True, progress=0.5, counts=ACTIONS)
     after = Task.objects.get(pk=task.pk)
     assert (after.event_seq, after.step, after.progress, after.spent) == (before.event_seq, before.step, before.progress, before.spent)
     assert not TaskEvent.objects.filter(task_id=task.pk, seq__gt=before.event_seq).exists()
@@ -364,7 +364,7 @@ def _step_while_the_row_is_held(recorder: StepRecorder, change: Callable[[], Non
         try:
             with CaptureQueriesContext(connection) as queries:
                 try:
-                    recorder.step("step 1/1", counts=("actions", "max_actions"))
+                    recorder.step("step 1/1", counts=ACTIONS)
                 except BaseException as exc:  # noqa: BLE001 - handed to the test
                     raised.append(exc)
             statements.extend(q["sql"] for q in queries.captured_queries)
@@ -426,17 +426,17 @@ def test_an_action_counted_after_another_writer_changed_spent_counts_from_the_ro
     # On PostgreSQL the count is written only if ``spent`` is still as the run last wrote it.
     task, recorder = _recorder(box, settings)
     Task.objects.filter(pk=task.pk).update(spent={**task.spent, "actions": 5})  # behind the recorder's back
-    recorder.step("step 1/1", counts=("actions", "max_actions"))
+    recorder.step("step 1/1", counts=ACTIONS)
     assert Task.objects.get(pk=task.pk).spent["actions"] == 6 == recorder.task.spent["actions"]
 
 
 def test_a_limit_lowered_while_a_run_ran_stops_its_next_counted_action(box: Box, settings: Any) -> None:
     task, recorder = _recorder(box, settings)
-    recorder.step("step 1/2", counts=("actions", "max_actions"))
+    recorder.step("step 1/2", counts=ACTIONS)
     before = Task.objects.get(pk=task.pk)
     Task.objects.filter(pk=task.pk).update(limits={**task.limits, "max_actions": 1})  # behind the recorder's back
     with pytest.raises(LimitReached):
-        recorder.step("step 2/2", counts=("actions", "max_actions"))
+        recorder.step("step 2/2", counts=ACTIONS)
     after = Task.objects.get(pk=task.pk)
     assert (after.spent, after.event_seq) == (before.spent, before.event_seq)
 
@@ -448,9 +448,9 @@ def test_after_its_limits_changed_a_run_counts_again_without_the_locked_read(box
         pytest.skip("SQLite's write lock is taken by the transaction's BEGIN: every count reads the row")
     task, recorder = _recorder(box, settings)
     Task.objects.filter(pk=task.pk).update(limits={**task.limits, "max_actions": 50})  # behind the recorder's back
-    recorder.step("step 1/2", counts=("actions", "max_actions"))  # counted again from the locked row
+    recorder.step("step 1/2", counts=ACTIONS)  # counted again from the locked row
     with CaptureQueriesContext(connection) as queries:
-        recorder.step("step 2/2", counts=("actions", "max_actions"))
+        recorder.step("step 2/2", counts=ACTIONS)
     statements = [q["sql"] for q in queries.captured_queries]
     assert not [sql for sql in statements if sql.startswith("SELECT") and "FOR UPDATE" in sql.upper()], statements
     assert len(statements) == 1, statements  # the write alone: no transaction around it

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
@@ -55,6 +55,17 @@ def retried_within_lease(attempt: Callable[[], T], *, run_id: int | None = None)
 def first_line(exc: BaseException) -> str:
     """The first line of an error's message, for a log line."""
     return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+class Counts(NamedTuple):
+    """An action a step's event counts first (``StepRecorder.event``): the counter in the task's
+    ``spent``, and the name of the limit it must stay within (None: counted, never refused)."""
+
+    counter: str
+    limit: str | None
+
+
+ACTIONS = Counts("actions", "max_actions")  # an acting step, within ``max_actions``
 
 
 class LeaseLost(Exception):
@@ -145,11 +156,11 @@ class StepRecorder:
     def event(self, kind: str, summary: str, data: dict[str, Any] | None = None, *, cost_cents: int = 0,
               artifacts: list[Any] | None = None, doing_now: bool = False, progress: float | None = None,
               resume: dict[str, Any] | None = None, records: dict[str, Any] | None = None,
-              counts: tuple[str, str | None] | None = None) -> None:
+              counts: Counts | None = None) -> None:
         """Record an event; with ``resume``/``records``, save progress in the same transaction
         (a step's result and the resume point past it are one write: a run cut off between
-        them would otherwise run a step again whose result the log already shows). ``counts``
-        (counter, limit name): count one action first, in the same transaction (``count``);
+        them would otherwise run a step again whose result the log already shows). ``counts``:
+        count one action first, in the same transaction (``count``);
         past the limit nothing is recorded and ``LimitReached`` goes up."""
 
         updates: dict[str, Any] = {}
@@ -171,10 +182,10 @@ class StepRecorder:
         if records is not None:
             self.task.records = records
 
-    def _write_alone(self, event: _Event, counts: tuple[str, str | None] | None) -> None:
+    def _write_alone(self, event: _Event, counts: Counts | None) -> None:
         """PostgreSQL, outside a caller's transaction: the event's write is one statement that
-        writes nothing unless the lease holds, so it is sent without a transaction around it (its
-        BEGIN and COMMIT were two round trips of three), as long as the task's row is free; else
+        writes nothing unless the lease holds, so it is sent without a transaction around it (a
+        BEGIN and a COMMIT would make one round trip three), as long as the task's row is free; else
         it is written in a transaction, which waits for the row. An action counted from the row
         as this run last wrote it, when the row changed since, is counted again from the row."""
         try:
@@ -191,11 +202,11 @@ class StepRecorder:
             if not held:
                 raise LeaseLost(f"run {self.run_id} no longer holds its lease")
 
-    def _write_in_transaction(self, event: _Event, counts: tuple[str, str | None] | None) -> None:
+    def _write_in_transaction(self, event: _Event, counts: Counts | None) -> None:
         """The event's write in a transaction that takes the task's row first (``_guarded``)."""
         self._guarded(lambda: self._record_locked(event, counts), _nothing, proof="locking")
 
-    def _record_locked(self, event: _Event, counts: tuple[str, str | None] | None) -> bool:
+    def _record_locked(self, event: _Event, counts: Counts | None) -> bool:
         """Inside the transaction: the write, the action counted first when ``counts``; whether
         the lease held. PostgreSQL counts from the row as this run last wrote it when it still
         is so (no locked read first)."""
@@ -208,14 +219,14 @@ class StepRecorder:
                 pass
         return self._record_counted_from_locked_row(event, counts)
 
-    def _record_counted_as_last_written(self, event: _Event, counts: tuple[str, str | None], *,
+    def _record_counted_as_last_written(self, event: _Event, counts: Counts, *,
                                         alone: bool = False) -> bool:
         """PostgreSQL: the action counted from the row as this run last wrote it, written only if
         it is still so (no other writer of ``spent`` or ``limits`` came between); whether the
         lease held. ``_RowChanged`` when it is not so, or the limit looks reached: nothing was
         written, and the caller counts from the locked row."""
         seen = {"spent": self.task.spent, "limits": self.task.limits}
-        spent = self._counted_from(self.task, *counts, raising=False)
+        spent = self._counted_from(self.task, counts.counter, counts.limit, raising=False)
         if spent is None:
             raise _RowChanged
         try:
@@ -225,9 +236,9 @@ class StepRecorder:
         self.task.spent = spent
         return held
 
-    def _record_counted_from_locked_row(self, event: _Event, counts: tuple[str, str | None]) -> bool:
+    def _record_counted_from_locked_row(self, event: _Event, counts: Counts) -> bool:
         """The action counted from the task's row, read locked; whether the lease held."""
-        spent = self._counted(*counts)
+        spent = self._counted(counts.counter, counts.limit)
         held = self._record(event, {"spent": spent})
         self.task.spent = spent
         return held
@@ -243,7 +254,7 @@ class StepRecorder:
                                      seen=seen, alone=alone) is not None
 
     def step(self, summary: str, data: dict[str, Any] | None = None, *, progress: float | None = None,
-             counts: tuple[str, str | None] | None = None) -> None:
+             counts: Counts | None = None) -> None:
         self.event(EventKind.STEP, summary, data, doing_now=True, progress=progress, counts=counts)
 
     def note(self, summary: str, data: dict[str, Any] | None = None) -> None:

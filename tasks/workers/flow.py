@@ -23,7 +23,7 @@ from tasks.pauses import ApprovalKind
 from tasks.run import receipts
 from tasks.run.context import RunContext
 from tasks.run.evidence import Evidence, StepFailed, bounded
-from tasks.run.recorder import LeaseLost
+from tasks.run.recorder import ACTIONS, LeaseLost
 from tasks.spec.flows import EXECUTABLE_KINDS, STEP_KINDS, missing_names, step_kind
 from tasks.states import WaitingFor
 from tasks.tools.registry import NeedsApproval, call
@@ -140,7 +140,7 @@ class FlowWorker:
                 # itself, tasks.tools.registry.call): past the limit, nothing is recorded.
                 acts = STEP_KINDS[kind].acts and kind != "tool"
                 ctx.recorder.step(describe(substitute(step, known), index, total) + (" (retry)" if started.get("retry") else ""),
-                                  started, progress=index / total, counts=("actions", "max_actions") if acts else None)
+                                  started, progress=index / total, counts=ACTIONS if acts else None)
             resolved = step[kind] if kind == "run" else substitute(step[kind], self._for_model(ctx, known) if kind == "model" else known)
             try:
                 if receipt is not None:
