@@ -3,9 +3,9 @@
 task's layer sealed beside its finish).
 
 The thread starts with the first job in each process (a django-q2 worker, forked, starts its
-own) and keeps its database connection while jobs come: in a chain of tasks one comes every few
-tens of milliseconds, and a connection made for each costs more than the job's own statements (a
-server process started per connection on PostgreSQL). It lets go of it after
+own) and keeps its database connection while jobs come: in a chain of tasks they come close
+together, and a connection made for each costs more than the job's own statements (a server
+process started per connection on PostgreSQL). It lets go of it after
 ``IDLE_CONNECTION_S`` without a job, at a ``drain`` (a process's end, a test's), and before a job
 when the one before failed on it (a database restart, a terminated server process).
 """

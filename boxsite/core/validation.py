@@ -252,9 +252,9 @@ class Body(s.Serializer):
 
     def get_fields(self) -> dict[str, s.Field]:
         """The declared fields, each a shallow copy for this body to bind. DRF deep-copies them,
-        building every field again, for each body made (a tenth of a task's creation's CPU);
-        the box's fields keep nothing of a check but the ``given`` of a nested body, set on
-        its own copy."""
+        building every field again, for each body made, on the path of every request
+        (docs/internals/decisions-performance.md#performance); the box's fields keep nothing of a
+        check but the ``given`` of a nested body, set on its own copy."""
         return {name: _copy(field) for name, field in self._declared_fields.items()}
 
     def check_all(self, data: Any, only: frozenset[str] | None = None) -> dict[str, Any]:

@@ -211,7 +211,7 @@ def _placed(lowers: list[Path], owner: tuple[int, int], attached: set[str]) -> I
     another user owns, one outside the data directory, or one below another mount). ``attached``:
     mount points of this view's own (``_attached``), which hide nothing."""
     # Paths as strings: a start handles every lower this way (up to the compaction depth), and
-    # pathlib's parsing of each joined or compared path would be most of this function's CPU.
+    # pathlib's parsing of each joined or compared path would cost more than the work itself.
     data = paths.data_dir()
     data_prefix = f"{data}/"
     table = mounts.mounts_under(data)  # one reading of the mount table for every layer

@@ -40,7 +40,7 @@ def record_layer(task: Task) -> Layer:
     without (docs/internals/decisions-performance.md#performance, "A start leaves out a layer that finished after its task was
     asked for"): a layer whose seal is not complete, of a task that finished after this task was
     created and that this task does not depend on. ``seal_stack`` then waits for (or does) the
-    seal of every layer kept, as before; a layer left out is neither waited for nor sealed, and
+    seal of every layer kept; a layer left out is neither waited for nor sealed, and
     never joins this task's view (a retry keeps the stack recorded here)."""
     driver, path = driver_name(), str(paths.layer_dir(task.pk))
     if connection.vendor == "postgresql" and not task.folders:

@@ -348,13 +348,13 @@ def record_lost_seal(task_id: str) -> None:
 
 
 # What a release and a seal read of the task: making the model of the whole row (every field,
-# JSON decoded) is most of the CPU of reading it. Any other field is read when first used.
+# JSON decoded) costs more than the read itself. Any other field is read when first used.
 _SEALED_BY = ("id", "state", "workspace", "layers", "folders", "created_at")
 
 
 def _task_of(task_id: str) -> Task | None:
     """The task with its workspace, or None when it is gone: a ``get``, where ``first()`` would
-    order and slice the query too (more CPU for a row that is read at every release)."""
+    order and slice the query too, for a row that is read at every release."""
     try:
         return Task.objects.select_related("workspace").only(*_SEALED_BY).get(pk=task_id)
     except Task.DoesNotExist:
@@ -382,8 +382,8 @@ def _applied_since_created(task: Task, layer: Layer) -> QuerySet[Layer]:
     was created. Those applied earlier were in the workspace when it recorded its stack, and a
     start leaves out only layers applied after its task's creation (``stack_record.record_layer``), so they
     are in it; ``_not_stacked`` leaves out the rest of the stack. The stack is never put in the query:
-    a query naming each id of it would grow with the workspace's history (hundreds of ids in a
-    workspace that has seen a few hundred tasks, most of a seal's CPU)."""
+    a query naming each id of it would grow with the workspace's history, and the seal's work
+    with it (docs/internals/decisions-performance.md#performance)."""
     # A final move takes its layer's ``applied_at`` before it commits, and a task created and
     # started meanwhile on PostgreSQL records its stack without that layer (not committed yet):
     # the bound leaves room for a final move's transaction, one lease long.

@@ -115,9 +115,9 @@ def finish_run(task: Task, run: Run, token: str, recorder: StepRecorder, outcome
     send (``Finished.held``), and the releases the finish asks for are kept for the caller to
     hand to the janitor once it opened that run's view (``Finished.releases``). ``claim_next``
     (with ``hand_over``: the worker goes on with that run): it is claimed and its task moved to
-    running in the same transaction (``begin_run``'s work), so a chain's link commits once where
-    it committed twice. Its claim is in a savepoint of its own: one that fails leaves the finish
-    whole, and the run is claimed after the commit as any other."""
+    running in the same transaction (``begin_run``'s work), so a chain's link commits once, not
+    once for the finish and once for the claim. Its claim is in a savepoint of its own: one
+    that fails leaves the finish whole, and the run is claimed after the commit as any other."""
 
     kept = Handover(keep=hand_over)
     try:

@@ -138,7 +138,7 @@ def _broker(queue: str | None = None) -> Broker:
     """The queue's broker, one per process and queue name. django-q2 makes a broker for each job
     it is given unless one is passed: on Redis a new client, so a new connection (its driver's
     version looked up in the installed packages, a connect and a handshake) for every job sent,
-    about a sixth of a ``POST /api/tasks``'s CPU (docs/internals/decisions-performance.md#performance). redis-py's
+    a large share of a task's creation (docs/internals/decisions-performance.md#performance). redis-py's
     client is shared by threads and makes its connections again in a forked child; the ORM
     broker holds no connection of its own."""
     key = (queue or Conf.CLUSTER_NAME, os.getpid())

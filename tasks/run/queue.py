@@ -1,7 +1,7 @@
 """The embedded queue (django-q2's ORM broker) with a wake-up instead of a poll's wait.
 
-django-q2's ORM broker finds new jobs by polling its table every ``poll`` seconds (0.2 s: 100 ms
-of waiting on average before a run even starts). Here each cluster's pusher, when the table is
+django-q2's ORM broker finds new jobs by polling its table every ``poll`` seconds: a run waits half
+a poll on average before it even starts. Here each cluster's pusher, when the table is
 empty, waits on a datagram socket of its own instead of sleeping, and every enqueue sends one
 byte to each registered pusher after the job's row is written: the pusher reads the table at
 once. The poll stays as the fallback (a lost datagram costs at most one poll).
