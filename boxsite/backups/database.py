@@ -16,6 +16,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from boxsite.core import sql
+
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"
 MEMBERS = {SQLITE: "database/box.sqlite3", POSTGRESQL: "database/box.pgdump"}
@@ -53,9 +55,7 @@ def is_empty() -> bool:
     if kind() == SQLITE:
         path = sqlite_path()
         return not path.exists() or path.stat().st_size == 0
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()")
-        return int(cursor.fetchone()[0]) == 0
+    return sql.tables_in_schema() == 0
 
 
 def restore(snapshot_file: Path, *, replace: bool) -> None:

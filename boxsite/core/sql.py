@@ -22,6 +22,14 @@ def ping() -> None:
         cursor.execute("SELECT 1")
 
 
+def tables_in_schema() -> int:
+    """How many tables the PostgreSQL database's current schema holds, of the box's or anyone's:
+    a restore without ``--force`` goes only into an empty one (``boxsite.backups.database``)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()")
+        return int(cursor.fetchone()[0])
+
+
 def locked_row(model: type[M], pk: int) -> M | None:
     """``model``'s row ``pk``, locked until the transaction ends where the database has row locks
     (SQLite's write transaction holds the whole database): the settings row, at every creation."""
