@@ -11,6 +11,7 @@ headers (``SCHILY.xattr.<name>``, as GNU tar writes them), put back after extrac
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -31,6 +32,11 @@ XATTR = "SCHILY.xattr."
 
 class ArchiveError(Exception):
     """The file is not a backup this box can restore; the message says why."""
+
+
+class Unreadable(Exception):
+    """Something a backup must hold cannot be read (``_xattrs``): the backup is not taken; the
+    message says what and what to do."""
 
 
 @dataclass(frozen=True)
@@ -129,16 +135,28 @@ class _Exactly(io.RawIOBase):
 
 
 def _xattrs(path: Path) -> dict[str, str]:
+    """``path``'s extended attributes as pax headers. One that cannot be read fails the backup
+    (``Unreadable``): a restore without it would not give the files back as they were (a lost
+    overlay "opaque" mark brings a deleted folder's contents back into the task's view)."""
     try:
         names = os.listxattr(path, follow_symlinks=False)
-    except OSError:
-        return {}
+    except (FileNotFoundError, NotADirectoryError):
+        return {}  # gone since it was listed: nothing of it is kept
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return {}  # a file system without extended attributes: there are none to keep
+        raise Unreadable(f"{path}: its extended attributes cannot be listed ({exc.strerror}); "
+                         "run backup as the user the box runs as") from None
     found = {}
     for name in names:
         try:
             value = os.getxattr(path, name, follow_symlinks=False)
-        except OSError:
-            continue
+        except OSError as exc:
+            if exc.errno in (errno.ENODATA, errno.ENOENT):
+                continue  # removed since it was listed (the attribute, or the file): not there to keep
+            raise Unreadable(f"{path}: its extended attribute {name} cannot be read ({exc.strerror}), and a "
+                             "restore without it would not give the files back as they were; run backup as "
+                             "the user the box runs as") from None
         found[XATTR + name] = value.decode("utf-8", "surrogateescape")
     return found
 

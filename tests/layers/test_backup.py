@@ -1,13 +1,17 @@
 """manage.py backup and restore: a box with finished tasks (and an upload) is backed up, restored
 into a new data directory and database, and the restored box shows the same workspace and
-undoes a task there; a bad archive or a non-empty target is refused with a clear reason."""
+undoes a task there; a bad archive or a non-empty target is refused with a clear reason, and
+an extended attribute the backup cannot read fails it."""
 from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -144,3 +148,43 @@ def test_a_bad_archive_is_refused_with_the_reason(lbox, tmp_path):
     assert "does not match the digest" in _refused(_tar(tmp_path / "tampered.tar", tampered))
     # The data directory of this (running) box is not empty: refused without --force.
     assert "is not empty" in _refused(archive)
+
+
+WRITE_TREE = """
+import sys
+from pathlib import Path
+from boxsite.backups.archive import Writer
+root = Path(sys.argv[1])
+writer = Writer(root / "backup.tar")
+try:
+    writer.add_tree([root / "layer", root / "layer" / "gone"], root)
+except Exception as exc:
+    writer.abandon()
+    print(type(exc).__name__, exc)
+    sys.exit(3)
+writer.close()
+"""
+
+
+def test_an_extended_attribute_the_backup_cannot_read_fails_it() -> None:
+    # A backup taken by a user who may list an attribute but not read it (user.* attributes need
+    # read permission on the file; listing them does not): a folder of a layer, deleted and made
+    # again, marked opaque, which the backup's user may only pass through.
+    root = Path(tempfile.mkdtemp(prefix="box-xattr-", dir="/tmp"))
+    try:
+        root.chmod(0o777)  # the backup's user writes the archive here
+        gone = root / "layer" / "gone"
+        gone.mkdir(parents=True)
+        os.setxattr(gone, "user.overlay.opaque", b"y")
+        (root / "layer").chmod(0o755)
+        gone.chmod(0o111)
+        # The system's interpreter: the box's may lie where that user cannot reach it, and the
+        # archive module needs only the standard library.
+        taken = subprocess.run(["/usr/bin/python3", "-c", WRITE_TREE, str(root)], cwd=settings.BASE_DIR, user=65534,
+                               group=65534, extra_groups=[], capture_output=True, text=True, timeout=60)
+        assert taken.returncode == 3, (taken.stdout, taken.stderr)
+        assert "Unreadable" in taken.stdout
+        assert f"{gone}: its extended attribute user.overlay.opaque cannot be read" in taken.stdout
+        assert not (root / "backup.tar").exists() and not (root / ".backup.tar.partial").exists()
+    finally:
+        shutil.rmtree(root)

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from boxsite.backups.archive import Unreadable
 from boxsite.backups.database import DatabaseError
 from boxsite.backups.services import take_backup
 
@@ -27,7 +28,7 @@ class Command(BaseCommand):
             raise CommandError(f"{output.parent} is not a directory")
         try:
             taken = take_backup(output)
-        except DatabaseError as exc:
+        except (DatabaseError, Unreadable) as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"the backup could not be written: {exc}") from None
