@@ -26,8 +26,9 @@ Started as root by ``unshare`` (new PID, network, mount, IPC and UTS namespaces)
    the command's exit. The files were opened by the box (root's, in its spool directory) and
    reach us as descriptors the command never inherits.
 
-Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library and the filter's
-binding beside it (``syscall_filter.py``, loaded by path): it must not import the box (the task's
+Runs under the system ``/usr/bin/python3 -I -S`` with only the standard library and two modules
+beside it, loaded by path: the task's root (``task_root.py``) and the filter's binding
+(``syscall_filter.py``). It must not import the box (the task's
 user cannot read the box's virtualenv, and it starts fast).
 """
 from __future__ import annotations
@@ -47,39 +48,34 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+
+def _sibling(name: str, module: str) -> ModuleType:
+    """A module beside this file (``<name>.py``), loaded by path: the isolated interpreter has no
+    package to import it from. Called as root before the host's tree is gone (the file is the
+    box's); what it defines is used after too. Missing, the start stops."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(module, path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        sys.stderr.write(f"box sandbox: {path} is missing\n")
+        sys.stderr.flush()
+        os._exit(126)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+_root = _sibling("task_root", "box_task_root")  # the task's root and a command's scratch directories
 _libc = ctypes.CDLL(None, use_errno=True)
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
-_SYS_PIVOT_ROOT, _MNT_DETACH = 155, 0x2
-_NEW_ROOT = "/tmp"  # a fresh tmpfs is mounted here (in this mount namespace only) and becomes /
-# The task's system image: the host's programs and libraries, read-only.
-_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-_ETC_FILES = ("hosts", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "localtime", "timezone", "os-release",
-              "debian_version", "mime.types", "protocols", "services", "shells", "profile", "bash.bashrc",
-              "inputrc", "environment", "gai.conf", "host.conf", "resolv.conf", "locale.alias", "magic", "mailcap")
-_ETC_DIRS = ("ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "python3", "python3.11", "profile.d", "fonts")
-_SYS_MOVE_MOUNT, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 429, 0x4, -100
+_fail, _check, _mount = _root.fail, _root.check, _root.mount
+
 _PR_SET_NO_NEW_PRIVS = 38
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _SYS_KEYCTL, _KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR = 250, 0, 1, 7
 _KEYCTL_LINK, _KEYCTL_UNLINK, _KEYCTL_READ, _KEYCTL_INVALIDATE = 8, 9, 11, 21
 _KEY_SPEC_SESSION_KEYRING, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
-def _fail(message: str) -> None:
-    sys.stderr.write(f"box sandbox: {message}\n")
-    sys.stderr.flush()
-    os._exit(126)
-
-
-def _check(result: int, what: str) -> None:
-    if result < 0:
-        err = ctypes.get_errno()
-        _fail(f"{what}: {os.strerror(err)}")
-
-
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                       data.encode() if data else None), f"mount {target}")
 
 
 def loopback_up() -> None:
@@ -87,119 +83,6 @@ def loopback_up() -> None:
         request = struct.pack("16sH22x", b"lo", 0)
         flags = struct.unpack("16sH22x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
-
-
-def _bind(source: str, target: str, *, writable: bool = False, flags: int = _MS_NOSUID | _MS_NODEV) -> None:
-    """Bind ``source`` (not its submounts) at ``target``, read-only unless ``writable``."""
-    _mount(source, target, None, _MS_BIND)
-    if not writable:
-        _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
-
-
-def _copy_entry(source: str, target: str) -> None:
-    """Copy a small system file (or a symlink, as a symlink) into the new root."""
-    if os.path.islink(source):
-        os.symlink(os.readlink(source), target)
-    else:
-        with open(source, "rb") as handle:
-            content = handle.read()
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        os.write(fd, content)
-        os.close(fd)
-
-
-def _write(target: str, content: str) -> None:
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    os.write(fd, content.encode())
-    os.close(fd)
-
-
-def _system_etc(root: str, config: dict[str, Any]) -> None:
-    """The new root's /etc: a few of the host's files and its own passwd and group."""
-    etc = root + "/etc"
-    os.mkdir(etc, 0o755)
-    for name in _ETC_FILES:
-        if os.path.lexists("/etc/" + name) and (os.path.islink("/etc/" + name) or os.path.isfile("/etc/" + name)):
-            _copy_entry("/etc/" + name, f"{etc}/{name}")
-    for name in _ETC_DIRS:
-        if os.path.isdir("/etc/" + name) and not os.path.islink("/etc/" + name):
-            os.mkdir(f"{etc}/{name}", 0o755)
-            _bind("/etc/" + name, f"{etc}/{name}")
-    user, uid, gid, home = config["user"], config["uid"], config["gid"], config["view"]
-    _write(etc + "/passwd", f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
-                            f"{user}:x:{uid}:{gid}:box task:{home}:/usr/sbin/nologin\n"
-                            f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
-    _write(etc + "/group", f"root:x:0:\n{user}:x:{gid}:\nnogroup:x:65534:\n")
-    _write(etc + "/hostname", "box\n")
-
-
-def _system_dev(root: str) -> None:
-    dev = root + "/dev"
-    os.mkdir(dev, 0o755)
-    _mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
-    for name in ("null", "zero", "full", "random", "urandom", "tty"):
-        _write(f"{dev}/{name}", "")
-        _mount("/dev/" + name, f"{dev}/{name}", None, _MS_BIND)
-    os.mkdir(dev + "/pts", 0o755)
-    _mount("devpts", dev + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
-    os.symlink("pts/ptmx", dev + "/ptmx")
-    os.mkdir(dev + "/shm", 0o1777)
-    _mount("tmpfs", dev + "/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m")
-    for index, name in enumerate(("stdin", "stdout", "stderr")):
-        os.symlink(f"/proc/self/fd/{index}", f"{dev}/{name}")
-    os.symlink("/proc/self/fd", dev + "/fd")
-    _mount("none", dev, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
-
-
-def build_root(config: dict[str, Any]) -> None:
-    """Make the task's root: a read-only system image (/usr and its links, a minimal /etc, /dev),
-    its view and runtime directory at their usual paths, private /tmp, /var/tmp and /run, its own
-    /proc and /sys; then pivot into it and drop the host's tree (and with it the mount table).
-    """
-    runtime, view = config["runtime"], config["view"]
-    keep = os.open(runtime, os.O_PATH | os.O_DIRECTORY)
-    root = _NEW_ROOT
-    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
-    for name in _SYSTEM_DIRS:
-        source = "/" + name
-        if os.path.islink(source):
-            os.symlink(os.readlink(source), f"{root}/{name}")
-        elif os.path.isdir(source):
-            os.mkdir(f"{root}/{name}", 0o755)
-            _bind(source, f"{root}/{name}", flags=_MS_NODEV)
-    _system_etc(root, config)
-    _system_dev(root)
-    for name, mode in (("proc", 0o555), ("sys", 0o555), ("tmp", 0o1777), ("run", 0o755), ("var", 0o755)):
-        os.mkdir(f"{root}/{name}", mode)
-    os.mkdir(root + "/var/tmp", 0o1777)
-    for path, tmpfs_mode in (("/tmp", "1777"), ("/var/tmp", "1777"), ("/run", "0755")):
-        _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={tmpfs_mode},size=64m")
-    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    # A fresh sysfs shows this network namespace's interfaces (loopback), not the host's.
-    _mount("sysfs", root + "/sys", "sysfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
-    # The runtime directory (sockets, the view's mount point) at the same path as on the host,
-    # under directories nobody can list: other tasks' ids stay unknown.
-    parent = root
-    for part in runtime.strip("/").split("/"):
-        parent = f"{parent}/{part}"
-        if not os.path.isdir(parent):
-            os.mkdir(parent, 0o711)
-    _mount(f"/proc/self/fd/{keep}", root + runtime, None, _MS_BIND)
-    os.close(keep)
-    _check(_libc.syscall(_SYS_MOVE_MOUNT, config["view_fd"], b"", _AT_FDCWD, (root + view).encode(),
-                         _MOVE_MOUNT_F_EMPTY_PATH), f"attach the view at {view}")
-    os.close(config["view_fd"])
-    if config.get("profile_fd") is not None:  # a browser profile folder, on the private /run
-        os.mkdir(root + config["profile"], 0o700)
-        _check(_libc.syscall(_SYS_MOVE_MOUNT, config["profile_fd"], b"", _AT_FDCWD, (root + config["profile"]).encode(),
-                             _MOVE_MOUNT_F_EMPTY_PATH), f"attach the profile at {config['profile']}")
-        os.close(config["profile_fd"])
-    os.mkdir(root + "/.old", 0o700)
-    _check(_libc.syscall(_SYS_PIVOT_ROOT, root.encode(), (root + "/.old").encode()), "pivot into the task's root")
-    os.chdir("/")
-    _check(_libc.umount2(b"/.old", _MNT_DETACH), "detach the host's tree")
-    os.rmdir("/.old")
-    _mount("none", "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
 
 
 def drop_privileges(uid: int, gid: int, nproc: int) -> None:
@@ -259,15 +142,9 @@ def empty_keyrings_of(uid: int, gid: int) -> None:
 
 def load_syscall_filter() -> Callable[[], None]:
     """The filter's binding of libseccomp (``syscall_filter.py``, beside this file), loaded as root
-    before the host's tree is gone (the isolated interpreter has no package to import it from);
-    returns what installs the filter. Either failing stops the start: a task never runs without it."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "syscall_filter.py")
-    spec = importlib.util.spec_from_file_location("box_syscall_filter", path)
-    if spec is None or spec.loader is None:
-        _fail(f"the system-call filter's binding is missing ({path})")
-        raise AssertionError("unreachable")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    before the host's tree is gone; returns what installs the filter. Either failing stops the
+    start: a task never runs without it."""
+    module = _sibling("syscall_filter", "box_syscall_filter")
     try:
         lib = module.load()
     except module.FilterError as exc:
@@ -483,7 +360,7 @@ def main() -> None:
     join_groups(config.get("cgroups") or [])
     install_syscall_filter = load_syscall_filter()  # before the pivot: the binding's file is the box's
     loopback_up()
-    build_root(config)
+    _root.build_root(config)
     if config.get("serve") is not None:
         serve(config, install_syscall_filter)
     run_command(config, install_syscall_filter)
@@ -705,43 +582,8 @@ def _command_init(config_fd: int, stdout: int, stderr: int, kept: list[int],
     os.environ.clear()
     os.environ.update(config["env"])
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
-    fresh_scratch(config["runtime"])
+    _root.fresh_scratch(config["runtime"])
     run_command(config, install_syscall_filter)
-
-
-_SYS_OPEN_TREE, _OPEN_TREE_CLONE, _AT_RECURSIVE = 428, 0x1, 0x8000
-_SCRATCH = (("/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
-            ("/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"),
-            ("/var/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"),
-            ("/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"),
-            ("/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64m"))
-
-
-def fresh_scratch(runtime: str) -> None:
-    """Cover the run's /proc (this namespace's own now) and its temporary directories with new,
-    empty ones, as ``build_root`` made them. The run's own stay beneath, not detached: a detach is
-    most of this function's cost, and they go with the command's mount namespace; nothing reaches
-    them (the command cannot unmount, and no command writes to them: each has its own on top).
-    The runtime directory (the view in it) may live under one of them (a data directory under
-    /tmp): it is cloned first and put back at its path."""
-    inside = next((path for path, *_ in _SCRATCH if runtime.startswith(path + "/")), None)
-    tree = -1
-    if inside is not None:
-        tree = _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, runtime.encode(),
-                             _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)
-        _check(tree, f"keep the runtime directory {runtime}")
-    for path, kind, flags, data in _SCRATCH:
-        _mount(kind, path, kind, flags, data)
-    if inside is not None:
-        parent = ""
-        for part in runtime.strip("/").split("/")[:-1]:
-            parent = f"{parent}/{part}"
-            if not os.path.isdir(parent):
-                os.mkdir(parent, 0o711)
-        os.mkdir(runtime, 0o700)
-        _check(_libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, runtime.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
-               f"put the runtime directory back at {runtime}")
-        os.close(tree)
 
 
 if __name__ == "__main__":

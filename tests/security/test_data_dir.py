@@ -1,7 +1,7 @@
 """A data directory under a parent task users cannot traverse (0700), on both layer drivers.
 
 Task processes reach their view and sockets by path. The sandbox builds each task's root with
-the runtime path recreated inside it (tasks/sandbox/init.py), so the host's parents' modes do
+the runtime path recreated inside it (tasks/sandbox/task_root.py), so the host's parents' modes do
 not matter and such a data dir works: sandboxed steps, the broker socket and the ``box`` client
 all work. Were that to regress, every step would fail with ``Permission denied``."""
 from __future__ import annotations
