@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.http_server import Handler, serving
 ROOT = Path(__file__).resolve().parent.parent
 CADDYFILE = ROOT / "deploy" / "Caddyfile"
 CADDY = shutil.which("caddy")
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_caddy = pytest.mark.skipif(CADDY is None, reason="Caddy is not installed (.ci/run installs it)")
 
 
@@ -73,3 +75,13 @@ def test_caddy_in_front_passes_the_host_the_scheme_and_the_clients_address_last(
     assert seen["x-forwarded-proto"] == "http"
     # The box takes the last address as the client's (BOX_TRUSTED_PROXY): a claimed one never is.
     assert [part.strip() for part in seen["x-forwarded-for"].split(",")][-1] == "127.0.0.1"
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_the_shipped_service_unit_is_one_systemd_takes(tmp_path: Path) -> None:
+    """``deploy/box.service`` with this checkout and its Python where the unit expects ``/opt/box``."""
+    unit = tmp_path / "box.service"
+    text = (ROOT / "deploy" / "box.service").read_text().replace("/opt/box/.venv/bin/python", sys.executable)
+    unit.write_text(text.replace("/opt/box", str(ROOT)))
+    done = subprocess.run([str(SYSTEMD_ANALYZE), "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "box.service" not in done.stderr, done.stderr[-2000:]
