@@ -97,3 +97,12 @@ def _setting(name: str, env: dict[str, str]) -> str:
 def test_the_proxy_s_https_header_is_trusted_only_when_told() -> None:
     assert _setting("SECURE_PROXY_SSL_HEADER", {}) == "None"
     assert _setting("SECURE_PROXY_SSL_HEADER", {"BOX_TRUSTED_PROXY": "1"}) == "('HTTP_X_FORWARDED_PROTO', 'https')"
+
+
+def test_the_shipped_environment_file_names_only_settings_the_box_reads() -> None:
+    """``deploy/box.env.example``, commented-out lines included: a misspelt name there would be
+    taken and ignored."""
+    text = (ROOT / "deploy" / "box.env.example").read_text()
+    named = set(re.findall(r"^#?\s?([A-Z][A-Z0-9_]*)=", text, flags=re.MULTILINE))
+    assert named, "the environment file names no setting"
+    assert sorted(named - page_variables(PAGE.read_text())) == []

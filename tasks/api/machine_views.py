@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import IO, Any, cast
+from typing import IO, Any
 
 from django.http import Http404, HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -36,12 +36,18 @@ def machine_only(view: View) -> View:
 
 def machine_acts(method: str) -> Callable[[Callable[..., HttpResponseBase]], View]:
     """An act another machine makes here for the principal it names (signed with it); no CSRF
-    token: no browser comes here, and the signature is the proof."""
+    token: no browser comes here, and the signature is the proof. The view reads the body only
+    as ``calls.signed_body`` gives it; an act that takes none has its (empty) body checked first."""
     def decorate(view: Callable[..., HttpResponseBase]) -> View:
         @functools.wraps(view)
         @csrf_exempt
         def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return _answered(request, (method,), lambda: view(request, calls.principal_of(request), *args, **kwargs))
+            def act() -> HttpResponseBase:
+                body = calls.signed_body(request)
+                if method != "PUT":
+                    body.read(-1)
+                return view(request, body, calls.principal_of(request), *args, **kwargs)
+            return _answered(request, (method,), act)
         return checked
     return decorate
 
@@ -91,20 +97,19 @@ def workspace_file(request: HttpRequest, name: str, path: str) -> HttpResponseBa
 
 
 @machine_acts("POST")
-def task_undo(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
+def task_undo(request: HttpRequest, body: IO[bytes], principal: Principal, task_id: str) -> HttpResponseBase:
     return JsonResponse(dict(present_task(verbs.undo_task(principal, task_id))))
 
 
 @machine_acts("POST")
-def task_keep(request: HttpRequest, principal: Principal, task_id: str) -> HttpResponseBase:
+def task_keep(request: HttpRequest, body: IO[bytes], principal: Principal, task_id: str) -> HttpResponseBase:
     task, conflicts = verbs.keep_review(principal, task_id)
     return JsonResponse({**present_task(task), "conflicts": conflicts})
 
 
 @machine_acts("PUT")
-def workspace_upload(request: HttpRequest, principal: Principal, name: str, path: str) -> HttpResponseBase:
-    # A plain Django request reads its body as a file: the upload's bytes, as they come.
-    return JsonResponse(dict(local_upload(principal, name, path, cast(IO[bytes], request))), status=201)
+def workspace_upload(request: HttpRequest, body: IO[bytes], principal: Principal, name: str, path: str) -> HttpResponseBase:
+    return JsonResponse(dict(local_upload(principal, name, path, body)), status=201)
 
 
 @csrf_exempt

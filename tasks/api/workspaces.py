@@ -1,9 +1,11 @@
 """The workspace, diff and keep API. Each view: check input, call one service, present."""
 from __future__ import annotations
 
+import hashlib
 import io
 import os
-from typing import IO, Annotated, Any, TypedDict
+import tempfile
+from typing import IO, Annotated, TypedDict
 from urllib.parse import quote, urlencode
 
 from django.conf import settings
@@ -27,6 +29,8 @@ from tasks.machines import calls, homes, moves
 from tasks.models import Layer, Task, Workspace
 from tasks.states import State
 from tasks.vault.facts import redactor_for
+
+UPLOAD_CHUNK = 1 << 20  # what a forwarded upload reads of the body at a time
 
 
 class TaskKept(TaskView):
@@ -139,18 +143,20 @@ def local_upload(principal: Principal, name: str, path: str, body: IO[bytes]) ->
 
 
 def forward_upload(holder: str, principal: Principal, name: str, path: str, request: Request) -> Uploaded:
-    """An upload made by the machine that holds the workspace, the body passed on as it comes
-    (its length given), or read up to one byte past the limit (the holder refuses it then)."""
+    """An upload made by the machine that holds the workspace. The body is read first, up to one
+    byte past the limit (the holder refuses it then), into a private temporary file, so the call
+    can sign its digest."""
     stream = request.stream or io.BytesIO()
-    length = request.META.get("CONTENT_LENGTH") or ""
-    if length.isdigit():
-        body: Any = stream
-    else:
-        body = stream.read(uploads.max_bytes() + 1)
-        length = str(len(body))
-    full_path = f"{calls.PREFIX}/workspaces/{name}/files/{quote(path)}"
-    answer: Uploaded = calls.act(holder, "PUT", full_path, principal, body,
-                                 headers={"Content-Type": "application/octet-stream", "Content-Length": length})
+    limit, digest, size = uploads.max_bytes() + 1, hashlib.sha256(), 0
+    with tempfile.TemporaryFile() as body:
+        while size < limit and (chunk := stream.read(min(UPLOAD_CHUNK, limit - size))):
+            digest.update(chunk)
+            body.write(chunk)
+            size += len(chunk)
+        body.seek(0)
+        full_path = f"{calls.PREFIX}/workspaces/{name}/files/{quote(path)}"
+        answer: Uploaded = calls.act(holder, "PUT", full_path, principal, body, digest=digest.hexdigest(),
+                                     headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
     return answer
 
 

@@ -3,7 +3,9 @@
 
 A call is a plain HTTP request to the holding machine's web process (its ``BOX_MACHINE_URL``)
 under ``/internal/machine/``, signed with ``BOX_MACHINE_SECRET``: an HMAC of the time, the method,
-the full path and (for an act) the principal it is made for, taken for 60 seconds. For a read the
+the full path, the body's SHA-256 and (for an act) the principal it is made for, taken for 60
+seconds. The holder reads a body only through ``signed_body``, which refuses one that is not the
+body signed, so a signature seen on the network carries no other upload. For a read the
 caller has already checked who may read what; the holder checks only that the call comes from a
 machine of the box. An act carries its principal (``X-Box-Principal``), and the holder makes it
 as that principal, with every check it makes on one machine.
@@ -17,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -32,6 +34,8 @@ from tasks.models import Task
 
 HEADER = "X-Box-Machine"
 PRINCIPAL_HEADER = "X-Box-Principal"
+DIGEST_HEADER = "X-Box-Body-Digest"
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 PREFIX = "/internal/machine"
 FRESH_S = 60
 TIMEOUT_S = 30.0
@@ -45,25 +49,51 @@ class MachineUnreachable(BoxError):
     status = 503
 
 
-def _signature(stamp: str, method: str, full_path: str, who: str = "") -> str:
-    message = f"{stamp}\n{method}\n{full_path}" + (f"\n{who}" if who else "")
+def _signature(stamp: str, method: str, full_path: str, who: str = "", digest: str = EMPTY_DIGEST) -> str:
+    message = f"{stamp}\n{method}\n{full_path}\n{digest}" + (f"\n{who}" if who else "")
     return hmac.new(settings.BOX_MACHINE_SECRET.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
-def sign(method: str, full_path: str, who: str = "") -> str:
+def sign(method: str, full_path: str, who: str = "", digest: str = EMPTY_DIGEST) -> str:
+    """The signature header of a call; ``digest``: the SHA-256 (hex) of its body."""
     stamp = str(int(time.time()))
-    return f"{stamp}.{_signature(stamp, method, full_path, who)}"
+    return f"{stamp}.{_signature(stamp, method, full_path, who, digest)}"
 
 
 def verified(request: HttpRequest) -> bool:
-    """The request comes from a machine of this box (and the box has several)."""
+    """The request comes from a machine of this box (and the box has several). Its body is
+    checked only as it is read (``signed_body``)."""
     if not settings.BOX_MACHINE:
         return False
     stamp, _, given = request.headers.get(HEADER, "").partition(".")
     if not stamp.isdigit() or abs(time.time() - int(stamp)) > FRESH_S:
         return False
     return hmac.compare_digest(given, _signature(stamp, request.method or "GET", request.get_full_path(),
-                                                 request.headers.get(PRINCIPAL_HEADER, "")))
+                                                 request.headers.get(PRINCIPAL_HEADER, ""),
+                                                 request.headers.get(DIGEST_HEADER, EMPTY_DIGEST)))
+
+
+class SignedBody:
+    """A verified request's body as a file, hashed as it is read: reaching its end with other
+    bytes than those signed raises ``Forbidden`` (an upload is written aside and recorded only
+    after its last read, so nothing of it stays)."""
+
+    def __init__(self, request: HttpRequest) -> None:
+        self._request = request
+        self._claimed = request.headers.get(DIGEST_HEADER, EMPTY_DIGEST)
+        self._hash = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._request.read(size)
+        self._hash.update(chunk)
+        if not chunk or size < 0:
+            if not hmac.compare_digest(self._hash.hexdigest(), self._claimed):
+                raise Forbidden("the body is not the one the machine signed", field="body")
+        return chunk
+
+
+def signed_body(request: HttpRequest) -> SignedBody:
+    return SignedBody(request)
 
 
 def principal_header(principal: Principal) -> str:
@@ -90,11 +120,15 @@ def principal_of(request: HttpRequest) -> Principal:
 
 
 def _open(machine: str, full_path: str, timeout: float, *, method: str = "GET", who: str = "",
-          body: Any = None, headers: dict[str, str] | None = None) -> Any:
+          body: bytes | IO[bytes] = b"", digest: str | None = None, headers: dict[str, str] | None = None) -> Any:
+    """``digest``: the SHA-256 of a body given as a file (bytes are hashed here)."""
     url = homes.url_of(machine)
     if not url:
         raise MachineUnreachable(f"machine '{machine}' has never said where it answers", field="machine")
-    sent = {HEADER: sign(method, full_path, who), **(headers or {})}
+    if digest is None:
+        assert isinstance(body, bytes), "a body given as a file comes with its digest"
+        digest = hashlib.sha256(body).hexdigest()
+    sent = {HEADER: sign(method, full_path, who, digest), DIGEST_HEADER: digest, **(headers or {})}
     if who:
         sent[PRINCIPAL_HEADER] = who
     request = urllib.request.Request(url + full_path, data=body, method=method, headers=sent)
@@ -119,11 +153,11 @@ def read_json(machine: str, full_path: str) -> Any:
         return _json_answer(machine, answer.read(), answer.status)
 
 
-def act(machine: str, method: str, full_path: str, principal: Principal, body: Any = b"",
-        headers: dict[str, str] | None = None) -> Any:
+def act(machine: str, method: str, full_path: str, principal: Principal, body: bytes | IO[bytes] = b"",
+        headers: dict[str, str] | None = None, *, digest: str | None = None) -> Any:
     """The holder makes an act on its own disk as ``principal`` (undo, Keep, an upload); its JSON
-    answer, or its error raised here as the same error."""
-    with _open(machine, full_path, TIMEOUT_S, method=method, who=principal_header(principal), body=body,
+    answer, or its error raised here as the same error. ``digest``: as for ``_open``."""
+    with _open(machine, full_path, TIMEOUT_S, method=method, who=principal_header(principal), body=body, digest=digest,
                headers={"Content-Type": "application/json", **(headers or {})}) as answer:
         return _json_answer(machine, answer.read(), answer.status)
 

@@ -2,6 +2,7 @@
 shared secret, and always in the API's error shape."""
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -13,7 +14,7 @@ from boxsite.core.principal import Principal, Via
 from boxsite.mcp import tools
 from boxsite.models import ApiToken
 from tasks.machines import calls
-from tasks.models import Machine, Workspace
+from tasks.models import Machine, Task, Workspace
 from tests.conftest import Box
 from tests.factories import flow, make_owner
 from tests.http_server import Handler, serving
@@ -45,9 +46,14 @@ def test_one_machine_answers_no_machine_call(box: Box, settings: Any) -> None:
     assert _get(path, calls.sign("GET", path)).status_code == 403
 
 
-def _act(method: str, path: str, principal: Principal, body: bytes = b"", *, who: str | None = None) -> Any:
+def _act(method: str, path: str, principal: Principal, body: bytes = b"", *, who: str | None = None,
+         signed_body: bytes | None = None) -> Any:
+    """An act as another machine makes it; ``who``/``signed_body``: what was signed, when the
+    request carries something else."""
     signed_for = calls.principal_header(principal)
-    headers = {calls.HEADER: calls.sign(method, path, signed_for), calls.PRINCIPAL_HEADER: who or signed_for}
+    digest = hashlib.sha256(body if signed_body is None else signed_body).hexdigest()
+    headers = {calls.HEADER: calls.sign(method, path, signed_for, digest), calls.PRINCIPAL_HEADER: who or signed_for,
+               calls.DIGEST_HEADER: digest}
     return Client().generic(method, path, body, content_type="application/octet-stream", headers=headers)
 
 
@@ -73,6 +79,29 @@ def test_an_act_is_made_as_the_principal_it_was_signed_for_and_no_other(box: Box
     # A principal of no user of this box is refused, not guessed.
     ghost = Principal(User(pk=10**9, username="ghost"), Via.TOKEN)
     assert _act("POST", undo, ghost).json()["code"] == "FORBIDDEN"
+
+
+def test_an_act_whose_body_is_not_the_one_signed_is_refused_and_leaves_nothing(box: Box, settings: Any) -> None:
+    """A signature seen on the machines' network, put on another body within its minute."""
+    settings.BOX_MACHINE, settings.BOX_MACHINE_SECRET = "a", SECRET
+    owner = Principal.of_credential(box.owner, ApiToken.objects.get(user=box.owner))
+    path = "/internal/machine/workspaces/home/files/notes/swapped.txt"
+    swapped = _act("PUT", path, owner, b"the attacker's bytes\n", signed_body=b"the owner's bytes\n")
+    assert swapped.status_code == 403 and swapped.json()["code"] == "FORBIDDEN", swapped.json()
+    assert "not the one the machine signed" in swapped.json()["message"]
+    assert not Task.objects.filter(source="upload").exists()
+    assert box.api.get("/api/workspaces/home/files", {"path": "notes/swapped.txt"}).status_code == 404
+    # The digest header changed to match the new body: the signature no longer holds.
+    signed_for = calls.principal_header(owner)
+    headers = {calls.HEADER: calls.sign("PUT", path, signed_for, hashlib.sha256(b"the owner's bytes\n").hexdigest()),
+               calls.PRINCIPAL_HEADER: signed_for, calls.DIGEST_HEADER: hashlib.sha256(b"x").hexdigest()}
+    assert Client().generic("PUT", path, b"x", content_type="application/octet-stream", headers=headers).status_code == 403
+    # An act that takes no body, sent one.
+    task = box.create(title="plain", flow=flow({"run": "true"}))
+    box.wait_state(task["id"], "done", timeout=60)
+    undo = _act("POST", f"/internal/machine/tasks/{task['id']}/undo", owner, b"{}", signed_body=b"")
+    assert undo.status_code == 403 and box.task(task["id"])["state"] == "done"
+    assert _act("PUT", path, owner, b"the owner's bytes\n").status_code == 201
 
 
 def test_a_keep_act_answers_in_the_error_shape_and_a_wrong_method_too(box: Box, settings: Any) -> None:
