@@ -1,29 +1,42 @@
 """Chaos: N tasks through K killed workers, a killed and restarted box, and database faults.
 
 Runs a real box under its supervisor (`manage.py runbox`) for the embedded default and for
-PostgreSQL + Redis. While N three-step tasks run it SIGKILLs K busy workers, on PostgreSQL
-terminates the box's database connections T times (`pg_terminate_backend`, on the bench's own
-database only), then SIGKILLs the whole box mid-work and starts it again. When every task has
-ended (or the deadline passed) it stops the box with Ctrl-C and prints:
+PostgreSQL + Redis. While N tasks of `run` steps run it SIGKILLs K busy workers (a worker is busy
+while it holds a run's sandbox: the run's resident init below it), on PostgreSQL terminates the
+box's database connections T times (`pg_terminate_backend`, on the bench's own database only),
+then SIGKILLs the whole box mid-work and starts it again. When every task has ended (or the
+deadline passed) it stops the box with Ctrl-C and prints:
 
 - lost: tasks still queued at the end (never run);
 - stuck: tasks still running or waiting at the end;
-- failed by faults: tasks that failed (none of these tasks can fail by itself);
-- steps run twice: step completions beyond one per step (each step appends a line as it ends);
-  of them, those whose first completion was recorded (a step result in the log, then the step
-  ran again). A kill after a step's process exited does not run it again: the sandbox's init
-  writes the step's receipt before it exits, and the retry records the result from it ("from
-  receipt" counts those); a kill that lands between the step's last action and its process's
-  exit is a step cut off mid-way, which runs again (the log marks it interrupted);
+- failed: tasks that failed; those that failed by the attempt limit are counted apart (limit),
+  and their message, which says how many attempts were cut by kills, restarts or lease expiry,
+  is printed;
+- step effects duplicated ("dup"): a step's last line in its task's file beyond one per step.
+  With ``--effect end`` (the default) each step appends one line as it ends; with ``--effect
+  start-end`` a START line, a sleep, then an END line, and "dup" counts END lines (a START line
+  beyond one per step is a step cut off mid-way and run again, which is allowed; the log says it
+  was interrupted). A kill after a step's process exited does not run it again: the sandbox's
+  init writes the step's receipt before it exits, and the retry records the result from it
+  ("receipt" counts those);
+- rec.twice: steps whose result is in the log twice (recorded, then run again);
 - leftovers: task users, their processes and mounts in the data dir after the stop.
 
-All zero is the bar. Usage: .venv/bin/python bench/chaos.py [--tasks N] [--kills K] [--db-faults T]
-(PostgreSQL + Redis: Redis database ``BOX_BENCH_REDIS_DB``, default 7, where only the bench's own
-queue's keys are touched).
+With ``--per-task`` it prints, for each task a kill touched, its runs, lost runs, steps started
+again (rerun), steps recorded from a receipt, and the START and END lines beyond one per step.
+
+All zero is the bar (failed: but for the attempt limit, when ``--max-attempts`` lets kills reach
+it). Usage: .venv/bin/python bench/chaos.py [--tasks N] [--kills K] [--db-faults T] [options];
+the harsher schedule docs/internals/performance.md ("Recovery under chaos") gives figures for
+(1 to 3 steps with START/END lines, a kill every 2-5 s, 30 kills): .venv/bin/python
+bench/chaos.py --only postgres --steps 1-3 --effect start-end --step-sleep 2.5 --kill-every 2-5
+--kills 30 --max-attempts 3 --per-task. PostgreSQL + Redis use Redis database
+``BOX_BENCH_REDIS_DB`` (default 7), where only the bench's own queue's keys are touched.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -45,12 +58,26 @@ from harness import PYTHON, ROOT, api_request, free_port  # noqa: E402
 
 from boxsite.core import procs  # noqa: E402 - the repository's root is on the path once harness is imported
 
-STEPS = 3
-# Each step appends a line to a file of its task's own (the workspace's stack shows every
-# earlier task's files to later tasks), as the last thing it does.
-FLOW = {"steps": [{"run": f"sleep 1.{2 * i}; echo step{i} >> .effects-$BOX_TASK_ID", "name": f"step {i}"} for i in range(STEPS)]}
 # The bench's queue has a name of its own in this database: nothing else in it is touched.
 REDIS_DB = os.environ.get("BOX_BENCH_REDIS_DB", "7")
+
+
+def flow_of(steps: int, effect: str, sleep_s: float) -> dict[str, Any]:
+    """``steps`` run steps, each writing to a file of its task's own (the workspace's stack shows
+    every earlier task's files to later tasks): one line as the last thing it does (``end``), or
+    a START line, a sleep, an END line (``start-end``)."""
+    if effect == "end":
+        return {"steps": [{"run": f"sleep 1.{2 * i}; echo step{i} >> .effects-$BOX_TASK_ID", "name": f"step {i}"}
+                          for i in range(steps)]}
+    return {"steps": [{"run": f"echo START s{i} r$BOX_RUN >> .effects-$BOX_TASK_ID; sleep {sleep_s:g}; "
+                              f"echo END s{i} r$BOX_RUN >> .effects-$BOX_TASK_ID", "name": f"step {i}"}
+                      for i in range(steps)]}
+
+
+def span(text: str) -> tuple[float, float]:
+    """"2-5" -> (2.0, 5.0); "3" -> (3.0, 3.0)."""
+    low, _, high = text.partition("-")
+    return float(low), float(high or low)
 
 
 def _cmdline(pid: int) -> bytes:
@@ -61,7 +88,7 @@ def _cmdline(pid: int) -> bytes:
 
 
 class ChaosBox:
-    def __init__(self, postgres: bool) -> None:
+    def __init__(self, postgres: bool, max_attempts: int = 6) -> None:
         self.data = Path(tempfile.mkdtemp(prefix="box-chaos-"))
         self.port = free_port()
         self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -69,7 +96,7 @@ class ChaosBox:
             "BOX_DATA_DIR": str(self.data), "BOX_PORT": str(self.port), "BOX_WORKERS": "2",
             "BOX_QUEUE_NAME": f"chaos-{os.getpid()}", "BOX_QUEUE_POLL_S": "0.05", "BOX_LOG_LEVEL": "WARNING",
             "BOX_LEASE_SECONDS": "5", "BOX_HEARTBEAT_SECONDS": "1", "BOX_RETRY_BACKOFF_SECONDS": "0.5",
-            "BOX_MAX_RUN_ATTEMPTS": "6", "BOX_SCHEDULER_TICK_SECONDS": "0.5", "BOX_RESEND_S": "3", "BOX_STUCK_S": "6",
+            "BOX_MAX_RUN_ATTEMPTS": str(max_attempts), "BOX_SCHEDULER_TICK_SECONDS": "0.5", "BOX_RESEND_S": "3", "BOX_STUCK_S": "6",
         })
         self.db_name = ""
         if postgres:
@@ -107,17 +134,20 @@ class ChaosBox:
         return api_request(self.port, self.token, method, path, body)
 
     def busy_workers(self) -> list[int]:
-        """django-q2 worker processes that are running a task's processes right now."""
+        """django-q2 worker processes that hold a run's sandbox right now. A run's resident init
+        (``setpriv`` execs ``unshare``, whose child is init) is the worker's child from the run's
+        first command to its end; each command is forked inside it."""
         assert self.proc is not None
         leader = next((p for p in procs.children(self.proc.pid) if b"runcluster" in _cmdline(p)), None)
         if leader is None:
             return []
         busy = []
         for pid in procs.descendants(leader):
-            kids = set(procs.descendants(pid))
+            if b"runcluster" not in _cmdline(pid):
+                continue
+            kids = procs.children(pid)
             running_a_task = any(b"setpriv" in _cmdline(k) or b"unshare" in _cmdline(k) for k in kids)
-            is_worker = not any(b"runcluster" in _cmdline(k) for k in kids)  # not the sentinel above the workers
-            if b"runcluster" in _cmdline(pid) and running_a_task and is_worker:
+            if running_a_task and procs.alive(pid):
                 busy.append(pid)
         return busy
 
@@ -174,30 +204,75 @@ def _states(box: ChaosBox, ids: list[str]) -> dict[str, str]:
     return states
 
 
-def _step_completions(data: Path, task_id: str) -> int:
-    """Lines in the task's own effects file (in its layer on disk); the largest copy found."""
-    counts = [len(path.read_text().splitlines()) for path in data.rglob(f".effects-{task_id}")]
-    return max(counts, default=0)
+def _effects(data: Path) -> dict[str, list[str]]:
+    """Each task's effects file's lines (in its layer on disk; the longest copy found)."""
+    found: dict[str, list[str]] = {}
+    for path in data.rglob(".effects-*"):
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        task_id = path.name.removeprefix(".effects-")
+        if len(lines) > len(found.get(task_id, [])):
+            found[task_id] = lines
+    return found
 
 
-def _recorded_twice(box: ChaosBox, task_id: str) -> int:
-    """Steps whose result is in the log more than once: a step that finished and was recorded,
-    then ran again."""
-    events = box.request("GET", f"/api/tasks/{task_id}/events?limit=1000")["events"]
-    results = [e["data"].get("step") for e in events if e["kind"] == "step_result" and e["data"].get("ok")]
-    return sum(results.count(step) - 1 for step in set(results))
+# Read from the stopped box's database, one process for every task: its runs (and how each was
+# lost), the steps it started, the results it recorded, its interruptions and its error.
+DUMP = """
+import json
+from tasks.models import Run, Task, TaskEvent
+out = {}
+for task in Task.objects.all():
+    runs = list(Run.objects.filter(task=task).order_by('number').values_list('state', 'outcome', 'error'))
+    events = list(TaskEvent.objects.filter(task=task).order_by('seq').values_list('kind', 'data'))
+    out[task.pk] = {
+        'runs': len(runs), 'lost': sum(state == 'lost' and outcome == 'lost' for state, outcome, _ in runs),
+        'handed_back': sum(outcome == 'handed back' for _, outcome, _ in runs),
+        'starts': [d.get('step') for k, d in events if k == 'step'],
+        'results': [d.get('step') for k, d in events if k == 'step_result' and d.get('ok')],
+        'from_receipt': sum(1 for k, d in events if k == 'step_result' and d.get('fromReceipt')),
+        'interrupted': sum(1 for k, d in events if k == 'note' and d.get('interrupted')),
+        'error': task.error,
+    }
+print(json.dumps(out))
+"""
 
 
-def _from_receipt(box: ChaosBox, task_id: str) -> int:
-    """Steps whose result a retry recorded from the receipt a lost run left (not run again)."""
-    events = box.request("GET", f"/api/tasks/{task_id}/events?limit=1000")["events"]
-    return sum(1 for e in events if e["kind"] == "step_result" and e["data"].get("fromReceipt"))
+def _beyond_one(values: list[Any]) -> int:
+    return sum(values.count(v) - 1 for v in set(values))
+
+
+def _per_task(ids: list[str], steps: dict[str, int], states: dict[str, str], dump: dict[str, Any],
+              effects: dict[str, list[str]], effect: str) -> list[dict[str, Any]]:
+    rows = []
+    for task_id in ids:
+        info = dump.get(task_id, {})
+        lines = effects.get(task_id, [])
+        if effect == "end":
+            starts, ends = [], [line for line in lines if line.startswith("step")]
+        else:
+            starts = [line.split()[1] for line in lines if line.startswith("START ")]
+            ends = [line.split()[1] for line in lines if line.startswith("END ")]
+        done = states.get(task_id) == "done"
+        rows.append({
+            "id": task_id, "state": states.get(task_id, "unknown"), "steps": steps[task_id],
+            "runs": info.get("runs", 0), "lost": info.get("lost", 0), "handed_back": info.get("handed_back", 0),
+            "rerun": _beyond_one(info.get("starts", [])), "receipt": info.get("from_receipt", 0),
+            "interrupted": info.get("interrupted", 0), "rec_twice": _beyond_one(info.get("results", [])),
+            "dup_start": _beyond_one(starts), "dup_end": _beyond_one(ends),
+            # a done task must show every step's end exactly once
+            "missing_end": max(0, steps[task_id] - len(set(ends))) if done else 0,
+            "error": info.get("error", ""),
+        })
+    return rows
 
 
 def _leftovers(box: ChaosBox) -> list[str]:
     """What the stopped box left on the host: its task users (with their processes), mounts in
     its data dir. The users are found by the box's own code (their comment names the box)."""
-    found = box.manage("shell", "-c", "from tasks.sandbox import users\n"
+    found = box.manage("shell", "-c", "from tasks.sandbox import accounts, users\n"
                        "for i in users.pool_users(): print('user', i.name, 'processes', accounts.processes_of(i.uid))")
     leftovers = [line for line in found.splitlines() if line.startswith("user ")]
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -206,52 +281,73 @@ def _leftovers(box: ChaosBox) -> list[str]:
     return leftovers
 
 
-def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: float) -> dict[str, Any]:
-    box = ChaosBox(postgres)
+def run(postgres: bool, args: argparse.Namespace) -> dict[str, Any]:
+    box = ChaosBox(postgres, args.max_attempts)
+    rng = random.Random(args.seed)
+    low, high = (int(n) for n in span(args.steps))
     try:
         box.setup()
         box.start()
-        box.request("PATCH", "/api/settings", {"maxActiveTasks": tasks + 10})
-        ids = [box.request("POST", "/api/tasks", {"title": f"chaos {n}", "flow": FLOW})["id"] for n in range(tasks)]
+        box.request("PATCH", "/api/settings", {"maxActiveTasks": args.tasks + 10})
+        steps: dict[str, int] = {}
+        ids = []
+        for n in range(args.tasks):
+            count = rng.randint(low, high)
+            task_id = box.request("POST", "/api/tasks", {"title": f"chaos {n}",
+                                                         "flow": flow_of(count, args.effect, args.step_sleep)})["id"]
+            ids.append(task_id)
+            steps[task_id] = count
         killed = terminated = 0
-        rng = random.Random(17)
-        crash_at = max(1, kills // 2)
+        every = span(args.kill_every)
+        crash_at = max(1, args.kills // 2) if args.crash else -1
         started = time.monotonic()
         load_start = os.getloadavg()[0]
-        while killed < kills and time.monotonic() - started < deadline_s / 2:
+        states = {t: "queued" for t in ids}
+        next_kill = time.monotonic() + rng.uniform(*every)
+        while killed < args.kills and time.monotonic() - started < args.deadline / 2:
+            if time.monotonic() < next_kill:
+                time.sleep(min(0.05, max(0.0, next_kill - time.monotonic())))
+                continue
             busy = box.busy_workers()
-            if busy:
-                os.kill(rng.choice(busy), signal.SIGKILL)
-                killed += 1
-                if postgres and terminated < db_faults:
-                    terminated += 1 if box.terminate_backends() else 0
-                if killed == crash_at:
-                    box.crash()
-                    box.start()
-            time.sleep(rng.uniform(0.3, 1.0))
-        while postgres and terminated < db_faults:
+            if not busy:  # the next busy worker is killed as soon as there is one
+                states = _states(box, ids)
+                if not any(s in ("queued", "running") for s in states.values()):
+                    break  # nothing left to kill a worker of
+                time.sleep(0.05)
+                continue
+            os.kill(rng.choice(busy), signal.SIGKILL)
+            killed += 1
+            if postgres and terminated < args.db_faults:
+                terminated += 1 if box.terminate_backends() else 0
+            if killed == crash_at:
+                box.crash()
+                box.start()
+            next_kill = time.monotonic() + rng.uniform(*every)
+        while postgres and terminated < args.db_faults:
             terminated += 1 if box.terminate_backends() else 0
             time.sleep(0.5)
-        end = time.monotonic() + deadline_s
+        end = time.monotonic() + args.deadline
         states = _states(box, ids)
         while time.monotonic() < end and any(s in ("queued", "running", "waiting") for s in states.values()):
             time.sleep(1)
             states = _states(box, ids)
-        done = [t for t, s in states.items() if s == "done"]
-        recorded_twice = sum(_recorded_twice(box, t) for t in done)
-        from_receipt = sum(_from_receipt(box, t) for t in done)
         load_end = os.getloadavg()[0]
         stop_s = box.stop()
-        twice = sum(max(0, _step_completions(box.data, t) - STEPS) for t in done)
+        dump = json.loads(box.manage("shell", "-c", DUMP).splitlines()[-1])
+        rows = _per_task(ids, steps, states, dump, _effects(box.data), args.effect)
+        limit = [r for r in rows if r["state"] == "failed" and "gave up" in r["error"]]
         return {
-            "tasks": tasks, "kills": killed, "db_faults": terminated, "crashes": 1,
+            "tasks": args.tasks, "steps": sum(steps.values()), "kills": killed, "db_faults": terminated,
+            "crashes": 1 if killed >= crash_at > 0 else 0,
             "done": sum(s == "done" for s in states.values()),
             "lost": sum(s == "queued" for s in states.values()),
             "stuck": sum(s in ("running", "waiting") for s in states.values()),
-            "failed": sum(s == "failed" for s in states.values()),
-            "twice": twice, "recorded_twice": recorded_twice, "from_receipt": from_receipt,
+            "failed": sum(s == "failed" for s in states.values()), "limit": len(limit),
+            "dup": sum(r["dup_end"] for r in rows), "rerun": sum(r["rerun"] for r in rows),
+            "missing_end": sum(r["missing_end"] for r in rows),
+            "recorded_twice": sum(r["rec_twice"] for r in rows), "from_receipt": sum(r["receipt"] for r in rows),
             "load": (load_start, load_end), "leftovers": _leftovers(box), "stop_s": stop_s,
-            "elapsed_s": time.monotonic() - started,
+            "elapsed_s": time.monotonic() - started, "rows": rows,
         }
     finally:
         if box.proc is not None and box.proc.poll() is None:
@@ -265,28 +361,54 @@ def run(postgres: bool, tasks: int, kills: int, db_faults: int, deadline_s: floa
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=60)
+    parser.add_argument("--steps", default="3", help="run steps per task, or a range (1-3: each task picks)")
+    parser.add_argument("--effect", choices=["end", "start-end"], default="end",
+                        help="each step appends a line as it ends, or a START line, a sleep, an END line")
+    parser.add_argument("--step-sleep", type=float, default=1.0, help="seconds between START and END")
     parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--kill-every", default="0.3-1.0", help="seconds between kills (a random pick in the range)")
+    parser.add_argument("--no-crash", dest="crash", action="store_false", help="no kill and restart of the whole box")
     parser.add_argument("--db-faults", type=int, default=5)
+    parser.add_argument("--max-attempts", type=int, default=6, help="BOX_MAX_RUN_ATTEMPTS")
+    parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--deadline", type=float, default=300.0)
+    parser.add_argument("--per-task", action="store_true", help="a line for each task a kill touched")
     parser.add_argument("--only", choices=["embedded", "postgres"], default=None)
     args = parser.parse_args()
     rows = []
     for label, pg in (("embedded (SQLite, ORM queue)", False), ("PostgreSQL + Redis", True)):
         if args.only and args.only != ("postgres" if pg else "embedded"):
             continue
-        rows.append((label, run(pg, args.tasks, args.kills, args.db_faults, args.deadline)))
-    print(f"\n{'configuration':30} {'tasks':>5} {'kills':>5} {'db':>3} {'done':>5} {'lost':>5} {'stuck':>5} "
-          f"{'failed':>6} {'twice':>5} {'rec.twice':>9} {'receipt':>7} {'left':>5} {'stop s':>6} {'total s':>7} load")
+        rows.append((label, run(pg, args)))
     for label, r in rows:
-        print(f"{label:30} {r['tasks']:5} {r['kills']:5} {r['db_faults']:3} {r['done']:5} {r['lost']:5} {r['stuck']:5} "
-              f"{r['failed']:6} {r['twice']:5} {r['recorded_twice']:9} {r['from_receipt']:7} {len(r['leftovers']):5} "
-              f"{r['stop_s']:6.1f} {r['elapsed_s']:7.0f} {r['load'][0]:.1f}-{r['load'][1]:.1f}")
+        if args.per_task:
+            print(f"\n{label}: tasks a kill touched")
+            for t in r["rows"]:
+                if t["lost"] or t["handed_back"] or t["dup_start"] or t["dup_end"] or t["state"] != "done":
+                    print(f"  {t['id']} {t['state']:6} steps={t['steps']} runs={t['runs']} lost={t['lost']} "
+                          f"handed_back={t['handed_back']} rerun={t['rerun']} receipt={t['receipt']} "
+                          f"interrupted={t['interrupted']} dup_start={t['dup_start']} dup_end={t['dup_end']}"
+                          f"{' missing_end=' + str(t['missing_end']) if t['missing_end'] else ''}")
+        for t in r["rows"]:
+            if t["state"] == "failed":
+                print(f"{label}: {t['id']} failed: {t['error']}")
+    print(f"\n{'configuration':30} {'tasks':>5} {'steps':>5} {'kills':>5} {'db':>3} {'done':>5} {'lost':>5} {'stuck':>5} "
+          f"{'failed':>6} {'limit':>5} {'dup':>4} {'rec.twice':>9} {'rerun':>5} {'receipt':>7} {'left':>5} {'stop s':>6} "
+          f"{'total s':>7} load")
+    for label, r in rows:
+        print(f"{label:30} {r['tasks']:5} {r['steps']:5} {r['kills']:5} {r['db_faults']:3} {r['done']:5} {r['lost']:5} "
+              f"{r['stuck']:5} {r['failed']:6} {r['limit']:5} {r['dup']:4} {r['recorded_twice']:9} {r['rerun']:5} "
+              f"{r['from_receipt']:7} {len(r['leftovers']):5} {r['stop_s']:6.1f} {r['elapsed_s']:7.0f} "
+              f"{r['load'][0]:.1f}-{r['load'][1]:.1f}")
+        if r["missing_end"]:
+            print(f"{label}: {r['missing_end']} steps of done tasks without their effect")
     for label, r in rows:
         for leftover in r["leftovers"]:
             print(f"left by {label}: {leftover}")
-    print("\n(bar: lost, stuck, failed, twice, rec.twice and left all 0; receipt: steps recorded from the receipt a"
+    print("\n(bar: lost, stuck, dup (step effects duplicated), rec.twice and left all 0, failed too but for the attempt"
+          "\n limit (limit); rerun: steps cut off mid-way and started again; receipt: steps recorded from the receipt a"
           "\n lost run left instead of running again; load: the 1-minute load average at the first kill and at the"
-          "\n end; each run also kills and restarts the whole box once)")
+          "\n end; a run also kills and restarts the whole box once unless --no-crash)")
 
 
 if __name__ == "__main__":
