@@ -44,6 +44,13 @@ if TYPE_CHECKING:
 
 # A rough count of tokens for the budget's look-ahead: about four characters a token.
 CHARS_PER_TOKEN = 4
+OUTPUT_SHARE = 4  # the output asked for is at most a quarter of the context window
+
+
+def prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+    """What a request's messages and tools count, at four characters a token."""
+    chars = len(json.dumps(messages)) + (len(json.dumps(tools)) if tools else 0)
+    return chars // CHARS_PER_TOKEN + 1
 
 
 class NoModel(Exception):
@@ -85,6 +92,7 @@ class ModelConfig:
     max_output_tokens: int = 8192
     cached_input_cents_per_million: float | None = None  # None: cached input costs the input price
     reasoning_effort: str = ""  # "", or one of REASONING_EFFORTS, sent as reasoning_effort
+    context_tokens: int | None = None  # the model's window; None: unknown, the output cap is sent as it is
 
     def cost_cents(self, usage: Usage) -> float:
         """What ``usage`` costs, in (fractional) cents: cached input at the cached price."""
@@ -103,9 +111,24 @@ class ModelConfig:
     def estimate_cents(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         """An upper guess of what one call with ``messages`` costs, in whole cents: its input
         counted at four characters a token, and the longest answer it may give."""
-        chars = len(json.dumps(messages)) + (len(json.dumps(tools)) if tools else 0)
-        guess = Usage(input_tokens=chars // CHARS_PER_TOKEN + 1, output_tokens=self.max_output_tokens)
+        prompt = prompt_tokens(messages, tools)
+        guess = Usage(input_tokens=prompt, output_tokens=self.output_tokens(prompt))
         return math.ceil(self.cost_cents(guess))
+
+    @property
+    def output_cap(self) -> int:
+        """The most output a call asks for: ``max_output_tokens``, but at most a quarter of the
+        window, so a small window keeps most of itself for the conversation."""
+        if not self.context_tokens:
+            return self.max_output_tokens
+        return max(1, min(self.max_output_tokens, self.context_tokens // OUTPUT_SHARE))
+
+    def output_tokens(self, prompt: int) -> int:
+        """The output asked for with a prompt of ``prompt`` tokens: the cap, and no more than
+        the window leaves (servers such as vLLM refuse prompt + requested output past it)."""
+        if not self.context_tokens:
+            return self.output_cap
+        return max(1, min(self.output_cap, self.context_tokens - prompt))
 
     def shown(self) -> dict[str, Any]:
         return {"baseUrl": self.base_url, "model": self.model, "keyName": self.key_name,
@@ -204,6 +227,7 @@ def current_config() -> ModelConfig:
                                                      settings.BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION),
         reasoning_effort=(row.model_reasoning_effort if row.model_reasoning_effort is not None
                           else settings.BOX_MODEL_REASONING_EFFORT) or "",
+        context_tokens=int(row.model_context_tokens or settings.BOX_MODEL_CONTEXT_TOKENS),
     )
 
 
@@ -307,7 +331,8 @@ def _request(config: ModelConfig, messages: list[dict[str, Any]], tools: list[di
     refused = _refused(config)
     cap = "max_tokens" if "max_completion_tokens" in refused else "max_completion_tokens"
     # A float timeout bounds each read, so it is the silence allowed between two chunks.
-    request: dict[str, Any] = {"model": config.model, "messages": messages, cap: config.max_output_tokens,
+    request: dict[str, Any] = {"model": config.model, "messages": messages,
+                               cap: config.output_tokens(prompt_tokens(messages, tools)),
                                "stream": True, "timeout": idle_s}
     if "stream_options" not in refused:
         request["stream_options"] = {"include_usage": True}

@@ -70,6 +70,7 @@ def test_a_paired_phone_cannot_see_or_change_the_model(box: Any) -> None:
 
 def test_test_connection_says_plainly_what_the_model_cannot_do(box: Any, model: FakeModel) -> None:
     model.context_tokens = 4096
+    assert box.api.patch("/api/settings/model", {"contextTokens": 4096}, format="json").status_code == 200
     model.answer(say("ready"), Answer(status=400, error="fake-model does not support tools"), say("sure, here you go: ready"))
     result = box.api.post("/api/settings/model/test").json()
     assert result["ok"] is False and result["kind"] == "capability" and result["contextTokens"] == 4096
