@@ -69,13 +69,16 @@ class ModelError(Exception):
     """The endpoint could not be reached, refused, timed out or answered something unusable."""
 
     def __init__(self, message: str, *, kind: str, status: int | None = None, retry_after_s: float | None = None,
-                 transient: bool = False) -> None:
+                 transient: bool = False, decision: Decision | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind  # unreachable, timeout, status, garbage, schema, arguments (a tool call's: the model's to fix)
         self.status = status
         self.retry_after_s = retry_after_s  # what the endpoint asked for (Retry-After)
         self.transient = transient  # worth trying again: 429, 5xx, a timeout, a dropped connection
+        # With kind "arguments": the answer as given (its usage and cost, to be charged; the broken
+        # calls carry their ``problem``), so the caller can pay for it and answer each call.
+        self.decision = decision
 
 
 REASONING_EFFORTS = ("low", "medium", "high")
@@ -151,11 +154,14 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0  # of input_tokens, those the endpoint served from its cache
+    estimated: bool = False  # the endpoint reported none: counted from characters, four a token
 
-    def shown(self) -> dict[str, int]:
-        shown = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
+    def shown(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
         if self.cached_input_tokens:
             shown["cachedInputTokens"] = self.cached_input_tokens
+        if self.estimated:
+            shown["estimated"] = True
         return shown
 
 
@@ -164,6 +170,7 @@ class ToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
+    problem: str = ""  # why the call cannot run as written (its arguments are not a JSON object)
 
     def message(self) -> dict[str, Any]:
         """As the assistant message carries it back to the model."""
@@ -383,7 +390,7 @@ def _attempt(client: openai.OpenAI, config: ModelConfig, request: dict[str, Any]
     except (openai.APIError, ValueError, TypeError) as exc:
         raise ModelError(f"the model's endpoint answered something that is not a chat completion: {exc}", kind="garbage") from exc
     latency_ms = int((time.monotonic() - began) * 1000)
-    return _decision(config, streamed, latency_ms)
+    return _decision(config, streamed, latency_ms, prompt_tokens(request["messages"], request.get("tools")))
 
 
 def _cause(exc: BaseException) -> str:
@@ -431,29 +438,44 @@ def _error_text(exc: openai.APIStatusError) -> str:
     return str(exc.message)[:300]
 
 
-def _decision(config: ModelConfig, streamed: Streamed, latency_ms: int) -> Decision:
+def _decision(config: ModelConfig, streamed: Streamed, latency_ms: int, prompt: int) -> Decision:
+    """The answer read from ``streamed``; a call whose arguments are not a JSON object raises
+    ``ModelError`` (kind "arguments") carrying the whole answer, each broken call with its problem."""
     if streamed.chunks == 0:
         raise ModelError("the model's endpoint answered something that is not a chat completion (no data in the stream)",
                          kind="garbage")
     calls: list[ToolCall] = []
+    broken = ""
     for raw in streamed.calls:
+        call_id = raw.id or f"call_{len(calls)}"
         try:
             arguments = json.loads(raw.arguments or "{}")
-        except ValueError as exc:
-            raise ModelError(f"the model called {raw.name} with arguments that are not JSON", kind="arguments") from exc
-        if not isinstance(arguments, dict):
-            raise ModelError(f"the model called {raw.name} with arguments that are not an object", kind="arguments")
-        calls.append(ToolCall(id=raw.id or f"call_{len(calls)}", name=raw.name, arguments=arguments))
+            problem = "" if isinstance(arguments, dict) else "are not a JSON object"
+        except ValueError:
+            problem = "are not JSON"
+        if problem:
+            broken = broken or f"the model called {raw.name} with arguments that {problem}"
+            problem = (f"the arguments of {raw.name} {problem}: {raw.arguments[:300]!r}; "
+                       "call it again with its arguments as one JSON object")
+            arguments = {}
+        calls.append(ToolCall(id=call_id, name=raw.name, arguments=arguments, problem=problem))
     content, thought = split_reasoning(streamed.content)
     reasoning = "\n\n".join(r for r in (streamed.reasoning.strip(), thought) if r)
     usage = _usage(streamed.usage)
-    return Decision(content=content, tool_calls=calls, usage=usage, cost_cents=config.cost_cents(usage),
-                    finish_reason=streamed.finish_reason, latency_ms=latency_ms, reasoning=reasoning)
+    if usage is None:
+        # Never free: the endpoint said nothing, so the answer is counted as the budget counts it.
+        written = len(streamed.content) + len(streamed.reasoning) + sum(len(c.name) + len(c.arguments) for c in streamed.calls)
+        usage = Usage(input_tokens=prompt, output_tokens=written // CHARS_PER_TOKEN + 1, estimated=True)
+    decision = Decision(content=content, tool_calls=calls, usage=usage, cost_cents=config.cost_cents(usage),
+                        finish_reason=streamed.finish_reason, latency_ms=latency_ms, reasoning=reasoning)
+    if broken:
+        raise ModelError(broken, kind="arguments", decision=decision)
+    return decision
 
 
-def _usage(raw: Any) -> Usage:
+def _usage(raw: Any) -> Usage | None:
     if raw is None:
-        return Usage()
+        return None
     details = getattr(raw, "prompt_tokens_details", None)
     cached = getattr(details, "cached_tokens", 0) if details is not None else 0
     return Usage(input_tokens=int(getattr(raw, "prompt_tokens", 0) or 0),

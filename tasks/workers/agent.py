@@ -259,23 +259,20 @@ class AgentLoop:
             try:
                 decision = call_model(self.config, self.ctx.recorder.redactor.redact(self.messages), tools=self.tools, key=self.key, recorder=self.ctx.recorder)
             except ModelError as exc:
-                self._result(turn, began, clock, {"error": exc.message, "errorKind": exc.kind}, ok=False,
-                             summary=f"turn {turn}: the model failed: {exc.message}")
-                if is_broken_call(exc):
-                    # Arguments that are not JSON: the model is told and gets to write the call again.
-                    ended = self._broken(exc.message)
-                    if ended is not None:
-                        return ended
-                    self.messages.append({"role": "user", "content": f"Your last answer could not be used: {exc.message}. "
-                                                                     "Call the tool again with its arguments as one JSON object."})
-                    continue
-                return Failed(f"the model failed: {exc.message}", recoverable=True,
-                              hint="check Settings → Model (Test connection), then retry the task")
-            charged = budget.charge_model(self.ctx.recorder, decision.cost_cents, f"model turn {turn}",
+                if not is_broken_call(exc) or exc.decision is None:
+                    self._result(turn, began, clock, {"error": exc.message, "errorKind": exc.kind}, ok=False,
+                                 summary=f"turn {turn}: the model failed: {exc.message}")
+                    return Failed(f"the model failed: {exc.message}", recoverable=True,
+                                  hint="check Settings → Model (Test connection), then retry the task")
+                # Arguments that are not JSON: the answer is paid for like any other, and each broken
+                # call is answered as its tool result (``_pending``), so the model writes it again.
+                decision = exc.decision
+            estimated = " (usage estimated: the endpoint reported none)" if decision.usage.estimated else ""
+            charged = budget.charge_model(self.ctx.recorder, decision.cost_cents, f"model turn {turn}{estimated}",
                                           {"step": turn, **decision.usage.shown()})
             self._result(turn, began, clock, {"decision": decision.shown(), "usage": decision.usage.shown(),
                                               "costCents": round(decision.cost_cents, 4), "chargedCents": charged},
-                         ok=True, summary=f"turn {turn}: {self._words(decision)}")
+                         ok=True, summary=f"turn {turn}: {self._words(decision)}{estimated}")
             reply = read_reply(decision.content, prefix=f"text-{turn}")
             calls = decision.tool_calls or reply.calls
             if not calls and reply.problems:
@@ -299,7 +296,8 @@ class AgentLoop:
             self.messages.append(self.ctx.recorder.redactor.redact(said))
             if not calls:
                 return self._finish(reply.text)
-            self.state["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+            self.state["pending"] = [{"id": c.id, "name": c.name, "arguments": c.arguments,
+                                      **({"problem": c.problem} if c.problem else {})} for c in calls]
             ended = self._pending()
             if ended is not None:
                 return ended
@@ -331,7 +329,9 @@ class AgentLoop:
                                     {**data, "ok": False, "error": exc.message})
             return Failed(f"the conversation outgrew the model's context and compacting it failed: {exc.message}",
                           recoverable=True, hint="check Settings → Model (Test connection), then retry the task")
-        charged = budget.charge_model(self.ctx.recorder, decision.cost_cents, "compaction", decision.usage.shown())
+        charged = budget.charge_model(self.ctx.recorder, decision.cost_cents,
+                                      "compaction" + (" (usage estimated)" if decision.usage.estimated else ""),
+                                      decision.usage.shown())
         summary = without_thinking(decision.content) or "(the summariser gave nothing)"
         self.messages[2:start] = [{"role": "user", "content": context_window.SUMMARY_PREFIX + summary}]
         logged = int(self.state["logged"])
@@ -373,7 +373,7 @@ class AgentLoop:
         """Execute the tool calls of the last turn not yet answered; an outcome when one ends the run."""
         while self.state["pending"]:
             raw = self.state["pending"][0]
-            call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["arguments"])
+            call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["arguments"], problem=raw.get("problem", ""))
             approved = self.state.get("approved") == call.id
             problem = self._problem(call)
             if problem is not None:
@@ -404,6 +404,8 @@ class AgentLoop:
     def _problem(self, call: ToolCall) -> str | None:
         """What is wrong with ``call`` before it runs: a tool the model was not given, or
         arguments its schema refuses; None when it may run."""
+        if call.problem:
+            return call.problem
         function = self.by_name.get(call.name)
         if function is None:
             return f"there is no tool '{call.name}'; the tools are: {', '.join(sorted(self.by_name))}"
