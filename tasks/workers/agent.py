@@ -55,7 +55,7 @@ from tasks.workers import agent_browser, agent_files, context_window
 from tasks.workers.base import ApprovalRequest, Done, Failed, Outcome, Paused, check_time, needs_key
 from tasks.workers.file_steps import inside
 from tasks.workers.flow import FlowWorker
-from tasks.workers.guards import sends
+from tasks.workers.guards import command_writes, sends
 from tasks.workers.replies import read_reply, without_thinking
 from tasks.workers.run_step import from_step_receipt
 from tasks.workers.values import substitute
@@ -165,7 +165,8 @@ class AgentWorker:
             f"and background processes do not carry over. A command is stopped after {settings.BOX_AGENT_COMMAND_TIMEOUT_S:g} s "
             "unless you give timeout_s: never start a server or a watcher in the foreground.",
             "The network: only the hosts listed below are reachable; every other connection is refused. "
-            "HTTP requests other than GET/HEAD wait for the owner's OK.",
+            "HTTP requests other than GET/HEAD wait for the owner's OK, and so do curl/wget commands that send "
+            "(another method, or data) to a listed host.",
             f"Output: a command's result shows the last {TAIL_LINES} lines (at most {TAIL_CHARS} characters) of stdout and "
             f"stderr; a longer tool result than {context_window.result_chars()} characters is shown as its head and tail, and "
             "the whole of it is kept: page through it with read_output. Redirect long output to a file and read or search it.",
@@ -443,6 +444,13 @@ class AgentLoop:
                 ApprovalKind.IRREVERSIBLE, summary,
                 {"action": "http", "method": str(request.get("method")).upper(), "url": request["url"],
                  **({"body": bounded(request["body"])} if request.get("body") is not None else {}), "call": call.id},
+                {"tool_call": call.id})))
+        if kind == "run" and not approved and not ctx.task.constraints.get("allow_destructive") \
+                and command_writes(step["run"], list(ctx.task.hosts or [])):
+            # The same rule as http_request: curl/wget sending to a listed host waits for the owner's OK.
+            summary = f"the agent's command sends over the network: {step['run']}"[:300]
+            return Turn(outcome=Paused(WaitingFor.APPROVAL, summary, approval=ApprovalRequest(
+                ApprovalKind.IRREVERSIBLE, summary, {"action": "run", "command": bounded(step["run"]), "call": call.id},
                 {"tool_call": call.id})))
         known = dict(ctx.facts.values)
         ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(args)}", {"call": call.id, "tool": call.name, "args": bounded(args)},
