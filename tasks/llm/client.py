@@ -379,7 +379,12 @@ def _attempt(client: openai.OpenAI, config: ModelConfig, request: dict[str, Any]
 
     began = time.monotonic()
     try:
-        streamed = read_stream(client.chat.completions.create(**request))
+        # The body goes as extra_body (which takes precedence over the arguments): the client would
+        # otherwise walk every message and tool against its typed schema on each call, a cost that
+        # grows with the conversation, for a body that is plain JSON already.
+        body = {k: v for k, v in request.items() if k not in ("model", "stream", "timeout")}
+        streamed = read_stream(client.chat.completions.create(model=request["model"], messages=[], stream=True,
+                                                              timeout=request["timeout"], extra_body=body))
     except openai.APITimeoutError as exc:
         raise ModelError(f"the model did not answer within {idle_s:g} s", kind="timeout", transient=True) from exc
     except openai.APIConnectionError as exc:
