@@ -8,12 +8,14 @@ kept as an artifact. The loop that asks the model is ``tasks.workers.agent``.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
 from django.conf import settings
+from jsonschema.exceptions import best_match
+from jsonschema.validators import validator_for
 
 from boxsite.core.errors import NotFound
 from tasks import pauses
@@ -97,6 +99,16 @@ class Turn:
     outcome: Outcome | None = None
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Any:
+    """A checked validator for a tool's parameters (given as sorted JSON), made once: checking
+    the schema itself is what ``jsonschema.validate`` spends most of its time on, every call."""
+    schema = json.loads(schema_json)
+    cls = validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 class ToolDispatch:
     """The tool side of ``tasks.workers.agent.AgentLoop``: what the loop is, its tool calls run
     through (the loop sets these attributes)."""
@@ -115,9 +127,8 @@ class ToolDispatch:
         function = self.by_name.get(call.name)
         if function is None:
             return f"there is no tool '{call.name}'; the tools are: {', '.join(sorted(self.by_name))}"
-        try:
-            jsonschema.validate(call.arguments, function["parameters"])
-        except jsonschema.ValidationError as exc:
+        exc = best_match(_validator(json.dumps(function["parameters"], sort_keys=True)).iter_errors(call.arguments))
+        if exc is not None:
             where = "/".join(str(p) for p in exc.absolute_path)
             return f"the arguments of {call.name} do not fit its schema: {exc.message}" + (f" (at {where})" if where else "")
         return None
