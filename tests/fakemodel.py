@@ -11,7 +11,8 @@ Before answering, the fake checks the request as strict servers do and answers 4
 ``problems``) when it breaks a rule: roles out of order, a tool result not paired with a call of
 the assistant message before it, a call left unanswered, ``max_tokens`` sent to a gpt-5/o-series
 model, a parameter in ``refuses``, or more than ``context_tokens`` tokens (counted as characters
-/ 4). A request with ``stream: true`` is answered as server-sent events in small chunks, a tool
+/ 4), the prompt alone or with the output it asks for (``max_completion_tokens``/``max_tokens``),
+as vLLM refuses it. A request with ``stream: true`` is answered as server-sent events in small chunks, a tool
 call's arguments split across them, the usage in a last chunk when ``stream_options`` asks.
 """
 from __future__ import annotations
@@ -191,6 +192,12 @@ class FakeModel:
             if tokens > self.context_tokens:
                 return (f"This model's maximum context length is {self.context_tokens} tokens. However, your messages "
                         f"resulted in {tokens} tokens (context length exceeded).")
+            asked = body.get("max_completion_tokens", body.get("max_tokens"))
+            if isinstance(asked, int) and tokens + asked > self.context_tokens:
+                # As vLLM: the prompt and the output asked for must both fit the window.
+                return (f"This model's maximum context length is {self.context_tokens} tokens. However, you requested "
+                        f"{tokens + asked} tokens ({tokens} in the messages, {asked} in the completion). "
+                        "Please reduce the length of the messages or completion.")
         return None
 
     @staticmethod

@@ -31,6 +31,16 @@ def test_the_view_opening_bench_runs_sandboxed_and_leaves_no_data_directory(extr
     assert ("sandbox.stop" in out) == bool(extra), out
 
 
+@pytest.mark.skipif(settings.DB_IS_POSTGRES, reason="the benches make their own SQLite database: once, in the SQLite pass")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent's commands run sandboxed: real users and mounts")
+def test_the_model_bench_runs_its_turns_beside_the_command_floor_and_leaves_no_data_directory(tmp_path: Path) -> None:
+    out = _run_and_leave_nothing(["model.py", "--turns", "2", "--long-turns", "2"], tmp_path)
+    for row in ("raw round-trip", "a turn in the box", "of it the sandboxed command", "of it the box beyond the command",
+                "16k window (compacts near it)", "no reachable window (never compacts)"):
+        assert row in out, out
+    assert "load " in out, out  # the figures say the load they were measured at
+
+
 def _run_and_leave_nothing(argv: list[str], tmp_path: Path) -> str:
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL", "BOX_DATA_DIR")}
     env["TMPDIR"] = str(tmp_path)  # where the bench makes its data directory

@@ -44,6 +44,13 @@ if TYPE_CHECKING:
 
 # A rough count of tokens for the budget's look-ahead: about four characters a token.
 CHARS_PER_TOKEN = 4
+OUTPUT_SHARE = 4  # the output asked for is at most a quarter of the context window
+
+
+def prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+    """What a request's messages and tools count, at four characters a token."""
+    chars = len(json.dumps(messages)) + (len(json.dumps(tools)) if tools else 0)
+    return chars // CHARS_PER_TOKEN + 1
 
 
 class NoModel(Exception):
@@ -62,13 +69,16 @@ class ModelError(Exception):
     """The endpoint could not be reached, refused, timed out or answered something unusable."""
 
     def __init__(self, message: str, *, kind: str, status: int | None = None, retry_after_s: float | None = None,
-                 transient: bool = False) -> None:
+                 transient: bool = False, decision: Decision | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind  # unreachable, timeout, status, garbage, schema, arguments (a tool call's: the model's to fix)
         self.status = status
         self.retry_after_s = retry_after_s  # what the endpoint asked for (Retry-After)
         self.transient = transient  # worth trying again: 429, 5xx, a timeout, a dropped connection
+        # With kind "arguments": the answer as given (its usage and cost, to be charged; the broken
+        # calls carry their ``problem``), so the caller can pay for it and answer each call.
+        self.decision = decision
 
 
 REASONING_EFFORTS = ("low", "medium", "high")
@@ -85,6 +95,7 @@ class ModelConfig:
     max_output_tokens: int = 8192
     cached_input_cents_per_million: float | None = None  # None: cached input costs the input price
     reasoning_effort: str = ""  # "", or one of REASONING_EFFORTS, sent as reasoning_effort
+    context_tokens: int | None = None  # the model's window; None: unknown, the output cap is sent as it is
 
     def cost_cents(self, usage: Usage) -> float:
         """What ``usage`` costs, in (fractional) cents: cached input at the cached price."""
@@ -103,9 +114,24 @@ class ModelConfig:
     def estimate_cents(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         """An upper guess of what one call with ``messages`` costs, in whole cents: its input
         counted at four characters a token, and the longest answer it may give."""
-        chars = len(json.dumps(messages)) + (len(json.dumps(tools)) if tools else 0)
-        guess = Usage(input_tokens=chars // CHARS_PER_TOKEN + 1, output_tokens=self.max_output_tokens)
+        prompt = prompt_tokens(messages, tools)
+        guess = Usage(input_tokens=prompt, output_tokens=self.output_tokens(prompt))
         return math.ceil(self.cost_cents(guess))
+
+    @property
+    def output_cap(self) -> int:
+        """The most output a call asks for: ``max_output_tokens``, but at most a quarter of the
+        window, so a small window keeps most of itself for the conversation."""
+        if not self.context_tokens:
+            return self.max_output_tokens
+        return max(1, min(self.max_output_tokens, self.context_tokens // OUTPUT_SHARE))
+
+    def output_tokens(self, prompt: int) -> int:
+        """The output asked for with a prompt of ``prompt`` tokens: the cap, and no more than
+        the window leaves (servers such as vLLM refuse prompt + requested output past it)."""
+        if not self.context_tokens:
+            return self.output_cap
+        return max(1, min(self.output_cap, self.context_tokens - prompt))
 
     def shown(self) -> dict[str, Any]:
         return {"baseUrl": self.base_url, "model": self.model, "keyName": self.key_name,
@@ -128,11 +154,14 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0  # of input_tokens, those the endpoint served from its cache
+    estimated: bool = False  # the endpoint reported none: counted from characters, four a token
 
-    def shown(self) -> dict[str, int]:
-        shown = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
+    def shown(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
         if self.cached_input_tokens:
             shown["cachedInputTokens"] = self.cached_input_tokens
+        if self.estimated:
+            shown["estimated"] = True
         return shown
 
 
@@ -141,6 +170,7 @@ class ToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
+    problem: str = ""  # why the call cannot run as written (its arguments are not a JSON object)
 
     def message(self) -> dict[str, Any]:
         """As the assistant message carries it back to the model."""
@@ -204,6 +234,7 @@ def current_config() -> ModelConfig:
                                                      settings.BOX_MODEL_CACHED_INPUT_CENTS_PER_MILLION),
         reasoning_effort=(row.model_reasoning_effort if row.model_reasoning_effort is not None
                           else settings.BOX_MODEL_REASONING_EFFORT) or "",
+        context_tokens=int(row.model_context_tokens or settings.BOX_MODEL_CONTEXT_TOKENS),
     )
 
 
@@ -307,7 +338,8 @@ def _request(config: ModelConfig, messages: list[dict[str, Any]], tools: list[di
     refused = _refused(config)
     cap = "max_tokens" if "max_completion_tokens" in refused else "max_completion_tokens"
     # A float timeout bounds each read, so it is the silence allowed between two chunks.
-    request: dict[str, Any] = {"model": config.model, "messages": messages, cap: config.max_output_tokens,
+    request: dict[str, Any] = {"model": config.model, "messages": messages,
+                               cap: config.output_tokens(prompt_tokens(messages, tools)),
                                "stream": True, "timeout": idle_s}
     if "stream_options" not in refused:
         request["stream_options"] = {"include_usage": True}
@@ -347,7 +379,12 @@ def _attempt(client: openai.OpenAI, config: ModelConfig, request: dict[str, Any]
 
     began = time.monotonic()
     try:
-        streamed = read_stream(client.chat.completions.create(**request))
+        # The body goes as extra_body (which takes precedence over the arguments): the client would
+        # otherwise walk every message and tool against its typed schema on each call, a cost that
+        # grows with the conversation, for a body that is plain JSON already.
+        body = {k: v for k, v in request.items() if k not in ("model", "stream", "timeout")}
+        streamed = read_stream(client.chat.completions.create(model=request["model"], messages=[], stream=True,
+                                                              timeout=request["timeout"], extra_body=body))
     except openai.APITimeoutError as exc:
         raise ModelError(f"the model did not answer within {idle_s:g} s", kind="timeout", transient=True) from exc
     except openai.APIConnectionError as exc:
@@ -358,7 +395,7 @@ def _attempt(client: openai.OpenAI, config: ModelConfig, request: dict[str, Any]
     except (openai.APIError, ValueError, TypeError) as exc:
         raise ModelError(f"the model's endpoint answered something that is not a chat completion: {exc}", kind="garbage") from exc
     latency_ms = int((time.monotonic() - began) * 1000)
-    return _decision(config, streamed, latency_ms)
+    return _decision(config, streamed, latency_ms, prompt_tokens(request["messages"], request.get("tools")))
 
 
 def _cause(exc: BaseException) -> str:
@@ -406,29 +443,44 @@ def _error_text(exc: openai.APIStatusError) -> str:
     return str(exc.message)[:300]
 
 
-def _decision(config: ModelConfig, streamed: Streamed, latency_ms: int) -> Decision:
+def _decision(config: ModelConfig, streamed: Streamed, latency_ms: int, prompt: int) -> Decision:
+    """The answer read from ``streamed``; a call whose arguments are not a JSON object raises
+    ``ModelError`` (kind "arguments") carrying the whole answer, each broken call with its problem."""
     if streamed.chunks == 0:
         raise ModelError("the model's endpoint answered something that is not a chat completion (no data in the stream)",
                          kind="garbage")
     calls: list[ToolCall] = []
+    broken = ""
     for raw in streamed.calls:
+        call_id = raw.id or f"call_{len(calls)}"
         try:
             arguments = json.loads(raw.arguments or "{}")
-        except ValueError as exc:
-            raise ModelError(f"the model called {raw.name} with arguments that are not JSON", kind="arguments") from exc
-        if not isinstance(arguments, dict):
-            raise ModelError(f"the model called {raw.name} with arguments that are not an object", kind="arguments")
-        calls.append(ToolCall(id=raw.id or f"call_{len(calls)}", name=raw.name, arguments=arguments))
+            problem = "" if isinstance(arguments, dict) else "are not a JSON object"
+        except ValueError:
+            problem = "are not JSON"
+        if problem:
+            broken = broken or f"the model called {raw.name} with arguments that {problem}"
+            problem = (f"the arguments of {raw.name} {problem}: {raw.arguments[:300]!r}; "
+                       "call it again with its arguments as one JSON object")
+            arguments = {}
+        calls.append(ToolCall(id=call_id, name=raw.name, arguments=arguments, problem=problem))
     content, thought = split_reasoning(streamed.content)
     reasoning = "\n\n".join(r for r in (streamed.reasoning.strip(), thought) if r)
     usage = _usage(streamed.usage)
-    return Decision(content=content, tool_calls=calls, usage=usage, cost_cents=config.cost_cents(usage),
-                    finish_reason=streamed.finish_reason, latency_ms=latency_ms, reasoning=reasoning)
+    if usage is None:
+        # Never free: the endpoint said nothing, so the answer is counted as the budget counts it.
+        written = len(streamed.content) + len(streamed.reasoning) + sum(len(c.name) + len(c.arguments) for c in streamed.calls)
+        usage = Usage(input_tokens=prompt, output_tokens=written // CHARS_PER_TOKEN + 1, estimated=True)
+    decision = Decision(content=content, tool_calls=calls, usage=usage, cost_cents=config.cost_cents(usage),
+                        finish_reason=streamed.finish_reason, latency_ms=latency_ms, reasoning=reasoning)
+    if broken:
+        raise ModelError(broken, kind="arguments", decision=decision)
+    return decision
 
 
-def _usage(raw: Any) -> Usage:
+def _usage(raw: Any) -> Usage | None:
     if raw is None:
-        return Usage()
+        return None
     details = getattr(raw, "prompt_tokens_details", None)
     cached = getattr(details, "cached_tokens", 0) if details is not None else 0
     return Usage(input_tokens=int(getattr(raw, "prompt_tokens", 0) or 0),

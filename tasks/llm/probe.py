@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from boxsite.core.shapes import Doc, Raw
 from tasks.llm.client import KeyMissing, ModelConfig, ModelError, call_model, read_key
+from tasks.llm.text import TEXT_CALL, strip_reasoning
 
 # Below this many tokens an agent's rules, tools and a few turns do not fit.
 MIN_AGENT_CONTEXT = 8192
@@ -108,8 +109,24 @@ def _try_tools(config: ModelConfig, key: str, timeout_s: float, errors: list[str
         return {"name": "tools", "ok": False, "reason": f"does not support tools: {exc.message}"}, 0.0
     if any(call.name == "report_ready" for call in decision.tool_calls):
         return {"name": "tools", "ok": True, "reason": "called the tool"}, decision.cost_cents
+    if _calls_as_text(decision.content, "report_ready"):
+        # The agent reads a call written as text (tasks.workers.replies); planner and shaping use no tools.
+        return {"name": "tools", "ok": True, "reason": "writes its tool calls as text (<tool_call>), which the agent reads "
+                "(a local server's tool-call option makes them structured: see docs/guide/models.md)"}, decision.cost_cents
     return {"name": "tools", "ok": False, "reason": "does not support tools: it answered in text instead of calling the tool "
             "(a local server may need its tool-call option: see docs/guide/models.md)"}, decision.cost_cents
+
+
+def _calls_as_text(content: str, name: str) -> bool:
+    """``content`` holds a tool call of ``name`` written as text, whole enough to be run."""
+    for match in TEXT_CALL.finditer(strip_reasoning(content)):
+        try:
+            body = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if isinstance(body, dict) and body.get("name") == name:
+            return True
+    return False
 
 
 def _try_json(config: ModelConfig, key: str, timeout_s: float, errors: list[str]) -> tuple[Check, float]:

@@ -3,7 +3,8 @@
 Reasoning models (DeepSeek-R1, Qwen3, QwQ, gpt-oss behind some servers) write their thinking into
 the answer between ``<think>`` tags, or only close the tag because the chat template opened it.
 Neither the owner nor a JSON parser should see it. ``call_model`` strips every answer it returns;
-the agent, the planner and output shaping read JSON through ``json_text``.
+the agent, the planner and output shaping read JSON through ``json_text``. A tool call written
+as text (``<tool_call>{"name": …}</tool_call>``) is found by ``TEXT_CALL``.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ _TAGS = ("think", "thinking", "reasoning", "reflection")
 _BLOCK = re.compile(r"<(%s)\b[^>]*>.*?</\1\s*>" % "|".join(_TAGS), re.DOTALL | re.IGNORECASE)
 _OPEN = re.compile(r"<(%s)\b[^>]*>" % "|".join(_TAGS), re.IGNORECASE)
 _CLOSE = re.compile(r"</(%s)\s*>" % "|".join(_TAGS), re.IGNORECASE)
+# A tool call written as text, Hermes/Qwen style, as local servers without a tool-call parser pass it on.
+TEXT_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|\Z)", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*(?:json[c5]?|javascript|js)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 
 

@@ -9,10 +9,9 @@ an artifact the model pages through with ``read_output``.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from tasks.llm.client import CHARS_PER_TOKEN, context_tokens
+from tasks.llm.client import CHARS_PER_TOKEN, OUTPUT_SHARE, context_tokens, prompt_tokens
 
 COMPACT_AT = 0.75  # of the room for input: compact past this
 KEEP_RECENT = 0.35  # of the room for input: the recent turns kept whole
@@ -26,13 +25,14 @@ def window_tokens() -> int:
 
 
 def room_tokens(max_output_tokens: int) -> int:
-    """What the input may use: the window less the answer asked for."""
-    return max(1024, window_tokens() - max_output_tokens)
+    """What the input may use: the window less the answer asked for (at most a quarter of the
+    window: ``ModelConfig.output_cap``)."""
+    window = window_tokens()
+    return max(1024, window - min(max_output_tokens, window // OUTPUT_SHARE))
 
 
 def count_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
-    chars = len(json.dumps(messages)) + (len(json.dumps(tools)) if tools else 0)
-    return chars // CHARS_PER_TOKEN + 1
+    return prompt_tokens(messages, tools)
 
 
 def result_chars() -> int:

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from tasks.spec.flows import STEP_KINDS, step_kind
+from tasks.tools.http import host_allowed
 from tasks.tools.registry import get_tool
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
@@ -31,6 +32,28 @@ _TOOL_WORDS = re.compile(r"(^|[._-])(send|mail|email|notify|post|publish|pay|pay
                          r"remove|drop|transfer|refund)", re.IGNORECASE)
 # notify.owner writes to the task's own log: nothing leaves the box.
 _HARMLESS_TOOLS = frozenset({"notify.owner"})
+
+
+# The agent's commands that clearly write over the network: curl or wget with a method other than
+# GET/HEAD, or with data to send. Narrow on purpose (the agent runs many commands; each match is a
+# question to the owner): within one command of a pipeline, these tools and flags only.
+_ONE = r"[^;&|\n]*?"
+_NETWORK_WRITES = re.compile(
+    rf"\bcurl\b{_ONE}(\s-X\s*|\s--request[=\s]\s*)['\"]?(?!(GET|HEAD)\b)[A-Za-z]+"
+    rf"|\bcurl\b{_ONE}\s(-d|--data[\w-]*|-F|--form[\w-]*|-T|--upload-file|--json)(?=[\s='\"@]|$)"
+    rf"|\bwget\b{_ONE}\s--(post-data|post-file|body-data|body-file)\b"
+    rf"|\bwget\b{_ONE}\s--method[=\s]\s*['\"]?(?!(GET|HEAD)\b)[A-Za-z]+", re.IGNORECASE)
+_URL_HOST = re.compile(r"\bhttps?://(\[[^\]]+\]|[^/\s:'\"?#]+)", re.IGNORECASE)
+
+
+def command_writes(command: str, hosts: list[str]) -> bool:
+    """True when the agent's ``command`` sends something out with curl or wget (a method other
+    than GET/HEAD, or data) and may reach a listed host: it names one, or names no URL the box
+    can read. A command whose every URL is unlisted is refused by the network anyway."""
+    if not hosts or not _NETWORK_WRITES.search(command):
+        return False
+    named = [m.group(1).strip("[]") for m in _URL_HOST.finditer(command)]
+    return not named or any(host_allowed(host, hosts) for host in named)
 
 
 def sends(method: Any) -> bool:

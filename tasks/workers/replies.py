@@ -9,13 +9,11 @@ text, each a ``ToolCall`` like a structured one, or the reason one could not be 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 from tasks.llm.client import ToolCall
+from tasks.llm.text import TEXT_CALL as _TEXT_CALL
 from tasks.llm.text import strip_reasoning
-
-_TEXT_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|\Z)", re.DOTALL | re.IGNORECASE)
 
 
 def without_thinking(text: str) -> str:

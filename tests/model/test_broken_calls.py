@@ -29,6 +29,23 @@ def test_arguments_that_are_not_json_go_back_to_the_model_which_fixes_them(box: 
     assert report(box, task["id"])["records"]["answer"] == "written"
 
 
+def test_a_turn_with_broken_arguments_is_charged_and_answered_as_the_calls_result(box: Any, model: FakeModel) -> None:
+    model.answer(Answer(tool_calls=[("write_file", '{"path": "a.txt", "content": "hal'),
+                                    ("write_file", {"path": "b.txt", "content": "whole"})], usage=(1_000_000, 0)),
+                 call("finish", answer="written"))
+    task = box.create(title="paid", prompt="write a.txt and b.txt", budgetCents=500)
+    done = box.wait_state(task["id"], "done", "failed")
+    assert done["state"] == "done", done
+    assert done["costCents"] >= 100  # a million input tokens at 100¢/M: the broken turn is paid for
+    sent = model.received[1].messages
+    calls = sent[-3]["tool_calls"]
+    assert sent[-3]["role"] == "assistant" and [c["function"]["name"] for c in calls] == ["write_file", "write_file"]
+    broken, whole = sent[-2], sent[-1]
+    assert broken["role"] == "tool" and broken["tool_call_id"] == calls[0]["id"] and "not JSON" in broken["content"]
+    assert whole["role"] == "tool" and whole["tool_call_id"] == calls[1]["id"]  # the sound call of the same turn ran
+    assert read(box, "b.txt") == "whole" and model.problems == []
+
+
 def test_an_unknown_tool_is_answered_with_the_tools_there_are(box: Any, model: FakeModel) -> None:
     model.answer(call("teleport", to="mars"), call("finish", answer="ok"))
     task = box.create(title="t", prompt="go to mars", budgetCents=100)

@@ -105,6 +105,20 @@ def test_cached_tokens_are_charged_at_the_cached_price_set_in_settings(box: Any,
     assert done["costCents"] == 20  # two million cached tokens at 10¢/M, not 200¢ at the input price
 
 
+def test_a_stream_without_usage_is_charged_an_estimate_from_its_characters(box: Any, model: FakeModel) -> None:
+    assert box.api.patch("/api/settings/model", {"inputCentsPerMillion": 10_000}, format="json").status_code == 200
+    model.refuses = {"stream_options"}  # the box drops it: the stream then carries no usage
+    model.answer(call("finish", answer="done without usage"))
+    task = box.create(title="x", prompt="do it", budgetCents=500)
+    done = box.wait_state(task["id"], "done", "failed")
+    assert done["state"] == "done", done
+    assert "stream_options" not in model.received[-1].body
+    turn = next(e for e in box.events(task["id"]) if e["kind"] == "step_result" and e["data"].get("kind") == "model")
+    assert turn["data"]["usage"]["estimated"] is True and "usage estimated" in turn["summary"]
+    assert turn["data"]["usage"]["inputTokens"] >= model.received[-1].tokens  # the prompt, counted as characters/4
+    assert done["costCents"] >= 1  # thousands of tokens at 100¢ a thousand, not 0
+
+
 def test_a_gpt5_model_is_sent_max_completion_tokens(fake_model: FakeModel) -> None:
     fake_model.answer(say("ready"))
     call_model(config(fake_model, model="gpt-5-mini"), [{"role": "user", "content": "hi"}], key="k")

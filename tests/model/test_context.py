@@ -37,6 +37,7 @@ def test_a_40_turn_task_with_a_16k_window_passes_with_every_request_inside_it(bo
         return call("finish", answer="counted forty times")
 
     model.fallback = answer
+    model.context_tokens = WINDOW  # the fake refuses a prompt and output asked for past the window, as vLLM does
     task = box.create(title="long", prompt="count to 2500 forty times", budgetCents=100)
     done = box.wait_state(task["id"], "done", "failed", timeout=300)
     assert done["state"] == "done", done
@@ -46,6 +47,30 @@ def test_a_40_turn_task_with_a_16k_window_passes_with_every_request_inside_it(bo
     assert compactions and all(c["data"]["tokensAfter"] < c["data"]["tokensBefore"] for c in compactions)
     # each compaction is a model call of its own, counted like a turn
     assert done["spent"]["model_calls"] == 40 + len(compactions) == len(sizes)
+    assert model.problems == []
+
+
+def test_an_8k_window_task_asks_for_output_that_fits_beside_its_prompt(box: Any, model: FakeModel) -> None:
+    window = 8192
+    assert box.api.patch("/api/settings/model", {"contextTokens": window}, format="json").status_code == 200
+    model.context_tokens = window
+    turns: list[int] = []
+
+    def answer(body: dict[str, Any]) -> Answer:
+        if "compact the earlier part" in body["messages"][0]["content"]:
+            return say("Summary: the agent printed 2500 numbers a turn; nothing failed.")
+        turns.append(1)
+        return call("run_command", command="seq 1 2500") if len(turns) < 12 else call("finish", answer="done small")
+
+    model.fallback = answer
+    task = box.create(title="small window", prompt="count to 2500 twelve times", budgetCents=100)
+    done = box.wait_state(task["id"], "done", "failed", timeout=300)
+    assert done["state"] == "done", (done, model.problems[:1])
+    assert model.problems == []
+    asked = [r.body["max_completion_tokens"] for r in model.received]
+    assert max(asked) <= window // 4  # most of a small window is kept for the conversation
+    assert all(r.tokens + r.body["max_completion_tokens"] <= window for r in model.received)
+    assert any(e["data"].get("kind") == "compaction" for e in box.events(task["id"]) if e["kind"] == "step_result")
 
 
 def test_a_long_result_is_shown_as_head_and_tail_and_the_model_pages_through_the_whole(box: Any, model: FakeModel) -> None:

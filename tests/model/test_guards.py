@@ -31,6 +31,17 @@ def sink() -> Iterator[tuple[str, list[str]]]:
         yield f"http://127.0.0.1:{port}", got
 
 
+def read(box: Any, path: str) -> str:
+    response = box.api.get("/api/workspaces/home/files", {"path": path})
+    return str(response.json()["content"]) if response.status_code == 200 else ""
+
+
+def commands_run(box: Any, task_id: str) -> list[str]:
+    events = box.events(task_id)
+    run = {e["data"]["call"] for e in events if e["kind"] == "tool_result" and e["data"].get("tool") == "run_command"}
+    return [e["data"]["args"]["command"] for e in events if e["kind"] == "tool_call" and e["data"].get("call") in run]
+
+
 def step_results(box: Any, task_id: str) -> list[dict[str, Any]]:
     return [e["data"] for e in box.events(task_id) if e["kind"] == "step_result"]
 
@@ -110,3 +121,30 @@ def test_a_planned_task_ends_with_its_answer_shown(box: Any, model: FakeModel) -
     assert report(box, task["id"])["records"]["answer"] == "the answer is 42"
     assert done["answer"] == "the answer is 42"
     assert any(e["kind"] == "output" and e["data"].get("answer") == "the answer is 42" for e in box.events(task["id"]))
+
+
+def test_the_agents_curl_post_to_a_listed_host_asks_first_then_runs_once(box: Any, model: FakeModel,
+                                                                           sink: tuple[str, list[str]]) -> None:
+    url, _ = sink
+    model.answer(call("run_command", command=f"curl -s {url}/items > got.json; echo read >> ran.txt"),
+                 call("run_command", command=f"curl -s -X POST -d a=1 {url}/items; echo sent >> ran.txt"),
+                 call("finish", answer="posted"))
+    task = box.create(title="curl", prompt="add an item with curl", hosts=["127.0.0.1"], budgetCents=100)
+    waiting = box.wait_state(task["id"], "waiting", "done", "failed")
+    assert waiting["waitingFor"] == "approval", waiting
+    approval = pending_approval(box, task["id"])
+    assert approval["kind"] == "irreversible" and "curl -s -X POST" in approval["summary"]
+    assert commands_run(box, task["id"]) == [f"curl -s {url}/items > got.json; echo read >> ran.txt"]  # the GET went unasked
+    assert post(box, f"/api/approvals/{approval['id']}/approve").status_code == 200
+    done = box.wait_state(task["id"], "done", "failed")
+    assert done["state"] == "done", done
+    assert read(box, "ran.txt") == "read\nsent\n"  # the POST ran once, on the OK
+
+
+def test_the_agents_curl_post_goes_without_asking_when_allowed_or_when_no_host_is_listed(box: Any, model: FakeModel) -> None:
+    for constraints, hosts in (({"allow_destructive": True}, ["127.0.0.1"]), ({}, [])):
+        model.answer(call("run_command", command="curl -s -X POST http://127.0.0.1:9/x; echo tried > ran.txt"),
+                     call("finish", answer="ok"))
+        task = box.create(title="curl", prompt="post it", hosts=hosts, budgetCents=100, constraints=constraints)
+        assert box.wait_state(task["id"], "done", "failed", "waiting")["state"] == "done"
+        assert read(box, "ran.txt") == "tried\n"

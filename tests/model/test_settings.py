@@ -70,6 +70,7 @@ def test_a_paired_phone_cannot_see_or_change_the_model(box: Any) -> None:
 
 def test_test_connection_says_plainly_what_the_model_cannot_do(box: Any, model: FakeModel) -> None:
     model.context_tokens = 4096
+    assert box.api.patch("/api/settings/model", {"contextTokens": 4096}, format="json").status_code == 200
     model.answer(say("ready"), Answer(status=400, error="fake-model does not support tools"), say("sure, here you go: ready"))
     result = box.api.post("/api/settings/model/test").json()
     assert result["ok"] is False and result["kind"] == "capability" and result["contextTokens"] == 4096
@@ -88,3 +89,13 @@ def test_test_connection_notices_a_model_answering_in_text_instead_of_calling_th
     checks = {c["name"]: c["ok"] for c in result["checks"]}
     assert checks == {"answer": True, "tools": False, "json": True, "context": True}
     assert "does not support tools" in result["error"]
+
+
+def test_test_connection_says_a_model_writing_tool_calls_as_text_is_read_by_the_agent(box: Any, model: FakeModel) -> None:
+    text = '<think>use the tool</think><tool_call>\n{"name": "report_ready", "arguments": {"word": "ready"}}\n</tool_call>'
+    model.answer(say("ready"), say(text), say('{"ready": true}'))
+    result = box.api.post("/api/settings/model/test").json()
+    assert result["ok"] is True, result
+    tools = next(c for c in result["checks"] if c["name"] == "tools")
+    assert tools["ok"] is True and tools["reason"].startswith("writes its tool calls as text")
+    assert "does not support tools" not in tools["reason"]
