@@ -23,7 +23,7 @@ from approvals.models import (
     Reconciliation,
 )
 from boxsite.core.shapes import DateTime, Doc
-from tasks.api.presenters import Section, add_section
+from tasks.api.presenters import InputField, Section, add_section
 from tasks.models import EventKind, Task, TaskEvent
 from tasks.states import State, WaitingFor
 from tasks.vault.facts import Redactor, redactor_for
@@ -63,7 +63,7 @@ class QuestionView(TypedDict):
     task: str
     kind: Annotated[str, QuestionKind]
     prompt: str
-    fields: Annotated[list[dict[str, Any]], Doc("{name, why, kind, options} per value asked for")]
+    fields: Annotated[list[InputField], Doc("the values asked for")]
     answer: Any
     state: Annotated[str, QuestionState]
     taskVersion: int

@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Protocol, TypedDict
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -123,14 +123,22 @@ def is_loopback(base_url: str) -> bool:
         return False
 
 
+class TokenUsage(TypedDict):
+    """the tokens a model call used, as the endpoint reported them"""
+
+    inputTokens: int
+    outputTokens: int
+    cachedInputTokens: NotRequired[Annotated[int, Doc("of inputTokens, those the endpoint served from its cache")]]
+
+
 @dataclass(frozen=True)
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0  # of input_tokens, those the endpoint served from its cache
 
-    def shown(self) -> dict[str, int]:
-        shown = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
+    def shown(self) -> TokenUsage:
+        shown: TokenUsage = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
         if self.cached_input_tokens:
             shown["cachedInputTokens"] = self.cached_input_tokens
         return shown

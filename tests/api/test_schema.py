@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -315,3 +316,70 @@ def test_a_client_driven_only_by_the_schema_creates_a_task_reads_its_events_and_
     call("approvals_approve_create", {"version": view["version"]}, approval_id=view["approvals"][0]["id"])
     done = in_state("done")
     assert "approve" not in done["next"]
+
+
+# Response properties that are any JSON or an object without declared keys, each with why. The
+# free-form ones hold what a caller or a program gave (a task's facts, records, result), or what
+# an outside system answered; the rest have a fixed shape the schema does not spell out yet.
+FREE_FORM = {
+    "TaskView.facts": "the facts the caller gave, by the caller's names",
+    "TaskView.output": "the output contract's JSON Schema, as the caller gave it",
+    "TaskView.result": "the answer shaped to the caller's output schema",
+    "TaskView.answer": "what the agent or the flow's last step answered: any JSON",
+    "Report.records": "what the steps saved, by the flow's names",
+    "Report.output": "the output contract's JSON Schema, as the caller gave it",
+    "Report.result": "the answer shaped to the caller's output schema",
+    "OutputData.result": "the answer shaped to the caller's output schema",
+    "QuestionView.answer": "the inputs the owner gave, by the question's names",
+    "InputField.options.items": "an ask step's options, as its flow lists them",
+    "OutputFileCriterion.json": "JSON Pointers to the values the caller expects there",
+    "StepGuide.schema": "a JSON Schema (the schema of a step)",
+    "Tool.schema": "a JSON Schema (a tool's arguments)",
+    "ToolCallData.args": "a tool's arguments, as the agent called it",
+    "ToolResultData.result": "what the tool answered",
+    "ActionView.args": "a tool's arguments, as the agent called it",
+    "ApprovalView.guard": "the exact flow step or tool call approved: its own shape",
+    "Event.data": "typed per kind (allOf); a kind not listed there (a note) carries its writer's keys",
+}
+NOT_YET_TYPED = {
+    "Health.isolation": "per sandbox mode (tasks.sandbox.isolation.describe_isolation)",
+    "ApprovalView.detail": "per approval kind",
+    "ActionView.policy": "what let an action through (approvals.actions)",
+    "ActionView.receipt": "per tool's receipt",
+    "ToolResultData.receipt": "per tool's receipt",
+    "Rescue.data": "a rescue event's data",
+}
+
+
+def _untyped(spec: dict[str, Any], where: str) -> Iterator[str]:
+    """``where`` (and the schemas inside it) when it is any JSON or an object without keys."""
+    kinds = spec.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds or []
+    loose_object = "object" in kinds and "properties" not in spec and "additionalProperties" not in spec
+    if not {k for k in spec if k != "description"} or loose_object:
+        yield where
+    for key in ("items", "additionalProperties"):
+        if isinstance(spec.get(key), dict):
+            yield from _untyped(spec[key], f"{where}.{key}")
+    for key in ("anyOf", "oneOf"):
+        for member in spec.get(key, []):
+            yield from _untyped(member, where)
+
+
+def test_no_response_property_is_an_untyped_object_but_the_free_form_ones(schema: Schema) -> None:
+    schemas = schema.document["components"]["schemas"]
+    task_props = set(schemas["TaskView"]["properties"])
+    found = set()
+    for name, component in schemas.items():
+        if name.endswith("Request"):
+            continue
+        for prop, spec in component.get("properties", {}).items():
+            # A TaskView with more (TaskDetail, TaskKept) answers for its TaskView part there.
+            owner = "TaskView" if name in ("TaskDetail", "TaskKept") and prop in task_props else name
+            found |= set(_untyped(spec, f"{owner}.{prop}"))
+    assert found - FREE_FORM.keys() - NOT_YET_TYPED.keys() == set(), "untyped, and not listed as free-form"
+    assert (FREE_FORM.keys() | NOT_YET_TYPED.keys()) - found == set(), "listed, but typed now: take it off the list"
+    view = schemas["TaskView"]["properties"]
+    assert view["spent"] == {"$ref": "#/components/schemas/TaskSpent"}
+    assert view["dependsOn"]["items"] == {"$ref": "#/components/schemas/DependsOnItem"}
+    assert schemas["QuestionView"]["properties"]["fields"]["items"] == {"$ref": "#/components/schemas/InputField"}
