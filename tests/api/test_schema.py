@@ -17,10 +17,12 @@ from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
+from boxsite.core.auth import DEVICE_COOKIE
 from tasks.browser.cache import remember
 from tasks.models import Task
 from tests.conftest import Box, wait_for
 from tests.factories import flow
+from tests.portal.conftest import pair_device
 from tests.schema_check import Schema
 
 GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
@@ -233,19 +235,61 @@ def test_the_schema_declares_exactly_the_operations_the_box_serves(schema: Schem
     assert ("post", "/api/tokens/{token_id}") not in declared and ("delete", "/api/tokens/{token_id}") in declared
 
 
+def _signed_in(operation: dict[str, Any]) -> bool:
+    return {} not in operation.get("security", [{}])
+
+
 def test_every_operation_declares_its_errors_in_the_error_shape(schema: Schema) -> None:
     error = schema.document["components"]["schemas"]["ErrorBody"]
     assert {"code", "message", "field", "reference"} <= set(error["properties"])
     for path, item in schema.document["paths"].items():
         for method, operation in item.items():
+            where = f"{method} {path}"
             responses = operation["responses"]
             assert "default" not in responses
             errors = {code for code in responses if code >= "400"}
-            assert "500" in errors, f"{method} {path}"
+            assert {"400", "406", "500", "503"} <= errors, where
+            if _signed_in(operation):
+                assert "401" in errors, where
+                if method != "get":  # a cookie's change needs the CSRF token
+                    assert "403" in errors, where
+            else:
+                assert not {"401", "403"} & errors, where
             if "{" in path:
-                assert "404" in errors, f"{method} {path}"
+                assert "404" in errors, where
+            body = operation.get("requestBody", {}).get("content", {})
+            assert ("413" in errors) == bool(body), where
+            # The JSON parser refuses another type; a raw body (an upload) takes any.
+            assert ("415" in errors) == ("application/json" in body), where
             for code in errors:
                 assert responses[code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def _probe_url(path: str, task_id: str) -> str:
+    known = {"task_id": task_id, "name": "home", "path": "none.txt"}
+    return re.sub(r"\{(\w+)\}", lambda m: known.get(m.group(1), "1"), path)
+
+
+def test_the_declared_401_and_403_are_what_a_stranger_and_a_phone_are_answered(box: Box, schema: Schema) -> None:
+    """Every signed-in operation answers 401 without credentials; a signed-in read answers a paired
+    phone 403 exactly where it declares 403 (the rest show a phone its own things, or 404)."""
+    task = box.create(title="t", prompt="p")
+    phone = APIClient()
+    phone.cookies[DEVICE_COOKIE] = pair_device(box.api)
+    stranger = APIClient()
+    reads = 0
+    for path, item in schema.document["paths"].items():
+        for method, operation in item.items():
+            if not _signed_in(operation):
+                continue
+            url = _probe_url(path, task["id"])
+            anonymous = stranger.generic(method.upper(), url, "{}", content_type="application/json")
+            assert anonymous.status_code == 401, f"{method} {path}: {anonymous.status_code}"
+            if method == "get":
+                reads += 1
+                refused = phone.get(url).status_code == 403
+                assert refused == ("403" in operation["responses"]), f"{method} {path}"
+    assert reads > 20
 
 
 def test_timestamps_are_date_times_and_states_are_enums(schema: Schema) -> None:
