@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from rest_framework.test import APIClient
 
 from tests.factories import flow
-from tests.mcp.conftest import LiveBox
+from tests.live_box import LiveBox
 from tests.portal.conftest import pair_device
 
 WRITES = flow({"write": {"path": "hello.txt", "content": "hello from mcp"}})
