@@ -23,7 +23,7 @@ from approvals.models import (
     Reconciliation,
 )
 from boxsite.core.shapes import DateTime, Doc
-from tasks.api.presenters import Section, add_section
+from tasks.api.presenters import InputField, Section, add_section
 from tasks.models import EventKind, Task, TaskEvent
 from tasks.states import State, WaitingFor
 from tasks.vault.facts import Redactor, redactor_for
@@ -63,7 +63,7 @@ class QuestionView(TypedDict):
     task: str
     kind: Annotated[str, QuestionKind]
     prompt: str
-    fields: Annotated[list[dict[str, Any]], Doc("{name, why, kind, options} per value asked for")]
+    fields: Annotated[list[InputField], Doc("the values asked for")]
     answer: Any
     state: Annotated[str, QuestionState]
     taskVersion: int
@@ -87,6 +87,17 @@ class ActionReconciliation(TypedDict):
     at: DateTime | None
 
 
+class ActionPolicy(TypedDict):
+    """what let an action through, as it stood when proposed (``approvals.actions.policy_of``)"""
+
+    approval: Annotated[str, Doc("whose OK it needs: the owner's, or not needed (the task allows destructive steps)")]
+    allowDestructive: bool
+    hosts: list[str]
+    budgetCents: int
+    tool: NotRequired[Annotated[str, Doc("a tool's action: the tool")]]
+    costCents: NotRequired[Annotated[int, Doc("a tool's action: what one call of it costs")]]
+
+
 class ActionView(TypedDict):
     id: int
     kind: Annotated[str, ActionKind, Doc("tool (an irreversible tool) or http (an http step with stop_before)")]
@@ -96,7 +107,7 @@ class ActionView(TypedDict):
     idempotencyKey: Annotated[str, Doc("the same task, position and arguments give the same key")]
     state: Annotated[str, ActionState]
     taskVersion: Annotated[int, Doc("the task's version when it was proposed")]
-    policy: Annotated[dict[str, Any], Doc("what let it through, as it stood when proposed")]
+    policy: ActionPolicy
     run: Annotated[int | None, Doc("the number of the run that proposed or attempted it")]
     approval: int | None
     attemptedAt: DateTime | None

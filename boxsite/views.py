@@ -20,7 +20,7 @@ from boxsite.core.beats import Liveness, liveness
 from boxsite.core.errors import BUSY_RETRY_AFTER_S, busy_body, database_busy
 from boxsite.core.middleware import is_api_path
 from boxsite.core.shapes import Doc, shape
-from tasks.sandbox.isolation import describe_isolation
+from tasks.sandbox.isolation import IsolationView, describe_isolation
 
 log = logging.getLogger("boxsite.core.errors")
 
@@ -30,10 +30,7 @@ class Health(TypedDict):
     database: Literal["postgresql", "sqlite"]
     queue: Literal["redis", "orm"]
     live: Literal["redis", "polling"]
-    isolation: Annotated[dict[str, Any], Doc("what isolation is in force: sandbox (true or false), mode (root: "
-                                             "sandboxed as root; off: BOX_SANDBOX=off; refused: tasks fail at their "
-                                             "start, with reason and fix), missing (what the sandbox lacks), then "
-                                             "what it means for users, namespaces, files, network, layers and limits")]
+    isolation: Annotated[IsolationView, Doc("what isolation is in force")]
     worker: Annotated[Liveness, Doc("the worker cluster's heartbeat: alive, stale (older than BOX_BEAT_STALE_S) "
                                     "or never seen")]
     scheduler: Annotated[Liveness, Doc("the scheduler's heartbeat, the same way")]

@@ -8,7 +8,7 @@ owner's OK and the paid call is never made unapproved.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.db.models import F, Value
@@ -85,7 +85,7 @@ def admit_model_call(recorder: StepRecorder, estimate_cents: int) -> None:
     recorder.guarded(write)
 
 
-def charge_model(recorder: StepRecorder, cents: float, summary: str, data: dict[str, Any] | None = None) -> int:
+def charge_model(recorder: StepRecorder, cents: float, summary: str, data: Mapping[str, object] | None = None) -> int:
     """After a model call: add what it cost. Fractions of a cent are carried in
     ``spent.model_millicents`` and charged whole as they add up; returns the cents charged now."""
     millicents = max(0, round(cents * 1000))

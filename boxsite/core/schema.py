@@ -37,7 +37,8 @@ class DeviceCookieAuth(OpenApiAuthenticationExtension):
 ERRORS = {
     "400": "the request is invalid: a body, a field, a query parameter or the path (field names it)",
     "401": "no credentials, or unknown or revoked ones",
-    "403": "the caller may not do this (a paired phone's limits, a token without the right)",
+    "403": "the caller may not do this (a paired phone's limits, a token without the right, a cookie's change "
+           "without the CSRF token)",
     "404": "no such thing for this caller",
     "406": "the Accept header names no type the box answers in (JSON)",
     "409": "the thing is not in a state that allows this now (a conflict, a stale approval)",
@@ -52,6 +53,11 @@ ERRORS = {
 STARTS_TASK = {("post", "/api/triggers/{trigger_id}/test"), ("post", "/api/tasks/{task_id}/retry")}
 # GETs that can meet a conflict: a file that changes while it is read.
 READ_CONFLICTS = {("get", "/api/workspaces/{name}/files"), ("get", "/api/workspaces/{name}/files/{path}")}
+# GETs a signed-in caller may be refused (403): what only the owner's browser or tokens read, not
+# a paired phone. Every other change can answer 403 too: cookie credentials need the CSRF token.
+# ``tests/api/test_schema.py`` asks each signed-in GET as a phone and holds this list to the answers.
+OWNER_READS = {("get", "/api/settings"), ("get", "/api/settings/model"), ("get", "/api/vault"),
+               ("get", "/api/tokens"), ("get", "/api/devices"), ("get", "/api/browser/cache")}
 
 
 def errors_of(path: str, method: str, operation: dict[str, Any]) -> list[str]:
@@ -60,19 +66,25 @@ def errors_of(path: str, method: str, operation: dict[str, Any]) -> list[str]:
     type the box does not answer in."""
     signed_in = {} not in operation.get("security", [{}])
     has_body = "requestBody" in operation
+    # Only a JSON body goes through the parser that refuses another type; a raw body takes any.
+    json_body = "application/json" in operation.get("requestBody", {}).get("content", {})
     in_path = bool(re.search(r"\{\w+\}", path))
     creates_task = (method == "post" and "TaskView" in str(operation.get("responses", {}).get("201", ""))) \
         or (method, path) in STARTS_TASK
     codes = ["400"]
     if signed_in:
-        codes += ["401", "403"]
+        codes.append("401")
+        if method != "get" or (method, path) in OWNER_READS:
+            codes.append("403")
     if in_path:
         codes.append("404")
     codes.append("406")
     if method != "get" or (method, path) in READ_CONFLICTS:
         codes.append("409")
     if has_body:
-        codes += ["413", "415"]
+        codes.append("413")
+    if json_body:
+        codes.append("415")
     if creates_task:
         codes.append("429")
     return codes + ["500", "503"]

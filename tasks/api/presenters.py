@@ -7,7 +7,8 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from boxsite.core.shapes import REF, DateTime, Doc, Raw, chosen_by, leave_open
-from tasks.models import EventKind, Run, RunKind, RunState, Task, TaskEvent
+from tasks.llm.client import TokenUsage
+from tasks.models import Condition, EventKind, Run, RunKind, RunState, Task, TaskEvent
 from tasks.spec.describe import flow_schema
 from tasks.spec.limits import DEFAULT_LIMITS
 from tasks.states import Review, State, WaitingFor
@@ -54,6 +55,79 @@ class CreatedBy(TypedDict):
     run: int | None
 
 
+class DependsOnItem(TypedDict):
+    """a dependency as the task was given it (``tasks.dependencies.parse_edges``)"""
+
+    task: str
+    condition: Annotated[str, Condition]
+    required: bool
+    artifact: NotRequired[Annotated[str, Doc("with condition artifact: the file the other task must leave")]]
+
+
+class OutputFileCriterion(TypedDict):
+    """a completion criterion: a file the task must leave (``tasks.run.completion.parse_criteria``)"""
+
+    kind: Literal["output_file"]
+    path: str
+    size: NotRequired[int]
+    sha256: NotRequired[str]
+    mediaType: NotRequired[str]
+    contains: NotRequired[str]
+    json: NotRequired[Annotated[dict[str, Any], Doc("JSON Pointer (RFC 6901) to the value expected there")]]
+
+
+class CommandExitCriterion(TypedDict):
+    """a completion criterion: a command the run must have run, and its exit code"""
+
+    kind: Literal["command_exit"]
+    command: str
+    exitCode: int
+
+
+class TaskConstraints(TypedDict, total=False):
+    """how the task may act on the world (``tasks.spec.task.ConstraintsBody``)"""
+
+    payment: Literal["stop_at_payment", "fill_then_approve"]
+    origins: list[str]
+    allow_destructive: bool
+    browser_profile: str
+    headed: bool
+    browser_executable: str
+
+
+class InputField(TypedDict):
+    """a value a pause or a question asks for"""
+
+    name: str
+    why: str
+    kind: Annotated[str, Doc("text, email, phone, date, number, choice or vault (an ask step may name its own)")]
+    options: list[Any]
+    optional: NotRequired[Annotated[bool, Doc("true: may be left empty")]]
+
+
+class TaskPause(TypedDict):
+    """what a waiting task's pause asks for"""
+
+    message: str
+    fields: NotRequired[Annotated[list[InputField], Doc("for an input pause: the values asked for")]]
+    continuable: NotRequired[Annotated[bool, Doc("at a checkpoint: whether continue goes on")]]
+    held: NotRequired[Annotated[bool, Doc("true: the run holds its place while it waits (a broker's approval or question)")]]
+    amount_cents: NotRequired[Annotated[int, Doc("a held spending approval's amount")]]
+
+
+class TaskSpent(TypedDict, total=False):
+    """what the task has used, counted against its limits"""
+
+    actions: int
+    model_calls: int
+    elapsed_ms: int
+    rescues: int
+    plans: int
+    replans: int
+    final_replans: int
+    model_millicents: int
+
+
 class TaskView(TypedDict):
     id: str
     title: str
@@ -69,14 +143,14 @@ class TaskView(TypedDict):
     facts: Annotated[dict[str, Any], Doc("the task's facts; secret values shown as ${name}")]
     secretFacts: list[str]
     vaultSecrets: Annotated[list[str], Doc("vault secrets the task may use as ${NAME} (names only)")]
-    constraints: dict[str, Any]
+    constraints: TaskConstraints
     limits: Annotated[dict[str, int | None], Doc("every limit in force; null is unbounded")]
     output: Annotated[dict[str, Any] | None, Doc("the output contract: the shape the result takes")]
     result: Annotated[Any, Doc("with output: the answer shaped to output.schema from the task's records (else null)")]
     answer: Annotated[Any, Doc("a plain-language task's answer (the agent's finish, a planned flow's last result), else null")]
     folders: list[str]
-    dependsOn: Annotated[list[dict[str, Any]], Doc("{task, condition, required, artifact?} per dependency")]
-    criteria: Annotated[list[dict[str, Any]] | None, Doc("the completion contract, or null")]
+    dependsOn: list[DependsOnItem]
+    criteria: Annotated[list[OutputFileCriterion | CommandExitCriterion] | None, Doc("the completion contract, or null")]
     notify: Annotated[dict[str, bool], Doc("{done: true} when the owner asked to be told the task is done, else {}")]
     parent: str | None
     createdBy: Annotated[CreatedBy | None, Doc("the task (and its run) that created this one, else null")]
@@ -84,12 +158,12 @@ class TaskView(TypedDict):
     waitingFor: Annotated[str, WaitingFor] | None
     continuable: bool | None
     final: bool
-    pause: Annotated[dict[str, Any] | None, Doc("what the pause asks for (message, fields)")]
+    pause: TaskPause | None
     version: int
     user: str
     layers: list[str]
     costCents: int
-    spent: dict[str, Any]
+    spent: TaskSpent
     step: Annotated[str, Doc("what the task is doing now; empty when nothing")]
     progress: float | None
     error: str | None
@@ -214,7 +288,7 @@ class QuestionData(TypedDict, total=False):
 
     question: int
     kind: str
-    fields: list[dict[str, Any]]
+    fields: list[InputField]
     questions: list[int]
     names: Annotated[list[str], Doc("the inputs the answer gave")]
     via: str
@@ -241,7 +315,7 @@ class OutputData(TypedDict, total=False):
     answer: str
     kind: Literal["output"]
     result: Any
-    usage: dict[str, Any]
+    usage: TokenUsage
 
 
 class Refusal(TypedDict):

@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Protocol, TypedDict
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -149,6 +149,15 @@ def is_loopback(base_url: str) -> bool:
         return False
 
 
+class TokenUsage(TypedDict):
+    """the tokens a model call used, as the endpoint reported them (or as estimated)"""
+
+    inputTokens: int
+    outputTokens: int
+    cachedInputTokens: NotRequired[Annotated[int, Doc("of inputTokens, those the endpoint served from its cache")]]
+    estimated: NotRequired[Annotated[bool, Doc("the endpoint reported no usage: counted from characters, four a token")]]
+
+
 @dataclass(frozen=True)
 class Usage:
     input_tokens: int = 0
@@ -156,8 +165,8 @@ class Usage:
     cached_input_tokens: int = 0  # of input_tokens, those the endpoint served from its cache
     estimated: bool = False  # the endpoint reported none: counted from characters, four a token
 
-    def shown(self) -> dict[str, Any]:
-        shown: dict[str, Any] = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
+    def shown(self) -> TokenUsage:
+        shown: TokenUsage = {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens}
         if self.cached_input_tokens:
             shown["cachedInputTokens"] = self.cached_input_tokens
         if self.estimated:

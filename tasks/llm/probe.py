@@ -16,7 +16,7 @@ from typing import Annotated, Any, NotRequired, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 from boxsite.core.shapes import Doc, Raw
-from tasks.llm.client import KeyMissing, ModelConfig, ModelError, call_model, read_key
+from tasks.llm.client import KeyMissing, ModelConfig, ModelError, TokenUsage, call_model, read_key
 from tasks.llm.text import TEXT_CALL, strip_reasoning
 
 # Below this many tokens an agent's rules, tools and a few turns do not fit.
@@ -44,7 +44,7 @@ class ModelTest(TypedDict):
     kind: NotRequired[Annotated[str, Raw({"type": "string", "description": "what went wrong",
                                           "enum": ["key", "unreachable", "timeout", "status", "garbage", "arguments",
                                                    "config", "capability"]})]]
-    usage: NotRequired[dict[str, Any]]
+    usage: NotRequired[TokenUsage]
     latencyMs: NotRequired[int]
     costCents: NotRequired[float]
     checks: NotRequired[list[Check]]

@@ -5,15 +5,71 @@ same for that task, and ``Task.isolation`` keeps it in one line.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast
 
 from django.conf import settings
 
+from boxsite.core.shapes import Doc
 from tasks.layers import disk
 from tasks.layers.base import driver_name
 from tasks.models import Task
 from tasks.sandbox import cgroups, support
 from tasks.sandbox.launcher import MAX_PROCESSES
+
+
+class MemoryLimitView(TypedDict):
+    default_mb: int
+    enforced: bool
+    how: str
+
+
+class CpuLimitView(TypedDict):
+    default_percent: int
+    enforced: bool
+    how: str
+
+
+class DiskLimitView(TypedDict):
+    default_mb: Annotated[int | None, Doc("null: no default, only tasks that set limits.disk_mb")]
+    enforced: bool
+    how: str
+
+
+class ProcessLimitView(TypedDict):
+    max: int
+    enforced: bool
+    how: str
+
+
+class IsolationLimits(TypedDict):
+    """which resource limits hold, with their defaults; each one that does not says why"""
+
+    memory: MemoryLimitView
+    cpu: CpuLimitView
+    disk: DiskLimitView
+    processes: ProcessLimitView
+
+
+class IsolationView(TypedDict):
+    """what confines a task on this box: its mode, what it lacks to sandbox and the fix, then what
+    the mode means for each part (the parts a refused box runs nothing with are left out)"""
+
+    sandbox: bool
+    mode: Annotated[Literal["root", "off", "refused"], Doc("root: sandboxed as root; off: BOX_SANDBOX=off; "
+                                                           "refused: tasks fail at their start")]
+    missing: Annotated[list[str], Doc("what the sandbox lacks")]
+    reason: NotRequired[Annotated[str | None, Doc("not sandboxed: why")]]
+    fix: NotRequired[Annotated[str, Doc("refused: what makes the box able to sandbox")]]
+    syscalls: NotRequired[str]
+    keyrings: NotRequired[str]
+    user: NotRequired[str]
+    namespaces: NotRequired[list[str]]
+    session: NotRequired[str]
+    files: NotRequired[str]
+    network: NotRequired[str]
+    layers: Annotated[str, Doc("the layer driver new tasks get: overlay or copy")]
+    limits: IsolationLimits
+    summary: str
 
 
 def layer_driver() -> str:
@@ -22,7 +78,7 @@ def layer_driver() -> str:
     return driver_name()
 
 
-def describe_limits(sandboxed: bool) -> dict[str, Any]:
+def describe_limits(sandboxed: bool) -> IsolationLimits:
     """Which resource limits hold, with their defaults; each one that does not says why."""
     enforced = cgroups.unavailable() if sandboxed else "tasks are not sandboxed"
     held = f"enforced with {cgroups.describe()}" if enforced is None else f"not enforced: {enforced}"
@@ -35,7 +91,7 @@ def describe_limits(sandboxed: bool) -> dict[str, Any]:
     }
 
 
-def _disk(sandboxed: bool) -> dict[str, Any]:
+def _disk(sandboxed: bool) -> DiskLimitView:
     """What a task may write to its layer, and whether the kernel holds it to that."""
     reason = disk.unavailable() if sandboxed else "tasks are not sandboxed"
     default = settings.BOX_TASK_DISK_MB or None
@@ -48,15 +104,17 @@ def _disk(sandboxed: bool) -> dict[str, Any]:
     return {"default_mb": default, "enforced": reason is None, "how": how}
 
 
-def describe_isolation() -> dict[str, Any]:
+def describe_isolation() -> IsolationView:
     """What confines a task on this box: its mode (``support.standing``: root, off or refused),
     what it lacks to sandbox and the fix, then what the mode means for each part."""
     found = support.standing()
-    mode = {"mode": found.mode, "missing": list(found.missing)}
+    mode = cast(Literal["root", "off", "refused"], found.mode)
+    missing = list(found.missing)
     if found.sandboxed:
         return {
             "sandbox": True,
-            **mode,
+            "mode": mode,
+            "missing": missing,
             "syscalls": "a seccomp filter: no new user namespaces, mounts, ptrace, bpf or keyctl on shared keyrings",
             "keyrings": "a fresh session keyring per task; the uid's user keyrings emptied at start and at release",
             "user": "a Linux user per task (box-<id>), no supplementary groups, no_new_privs",
@@ -71,7 +129,8 @@ def describe_isolation() -> dict[str, Any]:
     if found.mode == "refused":
         return {
             "sandbox": False,
-            **mode,
+            "mode": mode,
+            "missing": missing,
             "reason": found.reason,
             "fix": support.FIX,
             "layers": layer_driver(),
@@ -80,7 +139,8 @@ def describe_isolation() -> dict[str, Any]:
         }
     return {
         "sandbox": False,
-        **mode,
+        "mode": mode,
+        "missing": missing,
         "reason": found.reason,
         "user": "the box's own user",
         "namespaces": [],
@@ -93,7 +153,7 @@ def describe_isolation() -> dict[str, Any]:
     }
 
 
-def isolation_of(task: Task) -> tuple[str, dict[str, Any]]:
+def isolation_of(task: Task) -> tuple[str, IsolationView]:
     """What confines ``task``: the line its row stores (``Task.isolation``) and the full account."""
     described = describe_isolation()
     if described["sandbox"]:
@@ -103,7 +163,7 @@ def isolation_of(task: Task) -> tuple[str, dict[str, Any]]:
     return line[:200], described
 
 
-def isolation_note(described: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def isolation_note(described: IsolationView) -> tuple[str, dict[str, Any]]:
     """The note that logs what confines a task (``isolation_of``), recorded with the move that
     starts it (``services.transition``'s ``notes``), which also stores its line."""
     return f"isolation: {described['summary']}", {"isolation": described}

@@ -12,7 +12,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from approvals.actions import policy_of
 from approvals.models import Action, ActionState
+from tasks.models import Task
 from tests.api.test_edges import assert_error
 from tests.conftest import Box
 from tests.factories import flow
@@ -28,8 +30,9 @@ def long_log(box: Box) -> str:
     field.auto_now_add = False  # type: ignore[attr-defined]
     try:
         base = timezone.now() - timedelta(hours=1)
+        policy = policy_of(Task.objects.get(pk=task["id"]))  # as the box proposes each action
         Action.objects.bulk_create([
-            Action(task_id=task["id"], tool="t", position=f"step:{i}", idempotency_key=f"{task['id']}-{i}",
+            Action(task_id=task["id"], tool="t", position=f"step:{i}", idempotency_key=f"{task['id']}-{i}", policy=policy,
                    state=ActionState.SUCCEEDED, created_at=base + timedelta(seconds=i // 3)) for i in range(ACTIONS)])
     finally:
         field.auto_now_add = True  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,10 +17,12 @@ from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
+from boxsite.core.auth import DEVICE_COOKIE
 from tasks.browser.cache import remember
 from tasks.models import Task
 from tests.conftest import Box, wait_for
 from tests.factories import flow
+from tests.portal.conftest import pair_device
 from tests.schema_check import Schema
 
 GUARDED = flow({"write": {"path": "a.txt", "content": "a"}}, {"run": "cat a.txt", "stop_before": "print the file"},
@@ -232,19 +235,61 @@ def test_the_schema_declares_exactly_the_operations_the_box_serves(schema: Schem
     assert ("post", "/api/tokens/{token_id}") not in declared and ("delete", "/api/tokens/{token_id}") in declared
 
 
+def _signed_in(operation: dict[str, Any]) -> bool:
+    return {} not in operation.get("security", [{}])
+
+
 def test_every_operation_declares_its_errors_in_the_error_shape(schema: Schema) -> None:
     error = schema.document["components"]["schemas"]["ErrorBody"]
     assert {"code", "message", "field", "reference"} <= set(error["properties"])
     for path, item in schema.document["paths"].items():
         for method, operation in item.items():
+            where = f"{method} {path}"
             responses = operation["responses"]
             assert "default" not in responses
             errors = {code for code in responses if code >= "400"}
-            assert "500" in errors, f"{method} {path}"
+            assert {"400", "406", "500", "503"} <= errors, where
+            if _signed_in(operation):
+                assert "401" in errors, where
+                if method != "get":  # a cookie's change needs the CSRF token
+                    assert "403" in errors, where
+            else:
+                assert not {"401", "403"} & errors, where
             if "{" in path:
-                assert "404" in errors, f"{method} {path}"
+                assert "404" in errors, where
+            body = operation.get("requestBody", {}).get("content", {})
+            assert ("413" in errors) == bool(body), where
+            # The JSON parser refuses another type; a raw body (an upload) takes any.
+            assert ("415" in errors) == ("application/json" in body), where
             for code in errors:
                 assert responses[code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def _probe_url(path: str, task_id: str) -> str:
+    known = {"task_id": task_id, "name": "home", "path": "none.txt"}
+    return re.sub(r"\{(\w+)\}", lambda m: known.get(m.group(1), "1"), path)
+
+
+def test_the_declared_401_and_403_are_what_a_stranger_and_a_phone_are_answered(box: Box, schema: Schema) -> None:
+    """Every signed-in operation answers 401 without credentials; a signed-in read answers a paired
+    phone 403 exactly where it declares 403 (the rest show a phone its own things, or 404)."""
+    task = box.create(title="t", prompt="p")
+    phone = APIClient()
+    phone.cookies[DEVICE_COOKIE] = pair_device(box.api)
+    stranger = APIClient()
+    reads = 0
+    for path, item in schema.document["paths"].items():
+        for method, operation in item.items():
+            if not _signed_in(operation):
+                continue
+            url = _probe_url(path, task["id"])
+            anonymous = stranger.generic(method.upper(), url, "{}", content_type="application/json")
+            assert anonymous.status_code == 401, f"{method} {path}: {anonymous.status_code}"
+            if method == "get":
+                reads += 1
+                refused = phone.get(url).status_code == 403
+                assert refused == ("403" in operation["responses"]), f"{method} {path}"
+    assert reads > 20
 
 
 def test_timestamps_are_date_times_and_states_are_enums(schema: Schema) -> None:
@@ -315,3 +360,67 @@ def test_a_client_driven_only_by_the_schema_creates_a_task_reads_its_events_and_
     call("approvals_approve_create", {"version": view["version"]}, approval_id=view["approvals"][0]["id"])
     done = in_state("done")
     assert "approve" not in done["next"]
+
+
+# Response properties that are any JSON or an object without declared keys, each with why: what a
+# caller or a program gave (a task's facts, records, result), what an outside system answered, or
+# what each of many writers shapes its own way. Every fixed shape is typed.
+FREE_FORM = {
+    "TaskView.facts": "the facts the caller gave, by the caller's names",
+    "TaskView.output": "the output contract's JSON Schema, as the caller gave it",
+    "TaskView.result": "the answer shaped to the caller's output schema",
+    "TaskView.answer": "what the agent or the flow's last step answered: any JSON",
+    "Report.records": "what the steps saved, by the flow's names",
+    "Report.output": "the output contract's JSON Schema, as the caller gave it",
+    "Report.result": "the answer shaped to the caller's output schema",
+    "OutputData.result": "the answer shaped to the caller's output schema",
+    "QuestionView.answer": "the inputs the owner gave, by the question's names",
+    "InputField.options.items": "an ask step's options, as its flow lists them",
+    "OutputFileCriterion.json": "JSON Pointers to the values the caller expects there",
+    "StepGuide.schema": "a JSON Schema (the schema of a step)",
+    "Tool.schema": "a JSON Schema (a tool's arguments)",
+    "ToolCallData.args": "a tool's arguments, as the agent called it",
+    "ToolResultData.result": "what the tool answered",
+    "ActionView.args": "a tool's arguments, as the agent called it",
+    "ApprovalView.guard": "the exact flow step or tool call approved: its own shape",
+    "Event.data": "typed per kind (allOf); a kind not listed there (a note) carries its writer's keys",
+    "ApprovalView.detail": "what the asking step or tool shows of itself: a planned action, a charge, a page",
+    "ActionView.receipt": "a tool's own outcome (an HTTP step's: status, size, digest, an excerpt)",
+    "ToolResultData.receipt": "a tool's own outcome",
+    "Rescue.data": "the rescue event's data, as the rescuer wrote it",
+}
+
+
+def _untyped(spec: dict[str, Any], where: str) -> Iterator[str]:
+    """``where`` (and the schemas inside it) when it is any JSON or an object without keys."""
+    kinds = spec.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds or []
+    loose_object = "object" in kinds and "properties" not in spec and "additionalProperties" not in spec
+    if not {k for k in spec if k != "description"} or loose_object:
+        yield where
+    for key in ("items", "additionalProperties"):
+        if isinstance(spec.get(key), dict):
+            yield from _untyped(spec[key], f"{where}.{key}")
+    for key in ("anyOf", "oneOf"):
+        for member in spec.get(key, []):
+            yield from _untyped(member, where)
+
+
+def test_no_response_property_is_an_untyped_object_but_the_free_form_ones(schema: Schema) -> None:
+    schemas = schema.document["components"]["schemas"]
+    task_props = set(schemas["TaskView"]["properties"])
+    found = set()
+    for name, component in schemas.items():
+        if name.endswith("Request"):
+            continue
+        for prop, spec in component.get("properties", {}).items():
+            # A TaskView with more (TaskDetail, TaskKept) answers for its TaskView part there.
+            owner = "TaskView" if name in ("TaskDetail", "TaskKept") and prop in task_props else name
+            found |= set(_untyped(spec, f"{owner}.{prop}"))
+    assert found - FREE_FORM.keys() == set(), "untyped, and not listed as free-form"
+    assert FREE_FORM.keys() - found == set(), "listed, but typed now: take it off the list"
+    view = schemas["TaskView"]["properties"]
+    assert view["spent"] == {"$ref": "#/components/schemas/TaskSpent"}
+    assert view["dependsOn"]["items"] == {"$ref": "#/components/schemas/DependsOnItem"}
+    assert schemas["QuestionView"]["properties"]["fields"]["items"] == {"$ref": "#/components/schemas/InputField"}
+    assert schemas["Health"]["properties"]["isolation"]["$ref"] == "#/components/schemas/IsolationView"

@@ -7,7 +7,8 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
-from boxsite.core.auth import DEVICE_COOKIE
+from boxsite.core.auth import DEVICE_COOKIE, issue_api_token
+from tasks.models import Task
 from tests.conftest import Box
 from tests.factories import flow
 from tests.portal.conftest import pair_device
@@ -114,6 +115,21 @@ def test_a_paired_phone_may_read_but_not_upload(box: Box) -> None:
     assert phone.get(f"{FILES}/seen.txt").status_code == 200
     refused = phone.put(f"{FILES}/new.txt", b"x", content_type="application/octet-stream")
     assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN"
+    assert phone.get(f"{FILES}/new.txt").status_code == 404
+    assert not Task.objects.filter(source="upload").exists()
+
+
+def test_any_api_token_may_upload_one_without_the_folder_right_too(box: Box) -> None:
+    """Uploads need no right of their own (docs/internals/decisions.md): the only right a token
+    carries, host folders, is about the owner's disk outside the box, not a workspace."""
+    _, raw = issue_api_token(box.owner, "no folders")
+    program = APIClient()
+    program.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert program.post("/api/tasks", {"title": "t", "prompt": "p", "folders": [str(box.home)]},
+                        format="json").status_code == 403  # the right it lacks
+    made = program.put(f"{FILES}/from-a-program.txt", b"hi", content_type="application/octet-stream")
+    assert made.status_code == 201, made.content
+    assert b"".join(program.get(f"{FILES}/from-a-program.txt").streaming_content) == b"hi"
 
 
 def test_an_upload_is_not_run_again(box: Box) -> None:

@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from rest_framework.test import APIClient
 
 from tests.factories import flow
-from tests.mcp.conftest import LiveBox
+from tests.live_box import LiveBox
 from tests.portal.conftest import pair_device
 
 WRITES = flow({"write": {"path": "hello.txt", "content": "hello from mcp"}})
@@ -158,3 +158,70 @@ def test_a_paired_phone_reaches_only_what_it_reaches_in_the_api(live_box: LiveBo
     over_mcp(live_box, device, work)
     # the owner's device token on the API itself stays a cookie: a bearer there is a token or nothing
     assert APIClient().get("/api/tasks", HTTP_AUTHORIZATION=f"Bearer {device}").status_code == 401
+
+
+ASKS_A_COLOUR = flow({"ask": {"name": "colour", "why": "which colour"}},
+                     {"write": {"path": "colour.txt", "content": "${colour}"}})
+
+
+def test_a_client_denies_a_step_and_the_task_ends_without_it(live_box: LiveBox) -> None:
+    async def work(client: ClientSession) -> None:
+        made = await call(client, "create_task", title="asks first", flow=WAITS_FOR_AN_OK)
+        await until(client, made["id"], "waiting")
+        await call(client, "continue_task", task=made["id"], approve=False)
+        ended = await until(client, made["id"], "failed", "done", "cancelled")
+        assert ended["state"] == "cancelled" and ended["final"], ended["state"]
+        [approval] = ended["approvals"]
+        assert (approval["state"], approval["decidedVia"]) == ("denied", "api")
+        assert (await refused(client, "list_files", workspace="home", path="done.txt"))["code"] == "NOT_FOUND"
+        again = await refused(client, "continue_task", task=made["id"], approve=True)
+        assert again["code"] == "CONFLICT", again
+
+    over_mcp(live_box, live_box.token, work)
+
+
+def test_a_client_answers_a_tasks_question_with_its_inputs(live_box: LiveBox) -> None:
+    async def work(client: ClientSession) -> None:
+        made = await call(client, "create_task", title="asks a value", flow=ASKS_A_COLOUR)
+        waiting = await until(client, made["id"], "waiting")
+        assert waiting["waitingFor"] == "input"
+        [question] = waiting["questions"]
+        assert [f["name"] for f in question["fields"]] == ["colour"] == [f["name"] for f in waiting["pause"]["fields"]]
+        # A value is asked for: a note alone does not answer it, and says what does.
+        wrong = await refused(client, "continue_task", task=made["id"], answer="red")
+        assert wrong["field"] == "inputs", wrong
+        await call(client, "continue_task", task=made["id"], inputs={"colour": "red"})
+        done = await until(client, made["id"], "done", "failed")
+        assert done["state"] == "done", done["error"]
+        [answered] = done["questions"]
+        assert (answered["id"], answered["state"], answered["answeredVia"]) == (question["id"], "answered", "api")
+        file = await call(client, "list_files", workspace="home", path="colour.txt")
+        assert file["content"] == "red", file
+
+    over_mcp(live_box, live_box.token, work)
+
+
+def test_a_client_keeps_a_folder_tasks_changes(live_box: LiveBox, tmp_path: Any) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "f.txt").write_text("old\n")
+
+    async def work(client: ClientSession) -> None:
+        made = await call(client, "create_task", title="edits a folder", folder=str(folder),
+                          flow=flow({"write": {"path": "f.txt", "content": "new\n"}}))
+        done = await until(client, made["id"], "done", "failed")
+        assert done["state"] == "done", done["error"]
+        assert done["review"] == "pending" and "keep" in done["next"]
+        assert (folder / "f.txt").read_text() == "old\n"  # untouched until Keep
+        kept = await call(client, "keep_task", task=made["id"])
+        assert (kept["id"], kept["review"], kept["conflicts"]) == (made["id"], "kept", [])
+        assert (folder / "f.txt").read_text() == "new\n"
+        twice = await refused(client, "keep_task", task=made["id"])
+        assert (twice["code"], twice["field"]) == ("CONFLICT", "review"), twice
+
+        plain = await call(client, "create_task", title="no folder", flow=WRITES)
+        await until(client, plain["id"], "done")
+        not_folder = await refused(client, "keep_task", task=plain["id"])
+        assert (not_folder["code"], not_folder["field"]) == ("CONFLICT", "review"), not_folder
+
+    over_mcp(live_box, live_box.token, work)

@@ -1,0 +1,73 @@
+"""A real box for tests that speak to it as an outside program does (the MCP SDK's client, the
+API guide's example): daphne serving the ASGI application and a django-q2 cluster executing
+runs, on the test database."""
+from __future__ import annotations
+
+import socket
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from boxsite.core.auth import issue_api_token
+from tasks.models import Workspace
+from tasks.run import lifecycle
+from tests.cluster import spawn, stop
+from tests.conftest import database_env, wait_for
+from tests.factories import make_owner
+
+
+class LiveBox:
+    def __init__(self, url: str, owner: Any, token: str, home: Path) -> None:
+        self.url = url
+        self.mcp = f"{url}/mcp"
+        self.owner = owner
+        self.token = token
+        self.home = home
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
+    """The web process and a worker, as `runbox` starts them, and the owner's API token."""
+    home = tmp_path / "home"
+    home.mkdir()
+    Workspace.objects.update_or_create(name="home", defaults={"base_dir": str(home)})
+    owner = make_owner()
+    _, token = issue_api_token(owner, "mcp tests", can_use_folders=True)
+    port = _free_port()
+    env = database_env()
+    env.update({"BOX_QUEUE_POLL_S": "0.05", "BOX_WORKERS": "1", "BOX_LIVE_POLL_SECONDS": "0.1",
+                "BOX_QUEUE_NAME": str(settings.Q_CLUSTER["name"]), "BOX_ALLOWED_HOSTS": "127.0.0.1,localhost"})
+    manage = str(Path(settings.BASE_DIR) / "manage.py")
+    procs = [
+        spawn([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "boxsite.asgi:application"], env,
+              tmp_path / "web.log"),
+        spawn([sys.executable, manage, "runcluster"], env, tmp_path / "cluster.log"),
+    ]
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/api/health", timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, timeout=30, what="the web process to answer")
+        yield LiveBox(url, owner, token, home)
+    finally:
+        for proc in procs:
+            stop(proc, grace=4)
+        lifecycle.janitor.drain()
+        lifecycle.release_host()
