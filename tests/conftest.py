@@ -245,14 +245,19 @@ class Box:
         return wait_for(reached, timeout=timeout, what=f"task {task_id} to be {'/'.join(states)}")
 
 
-@pytest.fixture
-def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
+def owner_with_home(tmp_path: Path, token_name: str) -> tuple[Any, str, Path]:
+    """An owner, their API token (with the folder right) and a ``home`` workspace in ``tmp_path``."""
     home = tmp_path / "home"
     home.mkdir()
     Workspace.objects.update_or_create(name="home", defaults={"base_dir": str(home)})
     owner = make_owner()
-    _, raw = issue_api_token(owner, "tests", can_use_folders=True)
-    yield Box(owner, raw, home)
+    _, raw = issue_api_token(owner, token_name, can_use_folders=True)
+    return owner, raw, home
+
+
+@pytest.fixture
+def box(transactional_db: Any, tmp_path: Path) -> Iterator[Box]:
+    yield Box(*owner_with_home(tmp_path, "tests"))
     # a task the test left queued/running/waiting keeps its overlay mounted; its rows are flushed next
     task_ids = list(Task.objects.values_list("pk", flat=True))
     # Releases still running in this process's background thread. One that ran on past the test

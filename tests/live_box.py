@@ -13,12 +13,9 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from boxsite.core.auth import issue_api_token
-from tasks.models import Workspace
 from tasks.run import lifecycle
 from tests.cluster import spawn, stop
-from tests.conftest import database_env, wait_for
-from tests.factories import make_owner
+from tests.conftest import database_env, owner_with_home, wait_for
 
 
 class LiveBox:
@@ -39,11 +36,7 @@ def _free_port() -> int:
 @pytest.fixture
 def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     """The web process and a worker, as `runbox` starts them, and the owner's API token."""
-    home = tmp_path / "home"
-    home.mkdir()
-    Workspace.objects.update_or_create(name="home", defaults={"base_dir": str(home)})
-    owner = make_owner()
-    _, token = issue_api_token(owner, "mcp tests", can_use_folders=True)
+    owner, token, home = owner_with_home(tmp_path, "mcp tests")
     port = _free_port()
     env = database_env()
     env.update({"BOX_QUEUE_POLL_S": "0.05", "BOX_WORKERS": "1", "BOX_LIVE_POLL_SECONDS": "0.1",
