@@ -15,14 +15,16 @@ signals live in ``tasks.browser.payment``): ``PaymentStop`` and
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from playwright.sync_api import CDPSession, Frame, FrameLocator, Locator, Page
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Frame, FrameLocator, Locator, Page
 
 from boxsite.core.cards import looks_like_card
 from tasks.browser import origins, pages, payment, walls
@@ -44,6 +46,18 @@ PAGE_TEXT_CHARS = 20_000
 SECRET_MARK = "data-box-secret"
 # A secret field is drawn empty: its text and caret transparent (the field itself stays).
 _MASK_CSS = f"[{SECRET_MARK}] {{ color: transparent !important; text-shadow: none !important; caret-color: transparent !important; }}"
+# The box keeps that rule in the page itself, as a constructed style sheet adopted by the document
+# (and by the shadow root of each field it marks): an image drawn straight through DevTools is
+# then masked as Playwright's own screenshot with ``style`` is. An adopted sheet is outside the
+# DOM a page rebuilds and outside its Content-Security-Policy; one the page drops comes back at
+# the next mark, which comes before every image.
+_ENSURE_MASK_JS = f"""root => {{
+    if (root.adoptedStyleSheets.some(s => s.boxSecretMask)) return;
+    const sheet = new (root.ownerDocument || root).defaultView.CSSStyleSheet();
+    sheet.replaceSync({json.dumps(_MASK_CSS)});
+    sheet.boxSecretMask = true;
+    root.adoptedStyleSheets = [...root.adoptedStyleSheets, sheet];
+}}"""
 
 
 @dataclass
@@ -113,7 +127,7 @@ def _execute(call: Call, act: Act | None, read: Read | None) -> tuple[Any, Evide
 
 
 # -- acting steps ------------------------------------------------------------------------------
-def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evidence]:
+def _acting(call: Call, act: Act | None, shot: tuple[str, bytes, str] | None = None) -> tuple[Any, Evidence]:
     evidence = Evidence()
     if call.kind == "browse":
         url = call.value if isinstance(call.value, str) else str(call.value["url"])
@@ -121,7 +135,8 @@ def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) 
             _record_blocked(call, url)
             raise StepFailed(f"{origins.origin_of(url)} is not in constraints.origins; the page was not opened",
                              evidence=Evidence({"url": url, "blocked": "not in constraints.origins"}))
-    before = _capture(call, "before", evidence, snapshot=True, shot=shot)
+    where_before = _capture(call, "before", evidence, snapshot=True, shot=shot)
+    before = {"before": where_before} if where_before else {}
     result: Any = None
     element: dict[str, Any] = {}
     refused_before = len(call.session.blocked)
@@ -159,8 +174,8 @@ def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) 
         raise failure from exc
     finally:
         watch.stop()
-    _capture(call, "after", evidence, keep=True)
-    evidence.data.update({**before, **_where(call.page), **({"element": element} if element else {})})
+    where = _capture(call, "after", evidence, keep=True) or _where(call.page)
+    evidence.data.update({**before, **where, **({"element": element} if element else {})})
     return result, evidence
 
 
@@ -205,7 +220,7 @@ def _fill(call: Call, evidence: Evidence) -> tuple[Any, dict[str, Any]]:
     secret = _holds_secret(call, text)
     _guard_payment_fill(call, element, text, secret, evidence)
     if secret:
-        target.evaluate(f"e => e.setAttribute('{SECRET_MARK}', '')")
+        target.evaluate(f"e => {{ e.setAttribute('{SECRET_MARK}', ''); ({_ENSURE_MASK_JS})(e.getRootNode()); }}")
     if element.get("tag") == "select":
         target.select_option(label=text, timeout=call.timeout_ms)
     else:
@@ -319,50 +334,72 @@ def _screenshot(call: Call) -> tuple[Any, Evidence]:
 # -- evidence ----------------------------------------------------------------------------------
 def take_screenshot(call: Call, *, full_page: bool = False) -> bytes:
     """A PNG of the page with every field that holds a secret drawn empty."""
-    _mark_secret_fields(call)
-    data: bytes = call.page.screenshot(type="png", full_page=full_page, style=_MASK_CSS, animations="disabled",
-                                       caret="hide", timeout=call.timeout_ms)
-    return data
+    return _draw(call, full_page=full_page)[0]
 
 
-def _mark_secret_fields(call: Call) -> None:
-    """Mark every field whose value holds a secret (or a card number), wherever it came from."""
+# One DevTools session per page, for its images: Page.captureScreenshot answers in one round trip,
+# where Playwright's screenshot adds its own (styles in and out of every frame, waits).
+_CDP: weakref.WeakKeyDictionary[Page, CDPSession] = weakref.WeakKeyDictionary()
+
+
+def _draw(call: Call, *, full_page: bool = False) -> tuple[bytes, str]:
+    """The page's masked PNG and its title (read by the same call that marks the secrets)."""
+    page = call.page
+    title = _mark_secret_fields(call)
+    if full_page:
+        data: bytes = page.screenshot(type="png", full_page=True, style=_MASK_CSS, animations="disabled",
+                                      caret="hide", timeout=call.timeout_ms)
+        return data, title
+    cdp = _CDP.get(page)
+    if cdp is None:
+        cdp = _CDP[page] = page.context.new_cdp_session(page)
+    shot = cdp.send("Page.captureScreenshot", {"format": "png"})
+    return base64.b64decode(shot["data"]), title
+
+
+def _mark_secret_fields(call: Call) -> str:
+    """Mark every field whose value holds a secret (or a card number), wherever it came from, and
+    make sure the page holds the rule that draws a marked field empty; the page's title."""
     secrets = [v for v in call.ctx.recorder.redactor.secrets.values() if len(str(v)) >= 4]
-    call.page.evaluate(
+    title: str = call.page.evaluate(
         """([mark, secrets]) => {
             const card = /(?:\\d[ -]?){13,19}/;
             for (const e of document.querySelectorAll('input, textarea')) {
                 const v = e.value || '';
                 if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
             }
-        }""",
+            (ENSURE)(document);
+            return document.title;
+        }""".replace("ENSURE", _ENSURE_MASK_JS),
         [SECRET_MARK, [str(s) for s in secrets]],
     )
+    return title
 
 
 def _capture(call: Call, moment: str, evidence: Evidence, *, snapshot: bool = False,
-             shot: tuple[str, bytes] | None = None, keep: bool = False) -> dict[str, Any]:
+             shot: tuple[str, bytes, str] | None = None, keep: bool = False) -> dict[str, Any]:
     """Store the page as it is now (``before``/``after``): a screenshot, and with ``snapshot``
-    its accessibility tree. Returns the fields for the result event.
+    its accessibility tree. Returns the fields for the result event: where the page is.
 
-    ``shot`` is the previous acting step's after-image (its URL and PNG): the page as that step
-    left it, drawn with the same masking, so a step whose page is still there stores it as its
-    before-image instead of drawing the page again. ``keep`` leaves this image for the next step.
+    ``shot`` is the previous acting step's after-image (its URL, PNG and title): the page as that
+    step left it, drawn with the same masking, so a step whose page is still there stores it as
+    its before-image instead of drawing the page again. ``keep`` leaves this image for the next
+    step.
     """
     shown: dict[str, Any] = {}
     if call.replay:
         return shown
     try:
-        data = shot[1] if shot is not None and shot[0] == call.page.url else take_screenshot(call)
+        url = call.page.url
+        data, title = (shot[1], shot[2]) if shot is not None and shot[0] == url else _draw(call)
         evidence.artifacts.append(artifacts.save_bytes(call.ctx.task.pk, call.artifact(f"{moment}.png"), data))
         if keep:
-            call.session.last_shot = (call.page.url, data)
+            call.session.last_shot = (url, data, title)
         if snapshot:
             tree = call.page.locator("body").aria_snapshot(timeout=call.timeout_ms)
             saved = artifacts.save_text(call.ctx.task.pk, call.artifact("snapshot.txt"), tree, call.ctx.recorder.redactor)
             evidence.artifacts.append(saved)
-        if moment == "before":
-            shown = {"before": {"url": call.page.url, "title": call.page.title()}}
+        shown = {"url": url, "title": title}
     except PlaywrightError:
         pass  # a page that cannot be drawn (gone, crashed) must not hide the step's own result
     return shown
