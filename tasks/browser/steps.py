@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from playwright.sync_api import CDPSession, Frame, FrameLocator, Locator, Page
 from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from boxsite.core.cards import looks_like_card
 from tasks.browser import origins, pages, payment, walls
@@ -148,8 +150,7 @@ def _acting(call: Call, act: Act | None, shot: tuple[str, bytes, str] | None = N
         elif call.kind == "browse":
             result, element = _browse(call, url), {}
         elif call.kind == "click":
-            target = _target(call, call.value)
-            element = describe(target)
+            target, element = _target_described(call, call.value)
             _guard_payment_click(call, target, element, evidence)
             target.click(timeout=call.timeout_ms)
             result = element.get("text") or element.get("name") or ""
@@ -214,8 +215,7 @@ def _browse(call: Call, url: str) -> dict[str, Any]:
 def _fill(call: Call, evidence: Evidence) -> tuple[Any, dict[str, Any]]:
     if not isinstance(call.value, dict) or "value" not in call.value:
         raise StepFailed("'fill' needs a target and a 'value'")
-    target = _target(call, call.value)
-    element = describe(target)
+    target, element = _target_described(call, call.value)
     text = "" if call.value["value"] is None else str(call.value["value"])
     secret = _holds_secret(call, text)
     _guard_payment_fill(call, element, text, secret, evidence)
@@ -338,7 +338,8 @@ def take_screenshot(call: Call, *, full_page: bool = False) -> bytes:
 
 
 # One DevTools session per page, for its images: Page.captureScreenshot answers in one round trip,
-# where Playwright's screenshot adds its own (styles in and out of every frame, waits).
+# where Playwright's screenshot adds its own (styles in and out of every frame, waits). The PNG is
+# encoded for speed: a larger file, drawn sooner.
 _CDP: weakref.WeakKeyDictionary[Page, CDPSession] = weakref.WeakKeyDictionary()
 
 
@@ -353,7 +354,7 @@ def _draw(call: Call, *, full_page: bool = False) -> tuple[bytes, str]:
     cdp = _CDP.get(page)
     if cdp is None:
         cdp = _CDP[page] = page.context.new_cdp_session(page)
-    shot = cdp.send("Page.captureScreenshot", {"format": "png"})
+    shot = cdp.send("Page.captureScreenshot", {"format": "png", "optimizeForSpeed": True})
     return base64.b64decode(shot["data"]), title
 
 
@@ -443,13 +444,14 @@ def _playwright_message(exc: PlaywrightError) -> str:
 
 
 # -- targets -----------------------------------------------------------------------------------
-def _target(call: Call, spec: Any, *, first: bool = True) -> Locator:
-    """The element(s) ``spec`` names on the page; waits up to the step's timeout for the first."""
+def _target(call: Call, spec: Any, *, first: bool = True, timeout_ms: float | None = None) -> Locator:
+    """The element(s) ``spec`` names on the page; waits up to the step's timeout (or
+    ``timeout_ms``) for the first."""
     locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec)
     if first:
         locator = locator.first
         try:
-            locator.wait_for(state="visible", timeout=call.timeout_ms)
+            locator.wait_for(state="visible", timeout=call.timeout_ms if timeout_ms is None else timeout_ms)
         except PlaywrightError as exc:
             raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
     else:
@@ -514,18 +516,47 @@ def _spec_words(spec: Any) -> str:
     return "the target"
 
 
+_DESCRIBE_JS = """e => {
+    const attr = n => e.getAttribute(n) || undefined;
+    const label = e.labels && e.labels.length ? e.labels[0].innerText.trim() : undefined;
+    return {tag: e.tagName.toLowerCase(), id: e.id || undefined, name: attr('name'), type: attr('type'),
+            role: attr('role'), ariaLabel: attr('aria-label'), label: label,
+            autocomplete: attr('autocomplete'), placeholder: attr('placeholder'),
+            text: (e.innerText || e.value && e.type === 'submit' && e.value || '').trim().slice(0, 200) || undefined};
+}"""
+# Playwright's own test of "visible": styled visible, and a box that is not empty.
+_SHOWN_JS = """e => {
+    const box = e.getBoundingClientRect();
+    const visible = (!e.checkVisibility || e.checkVisibility()) && getComputedStyle(e).visibility !== 'hidden'
+        && box.width > 0 && box.height > 0;
+    return {visible, element: (DESCRIBE)(e)};
+}""".replace("DESCRIBE", _DESCRIBE_JS)
+
+
 def describe(target: Locator) -> dict[str, Any]:
     """The element a step chose: tag, role, accessible name, text, and the attributes that
     identify it (never a field's value)."""
-    info: dict[str, Any] = target.evaluate("""e => {
-        const attr = n => e.getAttribute(n) || undefined;
-        const label = e.labels && e.labels.length ? e.labels[0].innerText.trim() : undefined;
-        return {tag: e.tagName.toLowerCase(), id: e.id || undefined, name: attr('name'), type: attr('type'),
-                role: attr('role'), ariaLabel: attr('aria-label'), label: label,
-                autocomplete: attr('autocomplete'), placeholder: attr('placeholder'),
-                text: (e.innerText || e.value && e.type === 'submit' && e.value || '').trim().slice(0, 200) || undefined};
-    }""")
+    info: dict[str, Any] = target.evaluate(_DESCRIBE_JS)
     return {k: v for k, v in info.items() if v is not None}
+
+
+def _target_described(call: Call, spec: Any) -> tuple[Locator, dict[str, Any]]:
+    """``_target`` and ``describe`` of the first element ``spec`` names, in one call to the page
+    when that element is there and visible (as it is for most steps); otherwise waiting for it
+    as ``_target`` does, within the step's timeout."""
+    began = time.monotonic()
+    locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec).first
+    try:
+        found = locator.evaluate(_SHOWN_JS, timeout=call.timeout_ms)
+    except PlaywrightTimeoutError as exc:
+        raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
+    except PlaywrightError:
+        found = None  # the page changed under the call (a navigation): wait for it as usual
+    if isinstance(found, dict) and found.get("visible"):
+        return locator, {k: v for k, v in found["element"].items() if v is not None}
+    left_ms = max(1.0, call.timeout_ms - (time.monotonic() - began) * 1000)
+    target = _target(call, spec, timeout_ms=left_ms)
+    return target, describe(target)
 
 
 def _visible_text(item: Locator) -> str:
