@@ -359,17 +359,24 @@ def _draw(call: Call, *, full_page: bool = False) -> tuple[bytes, str]:
 
 
 def _mark_secret_fields(call: Call) -> str:
-    """Mark every field whose value holds a secret (or a card number), wherever it came from, and
-    make sure the page holds the rule that draws a marked field empty; the page's title."""
+    """Mark every field whose value holds a secret (or a card number), wherever it came from, in
+    the document and its open shadow roots, and make sure each of them that holds a marked field
+    holds the rule that draws it empty (a component may replace its root's sheets); the page's
+    title."""
     secrets = [v for v in call.ctx.recorder.redactor.secrets.values() if len(str(v)) >= 4]
     title: str = call.page.evaluate(
         """([mark, secrets]) => {
             const card = /(?:\\d[ -]?){13,19}/;
-            for (const e of document.querySelectorAll('input, textarea')) {
-                const v = e.value || '';
-                if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
-            }
-            (ENSURE)(document);
+            const ensure = ENSURE;
+            const visit = root => {
+                for (const e of root.querySelectorAll('input, textarea')) {
+                    const v = e.value || '';
+                    if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
+                }
+                if (root === document || root.querySelector('[' + mark + ']')) ensure(root);
+                for (const e of root.querySelectorAll('*')) if (e.shadowRoot) visit(e.shadowRoot);
+            };
+            visit(document);
             return document.title;
         }""".replace("ENSURE", _ENSURE_MASK_JS),
         [SECRET_MARK, [str(s) for s in secrets]],

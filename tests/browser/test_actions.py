@@ -194,6 +194,11 @@ def test_a_secret_typed_in_a_frame_or_a_shadow_root_is_drawn_empty(sandboxed, we
                   {"browse": f"{web.url}/shadow"},
                   {"fill": {"label": "Member code", "value": "${code}"}},
                   {"fill": {"label": "Member code", "value": ""}},
+                  # The component drops its root's style sheets, the secret in its field again.
+                  {"fill": {"label": "Member code", "value": "${code}"}},
+                  {"click": "#restyle"},
+                  {"fill": {"label": "Member code", "value": ""}},
+                  {"click": "#restyle"},
                   facts={"code": MEMBER_CODE}, secretFacts=["code"])
     steps = results(sandboxed, view["id"])
     assert [s["data"]["element"].get("secret") for s in (steps[1], steps[4])] == [True, True]
@@ -201,6 +206,7 @@ def test_a_secret_typed_in_a_frame_or_a_shadow_root_is_drawn_empty(sandboxed, we
     assert artifact(sandboxed, steps[1], "after.png") == artifact(sandboxed, steps[2], "after.png")
     assert artifact(sandboxed, steps[4], "after.png") == artifact(sandboxed, steps[5], "after.png")
     assert artifact(sandboxed, steps[1], "after.png") != artifact(sandboxed, steps[4], "after.png")
+    assert artifact(sandboxed, steps[7], "after.png") == artifact(sandboxed, steps[9], "after.png")
 
 
 def test_wait_for_text_that_appears_later(sandboxed, web):
