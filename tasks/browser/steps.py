@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from playwright.sync_api import CDPSession, Frame, FrameLocator, Locator, Page
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from boxsite.core.cards import looks_like_card
 from tasks.browser import origins, pages, payment, walls
@@ -451,14 +449,13 @@ def _playwright_message(exc: PlaywrightError) -> str:
 
 
 # -- targets -----------------------------------------------------------------------------------
-def _target(call: Call, spec: Any, *, first: bool = True, timeout_ms: float | None = None) -> Locator:
-    """The element(s) ``spec`` names on the page; waits up to the step's timeout (or
-    ``timeout_ms``) for the first."""
+def _target(call: Call, spec: Any, *, first: bool = True) -> Locator:
+    """The element(s) ``spec`` names on the page; waits up to the step's timeout for the first."""
     locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec)
     if first:
         locator = locator.first
         try:
-            locator.wait_for(state="visible", timeout=call.timeout_ms if timeout_ms is None else timeout_ms)
+            locator.wait_for(state="visible", timeout=call.timeout_ms)
         except PlaywrightError as exc:
             raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
     else:
@@ -548,21 +545,17 @@ def describe(target: Locator) -> dict[str, Any]:
 
 
 def _target_described(call: Call, spec: Any) -> tuple[Locator, dict[str, Any]]:
-    """``_target`` and ``describe`` of the first element ``spec`` names, in one call to the page
-    when that element is there and visible (as it is for most steps); otherwise waiting for it
-    as ``_target`` does, within the step's timeout."""
-    began = time.monotonic()
+    """``_target`` and ``describe`` of the first element ``spec`` names: one call to the page
+    when that element is there and visible (as it is for most steps; ``evaluate_all`` neither
+    waits nor holds a handle); otherwise waiting for it as ``_target`` does."""
     locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec).first
     try:
-        found = locator.evaluate(_SHOWN_JS, timeout=call.timeout_ms)
-    except PlaywrightTimeoutError as exc:
-        raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
+        found = locator.evaluate_all(f"els => els.length ? ({_SHOWN_JS})(els[0]) : null")
     except PlaywrightError:
         found = None  # the page changed under the call (a navigation): wait for it as usual
     if isinstance(found, dict) and found.get("visible"):
         return locator, {k: v for k, v in found["element"].items() if v is not None}
-    left_ms = max(1.0, call.timeout_ms - (time.monotonic() - began) * 1000)
-    target = _target(call, spec, timeout_ms=left_ms)
+    target = _target(call, spec)
     return target, describe(target)
 
 
