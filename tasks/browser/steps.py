@@ -349,10 +349,17 @@ def _draw(call: Call, *, full_page: bool = False) -> tuple[bytes, str]:
         data: bytes = page.screenshot(type="png", full_page=True, style=_MASK_CSS, animations="disabled",
                                       caret="hide", timeout=call.timeout_ms)
         return data, title
+    params = {"format": "png", "optimizeForSpeed": True}
     cdp = _CDP.get(page)
-    if cdp is None:
+    try:
+        if cdp is None:
+            cdp = _CDP[page] = page.context.new_cdp_session(page)
+        shot = cdp.send("Page.captureScreenshot", params)
+    except PlaywrightError:
+        # A session the browser let go of (its target swapped): one new one, then the error stands.
+        _CDP.pop(page, None)
         cdp = _CDP[page] = page.context.new_cdp_session(page)
-    shot = cdp.send("Page.captureScreenshot", {"format": "png", "optimizeForSpeed": True})
+        shot = cdp.send("Page.captureScreenshot", params)
     return base64.b64decode(shot["data"]), title
 
 
