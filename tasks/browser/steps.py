@@ -15,14 +15,16 @@ signals live in ``tasks.browser.payment``): ``PaymentStop`` and
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from playwright.sync_api import CDPSession, Frame, FrameLocator, Locator, Page
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Frame, FrameLocator, Locator, Page
 
 from boxsite.core.cards import looks_like_card
 from tasks.browser import origins, pages, payment, walls
@@ -44,6 +46,18 @@ PAGE_TEXT_CHARS = 20_000
 SECRET_MARK = "data-box-secret"
 # A secret field is drawn empty: its text and caret transparent (the field itself stays).
 _MASK_CSS = f"[{SECRET_MARK}] {{ color: transparent !important; text-shadow: none !important; caret-color: transparent !important; }}"
+# The box keeps that rule in the page itself, as a constructed style sheet adopted by the document
+# (and by the shadow root of each field it marks): an image drawn straight through DevTools is
+# then masked as Playwright's own screenshot with ``style`` is. An adopted sheet is outside the
+# DOM a page rebuilds and outside its Content-Security-Policy; one the page drops comes back at
+# the next mark, which comes before every image.
+_ENSURE_MASK_JS = f"""root => {{
+    if (root.adoptedStyleSheets.some(s => s.boxSecretMask)) return;
+    const sheet = new (root.ownerDocument || root).defaultView.CSSStyleSheet();
+    sheet.replaceSync({json.dumps(_MASK_CSS)});
+    sheet.boxSecretMask = true;
+    root.adoptedStyleSheets = [...root.adoptedStyleSheets, sheet];
+}}"""
 
 
 @dataclass
@@ -113,7 +127,7 @@ def _execute(call: Call, act: Act | None, read: Read | None) -> tuple[Any, Evide
 
 
 # -- acting steps ------------------------------------------------------------------------------
-def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) -> tuple[Any, Evidence]:
+def _acting(call: Call, act: Act | None, shot: tuple[str, bytes, str] | None = None) -> tuple[Any, Evidence]:
     evidence = Evidence()
     if call.kind == "browse":
         url = call.value if isinstance(call.value, str) else str(call.value["url"])
@@ -121,7 +135,8 @@ def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) 
             _record_blocked(call, url)
             raise StepFailed(f"{origins.origin_of(url)} is not in constraints.origins; the page was not opened",
                              evidence=Evidence({"url": url, "blocked": "not in constraints.origins"}))
-    before = _capture(call, "before", evidence, snapshot=True, shot=shot)
+    where_before = _capture(call, "before", evidence, snapshot=True, shot=shot)
+    before = {"before": where_before} if where_before else {}
     result: Any = None
     element: dict[str, Any] = {}
     refused_before = len(call.session.blocked)
@@ -133,8 +148,7 @@ def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) 
         elif call.kind == "browse":
             result, element = _browse(call, url), {}
         elif call.kind == "click":
-            target = _target(call, call.value)
-            element = describe(target)
+            target, element = _target_described(call, call.value)
             _guard_payment_click(call, target, element, evidence)
             target.click(timeout=call.timeout_ms)
             result = element.get("text") or element.get("name") or ""
@@ -159,8 +173,8 @@ def _acting(call: Call, act: Act | None, shot: tuple[str, bytes] | None = None) 
         raise failure from exc
     finally:
         watch.stop()
-    _capture(call, "after", evidence, keep=True)
-    evidence.data.update({**before, **_where(call.page), **({"element": element} if element else {})})
+    where = _capture(call, "after", evidence, keep=True) or _where(call.page)
+    evidence.data.update({**before, **where, **({"element": element} if element else {})})
     return result, evidence
 
 
@@ -199,13 +213,12 @@ def _browse(call: Call, url: str) -> dict[str, Any]:
 def _fill(call: Call, evidence: Evidence) -> tuple[Any, dict[str, Any]]:
     if not isinstance(call.value, dict) or "value" not in call.value:
         raise StepFailed("'fill' needs a target and a 'value'")
-    target = _target(call, call.value)
-    element = describe(target)
+    target, element = _target_described(call, call.value)
     text = "" if call.value["value"] is None else str(call.value["value"])
     secret = _holds_secret(call, text)
     _guard_payment_fill(call, element, text, secret, evidence)
     if secret:
-        target.evaluate(f"e => e.setAttribute('{SECRET_MARK}', '')")
+        target.evaluate(f"e => {{ e.setAttribute('{SECRET_MARK}', ''); ({_ENSURE_MASK_JS})(e.getRootNode()); }}")
     if element.get("tag") == "select":
         target.select_option(label=text, timeout=call.timeout_ms)
     else:
@@ -319,50 +332,87 @@ def _screenshot(call: Call) -> tuple[Any, Evidence]:
 # -- evidence ----------------------------------------------------------------------------------
 def take_screenshot(call: Call, *, full_page: bool = False) -> bytes:
     """A PNG of the page with every field that holds a secret drawn empty."""
-    _mark_secret_fields(call)
-    data: bytes = call.page.screenshot(type="png", full_page=full_page, style=_MASK_CSS, animations="disabled",
-                                       caret="hide", timeout=call.timeout_ms)
-    return data
+    return _draw(call, full_page=full_page)[0]
 
 
-def _mark_secret_fields(call: Call) -> None:
-    """Mark every field whose value holds a secret (or a card number), wherever it came from."""
+# One DevTools session per page, for its images: Page.captureScreenshot answers in one round trip,
+# where Playwright's screenshot adds its own (styles in and out of every frame, waits). The PNG is
+# encoded for speed: a larger file, drawn sooner.
+_CDP: weakref.WeakKeyDictionary[Page, CDPSession] = weakref.WeakKeyDictionary()
+
+
+def _draw(call: Call, *, full_page: bool = False) -> tuple[bytes, str]:
+    """The page's masked PNG and its title (read by the same call that marks the secrets)."""
+    page = call.page
+    title = _mark_secret_fields(call)
+    if full_page:
+        data: bytes = page.screenshot(type="png", full_page=True, style=_MASK_CSS, animations="disabled",
+                                      caret="hide", timeout=call.timeout_ms)
+        return data, title
+    params = {"format": "png", "optimizeForSpeed": True}
+    cdp = _CDP.get(page)
+    try:
+        if cdp is None:
+            cdp = _CDP[page] = page.context.new_cdp_session(page)
+        shot = cdp.send("Page.captureScreenshot", params)
+    except PlaywrightError:
+        # A session the browser let go of (its target swapped): one new one, then the error stands.
+        _CDP.pop(page, None)
+        cdp = _CDP[page] = page.context.new_cdp_session(page)
+        shot = cdp.send("Page.captureScreenshot", params)
+    return base64.b64decode(shot["data"]), title
+
+
+def _mark_secret_fields(call: Call) -> str:
+    """Mark every field whose value holds a secret (or a card number), wherever it came from, in
+    the document and its open shadow roots, and make sure each of them that holds a marked field
+    holds the rule that draws it empty (a component may replace its root's sheets); the page's
+    title."""
     secrets = [v for v in call.ctx.recorder.redactor.secrets.values() if len(str(v)) >= 4]
-    call.page.evaluate(
+    title: str = call.page.evaluate(
         """([mark, secrets]) => {
             const card = /(?:\\d[ -]?){13,19}/;
-            for (const e of document.querySelectorAll('input, textarea')) {
-                const v = e.value || '';
-                if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
-            }
-        }""",
+            const ensure = ENSURE;
+            const visit = root => {
+                for (const e of root.querySelectorAll('input, textarea')) {
+                    const v = e.value || '';
+                    if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
+                }
+                if (root === document || root.querySelector('[' + mark + ']')) ensure(root);
+                for (const e of root.querySelectorAll('*')) if (e.shadowRoot) visit(e.shadowRoot);
+            };
+            visit(document);
+            return document.title;
+        }""".replace("ENSURE", _ENSURE_MASK_JS),
         [SECRET_MARK, [str(s) for s in secrets]],
     )
+    return title
 
 
 def _capture(call: Call, moment: str, evidence: Evidence, *, snapshot: bool = False,
-             shot: tuple[str, bytes] | None = None, keep: bool = False) -> dict[str, Any]:
+             shot: tuple[str, bytes, str] | None = None, keep: bool = False) -> dict[str, Any]:
     """Store the page as it is now (``before``/``after``): a screenshot, and with ``snapshot``
-    its accessibility tree. Returns the fields for the result event.
+    its accessibility tree. Returns the fields for the result event: where the page is.
 
-    ``shot`` is the previous acting step's after-image (its URL and PNG): the page as that step
-    left it, drawn with the same masking, so a step whose page is still there stores it as its
-    before-image instead of drawing the page again. ``keep`` leaves this image for the next step.
+    ``shot`` is the previous acting step's after-image (its URL, PNG and title): the page as that
+    step left it, drawn with the same masking, so a step whose page is still there stores it as
+    its before-image instead of drawing the page again. ``keep`` leaves this image for the next
+    step.
     """
     shown: dict[str, Any] = {}
     if call.replay:
         return shown
     try:
-        data = shot[1] if shot is not None and shot[0] == call.page.url else take_screenshot(call)
+        url = call.page.url
+        data, title = (shot[1], shot[2]) if shot is not None and shot[0] == url else _draw(call)
         evidence.artifacts.append(artifacts.save_bytes(call.ctx.task.pk, call.artifact(f"{moment}.png"), data))
         if keep:
-            call.session.last_shot = (call.page.url, data)
+            call.session.last_shot = (url, data, title)
         if snapshot:
             tree = call.page.locator("body").aria_snapshot(timeout=call.timeout_ms)
             saved = artifacts.save_text(call.ctx.task.pk, call.artifact("snapshot.txt"), tree, call.ctx.recorder.redactor)
             evidence.artifacts.append(saved)
-        if moment == "before":
-            shown = {"before": {"url": call.page.url, "title": call.page.title()}}
+        shown = {"url": url, "title": title}
     except PlaywrightError:
         pass  # a page that cannot be drawn (gone, crashed) must not hide the step's own result
     return shown
@@ -477,18 +527,43 @@ def _spec_words(spec: Any) -> str:
     return "the target"
 
 
+_DESCRIBE_JS = """e => {
+    const attr = n => e.getAttribute(n) || undefined;
+    const label = e.labels && e.labels.length ? e.labels[0].innerText.trim() : undefined;
+    return {tag: e.tagName.toLowerCase(), id: e.id || undefined, name: attr('name'), type: attr('type'),
+            role: attr('role'), ariaLabel: attr('aria-label'), label: label,
+            autocomplete: attr('autocomplete'), placeholder: attr('placeholder'),
+            text: (e.innerText || e.value && e.type === 'submit' && e.value || '').trim().slice(0, 200) || undefined};
+}"""
+# Playwright's own test of "visible": styled visible, and a box that is not empty.
+_SHOWN_JS = """e => {
+    const box = e.getBoundingClientRect();
+    const visible = (!e.checkVisibility || e.checkVisibility()) && getComputedStyle(e).visibility !== 'hidden'
+        && box.width > 0 && box.height > 0;
+    return {visible, element: (DESCRIBE)(e)};
+}""".replace("DESCRIBE", _DESCRIBE_JS)
+
+
 def describe(target: Locator) -> dict[str, Any]:
     """The element a step chose: tag, role, accessible name, text, and the attributes that
     identify it (never a field's value)."""
-    info: dict[str, Any] = target.evaluate("""e => {
-        const attr = n => e.getAttribute(n) || undefined;
-        const label = e.labels && e.labels.length ? e.labels[0].innerText.trim() : undefined;
-        return {tag: e.tagName.toLowerCase(), id: e.id || undefined, name: attr('name'), type: attr('type'),
-                role: attr('role'), ariaLabel: attr('aria-label'), label: label,
-                autocomplete: attr('autocomplete'), placeholder: attr('placeholder'),
-                text: (e.innerText || e.value && e.type === 'submit' && e.value || '').trim().slice(0, 200) || undefined};
-    }""")
+    info: dict[str, Any] = target.evaluate(_DESCRIBE_JS)
     return {k: v for k, v in info.items() if v is not None}
+
+
+def _target_described(call: Call, spec: Any) -> tuple[Locator, dict[str, Any]]:
+    """``_target`` and ``describe`` of the first element ``spec`` names: one call to the page
+    when that element is there and visible (as it is for most steps; ``evaluate_all`` neither
+    waits nor holds a handle); otherwise waiting for it as ``_target`` does."""
+    locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec).first
+    try:
+        found = locator.evaluate_all(f"els => els.length ? ({_SHOWN_JS})(els[0]) : null")
+    except PlaywrightError:
+        found = None  # the page changed under the call (a navigation): wait for it as usual
+    if isinstance(found, dict) and found.get("visible"):
+        return locator, {k: v for k, v in found["element"].items() if v is not None}
+    target = _target(call, spec)
+    return target, describe(target)
 
 
 def _visible_text(item: Locator) -> str:

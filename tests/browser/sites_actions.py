@@ -40,7 +40,9 @@ SHADOW = """<h1>Events</h1><p id=out>no details</p><event-card></event-card>
 customElements.define('event-card', class extends HTMLElement {
   connectedCallback() {
     const root = this.attachShadow({mode: 'open'});
-    root.innerHTML = '<div><span>Concert, 8 pm</span> <button>Show details</button></div>';
+    root.innerHTML = '<div><span>Concert, 8 pm</span> <button>Show details</button></div>'
+      + '<label>Member code <input id=code></label> <button id=restyle>Restyle</button>';
+    root.getElementById('restyle').onclick = () => { root.adoptedStyleSheets = []; };
     root.querySelector('button').onclick = () => { document.getElementById('out').innerText = 'Doors open at 7 pm'; };
   }
 });

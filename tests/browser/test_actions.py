@@ -13,6 +13,7 @@ import pytest
 from tasks.browser import pages
 from tasks.sandbox.accounts import running_processes_of
 from tests.browser.sites_actions import REPORT, Site, serve
+from tests.browser.test_steps import artifact
 from tests.browser.test_walls_payment import chromium_of
 from tests.conftest import wait_for
 from tests.factories import flow
@@ -178,6 +179,34 @@ def test_text_and_role_targets_reach_into_an_open_shadow_root(sandboxed, web):
                     {"extract": {"text": "Concert"}, "save": "shadow_text"})
     assert report["records"]["by_role"] == [{"value": "Doors open at 7 pm"}]
     assert report["records"]["shadow_text"] == [{"value": "Concert, 8 pm"}]
+
+
+MEMBER_CODE = "K7Q2-99X4"
+
+
+def test_a_secret_typed_in_a_frame_or_a_shadow_root_is_drawn_empty(sandboxed, web):
+    """The rule that draws a secret field empty lives in the page: in the frame's own document
+    and in the shadow root too, where a rule of the main document does not reach."""
+    view, _ = run(sandboxed, web,
+                  {"browse": f"{web.url}/framed"},
+                  {"fill": {"label": "Email", "frame": "#signup", "value": "${code}"}},
+                  {"fill": {"label": "Email", "frame": "#signup", "value": ""}},
+                  {"browse": f"{web.url}/shadow"},
+                  {"fill": {"label": "Member code", "value": "${code}"}},
+                  {"fill": {"label": "Member code", "value": ""}},
+                  # The component drops its root's style sheets, the secret in its field again.
+                  {"fill": {"label": "Member code", "value": "${code}"}},
+                  {"click": "#restyle"},
+                  {"fill": {"label": "Member code", "value": ""}},
+                  {"click": "#restyle"},
+                  facts={"code": MEMBER_CODE}, secretFacts=["code"])
+    steps = results(sandboxed, view["id"])
+    assert [s["data"]["element"].get("secret") for s in (steps[1], steps[4])] == [True, True]
+    # Typed, then emptied: the two images are the same, so the typed one showed nothing of it.
+    assert artifact(sandboxed, steps[1], "after.png") == artifact(sandboxed, steps[2], "after.png")
+    assert artifact(sandboxed, steps[4], "after.png") == artifact(sandboxed, steps[5], "after.png")
+    assert artifact(sandboxed, steps[1], "after.png") != artifact(sandboxed, steps[4], "after.png")
+    assert artifact(sandboxed, steps[7], "after.png") == artifact(sandboxed, steps[9], "after.png")
 
 
 def test_wait_for_text_that_appears_later(sandboxed, web):
