@@ -77,10 +77,16 @@ def admit_model_call(recorder: StepRecorder, estimate_cents: int) -> None:
     (nothing written), else count it against ``max_model_calls`` (``LimitReached`` past it)."""
 
     def write() -> None:
-        task = Task.objects.select_for_update().only("cost_cents", "budget_cents").get(pk=recorder.task.pk)
+        # One locked read for both checks, counted in this transaction (``StepRecorder.count``
+        # would open a second, nested one that locks the row and proves the lease again).
+        task = Task.objects.select_for_update().only("cost_cents", "budget_cents", "spent", "limits").get(pk=recorder.task.pk)
         if estimate_cents > 0 and task.cost_cents + estimate_cents > task.budget_cents:
             raise OverBudget(estimate_cents, task.cost_cents, task.budget_cents)
-        recorder.count("model_calls", "max_model_calls")
+        recorder.task.limits = task.limits  # as the row is now: the next step's write is checked against it
+        spent = recorder._counted_from(task, "model_calls", "max_model_calls")
+        assert spent is not None
+        Task.objects.filter(pk=task.pk).update(spent=spent)
+        recorder.task.spent = spent
 
     recorder.guarded(write)
 
