@@ -22,7 +22,7 @@ from tasks import pauses
 from tasks.browser.kinds import ACTING as BROWSER_ACTING
 from tasks.browser.kinds import KINDS as BROWSER_KINDS
 from tasks.browser.kinds import PaymentStop
-from tasks.llm.client import ToolCall
+from tasks.llm.client import ModelConfig, ToolCall
 from tasks.models import EventKind
 from tasks.pauses import ApprovalKind
 from tasks.run import artifacts, receipts
@@ -118,6 +118,7 @@ class ToolDispatch:
     by_name: dict[str, dict[str, Any]]  # function name -> the function offered to the model
     by_function: dict[str, str]  # function name -> the broker tool it calls
     flow: FlowWorker
+    config: ModelConfig  # the run's model settings, read once as it starts (its context window)
 
     def _problem(self, call: ToolCall) -> str | None:
         """What is wrong with ``call`` before it runs: a tool the model was not given, or
@@ -304,7 +305,7 @@ class ToolDispatch:
         artifacts a step already saved, such as a command's whole stdout)."""
         value = self.ctx.recorder.redactor.redact(value)
         text = json.dumps(value, default=str)
-        budget = context_window.result_chars()
+        budget = context_window.result_chars(self.config.context_tokens)
         if len(text) <= budget:
             return text
         if kept:
