@@ -304,7 +304,9 @@ class AgentLoop(ToolDispatch):
         return None
 
     def _pending(self) -> Outcome | None:
-        """Execute the tool calls of the last turn not yet answered; an outcome when one ends the run."""
+        """Execute the tool calls of the last turn not yet answered; an outcome when one ends the run.
+        The conversation is saved as each call is answered; with none to answer, once at the end."""
+        answered = False
         while self.state["pending"]:
             raw = self.state["pending"][0]
             call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["arguments"], problem=raw.get("problem", ""))
@@ -329,8 +331,11 @@ class AgentLoop(ToolDispatch):
             self.state["pending"].pop(0)
             self.state["approved"] = None
             self.messages.append({"role": "tool", "tool_call_id": call.id, "content": turn.content})
+            if not turn.saved:
+                self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
+            answered = True
+        if not answered:  # the last call's save holds the state as it is now
             self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
-        self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
         return None
 
     # --- helpers --------------------------------------------------------------------------
