@@ -15,7 +15,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
 from tasks.models import EventKind, Task
-from tasks.run.recorder import StepRecorder
+from tasks.run.recorder import Counts, StepRecorder
 
 
 class OverBudget(Exception):
@@ -70,6 +70,21 @@ def raise_budget(task_id: str, base_cents: int, amount_cents: int) -> None:
     Call inside the transaction that records the decision.
     """
     Task.objects.filter(pk=task_id).update(budget_cents=Greatest(F("budget_cents"), Value(base_cents + amount_cents)))
+
+
+MODEL_CALLS = Counts("model_calls", "max_model_calls")  # a model call, within ``max_model_calls``
+
+
+def check_model_call(recorder: StepRecorder, estimate_cents: int) -> None:
+    """Before a model call that its own step's write counts (``MODEL_CALLS``, one statement on
+    PostgreSQL): ``OverBudget`` when its estimated cost would cross the budget. A plain read, no
+    lock: only the task's run adds to its cost, and a budget raised meanwhile (an approval) only
+    makes the check err on the careful side."""
+    if estimate_cents <= 0:
+        return
+    cost, budget = Task.objects.filter(pk=recorder.task.pk).values_list("cost_cents", "budget_cents").get()
+    if cost + estimate_cents > budget:
+        raise OverBudget(estimate_cents, cost, budget)
 
 
 def admit_model_call(recorder: StepRecorder, estimate_cents: int) -> None:

@@ -179,16 +179,17 @@ class AgentLoop(ToolDispatch):
             if ended is not None:
                 return ended
             try:
-                budget.admit_model_call(self.ctx.recorder, self.config.estimate_cents(self.messages, self.tools))
+                budget.check_model_call(self.ctx.recorder, self.config.estimate_cents(self.messages, self.tools))
             except budget.OverBudget as exc:
                 return self._pause_spending(exc)
-            self.state["turn"] += 1
-            turn = self.state["turn"]
+            turn = self.state["turn"] + 1
             began, clock = timezone.now(), time.monotonic()
             sent = self.messages[self.state["logged"]:]
+            # The turn's step counts the call (past ``max_model_calls`` nothing is logged and the run fails).
             self.ctx.recorder.step(f"turn {turn}: asking the model", {
                 "step": turn, "kind": "model", "model": self.config.model, "messageCount": len(self.messages),
-                "sent": [bounded(m, chars=4000) for m in sent]})
+                "sent": [bounded(m, chars=4000) for m in sent]}, counts=budget.MODEL_CALLS)
+            self.state["turn"] = turn
             self.state["logged"] = len(self.messages)
             try:
                 decision = call_model(self.config, self.ctx.recorder.redactor.redact(self.messages), tools=self.tools, key=self.key, recorder=self.ctx.recorder)
