@@ -15,7 +15,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
 from tasks.models import EventKind, Task
-from tasks.run.recorder import StepRecorder
+from tasks.run.recorder import Counts, StepRecorder
 
 
 class OverBudget(Exception):
@@ -72,15 +72,36 @@ def raise_budget(task_id: str, base_cents: int, amount_cents: int) -> None:
     Task.objects.filter(pk=task_id).update(budget_cents=Greatest(F("budget_cents"), Value(base_cents + amount_cents)))
 
 
+MODEL_CALLS = Counts("model_calls", "max_model_calls")  # a model call, within ``max_model_calls``
+
+
+def check_model_call(recorder: StepRecorder, estimate_cents: int) -> None:
+    """Before a model call that its own step's write counts (``MODEL_CALLS``, one statement on
+    PostgreSQL): ``OverBudget`` when its estimated cost would cross the budget. A plain read, no
+    lock: only the task's run adds to its cost, and a budget raised meanwhile (an approval) only
+    makes the check err on the careful side."""
+    if estimate_cents <= 0:
+        return
+    cost, budget = Task.objects.filter(pk=recorder.task.pk).values_list("cost_cents", "budget_cents").get()
+    if cost + estimate_cents > budget:
+        raise OverBudget(estimate_cents, cost, budget)
+
+
 def admit_model_call(recorder: StepRecorder, estimate_cents: int) -> None:
     """Before a model call: ``OverBudget`` when its estimated cost would cross the budget
     (nothing written), else count it against ``max_model_calls`` (``LimitReached`` past it)."""
 
     def write() -> None:
-        task = Task.objects.select_for_update().only("cost_cents", "budget_cents").get(pk=recorder.task.pk)
+        # One locked read for both checks, counted in this transaction (``StepRecorder.count``
+        # would open a second, nested one that locks the row and proves the lease again).
+        task = Task.objects.select_for_update().only("cost_cents", "budget_cents", "spent", "limits").get(pk=recorder.task.pk)
         if estimate_cents > 0 and task.cost_cents + estimate_cents > task.budget_cents:
             raise OverBudget(estimate_cents, task.cost_cents, task.budget_cents)
-        recorder.count("model_calls", "max_model_calls")
+        recorder.task.limits = task.limits  # as the row is now: the next step's write is checked against it
+        spent = recorder._counted_from(task, "model_calls", "max_model_calls")
+        assert spent is not None
+        Task.objects.filter(pk=task.pk).update(spent=spent)
+        recorder.task.spent = spent
 
     recorder.guarded(write)
 

@@ -79,12 +79,12 @@ class AgentWorker:
         ctx.refresh_redactor()
         state = dict(ctx.resume.get("agent") or {})
         if not state:
-            state = {"messages": self._opening(ctx), "turn": 0, "logged": 0, "pending": [], "approved": None}
+            state = {"messages": self._opening(ctx, config), "turn": 0, "logged": 0, "pending": [], "approved": None}
         tools = self._functions(ctx)
         loop = AgentLoop(ctx, config, key, tools, state)
         return loop.go()
 
-    def _opening(self, ctx: RunContext) -> list[dict[str, Any]]:
+    def _opening(self, ctx: RunContext, config: ModelConfig) -> list[dict[str, Any]]:
         task = ctx.task
         rules = [
             "You are the box's agent. You do the owner's task with the tools you are given, then call finish with your answer.",
@@ -101,7 +101,7 @@ class AgentWorker:
             "HTTP requests other than GET/HEAD wait for the owner's OK, and so do curl/wget commands that send "
             "(another method, or data) to a listed host.",
             f"Output: a command's result shows the last {TAIL_LINES} lines (at most {TAIL_CHARS} characters) of stdout and "
-            f"stderr; a longer tool result than {context_window.result_chars()} characters is shown as its head and tail, and "
+            f"stderr; a longer tool result than {context_window.result_chars(config.context_tokens)} characters is shown as its head and tail, and "
             "the whole of it is kept: page through it with read_output. Redirect long output to a file and read or search it.",
             "Files: read_file (start_line/end_line for part of a long file), edit_file to change exact text, "
             "search_files and glob_files to find things, write_file for new files.",
@@ -179,16 +179,17 @@ class AgentLoop(ToolDispatch):
             if ended is not None:
                 return ended
             try:
-                budget.admit_model_call(self.ctx.recorder, self.config.estimate_cents(self.messages, self.tools))
+                budget.check_model_call(self.ctx.recorder, self.config.estimate_cents(self.messages, self.tools))
             except budget.OverBudget as exc:
                 return self._pause_spending(exc)
-            self.state["turn"] += 1
-            turn = self.state["turn"]
+            turn = self.state["turn"] + 1
             began, clock = timezone.now(), time.monotonic()
             sent = self.messages[self.state["logged"]:]
+            # The turn's step counts the call (past ``max_model_calls`` nothing is logged and the run fails).
             self.ctx.recorder.step(f"turn {turn}: asking the model", {
                 "step": turn, "kind": "model", "model": self.config.model, "messageCount": len(self.messages),
-                "sent": [bounded(m, chars=4000) for m in sent]})
+                "sent": [bounded(m, chars=4000) for m in sent]}, counts=budget.MODEL_CALLS)
+            self.state["turn"] = turn
             self.state["logged"] = len(self.messages)
             try:
                 decision = call_model(self.config, self.ctx.recorder.redactor.redact(self.messages), tools=self.tools, key=self.key, recorder=self.ctx.recorder)
@@ -239,14 +240,14 @@ class AgentLoop(ToolDispatch):
     def _fit(self) -> Outcome | None:
         """Near the context window, compact the older turns into a summary (one model call of its
         own, logged and charged); the rules, the task and the recent turns stay whole."""
-        limit = self.config.max_output_tokens
-        if not context_window.needs_compaction(self.messages, self.tools, limit):
+        limit, window = self.config.max_output_tokens, self.config.context_tokens
+        if not context_window.needs_compaction(self.messages, self.tools, limit, window):
             return None
-        start = context_window.split(self.messages, self.tools, limit)
+        start = context_window.split(self.messages, self.tools, limit, window)
         if start is None:
             return None
         older = self.messages[2:start]
-        request = self.ctx.recorder.redactor.redact(context_window.summary_request(older, limit))
+        request = self.ctx.recorder.redactor.redact(context_window.summary_request(older, limit, window))
         try:
             budget.admit_model_call(self.ctx.recorder, self.config.estimate_cents(request))
         except budget.OverBudget as exc:
@@ -254,7 +255,7 @@ class AgentLoop(ToolDispatch):
         before = context_window.count_tokens(self.messages, self.tools)
         began, clock = timezone.now(), time.monotonic()
         data = {"step": self.state["turn"], "kind": "compaction", "model": self.config.model, "messages": len(older),
-                "tokensBefore": before, "window": context_window.window_tokens()}
+                "tokensBefore": before, "window": context_window.window_tokens(window)}
         self.ctx.recorder.step(f"compacting {len(older)} earlier messages ({before} tokens) to fit the context", data)
         try:
             decision = call_model(self.config, request, key=self.key)
@@ -304,7 +305,9 @@ class AgentLoop(ToolDispatch):
         return None
 
     def _pending(self) -> Outcome | None:
-        """Execute the tool calls of the last turn not yet answered; an outcome when one ends the run."""
+        """Execute the tool calls of the last turn not yet answered; an outcome when one ends the run.
+        The conversation is saved as each call is answered; with none to answer, once at the end."""
+        answered = False
         while self.state["pending"]:
             raw = self.state["pending"][0]
             call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["arguments"], problem=raw.get("problem", ""))
@@ -329,8 +332,11 @@ class AgentLoop(ToolDispatch):
             self.state["pending"].pop(0)
             self.state["approved"] = None
             self.messages.append({"role": "tool", "tool_call_id": call.id, "content": turn.content})
+            if not turn.saved:
+                self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
+            answered = True
+        if not answered:  # the last call's save holds the state as it is now
             self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
-        self.ctx.recorder.save_progress(resume={"agent": self.ctx.recorder.redactor.redact(self.state)})
         return None
 
     # --- helpers --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +23,13 @@ from tasks import pauses
 from tasks.browser.kinds import ACTING as BROWSER_ACTING
 from tasks.browser.kinds import KINDS as BROWSER_KINDS
 from tasks.browser.kinds import PaymentStop
-from tasks.llm.client import ToolCall
+from tasks.llm.client import ModelConfig, ToolCall
 from tasks.models import EventKind
 from tasks.pauses import ApprovalKind
 from tasks.run import artifacts, receipts
 from tasks.run.context import RunContext
 from tasks.run.evidence import Evidence, StepFailed, bounded
+from tasks.run.recorder import ACTIONS
 from tasks.states import WaitingFor
 from tasks.tools.registry import NeedsApproval
 from tasks.vault.facts import guess_kind
@@ -97,6 +99,7 @@ class Turn:
 
     content: str = ""
     outcome: Outcome | None = None
+    saved: bool = False  # the conversation with this call answered is saved already (with its result's event)
 
 
 @functools.lru_cache(maxsize=256)
@@ -118,6 +121,7 @@ class ToolDispatch:
     by_name: dict[str, dict[str, Any]]  # function name -> the function offered to the model
     by_function: dict[str, str]  # function name -> the broker tool it calls
     flow: FlowWorker
+    config: ModelConfig  # the run's model settings, read once as it starts (its context window)
 
     def _problem(self, call: ToolCall) -> str | None:
         """What is wrong with ``call`` before it runs: a tool the model was not given, or
@@ -169,10 +173,10 @@ class ToolDispatch:
                 ApprovalKind.IRREVERSIBLE, summary, {"action": "run", "command": bounded(step["run"]), "call": call.id},
                 {"tool_call": call.id})))
         known = dict(ctx.facts.values)
+        acts = kind in ("run", "write", "edit", "http") or (kind in BROWSER_ACTING and kind != "tab")
+        # The action is counted by the call's own write, as a flow step's is: past the limit nothing is logged.
         ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(args)}", {"call": call.id, "tool": call.name, "args": bounded(args)},
-                           doing_now=True)
-        if kind in ("run", "write", "edit", "http") or (kind in BROWSER_ACTING and kind != "tab"):
-            ctx.recorder.count("actions", "max_actions")
+                           doing_now=True, counts=ACTIONS if acts else None)
         try:
             result, evidence = self._run(kind, step, known, approved=approved, call=call.id)
         except NeedsApproval as need:
@@ -191,14 +195,26 @@ class ToolDispatch:
             return Turn(outcome=Paused(WaitingFor.HUMAN, f"{unknown}; did it happen?", reconcile=unknown.action.pk))
         except StepFailed as exc:
             data = {"call": call.id, "tool": call.name, "ok": False, "error": exc.message, **exc.evidence.data}
-            ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} failed: {exc.message}"[:300], data, artifacts=exc.evidence.artifacts)
-            self._recorded(kind)
-            return Turn(content=self._shown({"error": exc.message, **exc.evidence.data}, exc.evidence.artifacts))
-        ctx.recorder.event(EventKind.TOOL_RESULT, f"{call.name} ok", {"call": call.id, "tool": call.name, "ok": True, **evidence.data},
-                           artifacts=evidence.artifacts)
+            return self._answered(call, kind, {"error": exc.message, **exc.evidence.data}, exc.evidence.artifacts,
+                                  f"{call.name} failed: {exc.message}"[:300], data)
+        return self._answered(call, kind, result if kind in ("list", "read", "edit", "search", "glob", "output", "tool")
+                              else {"result": result, **evidence.data}, evidence.artifacts,
+                              f"{call.name} ok", {"call": call.id, "tool": call.name, "ok": True, **evidence.data})
+
+    def _answered(self, call: ToolCall, kind: str, value: Any, kept: list[dict[str, Any]] | None,
+                  summary: str, data: dict[str, Any]) -> Turn:
+        """Log a call's result and save the conversation with it answered, in one write: a run cut
+        off between the two would run the call again whose result the log already shows. A cut
+        result's whole is saved before (the answer names it), its note logged after."""
+        content, note = self._shown_later(value, kept)
+        after = {**self.state, "pending": self.state["pending"][1:], "approved": None,
+                 "messages": [*self.state["messages"], {"role": "tool", "tool_call_id": call.id, "content": content}]}
+        self.ctx.recorder.event(EventKind.TOOL_RESULT, summary, data, artifacts=kept,
+                                resume={"agent": self.ctx.recorder.redactor.redact(after)})
+        if note is not None:
+            note()
         self._recorded(kind)
-        return Turn(content=self._shown(result if kind in ("list", "read", "edit", "search", "glob", "output", "tool")
-                                        else {"result": result, **evidence.data}, evidence.artifacts))
+        return Turn(content=content, saved=True)
 
     def _as_step(self, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
         args = call.arguments
@@ -298,30 +314,34 @@ class ToolDispatch:
         self.ctx.recorder.event(EventKind.TOOL_CALL, f"{call.name} {self._brief(call.arguments)}",
                                 {"call": call.id, "tool": call.name, "args": bounded(call.arguments), **result})
 
-    def _shown(self, value: Any, kept: list[dict[str, Any]] | None = None) -> str:
+    def _shown_later(self, value: Any, kept: list[dict[str, Any]] | None = None) -> tuple[str, Callable[[], None] | None]:
         """A result as the model sees it: masked, then its head and tail within the budget; the
         whole of a longer one is an artifact the model reads with ``read_output`` (``kept``: the
-        artifacts a step already saved, such as a command's whole stdout)."""
+        artifacts a step already saved, such as a command's whole stdout). With the note that
+        says so, for the caller to log after the result (None: nothing to note)."""
         value = self.ctx.recorder.redactor.redact(value)
         text = json.dumps(value, default=str)
-        budget = context_window.result_chars()
+        budget = context_window.result_chars(self.config.context_tokens)
         if len(text) <= budget:
-            return text
+            return text, None
         if kept:
             names = " and ".join(f"'{a['name']}'" for a in kept)
             return context_window.head_and_tail(text, budget, f"the whole output is output {names}: "
-                                                              "call read_output with its name and start_line/end_line")
+                                                              "call read_output with its name and start_line/end_line"), None
         self.state["outputs"] = int(self.state.get("outputs", 0)) + 1
         name = f"agent-output-{self.state['outputs']}.txt"
         # Written out field by field, so the model can page through a command's output by line.
         whole = "\n".join(f"{k}:\n{v}" if isinstance(v, str) else f"{k}: {json.dumps(v, default=str)}"
                           for k, v in value.items()) if isinstance(value, dict) else text
         listing = artifacts.save_text(self.ctx.task.pk, name, whole, self.ctx.recorder.redactor)
-        self.ctx.recorder.event(EventKind.NOTE, f"a tool result of {len(text)} characters is shown cut; the whole is {name}",
-                               {"output": name, "chars": len(text)}, artifacts=[listing])
+
+        def note() -> None:
+            self.ctx.recorder.event(EventKind.NOTE, f"a tool result of {len(text)} characters is shown cut; the whole is {name}",
+                                    {"output": name, "chars": len(text)}, artifacts=[listing])
+
         lines = whole.count("\n") + 1
         return context_window.head_and_tail(text, budget, f"the whole result ({lines} lines) is output '{name}': "
-                                                          "call read_output with its name and start_line/end_line")
+                                                          "call read_output with its name and start_line/end_line"), note
 
     @staticmethod
     def _brief(args: dict[str, Any]) -> str:

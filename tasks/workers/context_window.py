@@ -20,14 +20,16 @@ SUMMARY_MESSAGE_CHARS = 2000  # of each older message, in what the summariser is
 SUMMARY_PREFIX = "Summary of the earlier turns (compacted to fit the model's context):\n"
 
 
-def window_tokens() -> int:
-    return context_tokens()
+def window_tokens(window: int | None = None) -> int:
+    """``window`` when the caller has it (the run's ``ModelConfig.context_tokens``, read once as
+    the run starts), else the settings' (a read of the settings row)."""
+    return window or context_tokens()
 
 
-def room_tokens(max_output_tokens: int) -> int:
+def room_tokens(max_output_tokens: int, window: int | None = None) -> int:
     """What the input may use: the window less the answer asked for (at most a quarter of the
     window: ``ModelConfig.output_cap``)."""
-    window = window_tokens()
+    window = window_tokens(window)
     return max(1024, window - min(max_output_tokens, window // OUTPUT_SHARE))
 
 
@@ -35,9 +37,9 @@ def count_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     return prompt_tokens(messages, tools)
 
 
-def result_chars() -> int:
+def result_chars(window: int | None = None) -> int:
     """The budget of one tool result, in characters: a tenth of the window at most."""
-    return max(2000, min(RESULT_CHARS, window_tokens() * CHARS_PER_TOKEN // 10))
+    return max(2000, min(RESULT_CHARS, window_tokens(window) * CHARS_PER_TOKEN // 10))
 
 
 def head_and_tail(text: str, budget: int, note: str) -> str:
@@ -48,15 +50,17 @@ def head_and_tail(text: str, budget: int, note: str) -> str:
     return f"{text[:half]}\n… [{len(text) - 2 * half} characters cut; {note}] …\n{text[-half:]}"
 
 
-def needs_compaction(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_output_tokens: int) -> bool:
-    return count_tokens(messages, tools) > COMPACT_AT * room_tokens(max_output_tokens)
+def needs_compaction(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_output_tokens: int,
+                     window: int | None = None) -> bool:
+    return count_tokens(messages, tools) > COMPACT_AT * room_tokens(max_output_tokens, window)
 
 
-def split(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_output_tokens: int) -> int | None:
+def split(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_output_tokens: int,
+          window: int | None = None) -> int | None:
     """Where the recent turns kept whole begin (after the system prompt and the task, index 2 or
     more); None when there is nothing older to compact. The kept part starts at an assistant
     message, so no tool result loses the call it answers."""
-    keep = KEEP_RECENT * room_tokens(max_output_tokens) - count_tokens(messages[:2], tools)
+    keep = KEEP_RECENT * room_tokens(max_output_tokens, window) - count_tokens(messages[:2], tools)
     start = len(messages)
     used = 0
     for index in range(len(messages) - 1, 1, -1):
@@ -87,8 +91,8 @@ def transcript(messages: list[dict[str, Any]], budget_chars: int) -> str:
     return "\n".join(lines)
 
 
-def summary_request(older: list[dict[str, Any]], max_output_tokens: int) -> list[dict[str, Any]]:
-    budget = (room_tokens(max_output_tokens) * CHARS_PER_TOKEN) // 2
+def summary_request(older: list[dict[str, Any]], max_output_tokens: int, window: int | None = None) -> list[dict[str, Any]]:
+    budget = (room_tokens(max_output_tokens, window) * CHARS_PER_TOKEN) // 2
     return [
         {"role": "system", "content": "You compact the earlier part of an agent's work so it can go on in a small context. "
                                       "Write a short summary: what was done, what was found (file names, values, errors), "
