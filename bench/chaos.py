@@ -27,7 +27,7 @@ again (rerun), steps recorded from a receipt, and the START and END lines beyond
 
 All zero is the bar (failed: but for the attempt limit, when ``--max-attempts`` lets kills reach
 it). Usage: .venv/bin/python bench/chaos.py [--tasks N] [--kills K] [--db-faults T] [options];
-the harsher schedule docs/internals/performance.md ("Recovery under chaos") gives figures for
+the harsher schedule docs/internals/performance-load.md ("Recovery under chaos") gives figures for
 (1 to 3 steps with START/END lines, a kill every 2-5 s, 30 kills): .venv/bin/python
 bench/chaos.py --only postgres --steps 1-3 --effect start-end --step-sleep 2.5 --kill-every 2-5
 --kills 30 --max-attempts 3 --per-task. PostgreSQL + Redis use Redis database
