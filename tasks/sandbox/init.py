@@ -146,13 +146,15 @@ def load_syscall_filter() -> Callable[[], None]:
     start: a task never runs without it."""
     module = _sibling("syscall_filter", "box_syscall_filter")
     try:
-        lib = module.load()
+        # Built here once: a run's init forks every command of the run from this process, and each
+        # loads the program as it is instead of building it again.
+        program = module.compiled(module.load())
     except module.FilterError as exc:
         _fail(f"the system-call filter cannot be had: {exc}")
 
     def install() -> None:
         try:
-            module.install(lib)
+            module.install_compiled(program)
         except module.FilterError as exc:
             _fail(f"the system-call filter cannot be installed: {exc}")
 
