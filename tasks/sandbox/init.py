@@ -355,8 +355,9 @@ def keep_ending(keep: dict[str, Any], status: int, relays: Relays) -> None:
     # without its spool is no receipt (``receipts.find`` checks each spool file's size).
     ending = {"code": code, "bytes": relays.sizes()}
     _write_all(keep["ending"], (json.dumps(ending) + "\n").encode())
-    for fd in (*keep["spool"], keep["ending"]):
-        os.fsync(fd)
+    if keep.get("flush", True):
+        for fd in (*keep["spool"], keep["ending"]):
+            os.fsync(fd)
 
 
 def die_with_worker(fd: int = 1) -> None:
@@ -570,7 +571,8 @@ def _command(fds: list[int], install_syscall_filter: Callable[[], None]) -> None
     pidfd = os.pidfd_open(pid)
     socket.send_fds(reply, [b"pid"], [pidfd])
     os.close(pidfd)
-    for fd in fds:
+    kept = fds[4:]  # the receipt's files, flushed here once the worker has its answer
+    for fd in fds[:4]:
         if fd != reply_fd:
             os.close(fd)
     while True:
@@ -584,6 +586,15 @@ def _command(fds: list[int], install_syscall_filter: Callable[[], None]) -> None
         reply.sendall(str(code).encode())
     except OSError:
         pass  # the worker is gone
+    reply.close()
+    # The command's init wrote the receipt's ending before it exited, so it is in the page cache
+    # before the worker hears (a worker's death cannot lose it); flushing it to the disk is for a
+    # host's crash, which the worker need not wait for. Init waits for this keeper before it exits.
+    for fd in kept:
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # a failing disk: the worker has its answer; nothing here can do better
     os._exit(0)
 
 
@@ -599,6 +610,7 @@ def _command_init(config_fd: int, stdout: int, stderr: int, kept: list[int],
     keep = config.get("keep")
     if keep is not None:  # the receipt's files arrive in the request, after the four fixed ones
         keep["ending"], keep["spool"] = kept[0], kept[1:3]
+        keep["flush"] = False  # the keeper flushes them (``_command``)
         for fd in kept:
             os.set_inheritable(fd, False)
     os.environ.clear()
