@@ -146,13 +146,15 @@ def load_syscall_filter() -> Callable[[], None]:
     start: a task never runs without it."""
     module = _sibling("syscall_filter", "box_syscall_filter")
     try:
-        lib = module.load()
+        # Built here once: a run's init forks every command of the run from this process, and each
+        # loads the program as it is instead of building it again.
+        program = module.compiled(module.load())
     except module.FilterError as exc:
         _fail(f"the system-call filter cannot be had: {exc}")
 
     def install() -> None:
         try:
-            module.install(lib)
+            module.install_compiled(program)
         except module.FilterError as exc:
             _fail(f"the system-call filter cannot be installed: {exc}")
 
@@ -259,81 +261,109 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-class Relay(threading.Thread):
-    """Copies one of the command's streams to the worker (``sink``) and into a spool file (at
-    most ``limit`` + 1 bytes, as the worker's own spooling keeps). A worker that is gone stops
-    only the copy to it: the spool still gets everything, for the receipt. A spool that cannot
-    be written (a full disk) is ``broken``: the copy to the worker goes on, and the receipt gets
-    no ending (the step runs again, as one cut off does)."""
+class Relays(threading.Thread):
+    """One thread for a command with a receipt: copies its stdout and stderr to the worker (fds 1
+    and 2) and into the spool files (at most ``limit`` + 1 bytes each, as the worker's own spooling
+    keeps), and watches the worker (``die_with_worker``'s watch, on fd 1). A worker that is gone
+    stops only the copy to it, sets ``worker_gone`` and kills the namespace's other processes: the
+    spool still gets everything, for the receipt. A spool that cannot be written (a full disk) is
+    ``broken``: the copy to the worker goes on, and the receipt gets no ending (the step runs
+    again, as one cut off does). ``drained`` is set once both streams ended; the watch goes on."""
 
-    def __init__(self, source: int, sink: int, spool: int, limit: int) -> None:
+    def __init__(self, sources: tuple[int, int], spools: list[int], limit: int) -> None:
         super().__init__(daemon=True)
-        self.source, self.sink, self.spool, self.limit = source, sink, spool, limit
-        self.spooled = 0
+        self.streams = {source: (sink, spool) for source, sink, spool in zip(sources, (1, 2), spools)}
+        self.limit = limit
+        self.spooled = dict.fromkeys(sources, 0)
+        self.order = sources
         self.broken = False
+        self.drained = threading.Event()
+        self.worker_gone = threading.Event()
 
     def run(self) -> None:
-        to_sink = True
-        while True:
-            chunk = os.read(self.source, 65536)
-            if not chunk:
-                break
-            room = self.limit + 1 - self.spooled
-            if room > 0 and not self.broken:
-                try:
-                    _write_all(self.spool, chunk[:room])
-                    self.spooled += min(room, len(chunk))
-                except OSError:
-                    self.broken = True
-            if to_sink:
-                try:
-                    _write_all(self.sink, chunk)
-                except OSError:
-                    to_sink = False
-        os.close(self.source)
+        poller = select.poll()
+        for source in self.streams:
+            poller.register(source, select.POLLIN)
+        watch = stat.S_ISFIFO(os.fstat(1).st_mode)
+        if watch:
+            poller.register(1, 0)  # only the always-reported conditions: POLLERR once no reader is left
+        to_sink = {1: True, 2: True}
+        while self.streams or watch:
+            for fd, events in poller.poll():
+                if fd == 1:
+                    if events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                        poller.unregister(1)
+                        watch = False
+                        self.worker_gone.set()
+                        try:
+                            os.kill(-1, signal.SIGKILL)  # every process of the namespace but this one
+                        except (ProcessLookupError, PermissionError):
+                            pass  # none left
+                    continue
+                sink, spool = self.streams[fd]
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    poller.unregister(fd)
+                    os.close(fd)
+                    del self.streams[fd]
+                    if not self.streams:
+                        self.drained.set()
+                    continue
+                room = self.limit + 1 - self.spooled[fd]
+                if room > 0 and not self.broken:
+                    try:
+                        _write_all(spool, chunk[:room])
+                        self.spooled[fd] += min(room, len(chunk))
+                    except OSError:
+                        self.broken = True
+                if to_sink[sink]:
+                    try:
+                        _write_all(sink, chunk)
+                    except OSError:
+                        to_sink[sink] = False
+
+    def sizes(self) -> list[int]:
+        """Bytes spooled from stdout, then stderr."""
+        return [self.spooled[source] for source in self.order]
 
 
-def relays_for(keep: dict[str, Any]) -> tuple[tuple[int, int], list[Relay]]:
+def relays_for(keep: dict[str, Any]) -> tuple[tuple[int, int], Relays]:
     """Pipes for the command's stdout and stderr: the write ends, for the command, and the relay
-    of each read end (started once the command is: no thread runs while we fork)."""
-    ends: list[int] = []
-    relays = []
-    for sink, spool in zip((1, 2), keep["spool"]):
-        read_end, write_end = os.pipe()
-        ends.append(write_end)
-        relays.append(Relay(read_end, sink, spool, int(keep["limit"])))
-    return (ends[0], ends[1]), relays
+    of the read ends (started once the command is: no thread runs while we fork)."""
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    return (out_write, err_write), Relays((out_read, err_read), list(keep["spool"]), int(keep["limit"]))
 
 
-def keep_ending(keep: dict[str, Any], status: int, relays: list[Relay], worker_gone: threading.Event) -> None:
-    """The command ended: stop what it left running (its output then ends), let the relays
+def keep_ending(keep: dict[str, Any], status: int, relays: Relays) -> None:
+    """The command ended: stop what it left running (its output then ends), let the relay
     finish, and write how it ended to the receipt, unless it was killed because the worker is
     gone (a step cut off mid-way, which runs again)."""
-    cut = worker_gone.is_set() and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    cut = relays.worker_gone.is_set() and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     try:
         os.kill(-1, signal.SIGKILL)  # every process of the namespace but this one
     except (ProcessLookupError, PermissionError):
         pass  # none left
-    for relay in relays:
-        relay.join(timeout=10)
+    drained = relays.drained.wait(timeout=10)
     if keep.get("hold"):  # a test's: the worker dies here, after the exit, before the receipt is written
-        worker_gone.wait(timeout=120)
-    if cut or any(relay.broken or relay.is_alive() for relay in relays):
+        relays.worker_gone.wait(timeout=120)
+    if cut or relays.broken or not drained:
         return
     code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     # The ending is written before anything is flushed, so one journal commit takes the three
     # files together rather than one for the spool and another for the ending. An ending kept
     # without its spool is no receipt (``receipts.find`` checks each spool file's size).
-    ending = {"code": code, "bytes": [relay.spooled for relay in relays]}
+    ending = {"code": code, "bytes": relays.sizes()}
     _write_all(keep["ending"], (json.dumps(ending) + "\n").encode())
-    for fd in (*keep["spool"], keep["ending"]):
-        os.fsync(fd)
+    if keep.get("flush", True):
+        for fd in (*keep["spool"], keep["ending"]):
+            os.fsync(fd)
 
 
-def die_with_worker(fd: int = 1, gone: threading.Event | None = None) -> None:
+def die_with_worker(fd: int = 1) -> None:
     """Exit (ending the PID namespace) once nobody reads ``fd``: the worker that started us died.
-    With ``gone``, set it and kill the namespace's other processes instead: the main loop reaps
-    the command and decides what its receipt says."""
+    (A command with a receipt is watched by its ``Relays`` instead, which lets the main loop reap
+    the command and decide what its receipt says.)"""
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         return
     poller = select.poll()
@@ -341,14 +371,7 @@ def die_with_worker(fd: int = 1, gone: threading.Event | None = None) -> None:
     while True:
         for _fd, events in poller.poll():
             if events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
-                if gone is None:
-                    os._exit(137)
-                gone.set()
-                try:
-                    os.kill(-1, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass  # none left
-                return
+                os._exit(137)
 
 
 def main() -> None:
@@ -380,17 +403,17 @@ def run_command(config: dict[str, Any], install_syscall_filter: Callable[[], Non
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", forward["port"]))
         listener.listen(64)
-    relays: list[Relay] = []
+    relays = None
     outputs = None
     if keep is not None:
         outputs, relays = relays_for(keep)
     child = start_command(config, outputs)
     for fd in outputs or ():
         os.close(fd)
-    for relay in relays:
-        relay.start()
-    worker_gone = threading.Event()
-    threading.Thread(target=die_with_worker, args=(1, worker_gone if keep is not None else None), daemon=True).start()
+    if relays is not None:
+        relays.start()  # the worker's watch too
+    else:
+        threading.Thread(target=die_with_worker, daemon=True).start()
     if listener is not None:
         threading.Thread(target=serve_forwarder, args=(listener, config["forward"]["socket"]), daemon=True).start()
     while True:  # PID 1 adopts every orphan: reap them all, leave when the command exits
@@ -401,8 +424,8 @@ def run_command(config: dict[str, Any], install_syscall_filter: Callable[[], Non
         except InterruptedError:
             continue
         if pid == child:
-            if keep is not None:
-                keep_ending(keep, status, relays, worker_gone)
+            if keep is not None and relays is not None:
+                keep_ending(keep, status, relays)
             os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
@@ -548,7 +571,8 @@ def _command(fds: list[int], install_syscall_filter: Callable[[], None]) -> None
     pidfd = os.pidfd_open(pid)
     socket.send_fds(reply, [b"pid"], [pidfd])
     os.close(pidfd)
-    for fd in fds:
+    kept = fds[4:]  # the receipt's files, flushed here once the worker has its answer
+    for fd in fds[:4]:
         if fd != reply_fd:
             os.close(fd)
     while True:
@@ -562,6 +586,15 @@ def _command(fds: list[int], install_syscall_filter: Callable[[], None]) -> None
         reply.sendall(str(code).encode())
     except OSError:
         pass  # the worker is gone
+    reply.close()
+    # The command's init wrote the receipt's ending before it exited, so it is in the page cache
+    # before the worker hears (a worker's death cannot lose it); flushing it to the disk is for a
+    # host's crash, which the worker need not wait for. Init waits for this keeper before it exits.
+    for fd in kept:
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # a failing disk: the worker has its answer; nothing here can do better
     os._exit(0)
 
 
@@ -577,6 +610,7 @@ def _command_init(config_fd: int, stdout: int, stderr: int, kept: list[int],
     keep = config.get("keep")
     if keep is not None:  # the receipt's files arrive in the request, after the four fixed ones
         keep["ending"], keep["spool"] = kept[0], kept[1:3]
+        keep["flush"] = False  # the keeper flushes them (``_command``)
         for fd in kept:
             os.set_inheritable(fd, False)
     os.environ.clear()

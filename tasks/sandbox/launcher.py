@@ -133,10 +133,17 @@ def _popen_plain(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: 
 def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], cwd: Path,
                      script: str | None, profile: Path | None = None, keep: Keep | None = None) -> subprocess.Popen[bytes]:
     task = ctx.task
-    ident = users.ensure_user(task.pk)
+    slot: resident.Slot | None = getattr(ctx, "resident", None)
+    # The run's init is up: its user is claimed, the data directory hardened and the runtime
+    # directory made (the init's root holds it), for the whole run.
+    ident: accounts.Identity | None = slot.ident if slot is not None and slot.init is not None and slot.init.alive() else None
+    if ident is not None:
+        runtime = paths.runtime_dir(task.pk)
+    else:
+        ident = users.ensure_user(task.pk)
+        paths.harden_data_dir()
+        runtime = paths.ensure_runtime_dir(task.pk, ident.uid, ident.gid)
     users.mark_ran(ident)  # before anything runs as the user: its release sweeps processes and keys
-    paths.harden_data_dir()
-    runtime = paths.ensure_runtime_dir(task.pk, ident.uid, ident.gid)
     view = paths.view_mount(task.pk)
     inner_cwd = _inside_view(ctx.workdir, cwd, view)
     search = f"{client_dir()}:{paths.SANDBOX_PATH}"  # the `box` client of this box first
@@ -157,7 +164,6 @@ def _popen_sandboxed(ctx: RunContext, argv: list[str], *, env: dict[str, str], c
     # A command with a receipt (a run step, an agent's command, the command worker's process) is
     # forked by the run's resident init; anything else (a browser, long-lived and joined from
     # outside by its pid) gets an init of its own.
-    slot: resident.Slot | None = getattr(ctx, "resident", None)
     if slot is not None and keep is not None and profile is None:
         forked = _run_resident(ctx, slot, ident, argv, env=env, cwd=inner_cwd, script=script, keep=keep,
                                runtime=runtime, view=view)
@@ -235,6 +241,7 @@ def _run_resident(ctx: RunContext, slot: resident.Slot, ident: accounts.Identity
             slot.init.close()
             slot.init = None
         slot.init = _start_resident(ctx, slot, ident, name, runtime=runtime, view=view)
+        slot.ident = ident
     config: dict[str, object] = {"uid": ident.uid, "gid": ident.gid, "nproc": MAX_PROCESSES, "user": name,
                                  "runtime": str(runtime), "cwd": str(cwd), "argv": argv,
                                  "script": script, "env": env}

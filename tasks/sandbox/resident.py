@@ -214,6 +214,7 @@ class Slot:
 
     def __init__(self) -> None:
         self.init: ResidentInit | None = None
+        self.ident: Any = None  # the task's user the init was started for (``accounts.Identity``)
         self.on_close: list[Any] = []
 
 
@@ -229,6 +230,7 @@ def serving(ctx: Any) -> Iterator[Slot]:
         if slot.init is not None:
             slot.init.close()
             slot.init = None
+            slot.ident = None
         for then in slot.on_close:
             then()
 
