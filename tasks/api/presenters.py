@@ -62,6 +62,8 @@ class DependsOnItem(TypedDict):
     condition: Annotated[str, Condition]
     required: bool
     artifact: NotRequired[Annotated[str, Doc("with condition artifact: the file the other task must leave")]]
+    recovers: NotRequired[Annotated[str, Doc("a recovery review's edge: the dependency whose failure the review "
+                                             "decides on (the box adds it)")]]
 
 
 class OutputFileCriterion(TypedDict):
