@@ -4,6 +4,7 @@ runs, on the test database."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -19,12 +20,13 @@ from tests.conftest import database_env, owner_with_home, wait_for
 
 
 class LiveBox:
-    def __init__(self, url: str, owner: Any, token: str, home: Path) -> None:
+    def __init__(self, url: str, owner: Any, token: str, home: Path, worker: subprocess.Popen[bytes]) -> None:
         self.url = url
         self.mcp = f"{url}/mcp"
         self.owner = owner
         self.token = token
         self.home = home
+        self.worker = worker  # the cluster, leader of its own session (its workers are in it)
 
 
 def _free_port() -> int:
@@ -58,7 +60,7 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
 
     try:
         wait_for(up, timeout=30, what="the web process to answer")
-        yield LiveBox(url, owner, token, home)
+        yield LiveBox(url, owner, token, home, procs[1])
     finally:
         for proc in procs:
             stop(proc, grace=4)

@@ -8,12 +8,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from approvals.models import Approval
+from tasks.models import Task
+from tests.conftest import wait_for
 from tests.live_box import LiveBox, live_box
 
 __all__ = ["live_box"]
@@ -59,3 +64,37 @@ def test_the_guides_python_example_creates_follows_approves_and_reads_a_task(liv
     assert streamed == [f"{event['seq']} {event['summary']}" for event in events][:len(streamed)]
     assert len(streamed) >= 3 and any("waiting" in line for line in streamed), run.stdout
     assert get(live_box, "/api/workspaces/home/files?path=hello.txt")["content"] == "hello\n"
+
+
+def test_the_example_answers_a_pause_once_while_the_worker_is_slow_to_take_it_on(live_box: LiveBox) -> None:
+    """After the OK the task still says waiting (nothing pending) until a worker takes it on, and
+    a frame of that moment reaches the example. Held in place: the example is stopped until the
+    task waits, the worker from then until the example printed the decision, so that frame always
+    arrives first. An example that took it for a new question would OK again and get a 409."""
+    code = example().replace(BOX_LINE, f"BOX = {live_box.url!r}")
+    env = {**os.environ, "BOX_TOKEN": live_box.token, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    try:
+        wait_for(lambda: Task.objects.exists(), interval=0.002, what="the example to create its task")
+        proc.send_signal(signal.SIGSTOP)
+        task = Task.objects.get()
+        wait_for(lambda: Task.objects.filter(pk=task.pk, state="waiting").exists(), what="the task to wait")
+        os.killpg(live_box.worker.pid, signal.SIGSTOP)
+        try:
+            proc.send_signal(signal.SIGCONT)
+            reader.start()
+            wait_for(lambda: any("approved (api)" in line for line in lines), what="the example to approve")
+        finally:
+            os.killpg(live_box.worker.pid, signal.SIGCONT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]  # type: ignore[union-attr]
+    reader.join(timeout=10)
+    assert lines[-2:] == ["done None None None\n", "['hello.txt']\n"], lines
+    assert [a.state for a in Approval.objects.filter(task=task)] == ["approved"]
