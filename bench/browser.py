@@ -10,6 +10,9 @@ same Chromium binary itself (no sandbox, no evidence, doing nothing but the call
 - click, fill, extract: a step's duration as the task's log records it (the action, its
   evidence, its result event) against the bare call; raw also with the evidence a box step stores
   (a screenshot and the accessibility snapshot);
+- click, fill in sequence: the wall clock of a task's run of N such steps, from the first one's
+  start to the last one's evidence stored, over N (what the steps cost one after another, the
+  worker's log writes between them included), against N bare calls in a row over N;
 - evidence: a ``screenshot`` step (masked, stored) against a bare ``page.screenshot``;
 - memory: the RSS of one browser's process tree (the box's parked at a payment checkpoint; raw
   launched), and of the Playwright driver process each side keeps;
@@ -27,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -133,7 +137,15 @@ def box_figures(box: BenchBox, task_id: str) -> dict[str, Any]:
     def of(kind: str) -> list[float]:
         return [r["durationMs"] for r in results if r["kind"] == kind]
 
-    return {"start": start, "click": of("click"), "fill": of("fill"), "extract": of("extract"), "evidence": of("screenshot")}
+    def sequence(kind: str) -> float:
+        """From the first ``kind`` step's start to the last one's end (its evidence stored), over N."""
+        mine = [r for r in results if r["kind"] == kind]
+        first = datetime.fromisoformat(mine[0]["startedAt"])
+        last = datetime.fromisoformat(mine[-1]["startedAt"]) + timedelta(milliseconds=mine[-1]["durationMs"])
+        return (last - first).total_seconds() * 1000 / len(mine)
+
+    return {"start": start, "click": of("click"), "fill": of("fill"), "extract": of("extract"), "evidence": of("screenshot"),
+            "click_seq": [sequence("click")], "fill_seq": [sequence("fill")]}
 
 
 def box_memory(box: BenchBox, url: str) -> float:
@@ -164,7 +176,8 @@ def driver_mb(ancestor_pids: list[int]) -> float:
 # -- raw Playwright --------------------------------------------------------------------------------
 def raw_round(url: str, actions: int, *, started: bool = True, memory: bool = False) -> dict[str, Any]:
     """One browser: launch, the same actions, the bare calls timed (and each with the evidence)."""
-    out: dict[str, Any] = {"click": [], "fill": [], "extract": [], "evidence": [], "with_evidence": []}
+    out: dict[str, Any] = {"click": [], "fill": [], "extract": [], "evidence": [], "with_evidence": [],
+                           "click_seq": [], "fill_seq": []}
     began = time.perf_counter()
     with sync_playwright() as playwright:
         up = time.perf_counter()
@@ -186,6 +199,14 @@ def raw_round(url: str, actions: int, *, started: bool = True, memory: bool = Fa
             timed("click", lambda: page.locator("#more").first.click())
         for i in range(actions):
             timed("fill", lambda i=i: page.locator("#name").first.fill(f"name {i}"))
+        t = time.perf_counter()
+        for _ in range(actions):
+            page.locator("#more").first.click()
+        out["click_seq"].append((time.perf_counter() - t) * 1000 / actions)
+        t = time.perf_counter()
+        for i in range(actions):
+            page.locator("#name").first.fill(f"again {i}")
+        out["fill_seq"].append((time.perf_counter() - t) * 1000 / actions)
         t = time.perf_counter()
         page.locator("#fares").first.evaluate(TABLE_JS)
         out["extract"].append((time.perf_counter() - t) * 1000)
@@ -233,6 +254,7 @@ def main() -> None:
     parser.add_argument("--actions", type=int, default=5, help="clicks and fills per task")
     args = parser.parse_args()
     stop_on_signals()
+    load_before = os.getloadavg()[0]
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"
@@ -259,7 +281,7 @@ def main() -> None:
         return med([v for r in raw_rounds for v in r[kind]])
 
     print(f"browser steps on one local page (ms, medians of {args.rounds} tasks × {args.actions} actions; MB for memory)")
-    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    print(f"load average (1 min): {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     print(f"{'':<40} {'box':>9} {'raw':>9} {'box/raw':>8} {'raw + evidence':>15}")
 
     def row(name: str, boxed: float, raw: float, with_evidence: float | None = None) -> None:
@@ -271,6 +293,10 @@ def main() -> None:
     row("start (driver starts too)", cold["start"], med([r["start_driver"] for r in raw_rounds]))
     row("click (step, with evidence)", box_all("click"), raw_all("click"), med([v for r in raw_rounds for v in r["with_evidence"][:args.actions]]))
     row("fill (step, with evidence)", box_all("fill"), raw_all("fill"), med([v for r in raw_rounds for v in r["with_evidence"][args.actions:]]))
+    row(f"click in sequence ({args.actions} steps: wall / {args.actions})", box_all("click_seq"), raw_all("click_seq"),
+        med([v for r in raw_rounds for v in r["with_evidence"][:args.actions]]))
+    row(f"fill in sequence ({args.actions} steps: wall / {args.actions})", box_all("fill_seq"), raw_all("fill_seq"),
+        med([v for r in raw_rounds for v in r["with_evidence"][args.actions:]]))
     row("extract (a table)", box_all("extract"), raw_all("extract"))
     row("evidence: a masked, stored screenshot", box_all("evidence"), raw_all("evidence"))
     row("memory: one browser's process tree (MB)", memory, raw_memory["memory"])

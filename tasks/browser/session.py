@@ -110,7 +110,7 @@ class BrowserSession:
         self._parked = threading.Event()
         self._devtools: tuple[str, str] | None = None  # the DevTools URL and path Chromium printed
         self.attached: dict[str, Any] | None = None  # the parked browser this run attached to
-        self.last_shot: tuple[str, bytes, str] | None = None  # the last acting step's after-image (URL, PNG, title) (tasks.browser.steps)
+        self.last_shot: Any = None  # the last acting step's after-image (tasks.browser.steps.Shot)
         self._profile_lock = -1  # the lock on constraints.browser_profile while Chromium runs
 
     @property

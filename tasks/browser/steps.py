@@ -110,8 +110,8 @@ def execute(ctx: RunContext, session: BrowserSession, kind: str, value: Any, ste
 
 def _execute(call: Call, act: Act | None, read: Read | None) -> tuple[Any, Evidence]:
     """On the session's thread: no database here (``BrowserSession``)."""
-    # The last acting step's after-image stands for this step's before-image only when nothing
-    # ran in the browser between the two.
+    # The last acting step's after-image stands for this step's before-image only for this step,
+    # and only while the page has not changed since (``_capture``).
     shot, call.session.last_shot = call.session.last_shot, None
     try:
         pages.watch(call.session)  # before anything: no dialog of the page is left unanswered
@@ -127,7 +127,7 @@ def _execute(call: Call, act: Act | None, read: Read | None) -> tuple[Any, Evide
 
 
 # -- acting steps ------------------------------------------------------------------------------
-def _acting(call: Call, act: Act | None, shot: tuple[str, bytes, str] | None = None) -> tuple[Any, Evidence]:
+def _acting(call: Call, act: Act | None, shot: Shot | None = None) -> tuple[Any, Evidence]:
     evidence = Evidence()
     if call.kind == "browse":
         url = call.value if isinstance(call.value, str) else str(call.value["url"])
@@ -332,23 +332,61 @@ def _screenshot(call: Call) -> tuple[Any, Evidence]:
 # -- evidence ----------------------------------------------------------------------------------
 def take_screenshot(call: Call, *, full_page: bool = False) -> bytes:
     """A PNG of the page with every field that holds a secret drawn empty."""
-    return _draw(call, full_page=full_page)[0]
+    return _draw(call, full_page=full_page).image
+
+
+@dataclass
+class Shot:
+    """The page as it was drawn: its URL, masked PNG, title and the document's change mark
+    (``_CHANGES_JS``)."""
+
+    url: str
+    image: bytes
+    title: str
+    mark: str
 
 
 # One DevTools session per page, for its images: Page.captureScreenshot answers in one round trip,
 # where Playwright's screenshot adds its own (styles in and out of every frame, waits). The PNG is
 # encoded for speed: a larger file, drawn sooner.
 _CDP: weakref.WeakKeyDictionary[Page, CDPSession] = weakref.WeakKeyDictionary()
+# A count of the changes of the document since it was first drawn (DOM mutations, and typed or
+# chosen values, which are not mutations) and a mark of the document itself: an image of an
+# earlier moment stands for now only while this reads the same. Kept on the window as a property
+# a page's scripts do not list.
+_CHANGES_KEY = "__boxChanges"
+_CHANGES_JS = f"""() => {{
+    let w = window.{_CHANGES_KEY};
+    if (!w) {{
+        w = {{id: Math.random().toString(36).slice(2), n: 0}};
+        w.obs = new MutationObserver(records => {{ w.n += records.length; }});
+        w.obs.observe(document, {{subtree: true, childList: true, attributes: true, characterData: true}});
+        const bump = () => {{ w.n += 1; }};
+        document.addEventListener('input', bump, true);
+        document.addEventListener('change', bump, true);
+        Object.defineProperty(window, '{_CHANGES_KEY}', {{value: w, enumerable: false}});
+    }}
+    w.n += w.obs.takeRecords().length;
+    return w.id + ':' + w.n;
+}}"""
+_CHANGES_READ_JS = f"""() => {{
+    const w = window.{_CHANGES_KEY};
+    if (!w) return '';
+    w.n += w.obs.takeRecords().length;
+    return w.id + ':' + w.n;
+}}"""
 
 
-def _draw(call: Call, *, full_page: bool = False) -> tuple[bytes, str]:
-    """The page's masked PNG and its title (read by the same call that marks the secrets)."""
+def _draw(call: Call, *, full_page: bool = False) -> Shot:
+    """The page now: its masked PNG, and its title and change mark (read by the same call that
+    marks the secrets)."""
     page = call.page
-    title = _mark_secret_fields(call)
+    url = page.url
+    title, mark = _mark_secret_fields(call)
     if full_page:
         data: bytes = page.screenshot(type="png", full_page=True, style=_MASK_CSS, animations="disabled",
                                       caret="hide", timeout=call.timeout_ms)
-        return data, title
+        return Shot(url, data, title, mark)
     params = {"format": "png", "optimizeForSpeed": True}
     cdp = _CDP.get(page)
     try:
@@ -360,16 +398,16 @@ def _draw(call: Call, *, full_page: bool = False) -> tuple[bytes, str]:
         _CDP.pop(page, None)
         cdp = _CDP[page] = page.context.new_cdp_session(page)
         shot = cdp.send("Page.captureScreenshot", params)
-    return base64.b64decode(shot["data"]), title
+    return Shot(url, base64.b64decode(shot["data"]), title, mark)
 
 
-def _mark_secret_fields(call: Call) -> str:
+def _mark_secret_fields(call: Call) -> tuple[str, str]:
     """Mark every field whose value holds a secret (or a card number), wherever it came from, in
     the document and its open shadow roots, and make sure each of them that holds a marked field
     holds the rule that draws it empty (a component may replace its root's sheets); the page's
-    title."""
+    title and its change mark (``_CHANGES_JS``, read after the marking)."""
     secrets = [v for v in call.ctx.recorder.redactor.secrets.values() if len(str(v)) >= 4]
-    title: str = call.page.evaluate(
+    found: list[str] = call.page.evaluate(
         """([mark, secrets]) => {
             const card = /(?:\\d[ -]?){13,19}/;
             const ensure = ENSURE;
@@ -382,37 +420,46 @@ def _mark_secret_fields(call: Call) -> str:
                 for (const e of root.querySelectorAll('*')) if (e.shadowRoot) visit(e.shadowRoot);
             };
             visit(document);
-            return document.title;
-        }""".replace("ENSURE", _ENSURE_MASK_JS),
+            return [document.title, (CHANGES)()];
+        }""".replace("ENSURE", _ENSURE_MASK_JS).replace("CHANGES", _CHANGES_JS),
         [SECRET_MARK, [str(s) for s in secrets]],
     )
-    return title
+    return found[0], found[1]
+
+
+def _unchanged(call: Call, shot: Shot) -> bool:
+    """The page is still the one ``shot`` drew: same URL, same document, no change since."""
+    if shot.url != call.page.url:
+        return False
+    try:
+        return bool(call.page.evaluate(_CHANGES_READ_JS) == shot.mark)
+    except PlaywrightError:
+        return False
 
 
 def _capture(call: Call, moment: str, evidence: Evidence, *, snapshot: bool = False,
-             shot: tuple[str, bytes, str] | None = None, keep: bool = False) -> dict[str, Any]:
+             shot: Shot | None = None, keep: bool = False) -> dict[str, Any]:
     """Store the page as it is now (``before``/``after``): a screenshot, and with ``snapshot``
     its accessibility tree. Returns the fields for the result event: where the page is.
 
-    ``shot`` is the previous acting step's after-image (its URL, PNG and title): the page as that
-    step left it, drawn with the same masking, so a step whose page is still there stores it as
-    its before-image instead of drawing the page again. ``keep`` leaves this image for the next
-    step.
+    ``shot`` is the previous acting step's after-image: the page as that step left it, drawn
+    with the same masking, so a step whose page has not changed since (``_unchanged``) stores it
+    as its before-image instead of drawing the page again. ``keep`` leaves this image for the
+    next step.
     """
     shown: dict[str, Any] = {}
     if call.replay:
         return shown
     try:
-        url = call.page.url
-        data, title = (shot[1], shot[2]) if shot is not None and shot[0] == url else _draw(call)
-        evidence.artifacts.append(artifacts.save_bytes(call.ctx.task.pk, call.artifact(f"{moment}.png"), data))
+        drawn = shot if shot is not None and _unchanged(call, shot) else _draw(call)
+        evidence.artifacts.append(artifacts.save_bytes(call.ctx.task.pk, call.artifact(f"{moment}.png"), drawn.image))
         if keep:
-            call.session.last_shot = (url, data, title)
+            call.session.last_shot = drawn
         if snapshot:
             tree = call.page.locator("body").aria_snapshot(timeout=call.timeout_ms)
             saved = artifacts.save_text(call.ctx.task.pk, call.artifact("snapshot.txt"), tree, call.ctx.recorder.redactor)
             evidence.artifacts.append(saved)
-        shown = {"url": url, "title": title}
+        shown = {"url": drawn.url, "title": drawn.title}
     except PlaywrightError:
         pass  # a page that cannot be drawn (gone, crashed) must not hide the step's own result
     return shown

@@ -64,6 +64,9 @@ NOTE = """<h1>Leave a note</h1><form method=post action=/note><label for=ref>Ref
 # whose script may be cached for an hour.
 AWAY = """<h1>Leaving</h1><a href="{to}">Go on</a>"""
 WORKER = """<h1 id=sw>?</h1><script>document.getElementById('sw').innerText = 'serviceWorker' in navigator ? 'can register' : 'none';</script>"""
+# A page that changes by itself between two steps: no image of an earlier moment stands for now.
+TICKING = """<h1>Departures</h1><p>Updated <span id=tick>0</span></p><button id=a>A</button> <button id=b>B</button>
+<script>let n = 0; setInterval(() => { document.getElementById('tick').textContent = String(++n); }, 5);</script>"""
 CACHED = """<h1 id=c>?</h1><script src=/cached.js></script>"""
 
 # A site that remembers who signed in, in a cookie (a persistent one) and in local storage.
@@ -88,7 +91,8 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
     pages = {"/shop": ("Shop", SHOP), "/form": ("Form", FORM), "/login": ("Sign in", LOGIN),
              "/captcha": ("Check", CAPTCHA), "/otp": ("Code", OTP), "/pay": ("Pay", PAY),
              "/card-frame": ("Card", CARD_FRAME), "/review": ("Review", REVIEW), "/fr": ("Paiement", FRENCH),
-             "/de": ("Kasse", GERMAN), "/note": ("Note", NOTE), "/worker": ("Worker", WORKER), "/cached": ("Cached", CACHED)}
+             "/de": ("Kasse", GERMAN), "/note": ("Note", NOTE), "/worker": ("Worker", WORKER), "/cached": ("Cached", CACHED),
+             "/ticking": ("Ticking", TICKING)}
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: str, kind: str = "text/html; charset=utf-8") -> None:

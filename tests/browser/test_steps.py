@@ -91,6 +91,26 @@ def test_a_form_is_filled_from_facts_and_the_secret_is_typed_but_never_shown(san
     assert secret_step["data"]["element"]["secret"] is True
 
 
+def test_a_step_after_a_quiet_page_reuses_its_image_and_one_after_a_changing_page_draws_again(sandboxed, site):
+    task = sandboxed.create(title="two pages", hosts=["127.0.0.1"], flow=flow(
+        {"browse": f"{site.url}/form"},
+        {"click": "h1"},
+        {"click": "h1"},
+        {"browse": f"{site.url}/ticking"},
+        {"click": "#a"},
+        {"click": "#b"},
+    ))
+    view = sandboxed.wait_state(task["id"], "done", "failed", timeout=90)
+    assert view["state"] == "done", view
+    steps = results(sandboxed, task["id"])
+    # Nothing changed on the form between steps 2 and 3: the image after one is the image before the next.
+    assert artifact(sandboxed, steps[1], "after.png") == artifact(sandboxed, steps[2], "before.png")
+    assert "Full name" in artifact(sandboxed, steps[2], "snapshot.txt").decode()
+    # The ticking page changed in between: step 6's before-image and snapshot are of its own moment.
+    assert artifact(sandboxed, steps[4], "after.png") != artifact(sandboxed, steps[5], "before.png")
+    assert "Updated" in artifact(sandboxed, steps[5], "snapshot.txt").decode()
+
+
 def test_the_secret_was_really_typed(sandboxed, site):
     task = sandboxed.create(
         title="form", hosts=["127.0.0.1"], facts={"full_name": "Asha Rao", "passport_number": PASSPORT},
