@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,22 @@ from tests.conftest import database_env, owner_with_home, wait_for
 
 
 class LiveBox:
-    def __init__(self, url: str, owner: Any, token: str, home: Path, worker: subprocess.Popen[bytes]) -> None:
+    def __init__(self, url: str, owner: Any, token: str, home: Path, procs: list[subprocess.Popen[bytes]],
+                 start_worker: Callable[[], subprocess.Popen[bytes]]) -> None:
         self.url = url
         self.mcp = f"{url}/mcp"
         self.owner = owner
         self.token = token
         self.home = home
-        self.worker = worker  # the cluster, leader of its own session (its workers are in it)
+        self._procs = procs
+        self._start_worker = start_worker
+
+    def stop_worker(self) -> None:
+        """Stop the cluster as the supervisor does; what is sent meanwhile waits in the queue."""
+        stop(self._procs.pop(), grace=15)
+
+    def start_worker(self) -> None:
+        self._procs.append(self._start_worker())
 
 
 def _free_port() -> int:
@@ -44,10 +53,14 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     env.update({"BOX_QUEUE_POLL_S": "0.05", "BOX_WORKERS": "1", "BOX_LIVE_POLL_SECONDS": "0.1",
                 "BOX_QUEUE_NAME": str(settings.Q_CLUSTER["name"]), "BOX_ALLOWED_HOSTS": "127.0.0.1,localhost"})
     manage = str(Path(settings.BASE_DIR) / "manage.py")
+
+    def worker() -> subprocess.Popen[bytes]:
+        return spawn([sys.executable, manage, "runcluster"], env, tmp_path / "cluster.log")
+
     procs = [
         spawn([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "boxsite.asgi:application"], env,
               tmp_path / "web.log"),
-        spawn([sys.executable, manage, "runcluster"], env, tmp_path / "cluster.log"),
+        worker(),
     ]
     url = f"http://127.0.0.1:{port}"
 
@@ -60,7 +73,7 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
 
     try:
         wait_for(up, timeout=30, what="the web process to answer")
-        yield LiveBox(url, owner, token, home, procs[1])
+        yield LiveBox(url, owner, token, home, procs, worker)
     finally:
         for proc in procs:
             stop(proc, grace=4)

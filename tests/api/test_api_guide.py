@@ -69,8 +69,9 @@ def test_the_guides_python_example_creates_follows_approves_and_reads_a_task(liv
 def test_the_example_answers_a_pause_once_while_the_worker_is_slow_to_take_it_on(live_box: LiveBox) -> None:
     """After the OK the task still says waiting (nothing pending) until a worker takes it on, and
     a frame of that moment reaches the example. Held in place: the example is stopped until the
-    task waits, the worker from then until the example printed the decision, so that frame always
-    arrives first. An example that took it for a new question would OK again and get a 409."""
+    task waits and the worker is gone, and the worker comes back only once the example printed
+    the decision, so that frame always arrives first. An example that took it for a new question
+    would OK again and get a 409."""
     code = example().replace(BOX_LINE, f"BOX = {live_box.url!r}")
     env = {**os.environ, "BOX_TOKEN": live_box.token, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -82,14 +83,12 @@ def test_the_example_answers_a_pause_once_while_the_worker_is_slow_to_take_it_on
         proc.send_signal(signal.SIGSTOP)
         task = Task.objects.get()
         wait_for(lambda: Task.objects.filter(pk=task.pk, state="waiting").exists(), what="the task to wait")
-        os.killpg(live_box.worker.pid, signal.SIGSTOP)
-        try:
-            proc.send_signal(signal.SIGCONT)
-            reader.start()
-            wait_for(lambda: any("approved (api)" in line for line in lines), what="the example to approve")
-        finally:
-            os.killpg(live_box.worker.pid, signal.SIGCONT)
-        proc.wait(timeout=60)
+        live_box.stop_worker()
+        proc.send_signal(signal.SIGCONT)
+        reader.start()
+        wait_for(lambda: any("approved (api)" in line for line in lines), what="the example to approve")
+        live_box.start_worker()
+        proc.wait(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
