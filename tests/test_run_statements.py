@@ -34,7 +34,7 @@ TRIVIAL = flow({"write": {"path": "a.txt", "content": "a"}})
 # the opening of its view (its layer row and stack) included; the queue's own statements and the
 # release (the janitor's thread) are not counted. SQLite counts its BEGIN IMMEDIATE and COMMIT;
 # PostgreSQL its row locks (``runs.lock_task``).
-MOST = {"sqlite": 38, "postgresql": 20}
+MOST = {"sqlite": 37, "postgresql": 20}
 LATE = "sk-live-added-while-it-ran-7c1d"
 
 
@@ -279,7 +279,7 @@ def test_a_release_reads_its_task_without_ordering_it(box: Box, settings: Any) -
     lifecycle.janitor.drain()
     with CaptureQueriesContext(connection) as queries:
         lifecycle.release(task_id)  # idempotent: again, as start-up reconcile would
-    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and '"tasks_task"."id" = ' in q["sql"]]
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and '"tasks_task"' in q["sql"]]
     assert reads and not [sql for sql in reads if "ORDER BY" in sql], reads  # a ``first()`` orders and slices
 
 

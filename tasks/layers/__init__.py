@@ -16,13 +16,13 @@ import logging
 import shutil
 
 from tasks.layers import disk, mounts, paths, sealer
-from tasks.layers.task_view import on_final_move, on_retry, open_view, release, write_due_notes
+from tasks.layers.task_view import on_final_move, on_retry, open_view, release, rows_of, write_due_notes
 from tasks.models import Task
 from tasks.states import ACTIVE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["on_final_move", "on_retry", "open_view", "reconcile", "release", "sealer", "unmount_views", "write_due_notes"]
+__all__ = ["on_final_move", "on_retry", "open_view", "reconcile", "release", "rows_of", "sealer", "unmount_views", "write_due_notes"]
 
 
 def reconcile() -> None:

@@ -26,10 +26,10 @@ import threading
 from django.conf import settings
 
 from boxsite.core.background import Background
+from tasks import sql
 from tasks.layers import paths, task_view
 from tasks.layers.locks import layer_lock
 from tasks.layers.tree import Meta
-from tasks.models import Layer
 from tasks.run import leases as runs
 from tasks.states import ACTIVE
 
@@ -68,10 +68,10 @@ def _seal(task_id: str, run_id: int, token: str, over: threading.Event) -> None:
     with layer_lock(task_id):
         if Meta.load(directory).sealed:
             return  # by a start that stacked it meanwhile
-        now = next(iter(Layer.objects.filter(pk=layer.pk).values_list("applied_at", "task__state")), None)
+        now = sql.layer_with_task(task_id)
         if now is None:
             return  # undone and deleted meanwhile
-        layer.applied_at, task.state = now
+        layer.applied_at, task.state = now[0].applied_at, now[1].state
         if task.state in ACTIVE:
             meta.save(directory)  # sealed on disk only: the task's next run reopens it
             return

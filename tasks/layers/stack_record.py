@@ -43,7 +43,7 @@ def record_layer(task: Task) -> Layer:
     seal of every layer kept; a layer left out is neither waited for nor sealed, and
     never joins this task's view (a retry keeps the stack recorded here)."""
     driver, path = driver_name(), str(paths.layer_dir(task.pk))
-    if connection.vendor == "postgresql" and not task.folders:
+    if not task.folders:
         with workspace_lock(task.workspace_id):
             added = _add_layer_with_stack(task, Layer(task_id=task.pk, workspace_id=task.workspace_id, driver=driver, path=path))
         if added is not None:
@@ -63,11 +63,15 @@ def record_layer(task: Task) -> Layer:
 
 
 def _add_layer_with_stack(task: Task, layer: Layer) -> Layer | None:
-    """PostgreSQL, under the workspace lock: the layer row inserted and the task's stack recorded
-    in one statement, which commits alone. None when the task has its row
-    already (a retry): nothing is written, and the caller reads the row and the stack recorded.
-    ``layer`` names its task by key, so an unsaved row is never cached as ``task.layer``."""
-    added = sql.add_layer_with_stack(task, layer, LayerState.APPLIED.value)
+    """Under the workspace lock: the layer row inserted and the task's stack recorded, in one
+    statement that commits alone on PostgreSQL, in one transaction on SQLite. None when the task
+    has its row already (a retry): nothing is written, and the caller reads the row and the stack
+    recorded. ``layer`` names its task by key, so an unsaved row is never cached as ``task.layer``."""
+    if connection.vendor == "postgresql":
+        added = sql.add_layer_with_stack(task, layer, LayerState.APPLIED.value)
+    else:
+        with transaction.atomic():
+            added = sql.add_layer_then_stack(task, layer, LayerState.APPLIED.value)
     if added is None:
         return None
     layer.pk, task.layers = added

@@ -19,7 +19,7 @@ from django.db.models import Exists, QuerySet
 from django.utils import timezone
 
 from boxsite.core.errors import Conflict
-from tasks import sandbox
+from tasks import sandbox, sql
 from tasks.events import record_event
 from tasks.layers import compaction, disk, disk_image, mounts, paths, review
 from tasks.layers.base import driver_name, get_driver
@@ -51,7 +51,7 @@ def open_view(task: Task) -> Path:
     disk_mb = _open_disk(task, layer)
     roots = roots_for(task, layer, for_mount=True)
     with layer_lock(task.pk):
-        state = next(iter(Task.objects.filter(pk=task.pk).values_list("state", flat=True)), None)  # unordered
+        state = sql.task_state(task.pk)
         if state not in ACTIVE:
             raise Conflict(f"the task is {state}; its view is not opened again", field="state")
         paths.private_dir(paths.layer_dir(task.pk))
@@ -264,7 +264,7 @@ def seal_layer(task_id: str, *, native: bool = False, stopped: bool = False,
                 task, layer = rows_of(task_id)
             else:  # read outside this lock: a retry may have made the task active again since
                 task, layer = rows
-                state = next(iter(Task.objects.filter(pk=task_id).values_list("state", flat=True)), None)
+                state = sql.task_state(task_id)
                 if state is None or state in ACTIVE:
                     return  # gone, or active again
                 task.state = state  # as it is now (undone meanwhile, say): the seal's notes read it
@@ -347,9 +347,7 @@ def record_lost_seal(task_id: str) -> None:
         write_seal(task, layer, summary)
 
 
-# What a release and a seal read of the task: making the model of the whole row (every field,
-# JSON decoded) costs more than the read itself. Any other field is read when first used.
-_SEALED_BY = ("id", "state", "workspace", "layers", "folders", "created_at")
+_SEALED_BY = sql.SEALED_BY
 
 
 def _task_of(task_id: str) -> Task | None:
@@ -362,15 +360,14 @@ def _task_of(task_id: str) -> Task | None:
 
 
 def rows_of(task_id: str) -> tuple[Task | None, Layer | None]:
-    """The task (as ``_task_of`` reads it) and its layer, in one statement; (None, None) when
-    the layer is gone (a task has a layer from its first start on)."""
-    fields = [field.name for field in Layer._meta.concrete_fields]
-    try:
-        layer = (Layer.objects.select_related("task__workspace")
-                 .only(*fields, *(f"task__{name}" for name in _SEALED_BY)).get(task_id=task_id))
-    except Layer.DoesNotExist:
+    """The task (as ``_task_of`` reads it) and its layer, in one statement written once per
+    process (``sql.layer_with_task``); (None, None) when the layer is gone (a task has a layer
+    from its first start on)."""
+    found = sql.layer_with_task(task_id)
+    if found is None:
         return None, None
-    return layer.task, layer
+    layer, task = found
+    return task, layer
 
 
 def _is_final(meta: Meta, native: bool) -> bool:
@@ -402,7 +399,7 @@ def _not_stacked(task: Task, rows: list[Row]) -> list[Row]:
     return [row for row in rows if row[0] not in stacked]
 
 
-def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None:
+def note_overrides(task: Task, layer: Layer, *, found_due: bool = False, read_due: bool | None = None) -> None:
     """Tasks that overlap on one workspace: the last to finish wins (docs/internals/decisions.md). When
     ``task`` finished over the layers of tasks that ended after it was created and are not in its
     view, its log says which of their paths its own layer now replaces or hides, so nothing is
@@ -413,9 +410,10 @@ def note_overrides(task: Task, layer: Layer, *, found_due: bool = False) -> None
     one writes it. ``found_due``: start-up reconcile read it due; it is cleared even when nothing
     is left to note (the task undone since, say). A layer noted whose seal is not complete (its
     start left it out unsealed, and its release has not got there) is sealed first: its paths
-    are its seal's manifest."""
+    are its seal's manifest. ``read_due``: the layer's ``note_due`` as read after its seal (None: it
+    is read here); a stale True costs only the look for the layers noted, which reads it again."""
     overridden: dict[str, list[str]] = {}
-    if not found_due and not Layer.objects.filter(pk=layer.pk, note_due=True).exists():
+    if not found_due and not (read_due if read_due is not None else Layer.objects.filter(pk=layer.pk, note_due=True).exists()):
         return  # the seal found every layer applied before this one in its view (nearly always)
     if not task.folders and task.state == State.DONE and layer.applied_at is not None:
         due = Exists(Layer.objects.filter(pk=layer.pk, note_due=True))
@@ -506,10 +504,11 @@ def _remove_view(task_id: str) -> None:
         pass
 
 
-def release(task_id: str, *, stopped: bool = False) -> None:
+def release(task_id: str, *, stopped: bool = False, rows: tuple[Task | None, Layer | None] | None = None) -> None:
     """After ``task_id`` ended (or at start-up): unmount, seal, note, settle its layer. Idempotent.
-    ``stopped``: ``sandbox.stop`` completed for the task just before."""
-    task, layer = rows_of(task_id)
+    ``stopped``: ``sandbox.stop`` completed for the task just before. ``rows``: ``rows_of(task_id)``,
+    read by the caller (``lifecycle.release``) under its hold on the task."""
+    task, layer = rows if rows is not None else rows_of(task_id)
     if task is None:  # no layer: the task is gone, or never opened a view
         task = _task_of(task_id)
     if task is not None and task.state in ACTIVE:
@@ -521,8 +520,10 @@ def release(task_id: str, *, stopped: bool = False) -> None:
         _remove_view(task_id)
         return
     if layer is not None:
+        # A row read sealed has its ``note_due`` as the seal wrote it (only a note clears it later).
+        read_due = layer.note_due if layer.sealed else None
         seal_layer(task_id, stopped=stopped, rows=(task, layer))
-        note_overrides(task, layer)  # after the seal and its lock, whoever sealed the layer
+        note_overrides(task, layer, read_due=read_due)  # after the seal and its lock, whoever sealed the layer
     _remove_view(task_id)
     if task.folders:
         if task.state == State.UNDONE:

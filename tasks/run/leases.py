@@ -187,8 +187,7 @@ def holds_lease(run_id: int, token: str) -> bool:
 def lease_lasts(run_id: int, token: str, seconds: float) -> bool:
     """The run holds its lease for at least ``seconds`` more, as last committed: a read, which
     neither extends the lease nor waits for a transaction that holds the run's row."""
-    return Run.objects.filter(pk=run_id, state=RunState.RUNNING, lease_token=token,
-                              lease_expires_at__gt=timezone.now() + timedelta(seconds=seconds)).exists()
+    return sql.lease_lasts(run_id, token, timezone.now() + timedelta(seconds=seconds))
 
 
 def finish(run_id: int, token: str, outcome: str, error: str = "", *, charged: bool = True) -> bool:

@@ -28,7 +28,7 @@ from django.db import connection
 
 from boxsite.core.background import Background, close_if_broken
 from tasks import layers, sandbox
-from tasks.models import Task
+from tasks.models import Layer, Task
 from tasks.sandbox import users
 from tasks.states import ACTIVE, FINAL
 
@@ -174,18 +174,22 @@ def release(task_id: str) -> bool:
     failure is logged with its reason, and start-up reconcile tries again. A task that is
     active again (retried after its failure) is left alone: its next run uses what it holds."""
     with _holding(task_id):
-        if Task.objects.filter(pk=task_id, state__in=ACTIVE).exists():
+        # The task with its layer, read once for the whole release (a task without a layer, which
+        # never opened a view, is read again by the layers' step).
+        rows = layers.rows_of(task_id)
+        task = rows[0]
+        if task.state in ACTIVE if task is not None else Task.objects.filter(pk=task_id, state__in=ACTIVE).exists():
             log.info("task %s is active again; its release is skipped", task_id)
             return True
-        return _release_steps(task_id)
+        return _release_steps(task_id, rows if task is not None else None)
 
 
-def _release_steps(task_id: str) -> bool:
+def _release_steps(task_id: str, rows: tuple[Task | None, Layer | None] | None = None) -> bool:
     ok = True
     # processes gone and files handed back; then mounts, and the layer seals and joins, stays
     # apart, or goes (a dependent waits for the seal); then the rest: keyrings, broker socket, user
     steps: tuple[tuple[str, Callable[[], None]], ...] = (
-        ("sandbox", lambda: sandbox.stop(task_id)), ("layers", lambda: layers.release(task_id, stopped=ok)),
+        ("sandbox", lambda: sandbox.stop(task_id)), ("layers", lambda: layers.release(task_id, stopped=ok, rows=rows)),
         ("sandbox", lambda: sandbox.release(task_id, stopped=ok)))  # ok: the stop (and all before) completed
     for name, step in steps:
         try:

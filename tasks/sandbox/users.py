@@ -156,12 +156,34 @@ def remove_orphan_groups() -> list[str]:
     return removed
 
 
+# The user each task's last claim in this process gave it (``claim_user``): a run's start claims
+# (every run of a task claims again, so a user made anew under an old name is read anew), and
+# its view's opening asks right after. Trusted only while the claim's link still names the task.
+_claimed: dict[str, Identity] = {}
+_CLAIMED_MAX = 4096
+
+
 def find_user(task_id: str) -> Identity | None:
     """The user ``task_id`` holds now, or None."""
+    known = _claimed.get(task_id)
+    if known is not None:
+        try:
+            if os.readlink(_claim_path(known.name)) == task_id:
+                return known
+        except OSError:
+            pass
+        _claimed.pop(task_id, None)
     for name, holder in claims().items():
         if holder == task_id:
             return accounts.identity(name)
     return None
+
+
+def _remember(task_id: str, ident: Identity) -> Identity:
+    if len(_claimed) >= _CLAIMED_MAX:
+        _claimed.clear()
+    _claimed[task_id] = ident
+    return ident
 
 
 def ensure_user(task_id: str) -> Identity:
@@ -173,6 +195,11 @@ def ensure_user(task_id: str) -> Identity:
 def claim_user(task_id: str) -> tuple[Identity, bool]:
     """``ensure_user``, and whether the user was claimed just now (a fresh claim holds nothing of
     an earlier task: its release scrubbed it before giving it back)."""
+    ident, fresh = _claim_user(task_id)
+    return _remember(task_id, ident), fresh
+
+
+def _claim_user(task_id: str) -> tuple[Identity, bool]:
     _check_task_id(task_id)
     with _pool_lock():
         held = claims()

@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models.sql.subqueries import InsertQuery
 
 from boxsite.core.db.rows import Rows
-from tasks.models import Dependency, Layer, Run, RunState, Task, VaultSecret
+from tasks.models import Dependency, Layer, Run, RunState, Task, VaultSecret, Workspace
 from tasks.sql.base import col, field_of, table_of
 from tasks.states import ACTIVE, State
 
@@ -35,6 +35,19 @@ def _one_task(statement: str, rows: Rows, params: list[str | int]) -> Task | Non
 def _owned_task(vendor: str) -> tuple[str, Rows]:
     rows = Rows.of(Task)
     return f"SELECT {rows.columns()} FROM {table_of(Task)} WHERE {col(Task, 'id')} = %s AND {col(Task, 'owner')} = %s", rows
+
+
+def task_state(task_id: str) -> str | None:
+    """The task's state now, or None when it is gone: a view's opening and a seal ask."""
+    with connection.cursor() as cursor:
+        cursor.execute(_task_state(connection.vendor), [task_id])
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
+
+
+@functools.cache
+def _task_state(vendor: str) -> str:
+    return f"SELECT {col(Task, 'state')} FROM {table_of(Task)} WHERE {col(Task, 'id')} = %s"
 
 
 def locked_task(task_id: str) -> Task | None:
@@ -203,20 +216,53 @@ def add_layer_with_stack(task: Task, layer: Layer, applied: str) -> tuple[int, l
     """``layer``'s row inserted and the task's stack (``start_stack``'s) recorded in one
     statement (PostgreSQL), which commits alone: the layer's id and the stack. None when the task
     has its row already (a retry): nothing is written."""
+    values, params = _layer_values(layer)
+    with connection.cursor() as cursor:
+        cursor.execute(_add_layer(connection.vendor, values), [*params, *_start_stack_params(task, applied), task.pk])
+        found = cursor.fetchall()
+    if not found:
+        return None
+    stack = found[0][1]
+    return int(found[0][0]), json.loads(stack) if isinstance(stack, str) else stack  # a driver may hand jsonb back as text
+
+
+def add_layer_then_stack(task: Task, layer: Layer, applied: str) -> tuple[int, list[str]] | None:
+    """What ``add_layer_with_stack`` does, where a ``WITH`` cannot insert (SQLite): the row
+    inserted, the stack read and recorded, three statements; call inside a transaction. None
+    when the task has its row already (a retry): nothing is written."""
+    values, params = _layer_values(layer)
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_layer(connection.vendor, values), params)
+        found = cursor.fetchall()
+        if not found:
+            return None
+        stack = start_stack(task, applied)
+        cursor.execute(_record_stack(connection.vendor),
+                       [field_of(Task, "layers").get_db_prep_save(stack, connection=connection), task.pk])
+    return int(found[0][0]), stack
+
+
+def _layer_values(layer: Layer) -> tuple[str, list[Any]]:
+    """The placeholders and parameters of ``layer``'s row, as the ORM's insert prepares them."""
     fields = [field for field in Layer._meta.local_concrete_fields if not field.primary_key]
     insert = InsertQuery(Layer)
     insert.insert_values(fields, [layer])
     compiler = insert.get_compiler(connection=connection)
     prepared = [compiler.prepare_value(field, compiler.pre_save_val(field, layer)) for field in fields]
     placeholders, params = compiler.assemble_as_sql(fields, [prepared])
-    with connection.cursor() as cursor:
-        cursor.execute(_add_layer(connection.vendor, ", ".join(placeholders[0])),
-                       [*params[0], *_start_stack_params(task, applied), task.pk])
-        found = cursor.fetchall()
-    if not found:
-        return None
-    stack = found[0][1]
-    return int(found[0][0]), json.loads(stack) if isinstance(stack, str) else stack  # a driver may hand jsonb back as text
+    return ", ".join(placeholders[0]), list(params[0])
+
+
+@functools.cache
+def _insert_layer(vendor: str, values: str) -> str:
+    columns = ", ".join(col(Layer, field.name) for field in Layer._meta.local_concrete_fields if not field.primary_key)
+    return (f"INSERT INTO {table_of(Layer)} ({columns}) VALUES ({values}) ON CONFLICT ({col(Layer, 'task')}) DO NOTHING "
+            f"RETURNING {col(Layer, 'id')}")
+
+
+@functools.cache
+def _record_stack(vendor: str) -> str:
+    return f"UPDATE {table_of(Task)} SET {col(Task, 'layers')} = %s WHERE {col(Task, 'id')} = %s"
 
 
 @functools.cache
@@ -260,6 +306,37 @@ def _seal(vendor: str) -> str:
     return (f"UPDATE {table} SET {manifest} = %s, {sealed} = %s, {due} = EXISTS (SELECT 1 FROM {table} AS other "
             f"WHERE other.{workspace} = %s AND other.{state} = %s AND other.{applied} >= %s AND other.{applied} < %s "
             f"AND other.{task_id} <> %s AND {unstacked}) WHERE {table}.{pk} = %s RETURNING {table}.{due}")
+
+
+# --- a layer with its task ------------------------------------------------------------------------
+
+# What a seal and a release read of a layer's task: making the model of the whole row (every
+# field, JSON decoded) costs more than the read itself. Any other field is read when first used.
+SEALED_BY = ("id", "state", "workspace", "layers", "folders", "created_at")
+
+
+def layer_with_task(task_id: str) -> tuple[Layer, Task] | None:
+    """Task ``task_id``'s layer (every column), its task (``SEALED_BY``) and the task's workspace:
+    every seal and every release reads them. None when the task has no layer."""
+    statement, rows = _layer_with_task(connection.vendor)
+    found = rows.fetch_one(statement, [task_id])
+    if found is None:
+        return None
+    layer, task, workspace = found
+    assert isinstance(layer, Layer) and isinstance(task, Task) and isinstance(workspace, Workspace)
+    layer.task, task.workspace = task, workspace
+    return layer, task
+
+
+@functools.cache
+def _layer_with_task(vendor: str) -> tuple[str, Rows]:
+    rows = Rows((Layer, Task, Workspace),
+                (Rows.of(Layer).readers[0], Rows.only(Task, SEALED_BY).readers[0], Rows.of(Workspace).readers[0]))
+    layer, task, workspace = table_of(Layer), table_of(Task), table_of(Workspace)
+    return (f"SELECT {rows.columns()} FROM {layer} "
+            f"INNER JOIN {task} ON {layer}.{col(Layer, 'task')} = {task}.{col(Task, 'id')} "
+            f"INNER JOIN {workspace} ON {task}.{col(Task, 'workspace')} = {workspace}.{col(Workspace, 'id')} "
+            f"WHERE {layer}.{col(Layer, 'task')} = %s"), rows
 
 
 # --- the vault -----------------------------------------------------------------------------------

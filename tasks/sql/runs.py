@@ -129,6 +129,21 @@ def lease_params(run_id: int, token: str, now: datetime, expires: datetime) -> l
     return [adapt(now), adapt(expires), run_id, RunState.RUNNING.value, token]
 
 
+def lease_lasts(run_id: int, token: str, until: datetime) -> bool:
+    """The run holds its lease until at least ``until``, as last committed: a plain read, which
+    neither extends the lease nor waits for a transaction that holds the run's row."""
+    with connection.cursor() as cursor:
+        cursor.execute(_lease_lasts(connection.vendor),
+                       [run_id, RunState.RUNNING.value, token, connection.ops.adapt_datetimefield_value(until)])
+        return cursor.fetchone() is not None
+
+
+@functools.cache
+def _lease_lasts(vendor: str) -> str:
+    pk, state, token, expires = (col(Run, name) for name in ("id", "state", "lease_token", "lease_expires_at"))
+    return f"SELECT 1 FROM {table_of(Run)} WHERE {pk} = %s AND {state} = %s AND {token} = %s AND {expires} > %s"
+
+
 def finish_run(run_id: int, token: str, outcome: str, error: str, finished_at: datetime, charged: bool) -> bool:
     """Close the run with its outcome if it still holds its lease (so it proves the lease too):
     every run's end. False when nothing was written."""

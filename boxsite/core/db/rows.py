@@ -36,9 +36,10 @@ class Rows:
     def only(cls, model: type[Model], names: Sequence[str]) -> Rows:
         """Only the fields ``names`` of ``model``, as ``QuerySet.only`` reads them: an instance's
         other fields are deferred (each read from the database when first used)."""
-        fields = [model._meta.get_field(name) for name in names]
-        assert all(isinstance(f, Field) and f.concrete for f in fields)
-        return cls((model,), (tuple(_reader(f) for f in fields if isinstance(f, Field)),))
+        named = {model._meta.get_field(name) for name in names}
+        assert all(isinstance(f, Field) and f.concrete for f in named)
+        # In the model's order, not the names': ``Model.from_db`` matches values to fields in it.
+        return cls((model,), (tuple(_reader(f) for f in model._meta.concrete_fields if f in named),))
 
     def columns(self) -> str:
         """The select list: each column read, qualified by its table."""
