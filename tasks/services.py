@@ -382,7 +382,7 @@ def open_recovery_review(task: Task, edge: Dependency) -> bool:
     review_edge = dependencies.EdgeSpec(on=reviewer.pk, condition=Condition.COMPLETION, required=True)
     dependencies.add_edge(task, reviewer, review_edge, recovers=edge)
     shown = [{**item, "required": False} if isinstance(item, dict) and item.get("task") == on.pk else
-             {"task": on.pk, "condition": edge.condition, "required": False} if item == on.pk else item
+             dependencies.EdgeSpec(on=on.pk, condition=edge.condition, required=False).as_json() if item == on.pk else item
              for item in task.depends_on]
     task.depends_on = [*shown, {**review_edge.as_json(), "recovers": on.pk}]
     Task.objects.filter(pk=task.pk).update(depends_on=task.depends_on)

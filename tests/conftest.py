@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,6 +29,13 @@ from tasks.run import lifecycle
 from tasks.sandbox import accounts, users
 from tests.factories import make_owner
 from tests.schema_check import responses_match_the_schema  # noqa: F401 - autouse, the whole suite
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 no one listens on now (for a process a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = "condition") -> Any:

@@ -3,7 +3,6 @@ API guide's example): daphne serving the ASGI application and a django-q2 cluste
 runs, on the test database."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +15,7 @@ from django.conf import settings
 
 from tasks.run import lifecycle
 from tests.cluster import spawn, stop
-from tests.conftest import database_env, owner_with_home, wait_for
+from tests.conftest import database_env, free_port, owner_with_home, wait_for
 
 
 class LiveBox:
@@ -38,17 +37,11 @@ class LiveBox:
         self._procs.append(self._start_worker())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     """The web process and a worker, as `runbox` starts them, and the owner's API token."""
     owner, token, home = owner_with_home(tmp_path, "mcp tests")
-    port = _free_port()
+    port = free_port()
     env = database_env()
     env.update({"BOX_QUEUE_POLL_S": "0.05", "BOX_WORKERS": "1", "BOX_LIVE_POLL_SECONDS": "0.1",
                 "BOX_QUEUE_NAME": str(settings.Q_CLUSTER["name"]), "BOX_ALLOWED_HOSTS": "127.0.0.1,localhost"})

@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.http_server import Handler, serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,15 +39,9 @@ class Echo(Handler):
                    {"Content-Type": "application/json"})
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @needs_caddy
 def test_caddy_in_front_passes_the_host_the_scheme_and_the_clients_address_last(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with serving(Echo) as upstream:
         # The shipped site block, served over plain HTTP on a free port in front of the echo server.
         site = CADDYFILE.read_text().replace("box.example.net {", f"http://127.0.0.1:{port} {{", 1)

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,9 @@ from django.conf import settings
 
 from boxsite.core import procs
 from tasks.layers import mounts
-from tests.conftest import empty_pool_of, track_data_dir, wait_for
+from tests.conftest import empty_pool_of, free_port, track_data_dir, wait_for
 
 ROOT = Path(settings.BASE_DIR)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _children(pid: int) -> set[int]:
@@ -50,7 +43,7 @@ def _alive(pids: set[int]) -> set[int]:
 @pytest.fixture(params=["embedded", "postgres+redis"])
 def box_env(request, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME", "BOX_WEB_PROCESS")}
-    env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_HOST": "127.0.0.1",
+    env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(free_port()), "BOX_HOST": "127.0.0.1",
                 "BOX_QUEUE_NAME": f"runbox-{os.getpid()}-{request.param}", "BOX_QUEUE_POLL_S": "0.05"})
     track_data_dir(env["BOX_DATA_DIR"])
     database = None
@@ -146,7 +139,7 @@ def test_runbox_serves_runs_a_task_and_stops_all_three_on_ctrl_c(box_env, tmp_pa
 
 def test_a_killed_supervisor_takes_web_worker_and_scheduler_with_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "BOX_TEST_DATABASE_NAME", "BOX_WEB_PROCESS")}
-    env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(_free_port()), "BOX_QUEUE_NAME": f"runbox-kill-{os.getpid()}"})
+    env.update({"BOX_DATA_DIR": str(tmp_path / "data"), "BOX_PORT": str(free_port()), "BOX_QUEUE_NAME": f"runbox-kill-{os.getpid()}"})
     track_data_dir(env["BOX_DATA_DIR"])
     _manage(env, "migrate", "--no-input")
     said = tmp_path / "runbox.log"

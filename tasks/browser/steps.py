@@ -369,12 +369,6 @@ _CHANGES_JS = f"""() => {{
     w.n += w.obs.takeRecords().length;
     return w.id + ':' + w.n;
 }}"""
-_CHANGES_READ_JS = f"""() => {{
-    const w = window.{_CHANGES_KEY};
-    if (!w) return '';
-    w.n += w.obs.takeRecords().length;
-    return w.id + ':' + w.n;
-}}"""
 
 
 def _draw(call: Call, *, full_page: bool = False) -> Shot:
@@ -432,7 +426,8 @@ def _unchanged(call: Call, shot: Shot) -> bool:
     if shot.url != call.page.url:
         return False
     try:
-        return bool(call.page.evaluate(_CHANGES_READ_JS) == shot.mark)
+        # On a new document this starts its count, under a new mark: never the shot's.
+        return bool(call.page.evaluate(_CHANGES_JS) == shot.mark)
     except PlaywrightError:
         return False
 

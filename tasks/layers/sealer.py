@@ -26,7 +26,6 @@ import threading
 from django.conf import settings
 
 from boxsite.core.background import Background
-from tasks import sql
 from tasks.layers import paths, task_view
 from tasks.layers.locks import layer_lock
 from tasks.layers.tree import Meta
@@ -68,10 +67,10 @@ def _seal(task_id: str, run_id: int, token: str, over: threading.Event) -> None:
     with layer_lock(task_id):
         if Meta.load(directory).sealed:
             return  # by a start that stacked it meanwhile
-        now = sql.layer_with_task(task_id)
-        if now is None:
+        fresh_task, fresh_layer = task_view.rows_of(task_id)
+        if fresh_task is None or fresh_layer is None:
             return  # undone and deleted meanwhile
-        layer.applied_at, task.state = now[0].applied_at, now[1].state
+        layer.applied_at, task.state = fresh_layer.applied_at, fresh_task.state
         if task.state in ACTIVE:
             meta.save(directory)  # sealed on disk only: the task's next run reopens it
             return

@@ -347,14 +347,11 @@ def record_lost_seal(task_id: str) -> None:
         write_seal(task, layer, summary)
 
 
-_SEALED_BY = sql.SEALED_BY
-
-
 def _task_of(task_id: str) -> Task | None:
     """The task with its workspace, or None when it is gone: a ``get``, where ``first()`` would
     order and slice the query too, for a row that is read at every release."""
     try:
-        return Task.objects.select_related("workspace").only(*_SEALED_BY).get(pk=task_id)
+        return Task.objects.select_related("workspace").only(*sql.SEALED_BY).get(pk=task_id)
     except Task.DoesNotExist:
         return None
 
@@ -508,7 +505,12 @@ def release(task_id: str, *, stopped: bool = False, rows: tuple[Task | None, Lay
     """After ``task_id`` ended (or at start-up): unmount, seal, note, settle its layer. Idempotent.
     ``stopped``: ``sandbox.stop`` completed for the task just before. ``rows``: ``rows_of(task_id)``,
     read by the caller (``lifecycle.release``) under its hold on the task."""
-    task, layer = rows if rows is not None else rows_of(task_id)
+    if rows is None:
+        task, layer = rows_of(task_id)
+    else:
+        task, layer = rows
+        if task is not None:  # read before the sandbox's stop: a retry may have made it active since
+            task.state = sql.task_state(task_id) or task.state
     if task is None:  # no layer: the task is gone, or never opened a view
         task = _task_of(task_id)
     if task is not None and task.state in ACTIVE:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from django.db import connection
 
 from boxsite.core.background import Background, close_if_broken
-from tasks import layers, sandbox
+from tasks import layers, sandbox, sql
 from tasks.models import Layer, Task
 from tasks.sandbox import users
 from tasks.states import ACTIVE, FINAL
@@ -178,7 +178,8 @@ def release(task_id: str) -> bool:
         # never opened a view, is read again by the layers' step).
         rows = layers.rows_of(task_id)
         task = rows[0]
-        if task.state in ACTIVE if task is not None else Task.objects.filter(pk=task_id, state__in=ACTIVE).exists():
+        state = task.state if task is not None else sql.task_state(task_id)
+        if state in ACTIVE:
             log.info("task %s is active again; its release is skipped", task_id)
             return True
         return _release_steps(task_id, rows if task is not None else None)

@@ -5,7 +5,7 @@ same for that task, and ``Task.isolation`` keeps it in one line.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from django.conf import settings
 
@@ -108,7 +108,7 @@ def describe_isolation() -> IsolationView:
     """What confines a task on this box: its mode (``support.standing``: root, off or refused),
     what it lacks to sandbox and the fix, then what the mode means for each part."""
     found = support.standing()
-    mode = cast(Literal["root", "off", "refused"], found.mode)
+    mode = found.mode
     missing = list(found.missing)
     if found.sandboxed:
         return {

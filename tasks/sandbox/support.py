@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from django.conf import settings
 
@@ -25,11 +26,14 @@ OFF_REASON = "the sandbox is turned off (BOX_SANDBOX=off)"
 FIX = "run the box as root (sudo), or set BOX_SANDBOX=off to run tasks unsandboxed, as the box's own user, knowingly"
 
 
+Mode = Literal["root", "off", "refused"]
+
+
 @dataclass(frozen=True)
 class Standing:
     """The box's sandbox mode; ``missing``: what it lacks to sandbox (also when it is off)."""
 
-    mode: str  # "root", "off" or "refused"
+    mode: Mode
     missing: tuple[str, ...]
 
     @property

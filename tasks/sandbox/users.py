@@ -156,10 +156,11 @@ def remove_orphan_groups() -> list[str]:
     return removed
 
 
-# The user each task's last claim in this process gave it (``claim_user``): a run's start claims
-# (every run of a task claims again, so a user made anew under an old name is read anew), and
-# its view's opening asks right after. Trusted only while the claim's link still names the task.
-_claimed: dict[str, Identity] = {}
+# The user name each task's last claim in this process gave it (``claim_user``): a run's start
+# claims, and its view's opening asks right after. Trusted only while the claim's link still names
+# the task; the account itself is read at each ask, since another process may make a user anew
+# under the same name (with another uid).
+_claimed: dict[str, str] = {}
 _CLAIMED_MAX = 4096
 
 
@@ -168,8 +169,8 @@ def find_user(task_id: str) -> Identity | None:
     known = _claimed.get(task_id)
     if known is not None:
         try:
-            if os.readlink(_claim_path(known.name)) == task_id:
-                return known
+            if os.readlink(_claim_path(known)) == task_id:
+                return accounts.identity(known)
         except OSError:
             pass
         _claimed.pop(task_id, None)
@@ -182,7 +183,7 @@ def find_user(task_id: str) -> Identity | None:
 def _remember(task_id: str, ident: Identity) -> Identity:
     if len(_claimed) >= _CLAIMED_MAX:
         _claimed.clear()
-    _claimed[task_id] = ident
+    _claimed[task_id] = ident.name
     return ident
 
 

@@ -66,7 +66,7 @@ def test_the_guides_python_example_creates_follows_approves_and_reads_a_task(liv
     assert get(live_box, "/api/workspaces/home/files?path=hello.txt")["content"] == "hello\n"
 
 
-def test_the_example_answers_a_pause_once_while_the_worker_is_slow_to_take_it_on(live_box: LiveBox) -> None:
+def test_the_example_answers_a_pause_once_while_the_worker_is_slow_to_take_it_on(live_box: LiveBox, tmp_path: Path) -> None:
     """After the OK the task still says waiting (nothing pending) until a worker takes it on, and
     a frame of that moment reaches the example. Held in place: the example is stopped until the
     task waits and the worker is gone, and the worker comes back only once the example printed
@@ -74,8 +74,9 @@ def test_the_example_answers_a_pause_once_while_the_worker_is_slow_to_take_it_on
     would OK again and get a 409."""
     code = example().replace(BOX_LINE, f"BOX = {live_box.url!r}")
     env = {**os.environ, "BOX_TOKEN": live_box.token, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    errors = tmp_path / "example.err"  # a file, not a pipe: a long traceback never blocks the example
+    with errors.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     try:
@@ -93,7 +94,7 @@ def test_the_example_answers_a_pause_once_while_the_worker_is_slow_to_take_it_on
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, proc.stderr.read()[-3000:]  # type: ignore[union-attr]
+    assert proc.returncode == 0, errors.read_text()[-3000:]
     reader.join(timeout=10)
     assert lines[-2:] == ["done None None None\n", "['hello.txt']\n"], lines
     assert [a.state for a in Approval.objects.filter(task=task)] == ["approved"]

@@ -3,7 +3,6 @@ application and a real django-q2 cluster executing runs — on the test database
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -19,7 +18,7 @@ from boxsite.core import setup_code
 from tasks.models import Workspace
 from tasks.run import lifecycle
 from tests.cluster import spawn, stop
-from tests.conftest import database_env, wait_for
+from tests.conftest import database_env, free_port, wait_for
 
 # Playwright's sync API keeps an asyncio loop running in the test thread; Django's guard against
 # ORM calls from async code would then refuse the test database's own setup and flush. The tests
@@ -30,12 +29,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 PASSWORD = "correct horse battery"
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -58,7 +51,7 @@ def live_box(transactional_db: Any, tmp_path: Path) -> Iterator[LiveBox]:
     home.mkdir()
     (home / "README.md").write_text("# A project\n\nIt has a readme.\n")
     Workspace.objects.update_or_create(name="home", defaults={"base_dir": str(home)})
-    port = _free_port()
+    port = free_port()
     env = database_env()
     env.update({
         "BOX_QUEUE_POLL_S": "0.05",

@@ -13,7 +13,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import pytest
 from django.conf import settings
 
 from tests.cluster import stop
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 ROOT = Path(settings.BASE_DIR)
 PASSWORD = "a-long-password"
@@ -57,12 +56,6 @@ def _hidden_above(path: Path) -> Path | None:
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to an unprivileged user needs root")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class OrdinaryBox:
     """The box's commands, run as ``nobody``."""
 
@@ -73,7 +66,7 @@ class OrdinaryBox:
         hidden = _hidden_above(base / "bin")
         self.wrapper = {"AS_UID": str(self.user.pw_uid), "AS_GID": str(self.user.pw_gid), "BASE": str(base),
                         "HOLD": str(hold), "HIDDEN": str(hidden or "")}
-        self.port = str(_free_port())
+        self.port = str(free_port())
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(data),
             "PYTHONDONTWRITEBYTECODE": "1",

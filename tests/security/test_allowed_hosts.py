@@ -14,15 +14,9 @@ import pytest
 
 from boxsite.core import hostnames
 from tests.cluster import spawn, stop
-from tests.conftest import database_env, wait_for
+from tests.conftest import database_env, free_port, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _status(port: int, host: str) -> int:
@@ -38,7 +32,7 @@ def _status(port: int, host: str) -> int:
 def web(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """The web process of a box started with BOX_HOST=0.0.0.0 (bound to loopback here: the Host
     header, not the route, is what is checked)."""
-    port = _free_port()
+    port = free_port()
     env = database_env()
     env.pop("BOX_ALLOWED_HOSTS", None)
     env.update({"BOX_HOST": "0.0.0.0", "BOX_PUBLIC_URL": "https://box.example.net"})
