@@ -424,3 +424,25 @@ def test_no_response_property_is_an_untyped_object_but_the_free_form_ones(schema
     assert view["dependsOn"]["items"] == {"$ref": "#/components/schemas/DependsOnItem"}
     assert schemas["QuestionView"]["properties"]["fields"]["items"] == {"$ref": "#/components/schemas/InputField"}
     assert schemas["Health"]["properties"]["isolation"]["$ref"] == "#/components/schemas/IsolationView"
+
+
+def test_the_declared_415_is_what_a_body_of_another_type_is_answered(box: Box, schema: Schema) -> None:
+    """Every operation that declares a JSON body refuses a text body with 415 in the error shape;
+    one that takes a raw body (an upload) never answers 415."""
+    task = box.create(title="t", prompt="p")
+    probed = 0
+    for path, item in schema.document["paths"].items():
+        for method, operation in item.items():
+            body = operation.get("requestBody", {}).get("content", {})
+            if not body or not _signed_in(operation):
+                continue
+            answer = box.api.generic(method.upper(), _probe_url(path, task["id"]), "plain words",
+                                     content_type="text/plain")
+            where = f"{method} {path}: {answer.status_code}"
+            if "application/json" in body:
+                assert answer.status_code == 415, where
+                assert answer.json()["code"], where
+                probed += 1
+            else:
+                assert answer.status_code != 415, where
+    assert probed > 20
