@@ -395,29 +395,44 @@ def _draw(call: Call, *, full_page: bool = False) -> Shot:
     return Shot(url, base64.b64decode(shot["data"]), title, mark)
 
 
+# Marks every field of a document (and its open shadow roots) whose value holds a secret or a
+# card number, and makes sure each root that holds a marked field holds the mask rule.
+_MARK_JS = """([mark, secrets]) => {
+    const card = /(?:\\d[ -]?){13,19}/;
+    const ensure = ENSURE;
+    const visit = root => {
+        for (const e of root.querySelectorAll('input, textarea')) {
+            const v = e.value || '';
+            if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
+        }
+        if (root === document || root.querySelector('[' + mark + ']')) ensure(root);
+        for (const e of root.querySelectorAll('*')) if (e.shadowRoot) visit(e.shadowRoot);
+    };
+    visit(document);
+}""".replace("ENSURE", _ENSURE_MASK_JS)
+_MARK_PAGE_JS = f"""args => {{
+    ({_MARK_JS})(args);
+    return [document.title, ({_CHANGES_JS})()];
+}}"""
+
+
 def _mark_secret_fields(call: Call) -> tuple[str, str]:
-    """Mark every field whose value holds a secret (or a card number), wherever it came from, in
-    the document and its open shadow roots, and make sure each of them that holds a marked field
-    holds the rule that draws it empty (a component may replace its root's sheets); the page's
-    title and its change mark (``_CHANGES_JS``, read after the marking)."""
+    """Mark the secret fields, wherever their value came from, in the page and in each of its
+    frames (a frame's document holds its own rule, which its page may drop like any other); the
+    page's title and its change mark (``_CHANGES_JS``, read after the marking). A frame that
+    cannot be marked fails the drawing, so no image is stored rather than one unmasked."""
     secrets = [v for v in call.ctx.recorder.redactor.secrets.values() if len(str(v)) >= 4]
-    found: list[str] = call.page.evaluate(
-        """([mark, secrets]) => {
-            const card = /(?:\\d[ -]?){13,19}/;
-            const ensure = ENSURE;
-            const visit = root => {
-                for (const e of root.querySelectorAll('input, textarea')) {
-                    const v = e.value || '';
-                    if (v && (card.test(v) || secrets.some(s => v.includes(s)))) e.setAttribute(mark, '');
-                }
-                if (root === document || root.querySelector('[' + mark + ']')) ensure(root);
-                for (const e of root.querySelectorAll('*')) if (e.shadowRoot) visit(e.shadowRoot);
-            };
-            visit(document);
-            return [document.title, (CHANGES)()];
-        }""".replace("ENSURE", _ENSURE_MASK_JS).replace("CHANGES", _CHANGES_JS),
-        [SECRET_MARK, [str(s) for s in secrets]],
-    )
+    args = [SECRET_MARK, [str(s) for s in secrets]]
+    for frame in call.page.frames:
+        if frame is call.page.main_frame:
+            continue
+        try:
+            frame.evaluate(_MARK_JS, args)
+        except PlaywrightError:
+            if not frame.is_detached():
+                raise
+            # A frame gone meanwhile is not drawn.
+    found: list[str] = call.page.evaluate(_MARK_PAGE_JS, args)
     return found[0], found[1]
 
 

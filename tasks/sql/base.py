@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import Field, Model
 
 from boxsite.core.db.rows import column
-from tasks.models import TaskEvent
+from tasks.models import Task, TaskEvent, Workspace
 
 # An event's columns in the statements' order; its number is the update's, not a parameter.
 EVENT_FIELDS = ("task", "kind", "summary", "data", "cost_cents", "artifacts", "created_at")
@@ -25,6 +25,14 @@ def col(model: type[Model], name: str) -> str:
 
 def table_of(model: type[Model]) -> str:
     return quoted(model._meta.db_table)
+
+
+def joined_task_and_workspace(source: str, task_column: str) -> str:
+    """The joins from ``source`` (a table or alias whose ``task_column`` names a task) to that
+    task and the task's workspace."""
+    task, workspace = table_of(Task), table_of(Workspace)
+    return (f"INNER JOIN {task} ON {source}.{task_column} = {task}.{col(Task, 'id')} "
+            f"INNER JOIN {workspace} ON {task}.{col(Task, 'workspace')} = {workspace}.{col(Workspace, 'id')}")
 
 
 def field_of(model: type[Model], name: str) -> Field[Any, Any]:

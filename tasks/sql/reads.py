@@ -12,7 +12,7 @@ from django.db.models.sql.subqueries import InsertQuery
 
 from boxsite.core.db.rows import Rows
 from tasks.models import Dependency, Layer, Run, RunState, Task, VaultSecret, Workspace
-from tasks.sql.base import col, field_of, table_of
+from tasks.sql.base import col, field_of, joined_task_and_workspace, table_of
 from tasks.states import ACTIVE, State
 
 # --- reads of a task ----------------------------------------------------------------------------
@@ -332,10 +332,8 @@ def layer_with_task(task_id: str) -> tuple[Layer, Task] | None:
 def _layer_with_task(vendor: str) -> tuple[str, Rows]:
     rows = Rows((Layer, Task, Workspace),
                 (Rows.of(Layer).readers[0], Rows.only(Task, SEALED_BY).readers[0], Rows.of(Workspace).readers[0]))
-    layer, task, workspace = table_of(Layer), table_of(Task), table_of(Workspace)
-    return (f"SELECT {rows.columns()} FROM {layer} "
-            f"INNER JOIN {task} ON {layer}.{col(Layer, 'task')} = {task}.{col(Task, 'id')} "
-            f"INNER JOIN {workspace} ON {task}.{col(Task, 'workspace')} = {workspace}.{col(Workspace, 'id')} "
+    layer = table_of(Layer)
+    return (f"SELECT {rows.columns()} FROM {layer} {joined_task_and_workspace(layer, col(Layer, 'task'))} "
             f"WHERE {layer}.{col(Layer, 'task')} = %s"), rows
 
 

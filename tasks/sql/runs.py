@@ -11,7 +11,7 @@ from django_q.models import OrmQ
 
 from boxsite.core.db.rows import Rows, column
 from tasks.models import Run, RunState, Task, Workspace
-from tasks.sql.base import col, quoted, table_of
+from tasks.sql.base import col, joined_task_and_workspace, quoted, table_of
 
 # --- runs and leases ------------------------------------------------------------------------------
 
@@ -73,12 +73,6 @@ def _take(vendor: str) -> str:
     return f"UPDATE {table_of(Run)} SET {sets} WHERE {col(Run, 'id')} = %s AND {col(Run, 'state')} = %s"
 
 
-def _joined_task_and_workspace(source: str) -> str:
-    task, workspace = table_of(Task), table_of(Workspace)
-    return (f"INNER JOIN {task} ON {source}.{col(Run, 'task')} = {task}.{col(Task, 'id')} "
-            f"INNER JOIN {workspace} ON {task}.{col(Task, 'workspace')} = {workspace}.{col(Workspace, 'id')}")
-
-
 def _others_running(run: str) -> str:
     """Whether a run of ``run``'s task other than it is running."""
     other, task, state, pk = quoted("other_run"), col(Run, "task"), col(Run, "state"), col(Run, "id")
@@ -96,7 +90,7 @@ def _taken(vendor: str) -> tuple[str, Rows]:
     run_columns = [col(Run, field.name) for field in Run._meta.concrete_fields]
     statement = (f"WITH {taken} AS ({_take(vendor)} RETURNING {', '.join(run_columns)}) "
                  f"SELECT {', '.join(f'{taken}.{name}' for name in run_columns)}, {Rows.of(Task, Workspace).columns()}, "
-                 f"{_others_running(taken)} FROM {taken} {_joined_task_and_workspace(taken)}")
+                 f"{_others_running(taken)} FROM {taken} {joined_task_and_workspace(taken, col(Run, 'task'))}")
     return statement, rows
 
 
@@ -106,7 +100,7 @@ def _claimed(vendor: str) -> tuple[str, Rows]:
     whether another run of the task is running (SQLite)."""
     rows = Rows.of(Run, Task, Workspace)
     run = table_of(Run)
-    return (f"SELECT {rows.columns()}, {_others_running(run)} FROM {run} {_joined_task_and_workspace(run)} "
+    return (f"SELECT {rows.columns()}, {_others_running(run)} FROM {run} {joined_task_and_workspace(run, col(Run, 'task'))} "
             f"WHERE {run}.{col(Run, 'id')} = %s"), rows
 
 

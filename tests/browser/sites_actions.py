@@ -34,7 +34,8 @@ POPUP = """<h1>Booking</h1><a href="/terms" target="_blank">Read the terms</a>""
 TERMS = """<h1>Terms of carriage</h1><p>Bags: 15 kg.</p>"""
 FRAMED = """<h1>Newsletter</h1><iframe id=signup title="Sign up" src="/inner"></iframe>"""
 INNER = """<form method=post action=/inner><label for=email>Email</label> <input id=email name=email>
-<button type=submit>Sign up</button></form>"""
+<button type=submit>Sign up</button></form>
+<button type=button id=restyle onclick="document.adoptedStyleSheets = []">Restyle</button>"""
 SHADOW = """<h1>Events</h1><p id=out>no details</p><event-card></event-card>
 <script>
 customElements.define('event-card', class extends HTMLElement {
