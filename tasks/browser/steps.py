@@ -515,18 +515,20 @@ def _playwright_message(exc: PlaywrightError) -> str:
 # -- targets -----------------------------------------------------------------------------------
 def _target(call: Call, spec: Any, *, first: bool = True) -> Locator:
     """The element(s) ``spec`` names on the page; waits up to the step's timeout for the first."""
-    locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec)
-    if first:
-        locator = locator.first
-        try:
-            locator.wait_for(state="visible", timeout=call.timeout_ms)
-        except PlaywrightError as exc:
-            raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
-    else:
-        try:
-            locator.first.wait_for(state="attached", timeout=call.timeout_ms)
-        except PlaywrightError as exc:
-            raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
+    locator = _locator(call, spec)
+    return _waited(call, spec, locator.first, visible=True) if first else _waited(call, spec, locator, visible=False)
+
+
+def _locator(call: Call, spec: Any) -> Locator:
+    return _locate(pages.root_for(call.page, spec, call.timeout_ms), spec)
+
+
+def _waited(call: Call, spec: Any, locator: Locator, *, visible: bool) -> Locator:
+    """``locator``, once its first element is on the page (and visible), within the step's timeout."""
+    try:
+        locator.first.wait_for(state="visible" if visible else "attached", timeout=call.timeout_ms)
+    except PlaywrightError as exc:
+        raise StepFailed(f"nothing on the page matches {_spec_words(spec)}", page_text=page_text(call.page)) from exc
     return locator
 
 
@@ -612,14 +614,14 @@ def _target_described(call: Call, spec: Any) -> tuple[Locator, dict[str, Any]]:
     """``_target`` and ``describe`` of the first element ``spec`` names: one call to the page
     when that element is there and visible (as it is for most steps; ``evaluate_all`` neither
     waits nor holds a handle); otherwise waiting for it as ``_target`` does."""
-    locator = _locate(pages.root_for(call.page, spec, call.timeout_ms), spec).first
+    locator = _locator(call, spec).first
     try:
         found = locator.evaluate_all(f"els => els.length ? ({_SHOWN_JS})(els[0]) : null")
     except PlaywrightError:
         found = None  # the page changed under the call (a navigation): wait for it as usual
     if isinstance(found, dict) and found.get("visible"):
         return locator, {k: v for k, v in found["element"].items() if v is not None}
-    target = _target(call, spec)
+    target = _waited(call, spec, locator, visible=True)
     return target, describe(target)
 
 
