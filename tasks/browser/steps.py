@@ -337,8 +337,8 @@ def take_screenshot(call: Call, *, full_page: bool = False) -> bytes:
 
 @dataclass
 class Shot:
-    """The page as it was drawn: its URL, masked PNG, title and the document's change mark
-    (``_CHANGES_JS``)."""
+    """The page as it was drawn: its URL, masked PNG, title and the change marks of its document
+    and of each of its frames (``_CHANGES_JS``)."""
 
     url: str
     image: bytes
@@ -410,6 +410,10 @@ _MARK_JS = """([mark, secrets]) => {
     };
     visit(document);
 }""".replace("ENSURE", _ENSURE_MASK_JS)
+_MARK_FRAME_JS = f"""args => {{
+    ({_MARK_JS})(args);
+    return ({_CHANGES_JS})();
+}}"""
 _MARK_PAGE_JS = f"""args => {{
     ({_MARK_JS})(args);
     return [document.title, ({_CHANGES_JS})()];
@@ -419,30 +423,40 @@ _MARK_PAGE_JS = f"""args => {{
 def _mark_secret_fields(call: Call) -> tuple[str, str]:
     """Mark the secret fields, wherever their value came from, in the page and in each of its
     frames (a frame's document holds its own rule, which its page may drop like any other); the
-    page's title and its change mark (``_CHANGES_JS``, read after the marking). A frame that
-    cannot be marked fails the drawing, so no image is stored rather than one unmasked."""
+    page's title and the change marks of its frames and document (``_frame_marks``, read after
+    the marking). A frame that cannot be marked fails the drawing, so no image is stored rather
+    than one unmasked."""
     secrets = [v for v in call.ctx.recorder.redactor.secrets.values() if len(str(v)) >= 4]
     args = [SECRET_MARK, [str(s) for s in secrets]]
-    for frame in call.page.frames:
-        if frame is call.page.main_frame:
+    marks = _frame_marks(call.page, _MARK_FRAME_JS, args)
+    title, mark = call.page.evaluate(_MARK_PAGE_JS, args)
+    return str(title), " ".join([str(mark), *marks])
+
+
+def _frame_marks(page: Page, script: str, args: Any = None) -> list[str]:
+    """``script``'s change mark from each frame of the page but its main one; a frame gone
+    meanwhile is not drawn and has no mark."""
+    marks = []
+    for frame in page.frames:
+        if frame is page.main_frame:
             continue
         try:
-            frame.evaluate(_MARK_JS, args)
+            marks.append(str(frame.evaluate(script, args)))
         except PlaywrightError:
             if not frame.is_detached():
                 raise
-            # A frame gone meanwhile is not drawn.
-    found: list[str] = call.page.evaluate(_MARK_PAGE_JS, args)
-    return found[0], found[1]
+    return marks
 
 
 def _unchanged(call: Call, shot: Shot) -> bool:
-    """The page is still the one ``shot`` drew: same URL, same document, no change since."""
+    """The page is still the one ``shot`` drew: same URL, same documents (the page's and its
+    frames'), no change in any of them since."""
     if shot.url != call.page.url:
         return False
     try:
         # On a new document this starts its count, under a new mark: never the shot's.
-        return bool(call.page.evaluate(_CHANGES_JS) == shot.mark)
+        marks = _frame_marks(call.page, _CHANGES_JS)
+        return " ".join([str(call.page.evaluate(_CHANGES_JS)), *marks]) == shot.mark
     except PlaywrightError:
         return False
 

@@ -67,6 +67,11 @@ WORKER = """<h1 id=sw>?</h1><script>document.getElementById('sw').innerText = 's
 # A page that changes by itself between two steps: no image of an earlier moment stands for now.
 TICKING = """<h1>Departures</h1><p>Updated <span id=tick>0</span></p><button id=a>A</button> <button id=b>B</button>
 <script>let n = 0; setInterval(() => { document.getElementById('tick').textContent = String(++n); }, 5);</script>"""
+# The same, where only a frame of the page changes.
+QUIET_FRAMING = """<h1>Arrivals</h1><iframe id=board title="Board" src="/ticking-board"></iframe><button id=a>A</button>
+<button id=b>B</button>"""
+TICKING_BOARD = """<p>Updated <span id=tick>0</span></p>
+<script>let n = 0; setInterval(() => { document.getElementById('tick').textContent = String(++n); }, 5);</script>"""
 CACHED = """<h1 id=c>?</h1><script src=/cached.js></script>"""
 
 # A site that remembers who signed in, in a cookie (a persistent one) and in local storage.
@@ -92,7 +97,8 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
              "/captcha": ("Check", CAPTCHA), "/otp": ("Code", OTP), "/pay": ("Pay", PAY),
              "/card-frame": ("Card", CARD_FRAME), "/review": ("Review", REVIEW), "/fr": ("Paiement", FRENCH),
              "/de": ("Kasse", GERMAN), "/note": ("Note", NOTE), "/worker": ("Worker", WORKER), "/cached": ("Cached", CACHED),
-             "/ticking": ("Ticking", TICKING)}
+             "/ticking": ("Ticking", TICKING), "/ticking-framed": ("Arrivals", QUIET_FRAMING),
+             "/ticking-board": ("Board", TICKING_BOARD)}
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: str, kind: str = "text/html; charset=utf-8") -> None:

@@ -20,6 +20,14 @@ def results(box: Any, task_id: str) -> list[dict[str, Any]]:
     return [e for e in box.events(task_id) if e["kind"] == "step_result"]
 
 
+def done_steps(box: Any, title: str, *steps: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step results of a task running ``steps`` on the local sites, once it is done."""
+    task = box.create(title=title, hosts=["127.0.0.1"], flow=flow(*steps))
+    view = box.wait_state(task["id"], "done", "failed", timeout=90)
+    assert view["state"] == "done", view
+    return results(box, task["id"])
+
+
 def test_pick_the_cheapest_offer_and_extract_the_fares(sandboxed, site):
     task = sandboxed.create(title="shop", hosts=["127.0.0.1"], flow=flow(
         {"browse": f"{site.url}/shop"},
@@ -92,23 +100,25 @@ def test_a_form_is_filled_from_facts_and_the_secret_is_typed_but_never_shown(san
 
 
 def test_a_step_after_a_quiet_page_reuses_its_image_and_one_after_a_changing_page_draws_again(sandboxed, site):
-    task = sandboxed.create(title="two pages", hosts=["127.0.0.1"], flow=flow(
-        {"browse": f"{site.url}/form"},
-        {"click": "h1"},
-        {"click": "h1"},
-        {"browse": f"{site.url}/ticking"},
-        {"click": "#a"},
-        {"click": "#b"},
-    ))
-    view = sandboxed.wait_state(task["id"], "done", "failed", timeout=90)
-    assert view["state"] == "done", view
-    steps = results(sandboxed, task["id"])
+    steps = done_steps(sandboxed, "two pages",
+                       {"browse": f"{site.url}/form"},
+                       {"click": "h1"},
+                       {"click": "h1"},
+                       {"browse": f"{site.url}/ticking"},
+                       {"click": "#a"},
+                       {"click": "#b"})
     # Nothing changed on the form between steps 2 and 3: the image after one is the image before the next.
     assert artifact(sandboxed, steps[1], "after.png") == artifact(sandboxed, steps[2], "before.png")
     assert "Full name" in artifact(sandboxed, steps[2], "snapshot.txt").decode()
     # The ticking page changed in between: step 6's before-image and snapshot are of its own moment.
     assert artifact(sandboxed, steps[4], "after.png") != artifact(sandboxed, steps[5], "before.png")
     assert "Updated" in artifact(sandboxed, steps[5], "snapshot.txt").decode()
+
+
+def test_a_step_after_a_page_whose_frame_changed_draws_again(sandboxed, site):
+    """The page's own document stays the same; its frame's does not."""
+    steps = done_steps(sandboxed, "a board", {"browse": f"{site.url}/ticking-framed"}, {"click": "#a"}, {"click": "#b"})
+    assert artifact(sandboxed, steps[1], "after.png") != artifact(sandboxed, steps[2], "before.png")
 
 
 def test_the_secret_was_really_typed(sandboxed, site):
