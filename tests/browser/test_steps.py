@@ -91,7 +91,6 @@ def test_a_form_is_filled_from_facts_and_the_secret_is_typed_but_never_shown(san
     assert title_step["data"]["element"]["tag"] == "select"
     # The field holding the secret is drawn empty: the image equals the one after emptying it.
     assert artifact(sandboxed, secret_step, "after.png") == artifact(sandboxed, empty_step, "after.png")
-    assert artifact(sandboxed, secret_step, "before.png") != artifact(sandboxed, secret_step, "after.png") or True
     snapshot = artifact(sandboxed, empty_step, "snapshot.txt").decode()  # taken with the secret in the field
     assert PASSPORT not in snapshot and "${passport_number}" in snapshot
     everything = str(sandboxed.events(task["id"])) + str(sandboxed.api.get(f"/api/tasks/{task['id']}/report").json())
